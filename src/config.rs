@@ -1,0 +1,512 @@
+//! Layered configuration: built-in defaults, then `config.toml`, then `RETRYSAFE_<SECTION>__<KEY>`
+//! environment variables. Unknown keys and invalid values are errors that name the key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Prefix of the environment variables that override configuration keys.
+pub const ENV_PREFIX: &str = "RETRYSAFE_";
+
+/// The client every request belongs to when no `[[auth.clients]]` are configured.
+pub const ANONYMOUS_CLIENT: &str = "anonymous";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration file {path} does not exist")]
+    MissingFile { path: String },
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    #[error("invalid configuration: {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub http: HttpSettings,
+    pub database: DatabaseSettings,
+    pub amqp: AmqpSettings,
+    pub idempotency: IdempotencySettings,
+    pub outbox: OutboxSettings,
+    pub events: EventSettings,
+    pub auth: AuthSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Address the HTTP server binds; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// How long a shutdown waits for requests in flight and queued writes.
+    pub shutdown_timeout: ConfigDuration,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// libpq-style URL; the database it names is created at start when missing.
+    pub url: String,
+    /// Connections in the pool, shared by writers, relays and reads.
+    pub pool_size: u32,
+    /// Writer actors; each commits one batch at a time.
+    pub writers: usize,
+    /// Most writes one batch (one transaction) takes.
+    pub max_batch: usize,
+    /// Bound on opening a connection and on waiting for a pooled one.
+    pub connect_timeout: ConfigDuration,
+    /// Server-side bound on any one statement, including time spent waiting for locks.
+    pub statement_timeout: ConfigDuration,
+}
+
+impl fmt::Debug for DatabaseSettings {
+    // The URL may carry a password: show only where it points.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("writers", &self.writers)
+            .field("max_batch", &self.max_batch)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .finish()
+    }
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpSettings {
+    pub url: String,
+    /// Durable topic exchange the daemon declares and publishes to.
+    pub exchange: String,
+}
+
+impl fmt::Debug for AmqpSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpSettings")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencySettings {
+    /// How long a completed key is remembered; afterwards it is new again.
+    pub retention: ConfigDuration,
+    /// How long a duplicate waits for the first request of its key before 409.
+    pub wait_timeout: ConfigDuration,
+    /// Status for a key reused with another request: 409, or 422 as in the IETF draft.
+    pub mismatch_status: u16,
+    /// KeyShard actors.
+    pub shards: usize,
+    /// Completed responses kept in memory, across all shards.
+    pub cache_entries: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxSettings {
+    pub workers: usize,
+    pub batch_size: usize,
+    pub poll_interval: ConfigDuration,
+    pub confirm_timeout: ConfigDuration,
+    pub max_attempts: i32,
+    pub retention: ConfigDuration,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventSettings {
+    /// Also emit `audit.entry.created` for every write.
+    pub audit: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    pub clients: Vec<ClientSettings>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSettings {
+    pub id: String,
+    /// Hex SHA-256 of the client's bearer token; the token itself is never stored.
+    pub token_sha256: String,
+}
+
+impl fmt::Debug for ClientSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientSettings")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A tracing filter: `info`, or `retrysafe=debug,info`.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 64 * 1024,
+            shutdown_timeout: ConfigDuration::from_secs(30),
+        }
+    }
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/retrysafe".into(),
+            pool_size: 16,
+            writers: 2,
+            max_batch: 256,
+            connect_timeout: ConfigDuration::from_secs(2),
+            statement_timeout: ConfigDuration::from_secs(5),
+        }
+    }
+}
+
+impl Default for AmqpSettings {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            exchange: "retrysafe.events".into(),
+        }
+    }
+}
+
+impl Default for IdempotencySettings {
+    fn default() -> Self {
+        Self {
+            retention: ConfigDuration::from_secs(24 * 3600),
+            wait_timeout: ConfigDuration::from_secs(10),
+            mismatch_status: 409,
+            shards: 8,
+            cache_entries: 100_000,
+        }
+    }
+}
+
+impl Default for OutboxSettings {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            batch_size: 500,
+            poll_interval: ConfigDuration::from_secs(1),
+            confirm_timeout: ConfigDuration::from_secs(10),
+            max_attempts: 20,
+            retention: ConfigDuration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+impl Settings {
+    /// Loads defaults, then the file at `path` (which must exist), then the environment, and
+    /// validates the result.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        if !path.exists() {
+            return Err(ConfigError::MissingFile {
+                path: path.display().to_string(),
+            });
+        }
+        Self::from_figment(
+            Figment::from(Serialized::defaults(Settings::default()))
+                .merge(Toml::file_exact(path))
+                .merge(environment()),
+        )
+    }
+
+    /// Defaults and environment only: what tests and embedders start from.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_figment(
+            Figment::from(Serialized::defaults(Settings::default())).merge(environment()),
+        )
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let settings: Settings = figment
+            .extract()
+            .map_err(|error| ConfigError::Parse(describe_figment_error(error)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what the types alone do not: ranges, and that an open listener has credentials.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.http.max_body_bytes < 64 {
+            return Err(invalid("http.max_body_bytes", "must be at least 64"));
+        }
+        tokio_postgres::Config::from_str(&self.database.url).map_err(|error| {
+            invalid(
+                "database.url",
+                format!("not a valid PostgreSQL URL: {error}"),
+            )
+        })?;
+        if self.database.pool_size < 2 {
+            return Err(invalid("database.pool_size", "must be at least 2"));
+        }
+        if self.database.writers == 0 {
+            return Err(invalid("database.writers", "must be at least 1"));
+        }
+        if self.database.max_batch == 0 {
+            return Err(invalid("database.max_batch", "must be at least 1"));
+        }
+        positive(self.database.connect_timeout, "database.connect_timeout")?;
+        positive(
+            self.database.statement_timeout,
+            "database.statement_timeout",
+        )?;
+        if !self.amqp.url.starts_with("amqp://") && !self.amqp.url.starts_with("amqps://") {
+            return Err(invalid("amqp.url", "must start with amqp:// or amqps://"));
+        }
+        if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
+            return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
+        }
+        positive(self.idempotency.retention, "idempotency.retention")?;
+        positive(self.idempotency.wait_timeout, "idempotency.wait_timeout")?;
+        if !matches!(self.idempotency.mismatch_status, 409 | 422) {
+            return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
+        }
+        if self.idempotency.shards == 0 {
+            return Err(invalid("idempotency.shards", "must be at least 1"));
+        }
+        if self.outbox.workers == 0 {
+            return Err(invalid("outbox.workers", "must be at least 1"));
+        }
+        if self.outbox.batch_size == 0 {
+            return Err(invalid("outbox.batch_size", "must be at least 1"));
+        }
+        positive(self.outbox.poll_interval, "outbox.poll_interval")?;
+        positive(self.outbox.confirm_timeout, "outbox.confirm_timeout")?;
+        positive(self.outbox.retention, "outbox.retention")?;
+        if self.outbox.max_attempts < 1 {
+            return Err(invalid("outbox.max_attempts", "must be at least 1"));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.level)
+            .map_err(|error| invalid("log.level", error.to_string()))?;
+        self.validate_clients()
+    }
+
+    fn validate_clients(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for client in &self.auth.clients {
+            if !is_valid_client_id(&client.id) {
+                return Err(invalid(
+                    "auth.clients.id",
+                    format!("{:?} must be 1 to 64 of a-z A-Z 0-9 . _ -", client.id),
+                ));
+            }
+            if !seen.insert(client.id.as_str()) {
+                return Err(invalid(
+                    "auth.clients.id",
+                    format!("{:?} is configured twice", client.id),
+                ));
+            }
+            let is_sha256_hex = client.token_sha256.len() == 64
+                && client.token_sha256.bytes().all(|b| b.is_ascii_hexdigit());
+            if !is_sha256_hex {
+                return Err(invalid(
+                    "auth.clients.token_sha256",
+                    format!(
+                        "client {:?}: must be 64 hex digits (SHA-256 of the token)",
+                        client.id
+                    ),
+                ));
+            }
+        }
+        if self.auth.clients.is_empty() && !self.http.listen.ip().is_loopback() {
+            return Err(invalid(
+                "auth.clients",
+                format!(
+                    "no clients are configured, which is allowed only on a loopback address, but http.listen is {}",
+                    self.http.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub fn is_valid_client_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn positive(value: ConfigDuration, key: &'static str) -> Result<(), ConfigError> {
+    if value.0.is_zero() {
+        return Err(invalid(key, "must be longer than zero"));
+    }
+    Ok(())
+}
+
+/// Only variables with a `__` separator are configuration keys, so that other `RETRYSAFE_*`
+/// variables (such as `RETRYSAFE_CONFIG`) are not mistaken for unknown keys.
+fn environment() -> Env {
+    Env::prefixed(ENV_PREFIX)
+        .filter(|key| key.as_str().contains("__"))
+        .split("__")
+}
+
+fn describe_figment_error(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|error| {
+            let key = error.path.join(".");
+            let source = error
+                .metadata
+                .as_ref()
+                .map(
+                    |metadata| match &error.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+                        Some(source) => format!(" (from {} {source})", metadata.name),
+                        None => format!(" (from {})", metadata.name),
+                    },
+                )
+                .unwrap_or_default();
+            if key.is_empty() {
+                format!("{}{source}", error.kind)
+            } else {
+                format!("{key}: {}{source}", error.kind)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Shows a URL without its password.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparsable url>".into();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                format!("{scheme}://{user}@{host}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+/// A duration written as a string such as `"30s"`, `"250ms"` or `"24h"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigDuration(pub Duration);
+
+impl ConfigDuration {
+    pub const fn from_secs(secs: u64) -> Self {
+        Self(Duration::from_secs(secs))
+    }
+}
+
+impl From<ConfigDuration> for Duration {
+    fn from(value: ConfigDuration) -> Self {
+        value.0
+    }
+}
+
+impl Serialize for ConfigDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&humantime::format_duration(self.0).to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text)
+            .map(ConfigDuration)
+            .map_err(|error| {
+                serde::de::Error::custom(format!(
+                    "{text:?} is not a duration such as \"30s\" or \"24h\": {error}"
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:secret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Settings::default().validate().unwrap();
+    }
+
+    #[test]
+    fn anonymous_only_on_loopback() {
+        let mut settings = Settings::default();
+        settings.http.listen = "0.0.0.0:8080".parse().unwrap();
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("auth.clients"), "{error}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
+            "[http]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n",
+        ));
+        let error = Settings::from_figment(figment).unwrap_err().to_string();
+        assert!(error.contains("bogus"), "{error}");
+
+        let figment = Figment::from(Serialized::defaults(Settings::default()))
+            .merge(Toml::string("[outbox]\npoll_interval = \"soon\"\n"));
+        let error = Settings::from_figment(figment).unwrap_err().to_string();
+        assert!(error.contains("outbox.poll_interval"), "{error}");
+    }
+}

@@ -1,0 +1,145 @@
+//! PostgreSQL: the connection pool, creating the database, migrations, and SQLSTATE mapping.
+
+pub mod sqlstate;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::NoTls;
+
+use crate::config::DatabaseSettings;
+pub use sqlstate::StorageError;
+
+pub type PgPool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+pub type PgConnection<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<NoTls>>;
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// Serializes migrations across daemons that start together on one database.
+const MIGRATION_LOCK_ID: i64 = 0x7265_7472_7973_6166; // "retrysaf"
+
+/// Parses `database.url` and applies the connection settings every connection needs.
+pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StorageError> {
+    let mut config = tokio_postgres::Config::from_str(&settings.url)
+        .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
+    config.connect_timeout(settings.connect_timeout.0);
+    if config.get_application_name().is_none() {
+        config.application_name("retrysafe");
+    }
+    // A statement that waits past this (for a lock held by a stuck session, say) is cancelled,
+    // so that a request fails with 503 instead of hanging.
+    let timeout_ms = settings.statement_timeout.0.as_millis();
+    let options = format!("-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}");
+    let options = match config.get_options() {
+        Some(existing) => format!("{existing} {options}"),
+        None => options,
+    };
+    config.options(&options);
+    // Dead peers behind a cut network are noticed instead of waited on forever.
+    config.keepalives_idle(Duration::from_secs(30));
+    config.tcp_user_timeout(settings.statement_timeout.0 + settings.connect_timeout.0);
+    Ok(config)
+}
+
+/// Builds the pool without connecting: connections are opened on demand, so a database that is
+/// down at this moment makes requests fail with 503 until it is back, not the daemon exit.
+pub fn build_pool(settings: &DatabaseSettings) -> Result<PgPool, StorageError> {
+    let manager = PostgresConnectionManager::new(pg_config(settings)?, NoTls);
+    Ok(bb8::Pool::builder()
+        .max_size(settings.pool_size)
+        .min_idle(Some(1))
+        .connection_timeout(settings.connect_timeout.0)
+        .idle_timeout(Some(Duration::from_secs(600)))
+        .test_on_check_out(false)
+        .build_unchecked(manager))
+}
+
+/// Creates the database named in the URL when it does not exist, connecting to the `postgres`
+/// maintenance database as the same role.
+pub async fn create_database_if_missing(settings: &DatabaseSettings) -> Result<(), StorageError> {
+    let config = pg_config(settings)?;
+    let name = config
+        .get_dbname()
+        .map(str::to_owned)
+        .or_else(|| config.get_user().map(str::to_owned))
+        .ok_or_else(|| StorageError::from(anyhow::anyhow!("database.url names no database")))?;
+    let mut maintenance = config.clone();
+    maintenance.dbname("postgres");
+    let (client, connection) = maintenance.connect(NoTls).await?;
+    let connection = tokio::spawn(connection);
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
+    if !exists {
+        let statement = format!("CREATE DATABASE {}", quote_identifier(&name));
+        match client.batch_execute(&statement).await {
+            Ok(()) => tracing::info!(database = %name, "created database"),
+            // Another daemon created it at the same moment.
+            Err(error) if sqlstate::is_duplicate_database(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    drop(client);
+    let _ = connection.await;
+    Ok(())
+}
+
+/// Applies the embedded migrations that the database does not have yet.
+pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError> {
+    create_database_if_missing(settings).await?;
+    let config = pg_config(settings)?;
+    let (mut client, connection) = config.connect(NoTls).await?;
+    let connection = tokio::spawn(connection);
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])
+        .await?;
+    let report = embedded::migrations::runner()
+        .run_async(&mut client)
+        .await
+        .map_err(|error| StorageError::from(anyhow::anyhow!("migration failed: {error}")));
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_ID])
+        .await?;
+    drop(client);
+    let _ = connection.await;
+    let applied = report?.applied_migrations().len();
+    if applied > 0 {
+        tracing::info!(applied, "applied migrations");
+    }
+    Ok(applied)
+}
+
+/// The newest migration this build carries.
+pub fn latest_migration_version() -> i64 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|migration| i64::from(migration.version()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether the database answers and has every migration this build needs.
+pub async fn migrations_applied(pool: &PgPool) -> Result<bool, StorageError> {
+    let connection = pool.get().await?;
+    let row = connection
+        .query_one(
+            "SELECT coalesce(max(version), 0)::bigint FROM refinery_schema_history",
+            &[],
+        )
+        .await;
+    match row {
+        Ok(row) => Ok(row.get::<_, i64>(0) >= latest_migration_version()),
+        Err(error) if sqlstate::is_undefined_table(&error) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Quotes an SQL identifier, doubling embedded quotes.
+pub fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

@@ -1,0 +1,91 @@
+//! The one place where PostgreSQL and pool errors become domain errors.
+
+use std::sync::Arc;
+
+use tokio_postgres::error::SqlState;
+
+/// What a storage failure means to a caller.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    /// The database cannot be reached, is shutting down, or did not answer in time. Nothing was
+    /// written (or, if a commit's outcome was lost, the record guards a retry); retry later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A deadlock or serialization failure: the transaction may simply be run again.
+    #[error("transaction conflict: {0}")]
+    Retryable(String),
+    /// The statement failed because of the data it was given (SQLSTATE classes 22 and 23).
+    #[error("data rejected by the database: {0}")]
+    DataRejected(String),
+    /// Anything else: a bug, or a database in a state the daemon does not expect.
+    #[error("{0:#}")]
+    Other(Arc<anyhow::Error>),
+}
+
+impl From<anyhow::Error> for StorageError {
+    fn from(error: anyhow::Error) -> Self {
+        StorageError::Other(Arc::new(error))
+    }
+}
+
+impl From<tokio_postgres::Error> for StorageError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        classify(error)
+    }
+}
+
+impl From<bb8::RunError<tokio_postgres::Error>> for StorageError {
+    fn from(error: bb8::RunError<tokio_postgres::Error>) -> Self {
+        match error {
+            bb8::RunError::User(error) => classify(error),
+            bb8::RunError::TimedOut => {
+                StorageError::Unavailable("timed out waiting for a database connection".into())
+            }
+        }
+    }
+}
+
+fn classify(error: tokio_postgres::Error) -> StorageError {
+    let Some(code) = error.code() else {
+        // No SQLSTATE: the connection failed, closed, or timed out.
+        return StorageError::Unavailable(describe(&error));
+    };
+    let text = describe(&error);
+    if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED {
+        return StorageError::Retryable(text);
+    }
+    let class = &code.code()[..2];
+    match class {
+        "22" | "23" => StorageError::DataRejected(text),
+        // 08: connection exception; 53: insufficient resources; 57: operator intervention
+        // (57014 is a statement timeout, 57P01 an admin shutdown); 58: system error.
+        "08" | "53" | "57" | "58" => StorageError::Unavailable(text),
+        // 55P03: lock_not_available (lock_timeout).
+        _ if *code == SqlState::LOCK_NOT_AVAILABLE => StorageError::Unavailable(text),
+        _ => StorageError::from(anyhow::Error::new(error)),
+    }
+}
+
+fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+pub fn is_duplicate_database(error: &tokio_postgres::Error) -> bool {
+    matches!(error.code(), Some(code) if *code == SqlState::DUPLICATE_DATABASE || *code == SqlState::UNIQUE_VIOLATION)
+}
+
+pub fn is_undefined_table(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::UNDEFINED_TABLE)
+}

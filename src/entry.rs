@@ -1,0 +1,222 @@
+//! The business write: an entry, how a request for one is decoded, and the events it emits.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::idempotency::{request_hash, RequestHash};
+
+/// The route whose requests are hashed; part of every request hash.
+pub const ENTRIES_ROUTE: &str = "/v1/entries";
+
+/// What a client asks to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEntry {
+    pub kind: String,
+    pub data: Map<String, Value>,
+}
+
+/// An entry as the API shows it, and as its events carry it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EntryView {
+    pub id: Uuid,
+    pub kind: String,
+    pub data: Map<String, Value>,
+    /// RFC 3339 with microseconds, as PostgreSQL stores it, so every read shows the same text.
+    pub created_at: String,
+}
+
+/// A field-level problem in a request body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FieldError {
+    /// JSON pointer to the offending value (`/kind`, `/data/name`), or `/` for the body.
+    pub pointer: String,
+    pub detail: String,
+}
+
+/// Why a body was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecodeError {
+    /// Not JSON at all (syntax, encoding, nesting deeper than the parser allows).
+    Malformed(String),
+    /// JSON, but not a valid request.
+    Invalid(Vec<FieldError>),
+}
+
+/// Decodes and validates a `POST /v1/entries` body, returning the entry and the request hash.
+pub fn decode_new_entry(body: &[u8]) -> Result<(NewEntry, RequestHash), DecodeError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| DecodeError::Malformed(format!("the body is not valid JSON: {error}")))?;
+    let hash = request_hash("POST", ENTRIES_ROUTE, &value);
+    let Value::Object(mut fields) = value else {
+        return Err(DecodeError::Invalid(vec![field_error(
+            "/",
+            "the body must be a JSON object",
+        )]));
+    };
+    let mut errors = Vec::new();
+    for name in fields.keys() {
+        if name != "kind" && name != "data" {
+            errors.push(field_error(
+                &format!("/{}", escape_pointer(name)),
+                "unknown field; only \"kind\" and \"data\" are allowed",
+            ));
+        }
+    }
+    let kind = match fields.remove("kind") {
+        Some(Value::String(kind)) if is_valid_kind(&kind) => Some(kind),
+        Some(Value::String(_)) => {
+            errors.push(field_error("/kind", "must be 1 to 64 of a-z 0-9 . _ -"));
+            None
+        }
+        Some(_) => {
+            errors.push(field_error("/kind", "must be a string"));
+            None
+        }
+        None => {
+            errors.push(field_error("/kind", "is required"));
+            None
+        }
+    };
+    let data = match fields.remove("data") {
+        Some(Value::Object(data)) => {
+            find_nul(&data, "/data", &mut errors);
+            Some(data)
+        }
+        Some(_) => {
+            errors.push(field_error("/data", "must be a JSON object"));
+            None
+        }
+        None => {
+            errors.push(field_error("/data", "is required"));
+            None
+        }
+    };
+    match (kind, data) {
+        (Some(kind), Some(data)) if errors.is_empty() => Ok((NewEntry { kind, data }, hash)),
+        _ => Err(DecodeError::Invalid(errors)),
+    }
+}
+
+pub fn is_valid_kind(kind: &str) -> bool {
+    (1..=64).contains(&kind.len())
+        && kind.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        })
+}
+
+/// PostgreSQL's jsonb cannot hold U+0000 in a string or a member name; refuse it here, with the
+/// place it was found, instead of failing the write in the database.
+fn find_nul(map: &Map<String, Value>, pointer: &str, errors: &mut Vec<FieldError>) {
+    for (name, value) in map {
+        let member = format!("{pointer}/{}", escape_pointer(name));
+        if name.contains('\0') {
+            errors.push(field_error(&member, "member names may not contain U+0000"));
+        }
+        find_nul_in_value(value, &member, errors);
+    }
+}
+
+fn find_nul_in_value(value: &Value, pointer: &str, errors: &mut Vec<FieldError>) {
+    match value {
+        Value::String(text) if text.contains('\0') => {
+            errors.push(field_error(pointer, "strings may not contain U+0000"));
+        }
+        Value::Object(map) => find_nul(map, pointer, errors),
+        Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                find_nul_in_value(item, &format!("{pointer}/{index}"), errors);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn escape_pointer(name: &str) -> String {
+    name.replace('~', "~0")
+        .replace('/', "~1")
+        .replace('\0', "\\u0000")
+}
+
+fn field_error(pointer: &str, detail: &str) -> FieldError {
+    FieldError {
+        pointer: pointer.to_owned(),
+        detail: detail.to_owned(),
+    }
+}
+
+/// Formats a timestamp the one way the API shows timestamps.
+pub fn format_time(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// Now, truncated to the microsecond precision PostgreSQL keeps.
+pub fn now_micros() -> DateTime<Utc> {
+    let now = Utc::now();
+    DateTime::from_timestamp_micros(now.timestamp_micros()).expect("the current time is in range")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid_pointers(body: &str) -> Vec<String> {
+        match decode_new_entry(body.as_bytes()) {
+            Err(DecodeError::Invalid(errors)) => errors.into_iter().map(|e| e.pointer).collect(),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decodes_a_valid_body() {
+        let (entry, _) =
+            decode_new_entry(br#"{"kind":"invoice.paid","data":{"amount":12}}"#).unwrap();
+        assert_eq!(entry.kind, "invoice.paid");
+        assert_eq!(entry.data["amount"], 12);
+    }
+
+    #[test]
+    fn refuses_bad_shapes() {
+        assert_eq!(invalid_pointers(r#"[1]"#), vec!["/"]);
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","data":{},"extra":1}"#),
+            vec!["/extra"]
+        );
+        assert_eq!(invalid_pointers(r#"{"kind":"A","data":{}}"#), vec!["/kind"]);
+        assert_eq!(invalid_pointers(r#"{"kind":"a","data":[]}"#), vec!["/data"]);
+        assert_eq!(invalid_pointers(r#"{"data":{}}"#), vec!["/kind"]);
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","data":{"x":["ok","a\u0000b"]}}"#),
+            vec!["/data/x/1"]
+        );
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","data":{"a\u0000":1}}"#),
+            vec!["/data/a\\u0000"]
+        );
+    }
+
+    #[test]
+    fn refuses_malformed_json() {
+        for body in [
+            &b"{"[..],
+            b"not json",
+            b"{\"kind\":\"a\",\"data\":{}}x",
+            b"\xff\xfe",
+        ] {
+            assert!(
+                matches!(decode_new_entry(body), Err(DecodeError::Malformed(_))),
+                "{body:?}"
+            );
+        }
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(matches!(
+            decode_new_entry(deep.as_bytes()),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode_new_entry(br#"{"kind":"a","data":{"s":"\ud800"}}"#),
+            Err(DecodeError::Malformed(_))
+        ));
+    }
+}

@@ -1,0 +1,201 @@
+//! `POST /v1/entries` and `GET /v1/entries/{id}`.
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::web::{self, Bytes, BytesMut};
+use actix_web::{HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use crate::entry::{decode_new_entry, format_time, EntryView, ENTRIES_ROUTE};
+use crate::http::problem::ApiError;
+use crate::http::SharedState;
+use crate::idempotency::IdempotencyKey;
+use crate::shard::{Admission, Answer, Submit};
+use crate::writer::{StoredResponse, WriteRequest};
+
+pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
+
+pub async fn create_entry(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: SharedState,
+) -> Result<HttpResponse, ApiError> {
+    let client_id = state.auth.authenticate(&request)?;
+    let key = idempotency_key(&request)?;
+    require_json(&request)?;
+    let body = read_body(&request, payload, state.max_body_bytes).await?;
+    let (entry, request_hash) = decode_new_entry(&body)?;
+
+    let shard = state.shard_for(&client_id, &key);
+    let write = WriteRequest {
+        client_id,
+        key,
+        request_hash,
+        entry,
+        remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
+    };
+    let admission = shard
+        .send(Submit(write))
+        .await
+        .map_err(|error| ApiError::Internal(anyhow::anyhow!("key shard unreachable: {error}")))?;
+    let answer = match admission {
+        Admission::Ready(answer) => answer,
+        Admission::Pending {
+            leader: true,
+            answer,
+        } => answer
+            .await
+            .map_err(|_| ApiError::Internal(anyhow::anyhow!("key shard dropped a request")))?,
+        Admission::Pending {
+            leader: false,
+            answer,
+        } => match tokio::time::timeout(state.wait_timeout, answer).await {
+            Ok(answer) => answer
+                .map_err(|_| ApiError::Internal(anyhow::anyhow!("key shard dropped a request")))?,
+            Err(_elapsed) => return Err(ApiError::RequestInProgress),
+        },
+    };
+    match answer {
+        Answer::Created(response) => Ok(stored_response(&response, false)),
+        Answer::Replayed(response) => Ok(stored_response(&response, true)),
+        Answer::Conflict => Err(ApiError::IdempotencyKeyReused {
+            status: state.mismatch_status,
+        }),
+        Answer::Failed(error) => Err(error.into()),
+    }
+}
+
+/// The response saved with a record, as first sent or replayed.
+fn stored_response(response: &StoredResponse, replayed: bool) -> HttpResponse {
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK);
+    let mut builder = HttpResponse::build(status);
+    builder.content_type("application/json");
+    if let Some(entry_id) = response.entry_id {
+        builder.insert_header((header::LOCATION, format!("{ENTRIES_PATH}/{entry_id}")));
+    }
+    if replayed {
+        builder.insert_header((IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true")));
+    }
+    builder.body(response.body.clone())
+}
+
+fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
+    let mut values = request.headers().get_all(IDEMPOTENCY_KEY);
+    let value = values.next().ok_or(ApiError::MissingIdempotencyKey)?;
+    if values.next().is_some() {
+        return Err(ApiError::InvalidIdempotencyKey(
+            crate::idempotency::KeyError::MalformedString,
+        ));
+    }
+    IdempotencyKey::parse_header(value.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)
+}
+
+/// Accepts `application/json`, optionally with `charset=utf-8`.
+fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
+    let refuse = |what: &str| {
+        ApiError::UnsupportedMediaType(format!("{what}; send Content-Type: application/json"))
+    };
+    let value = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .ok_or_else(|| refuse("the Content-Type header is missing"))?;
+    let text = value
+        .to_str()
+        .map_err(|_| refuse("the Content-Type header is not ASCII"))?;
+    let mut parts = text.split(';');
+    let essence = parts.next().unwrap_or_default().trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return Err(refuse(&format!(
+            "Content-Type {essence:?} is not supported"
+        )));
+    }
+    for parameter in parts {
+        let (name, value) = parameter.split_once('=').unwrap_or((parameter, ""));
+        if name.trim().eq_ignore_ascii_case("charset") {
+            let charset = value.trim().trim_matches('"');
+            if !charset.eq_ignore_ascii_case("utf-8") && !charset.eq_ignore_ascii_case("utf8") {
+                return Err(refuse(&format!(
+                    "charset {charset:?} is not supported, only utf-8"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the body, refusing it (413) as soon as it is known to exceed `limit`.
+async fn read_body(
+    request: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let too_large = ApiError::PayloadTooLarge { limit };
+    if let Some(length) = request.headers().get(header::CONTENT_LENGTH) {
+        let length: usize = length
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .ok_or_else(|| {
+                ApiError::MalformedJson("the Content-Length header is not a number".into())
+            })?;
+        if length > limit {
+            return Err(too_large);
+        }
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|error| {
+            ApiError::MalformedJson(format!("the body could not be read: {error}"))
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+const SELECT_ENTRY: &str =
+    "SELECT id, kind, data::text, created_at FROM entries WHERE id = $1 AND client_id = $2";
+
+pub async fn get_entry(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: SharedState,
+) -> Result<HttpResponse, ApiError> {
+    let client_id = state.auth.authenticate(&request)?;
+    let not_found = || ApiError::NotFound(format!("no entry {}", path.as_str()));
+    let id = Uuid::parse_str(path.as_str()).map_err(|_| not_found())?;
+    let connection = state
+        .pool
+        .get()
+        .await
+        .map_err(crate::db::StorageError::from)?;
+    let row = connection
+        .query_opt(SELECT_ENTRY, &[&id, &&*client_id])
+        .await
+        .map_err(crate::db::StorageError::from)?
+        .ok_or_else(not_found)?;
+    let data_text: String = row.get(2);
+    let data = serde_json::from_str(&data_text).map_err(|error| {
+        ApiError::Internal(anyhow::anyhow!(
+            "stored entry data is not a JSON object: {error}"
+        ))
+    })?;
+    let view = EntryView {
+        id: row.get(0),
+        kind: row.get(1),
+        data,
+        created_at: format_time(row.get(3)),
+    };
+    let body = crate::idempotency::canonical_json(
+        &serde_json::to_value(&view).expect("an entry view always serializes"),
+    );
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body))
+}

@@ -1,0 +1,104 @@
+//! `GET /v1/idempotency-keys/{key}`: what became of a key.
+
+use actix_web::web;
+use actix_web::{HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::db::StorageError;
+use crate::entry::format_time;
+use crate::http::problem::ApiError;
+use crate::http::SharedState;
+use crate::idempotency::IdempotencyKey;
+
+#[derive(Serialize)]
+struct KeyView {
+    key: String,
+    status: String,
+    request_hash: String,
+    created_at: String,
+    expires_at: String,
+    response_status: i16,
+    entry_id: Option<Uuid>,
+    events: Vec<EventView>,
+}
+
+#[derive(Serialize)]
+struct EventView {
+    event_id: Uuid,
+    event_type: String,
+    attempts: i32,
+    sent_at: Option<String>,
+    failed_at: Option<String>,
+    next_attempt_at: String,
+    last_error: Option<String>,
+}
+
+/// An expired record is gone for clients even before the janitor deletes it.
+const SELECT_RECORD: &str = "
+SELECT request_hash, status, created_at, expires_at, response_status, entry_id
+FROM idempotency_records
+WHERE client_id = $1 AND key = $2 AND expires_at > now()";
+
+/// The events of the record's entry; a key that expired and was reused has older events under
+/// the same key, which belong to the older entry.
+const SELECT_EVENTS: &str = "
+SELECT event_id, event_type, attempts, sent_at, failed_at, next_attempt_at, last_error
+FROM outbox_events
+WHERE client_id = $1 AND idempotency_key = $2 AND event_key LIKE $3 || '/%'
+ORDER BY id";
+
+pub async fn get_key(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: SharedState,
+) -> Result<HttpResponse, ApiError> {
+    let client_id = state.auth.authenticate(&request)?;
+    let key = IdempotencyKey::parse(path.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
+    let not_found =
+        || ApiError::NotFound(format!("no record for Idempotency-Key {:?}", key.as_str()));
+    let connection = state.pool.get().await.map_err(StorageError::from)?;
+    let record = connection
+        .query_opt(SELECT_RECORD, &[&&*client_id, &key.as_str()])
+        .await
+        .map_err(StorageError::from)?
+        .ok_or_else(not_found)?;
+    let entry_id: Option<Uuid> = record.get("entry_id");
+    let events = match entry_id {
+        Some(entry_id) => connection
+            .query(
+                SELECT_EVENTS,
+                &[&&*client_id, &key.as_str(), &entry_id.to_string()],
+            )
+            .await
+            .map_err(StorageError::from)?
+            .iter()
+            .map(|row| EventView {
+                event_id: row.get("event_id"),
+                event_type: row.get("event_type"),
+                attempts: row.get("attempts"),
+                sent_at: row
+                    .get::<_, Option<DateTime<Utc>>>("sent_at")
+                    .map(format_time),
+                failed_at: row
+                    .get::<_, Option<DateTime<Utc>>>("failed_at")
+                    .map(format_time),
+                next_attempt_at: format_time(row.get("next_attempt_at")),
+                last_error: row.get("last_error"),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let view = KeyView {
+        key: key.as_str().to_owned(),
+        status: record.get("status"),
+        request_hash: hex::encode(record.get::<_, Vec<u8>>("request_hash")),
+        created_at: format_time(record.get("created_at")),
+        expires_at: format_time(record.get("expires_at")),
+        response_status: record.get("response_status"),
+        entry_id,
+        events,
+    };
+    Ok(HttpResponse::Ok().json(view))
+}

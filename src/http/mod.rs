@@ -1,0 +1,94 @@
+//! The HTTP layer: authenticate, parse, validate and hash, then hand the write to its shard.
+
+pub mod auth;
+pub mod entries;
+pub mod health;
+pub mod keys;
+pub mod problem;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use actix_web::{web, HttpRequest, HttpResponse};
+
+use crate::config::Settings;
+use crate::db::PgPool;
+use crate::idempotency::IdempotencyKey;
+use crate::shard::{shard_index, KeyShard};
+use auth::Authenticator;
+use problem::ApiError;
+
+/// What every handler shares.
+pub struct AppState {
+    pub pool: PgPool,
+    pub shards: Vec<Addr<KeyShard>>,
+    pub auth: Authenticator,
+    pub max_body_bytes: usize,
+    pub wait_timeout: Duration,
+    /// Status for a reused key with another request (409, or 422).
+    pub mismatch_status: actix_web::http::StatusCode,
+    /// Bound on a readiness probe's database check.
+    pub probe_timeout: Duration,
+}
+
+impl AppState {
+    pub fn new(settings: &Settings, pool: PgPool, shards: Vec<Addr<KeyShard>>) -> Self {
+        Self {
+            pool,
+            shards,
+            auth: Authenticator::new(&settings.auth),
+            max_body_bytes: settings.http.max_body_bytes,
+            wait_timeout: settings.idempotency.wait_timeout.0,
+            mismatch_status: actix_web::http::StatusCode::from_u16(
+                settings.idempotency.mismatch_status,
+            )
+            .expect("mismatch_status is validated as 409 or 422"),
+            probe_timeout: settings.database.connect_timeout.0 + Duration::from_secs(1),
+        }
+    }
+
+    pub fn shard_for(&self, client_id: &str, key: &IdempotencyKey) -> &Addr<KeyShard> {
+        &self.shards[shard_index(client_id, key, self.shards.len())]
+    }
+}
+
+/// Registers every route.
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .service(
+            web::resource(entries::ENTRIES_PATH)
+                .route(web::post().to(entries::create_entry))
+                .default_service(web::to(method_not_allowed)),
+        )
+        .service(
+            web::resource("/v1/entries/{id}")
+                .route(web::get().to(entries::get_entry))
+                .default_service(web::to(method_not_allowed)),
+        )
+        .service(
+            web::resource("/v1/idempotency-keys/{key}")
+                .route(web::get().to(keys::get_key))
+                .default_service(web::to(method_not_allowed)),
+        )
+        .service(web::resource("/healthz").route(web::get().to(health::healthz)))
+        .service(web::resource("/readyz").route(web::get().to(health::readyz)));
+}
+
+pub async fn not_found(request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound(format!(
+        "no route for {} {}",
+        request.method(),
+        request.path()
+    )))
+}
+
+async fn method_not_allowed(request: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed(format!(
+        "{} is not allowed on {}",
+        request.method(),
+        request.path()
+    )))
+}
+
+pub type SharedState = web::Data<Arc<AppState>>;

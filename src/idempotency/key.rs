@@ -1,0 +1,135 @@
+//! Parsing of the `Idempotency-Key` header.
+
+use std::fmt;
+
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A validated idempotency key: 1 to 255 visible ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the key is empty")]
+    Empty,
+    #[error("the key is {0} characters long; at most 255 are allowed")]
+    TooLong(usize),
+    #[error("the key may contain only visible ASCII characters (0x21 to 0x7E)")]
+    NotVisibleAscii,
+    #[error("the key is a malformed structured-field string")]
+    MalformedString,
+}
+
+impl IdempotencyKey {
+    /// Parses a header value. A structured-field string (`"abc"`, the IETF draft's form) is
+    /// unquoted first; what remains must be 1 to 255 visible ASCII characters.
+    pub fn parse_header(raw: &[u8]) -> Result<Self, KeyError> {
+        let unquoted = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+            unquote_sf_string(&raw[1..raw.len() - 1])?
+        } else {
+            raw.to_vec()
+        };
+        Self::parse(&unquoted)
+    }
+
+    /// Validates an unquoted key, such as one taken from a URL path.
+    pub fn parse(bytes: &[u8]) -> Result<Self, KeyError> {
+        if bytes.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+            return Err(KeyError::NotVisibleAscii);
+        }
+        if bytes.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong(bytes.len()));
+        }
+        let text = std::str::from_utf8(bytes).expect("visible ASCII is valid UTF-8");
+        Ok(Self(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// RFC 8941 sf-string body: printable ASCII, with `\"` and `\\` the only escapes.
+fn unquote_sf_string(inner: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let mut out = Vec::with_capacity(inner.len());
+    let mut bytes = inner.iter();
+    while let Some(&byte) = bytes.next() {
+        match byte {
+            b'\\' => match bytes.next() {
+                Some(&escaped @ (b'"' | b'\\')) => out.push(escaped),
+                _ => return Err(KeyError::MalformedString),
+            },
+            b'"' => return Err(KeyError::MalformedString),
+            0x20..=0x7e => out.push(byte),
+            _ => return Err(KeyError::NotVisibleAscii),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_and_quoted_keys() {
+        assert_eq!(
+            IdempotencyKey::parse_header(b"demo-001").unwrap().as_str(),
+            "demo-001"
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(b"\"demo-001\"")
+                .unwrap()
+                .as_str(),
+            "demo-001"
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(br#""a\"b\\c""#)
+                .unwrap()
+                .as_str(),
+            r#"a"b\c"#
+        );
+        let longest = vec![b'k'; 255];
+        assert!(IdempotencyKey::parse_header(&longest).is_ok());
+    }
+
+    #[test]
+    fn refuses_bad_keys() {
+        assert_eq!(IdempotencyKey::parse_header(b""), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::parse_header(b"\"\""), Err(KeyError::Empty));
+        assert_eq!(
+            IdempotencyKey::parse_header(&[b'k'; 256]),
+            Err(KeyError::TooLong(256))
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(b"a b"),
+            Err(KeyError::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header("cl\u{e9}".as_bytes()),
+            Err(KeyError::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(b"a\0b"),
+            Err(KeyError::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(b"\"a\"b\""),
+            Err(KeyError::MalformedString)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(br#""a\nb""#),
+            Err(KeyError::MalformedString)
+        );
+    }
+}

@@ -1,0 +1,29 @@
+//! retrysafe: a daemon that makes retried writes safe.
+//!
+//! # Layout
+//!
+//! A write travels down this list:
+//!
+//! - [`http`]: actix-web routes; authenticates the client, validates the `Idempotency-Key` and
+//!   the body, hashes the request, and maps every error to problem+json ([`http::problem`]).
+//! - [`shard`]: `KeyShard` actors, one per shard of (client, key); duplicates meet here, and
+//!   completed responses are replayed from a bounded cache.
+//! - [`writer`]: `Writer` actors; commit writes in batches, one transaction each, with
+//!   `INSERT ... ON CONFLICT` as the final guard against duplicates.
+//! - [`db`]: the PostgreSQL pool, database creation, migrations, and the SQLSTATE mapping.
+//!
+//! Beside them: [`config`] (layered configuration), [`idempotency`] (key parsing, canonical
+//! JSON, the request hash), [`entry`] (the business write and its validation), [`events`] (the
+//! CloudEvents a write emits), [`startup`] (wiring), [`cli`] and [`telemetry`].
+
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod entry;
+pub mod events;
+pub mod http;
+pub mod idempotency;
+pub mod shard;
+pub mod startup;
+pub mod telemetry;
+pub mod writer;

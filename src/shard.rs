@@ -1,0 +1,338 @@
+//! KeyShard actors: where duplicates of one idempotency key meet.
+//!
+//! Keys are spread over shards by a hash of (client, key). A shard holds the keys now in flight
+//! and a bounded cache of completed responses. A duplicate of an in-flight key with the same
+//! request hash waits for the first one's result; with another hash it is refused at once. A
+//! cached completed key is answered from memory. The database's unique key stays the final
+//! guard: another daemon on the same database is answered through the writer's read-back.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use chrono::Utc;
+use tokio::sync::oneshot;
+
+use crate::db::StorageError;
+use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::writer::{StoredResponse, Write, WriteOutcome, WriteRequest, WriteResult, Writer};
+
+/// A key as shards know it: keys are scoped by client.
+pub type ScopedKey = (Arc<str>, IdempotencyKey);
+
+/// Which of `shard_count` shards owns the key.
+pub fn shard_index(client_id: &str, key: &IdempotencyKey, shard_count: usize) -> usize {
+    // SipHash with fixed keys: stable within a process, which is all that is needed.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    client_id.hash(&mut hasher);
+    key.hash(&mut hasher);
+    (hasher.finish() % shard_count as u64) as usize
+}
+
+/// What became of a request, as its handler needs to know.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// This request made the entry.
+    Created(StoredResponse),
+    /// The key was completed before, by this same request.
+    Replayed(StoredResponse),
+    /// The key was used before with another request.
+    Conflict,
+    /// The write could not be done; nothing was saved for the key.
+    Failed(StorageError),
+}
+
+/// How a shard admits a request.
+#[derive(Debug)]
+pub enum Admission {
+    /// Answered at once: from the cache, or refused.
+    Ready(Answer),
+    /// The answer comes later. `leader` is true for the request that performs the write and false
+    /// for a duplicate waiting on it (whose wait is bounded by `idempotency.wait_timeout`).
+    Pending {
+        leader: bool,
+        answer: oneshot::Receiver<Answer>,
+    },
+}
+
+#[derive(Message)]
+#[rtype(result = "Admission")]
+pub struct Submit(pub WriteRequest);
+
+/// Removes a key from the cache (for example, once the janitor deleted its record).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Forget(pub ScopedKey);
+
+/// How many requests the shard is waiting on, for metrics and tests.
+#[derive(Message)]
+#[rtype(result = "ShardStats")]
+pub struct GetStats;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub in_flight: usize,
+    pub cached: usize,
+}
+
+struct InFlight {
+    request_hash: RequestHash,
+    /// The leader's channel, then the duplicates'.
+    leader: oneshot::Sender<Answer>,
+    waiters: Vec<oneshot::Sender<Answer>>,
+}
+
+pub struct KeyShard {
+    writers: Vec<Addr<Writer>>,
+    next_writer: usize,
+    in_flight: HashMap<ScopedKey, InFlight>,
+    cache: ResponseCache,
+}
+
+impl KeyShard {
+    pub fn new(writers: Vec<Addr<Writer>>, cache_capacity: usize) -> Self {
+        assert!(!writers.is_empty(), "a shard needs at least one writer");
+        Self {
+            writers,
+            next_writer: 0,
+            in_flight: HashMap::new(),
+            cache: ResponseCache::new(cache_capacity),
+        }
+    }
+
+    fn pick_writer(&mut self) -> Addr<Writer> {
+        self.next_writer = (self.next_writer + 1) % self.writers.len();
+        self.writers[self.next_writer].clone()
+    }
+
+    fn complete(&mut self, key: ScopedKey, result: Result<WriteResult, oneshot::error::RecvError>) {
+        let Some(in_flight) = self.in_flight.remove(&key) else {
+            return;
+        };
+        let hash = in_flight.request_hash;
+        let (for_leader, for_waiters) = match result {
+            Ok(Ok(WriteOutcome::Created(response))) => {
+                self.cache.insert(key, hash, response.clone());
+                (
+                    Answer::Created(response.clone()),
+                    Answer::Replayed(response),
+                )
+            }
+            Ok(Ok(WriteOutcome::Existing {
+                request_hash,
+                response,
+            })) => {
+                self.cache.insert(key, request_hash, response.clone());
+                let answer = if request_hash == hash {
+                    Answer::Replayed(response)
+                } else {
+                    Answer::Conflict
+                };
+                (answer.clone(), answer)
+            }
+            Ok(Err(error)) => (Answer::Failed(error.clone()), Answer::Failed(error)),
+            Err(_) => {
+                let error = StorageError::Unavailable("the writer stopped before answering".into());
+                (Answer::Failed(error.clone()), Answer::Failed(error))
+            }
+        };
+        // A receiver that is gone belongs to a client that disconnected; nothing to tell it.
+        let _ = in_flight.leader.send(for_leader);
+        for waiter in in_flight.waiters {
+            let _ = waiter.send(for_waiters.clone());
+        }
+    }
+}
+
+impl Actor for KeyShard {
+    type Context = Context<Self>;
+}
+
+impl Handler<Submit> for KeyShard {
+    type Result = MessageResult<Submit>;
+
+    fn handle(&mut self, Submit(request): Submit, ctx: &mut Self::Context) -> Self::Result {
+        let key: ScopedKey = (request.client_id.clone(), request.key.clone());
+        if let Some((stored_hash, response)) = self.cache.get(&key) {
+            let answer = if stored_hash == request.request_hash {
+                Answer::Replayed(response)
+            } else {
+                Answer::Conflict
+            };
+            return MessageResult(Admission::Ready(answer));
+        }
+        if let Some(in_flight) = self.in_flight.get_mut(&key) {
+            if in_flight.request_hash != request.request_hash {
+                return MessageResult(Admission::Ready(Answer::Conflict));
+            }
+            let (sender, receiver) = oneshot::channel();
+            in_flight.waiters.push(sender);
+            return MessageResult(Admission::Pending {
+                leader: false,
+                answer: receiver,
+            });
+        }
+
+        let (leader, answer) = oneshot::channel();
+        self.in_flight.insert(
+            key.clone(),
+            InFlight {
+                request_hash: request.request_hash,
+                leader,
+                waiters: Vec::new(),
+            },
+        );
+        let (reply, result) = oneshot::channel();
+        self.pick_writer().do_send(Write { request, reply });
+        ctx.spawn(
+            result
+                .into_actor(self)
+                .map(move |result, shard, _| shard.complete(key, result)),
+        );
+        MessageResult(Admission::Pending {
+            leader: true,
+            answer,
+        })
+    }
+}
+
+impl Handler<Forget> for KeyShard {
+    type Result = ();
+
+    fn handle(&mut self, Forget(key): Forget, _: &mut Self::Context) {
+        self.cache.remove(&key);
+    }
+}
+
+impl Handler<GetStats> for KeyShard {
+    type Result = MessageResult<GetStats>;
+
+    fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(ShardStats {
+            in_flight: self.in_flight.len(),
+            cached: self.cache.len(),
+        })
+    }
+}
+
+/// Completed responses, evicted oldest first past `capacity`, and never served past their
+/// record's `expires_at` (after which the key is new again).
+struct ResponseCache {
+    capacity: usize,
+    entries: HashMap<ScopedKey, CachedResponse>,
+    /// Insertion order, with the generation each key had when inserted: a key re-inserted later
+    /// leaves a stale item here that eviction skips.
+    order: VecDeque<(ScopedKey, u64)>,
+    next_generation: u64,
+}
+
+struct CachedResponse {
+    request_hash: RequestHash,
+    response: StoredResponse,
+    generation: u64,
+}
+
+impl ResponseCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            next_generation: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn get(&mut self, key: &ScopedKey) -> Option<(RequestHash, StoredResponse)> {
+        let cached = self.entries.get(key)?;
+        if cached.response.expires_at <= Utc::now() {
+            self.entries.remove(key);
+            return None;
+        }
+        Some((cached.request_hash, cached.response.clone()))
+    }
+
+    fn insert(&mut self, key: ScopedKey, request_hash: RequestHash, response: StoredResponse) {
+        if self.capacity == 0 {
+            return;
+        }
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.order.push_back((key.clone(), generation));
+        self.entries.insert(
+            key,
+            CachedResponse {
+                request_hash,
+                response,
+                generation,
+            },
+        );
+        while self.entries.len() > self.capacity || self.order.len() > self.capacity * 2 {
+            let Some((oldest, generation)) = self.order.pop_front() else {
+                break;
+            };
+            if self
+                .entries
+                .get(&oldest)
+                .is_some_and(|c| c.generation == generation)
+            {
+                self.entries.remove(&oldest);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &ScopedKey) {
+        self.entries.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::web::Bytes;
+
+    fn response(expires_in: chrono::Duration) -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            body: Bytes::from_static(b"{}"),
+            entry_id: None,
+            expires_at: Utc::now() + expires_in,
+        }
+    }
+
+    fn key(name: &str) -> ScopedKey {
+        (
+            Arc::from("c"),
+            IdempotencyKey::parse(name.as_bytes()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn cache_is_bounded_and_honors_expiry() {
+        let mut cache = ResponseCache::new(2);
+        let hash = RequestHash([0; 32]);
+        cache.insert(key("a"), hash, response(chrono::Duration::hours(1)));
+        cache.insert(key("b"), hash, response(chrono::Duration::hours(1)));
+        cache.insert(key("c"), hash, response(chrono::Duration::hours(1)));
+        assert!(cache.get(&key("a")).is_none(), "oldest evicted");
+        assert!(cache.get(&key("b")).is_some());
+        assert!(cache.get(&key("c")).is_some());
+        cache.insert(key("d"), hash, response(chrono::Duration::seconds(-1)));
+        assert!(
+            cache.get(&key("d")).is_none(),
+            "expired entries are not served"
+        );
+    }
+
+    #[test]
+    fn shard_index_is_stable_and_in_range() {
+        let k = IdempotencyKey::parse(b"demo-001").unwrap();
+        let first = shard_index("billing", &k, 8);
+        assert!(first < 8);
+        assert_eq!(first, shard_index("billing", &k, 8));
+    }
+}

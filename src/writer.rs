@@ -1,0 +1,446 @@
+//! Writer actors: they commit writes to PostgreSQL, many at a time.
+//!
+//! A writer queues the writes sent to it. While one batch is in flight, new writes queue; when it
+//! finishes, the next batch takes everything that queued (up to `database.max_batch`). No timer
+//! delays a lone write: an idle writer starts a batch of one at once.
+//!
+//! A batch is one transaction whose main statement claims every key with `INSERT ... ON CONFLICT`
+//! and inserts the entries and outbox rows of the keys it claimed. A key it did not claim (another
+//! process holds or completed it) is read back and answered as a replay or a conflict.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web::web::Bytes;
+use chrono::{DateTime, Utc};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::db::{PgPool, StorageError};
+use crate::entry::{format_time, now_micros, EntryView, NewEntry};
+use crate::events::{events_for, AuditFacts, NewEvent};
+use crate::idempotency::{canonical_json, IdempotencyKey, RequestHash};
+
+/// How often a batch aborted by a deadlock or serialization failure is run again.
+const MAX_CONFLICT_RETRIES: u32 = 5;
+
+/// One write a client asked for, validated and hashed.
+#[derive(Debug, Clone)]
+pub struct WriteRequest {
+    pub client_id: Arc<str>,
+    pub key: IdempotencyKey,
+    pub request_hash: RequestHash,
+    pub entry: NewEntry,
+    pub remote_addr: Option<String>,
+}
+
+/// A completed response as it is saved with its idempotency record and replayed.
+#[derive(Debug, Clone)]
+pub struct StoredResponse {
+    pub status: u16,
+    /// The JSON body, in canonical form so that a replay from the database is byte-identical.
+    pub body: Bytes,
+    pub entry_id: Option<Uuid>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub enum WriteOutcome {
+    /// This write claimed the key and committed the entry.
+    Created(StoredResponse),
+    /// The key was already completed (by another process, or before a restart).
+    Existing {
+        request_hash: RequestHash,
+        response: StoredResponse,
+    },
+}
+
+pub type WriteResult = Result<WriteOutcome, StorageError>;
+
+/// Asks a writer to commit one write; the answer comes on `reply`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Write {
+    pub request: WriteRequest,
+    pub reply: oneshot::Sender<WriteResult>,
+}
+
+#[derive(Clone)]
+pub struct WriterConfig {
+    pub max_batch: usize,
+    /// How long a completed key stays an idempotency record.
+    pub retention: Duration,
+    /// Emit `audit.entry.created` too.
+    pub audit: bool,
+}
+
+/// Called after each commit that wrote outbox rows, to wake the outbox relays.
+pub type CommitHook = Arc<dyn Fn() + Send + Sync>;
+
+pub struct Writer {
+    pool: PgPool,
+    config: WriterConfig,
+    queue: VecDeque<Write>,
+    batch_in_flight: bool,
+    on_commit: Option<CommitHook>,
+}
+
+impl Writer {
+    pub fn new(pool: PgPool, config: WriterConfig, on_commit: Option<CommitHook>) -> Self {
+        Self {
+            pool,
+            config,
+            queue: VecDeque::new(),
+            batch_in_flight: false,
+            on_commit,
+        }
+    }
+
+    fn start_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.batch_in_flight || self.queue.is_empty() {
+            return;
+        }
+        let batch = self.take_batch();
+        self.batch_in_flight = true;
+        let pool = self.pool.clone();
+        let config = self.config.clone();
+        let on_commit = self.on_commit.clone();
+        let work = async move {
+            let created = process_batch(&pool, &config, batch).await;
+            if created > 0 {
+                if let Some(hook) = on_commit {
+                    hook();
+                }
+            }
+        };
+        ctx.spawn(work.into_actor(self).map(|(), writer, ctx| {
+            writer.batch_in_flight = false;
+            writer.start_batch(ctx);
+        }));
+    }
+
+    /// Takes up to `max_batch` queued writes, never two of one key: `ON CONFLICT DO UPDATE`
+    /// cannot touch a row twice in one statement. (Shards keep one write per key in flight, so
+    /// this is a guard, not a path taken in practice.)
+    fn take_batch(&mut self) -> Vec<Write> {
+        let mut batch = Vec::with_capacity(self.queue.len().min(self.config.max_batch));
+        let mut keys = HashSet::new();
+        let mut deferred = VecDeque::new();
+        while batch.len() < self.config.max_batch {
+            let Some(write) = self.queue.pop_front() else {
+                break;
+            };
+            let key = (write.request.client_id.clone(), write.request.key.clone());
+            if keys.insert(key) {
+                batch.push(write);
+            } else {
+                deferred.push_back(write);
+            }
+        }
+        deferred.append(&mut self.queue);
+        self.queue = deferred;
+        batch
+    }
+}
+
+impl Actor for Writer {
+    type Context = Context<Self>;
+}
+
+impl Handler<Write> for Writer {
+    type Result = ();
+
+    fn handle(&mut self, write: Write, ctx: &mut Self::Context) {
+        self.queue.push_back(write);
+        self.start_batch(ctx);
+    }
+}
+
+/// A write with everything computed that its rows need.
+struct PreparedWrite {
+    client_id: Arc<str>,
+    key: IdempotencyKey,
+    request_hash: RequestHash,
+    entry_id: Uuid,
+    kind: String,
+    data_json: String,
+    created_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    response_body: String,
+    events: Vec<NewEvent>,
+}
+
+fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
+    let created_at = now_micros();
+    let retention = chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::MAX);
+    let view = EntryView {
+        id: Uuid::now_v7(),
+        kind: request.entry.kind.clone(),
+        data: request.entry.data.clone(),
+        created_at: format_time(created_at),
+    };
+    let audit = config.audit.then(|| AuditFacts {
+        client_id: &request.client_id,
+        idempotency_key: request.key.as_str(),
+        request_hash_hex: request.request_hash.to_hex(),
+        remote_addr: request.remote_addr.as_deref(),
+    });
+    let events = events_for(&view, audit);
+    let view_json = serde_json::to_value(&view).expect("an entry view always serializes");
+    PreparedWrite {
+        client_id: request.client_id.clone(),
+        key: request.key.clone(),
+        request_hash: request.request_hash,
+        entry_id: view.id,
+        kind: view.kind,
+        data_json: canonical_json(&serde_json::Value::Object(request.entry.data.clone())),
+        created_at,
+        expires_at: created_at
+            .checked_add_signed(retention)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC),
+        response_body: canonical_json(&view_json),
+        events,
+    }
+}
+
+/// Commits `batch`, answers every write in it, and returns how many entries it created.
+async fn process_batch(pool: &PgPool, config: &WriterConfig, batch: Vec<Write>) -> usize {
+    let prepared: Vec<PreparedWrite> = batch
+        .iter()
+        .map(|write| prepare(&write.request, config))
+        .collect();
+    let results = commit_isolating_bad_items(pool, &prepared).await;
+    let mut created = 0;
+    for (write, result) in batch.into_iter().zip(results) {
+        if matches!(result, Ok(WriteOutcome::Created(_))) {
+            created += 1;
+        }
+        fail::fail_point!("writer-after-commit", |_| {
+            tracing::error!("failpoint writer-after-commit: aborting");
+            std::process::abort();
+        });
+        // The requester may have gone (client disconnected); the write stands regardless.
+        let _ = write.reply.send(result);
+    }
+    created
+}
+
+/// Commits the batch; if it fails for a reason one item can cause, commits each item alone so
+/// that only the bad one fails.
+async fn commit_isolating_bad_items(pool: &PgPool, prepared: &[PreparedWrite]) -> Vec<WriteResult> {
+    match commit_with_retries(pool, prepared).await {
+        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+        Err(StorageError::DataRejected(reason)) if prepared.len() > 1 => {
+            tracing::warn!(reason = %reason, size = prepared.len(), "batch rejected; committing its writes one by one");
+            let mut results = Vec::with_capacity(prepared.len());
+            for item in prepared {
+                let result = commit_with_retries(pool, std::slice::from_ref(item))
+                    .await
+                    .map(|mut outcomes| outcomes.remove(0));
+                results.push(result);
+            }
+            results
+        }
+        Err(error) => {
+            tracing::warn!(error = %error, size = prepared.len(), "batch failed");
+            prepared.iter().map(|_| Err(error.clone())).collect()
+        }
+    }
+}
+
+async fn commit_with_retries(
+    pool: &PgPool,
+    prepared: &[PreparedWrite],
+) -> Result<Vec<WriteOutcome>, StorageError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match commit(pool, prepared).await {
+            Err(StorageError::Retryable(reason)) if attempt < MAX_CONFLICT_RETRIES => {
+                tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Claims the keys, inserts entries and outbox rows for the claimed ones, in one statement.
+///
+/// Keys are inserted in `(client_id, key)` order so that two daemons' batches sharing keys wait
+/// for each other instead of deadlocking. A record past `expires_at` that the janitor has not
+/// deleted yet is taken over: after its retention a key is new again, whenever the janitor runs.
+const CLAIM_AND_INSERT: &str = r#"
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::text[], $6::text[],
+                $7::timestamptz[], $8::timestamptz[], $9::text[])
+        AS t(client_id, key, request_hash, entry_id, kind, data, created_at, expires_at, response_json)
+),
+claimed AS (
+    INSERT INTO idempotency_records AS r
+        (client_id, key, request_hash, status, response_status, response_json, entry_id,
+         created_at, expires_at)
+    SELECT client_id, key, request_hash, 'completed', 201, response_json::jsonb, entry_id,
+           created_at, expires_at
+    FROM input
+    ORDER BY client_id, key
+    ON CONFLICT (client_id, key) DO UPDATE
+        SET request_hash = EXCLUDED.request_hash,
+            status = EXCLUDED.status,
+            response_status = EXCLUDED.response_status,
+            response_json = EXCLUDED.response_json,
+            entry_id = EXCLUDED.entry_id,
+            created_at = EXCLUDED.created_at,
+            expires_at = EXCLUDED.expires_at
+        WHERE r.expires_at <= now()
+    RETURNING client_id, key
+),
+new_entries AS (
+    INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at)
+    SELECT i.entry_id, i.client_id, i.key, i.kind, i.data::jsonb, i.created_at
+    FROM input i JOIN claimed c USING (client_id, key)
+),
+new_events AS (
+    INSERT INTO outbox_events
+        (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at)
+    SELECT e.event_id, e.event_key, e.client_id, e.key, e.event_type, e.payload::jsonb, now()
+    FROM unnest($10::uuid[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+            AS e(event_id, event_key, client_id, key, event_type, payload)
+        JOIN claimed c USING (client_id, key)
+)
+SELECT client_id, key FROM claimed
+"#;
+
+/// Reads back the records of keys a batch did not claim. Runs after the claim in the same
+/// transaction: under READ COMMITTED it sees the rows that the claim waited for.
+const READ_BACK: &str = r#"
+SELECT r.client_id, r.key, r.request_hash, r.response_status, r.response_json::text,
+       r.entry_id, r.expires_at
+FROM idempotency_records r
+    JOIN unnest($1::text[], $2::text[]) AS u(client_id, key) USING (client_id, key)
+"#;
+
+async fn commit(
+    pool: &PgPool,
+    prepared: &[PreparedWrite],
+) -> Result<Vec<WriteOutcome>, StorageError> {
+    let mut connection = pool.get().await?;
+    let transaction = connection.transaction().await?;
+
+    let client_ids: Vec<&str> = prepared.iter().map(|p| &*p.client_id).collect();
+    let keys: Vec<&str> = prepared.iter().map(|p| p.key.as_str()).collect();
+    let hashes: Vec<&[u8]> = prepared.iter().map(|p| &p.request_hash.0[..]).collect();
+    let entry_ids: Vec<Uuid> = prepared.iter().map(|p| p.entry_id).collect();
+    let kinds: Vec<&str> = prepared.iter().map(|p| p.kind.as_str()).collect();
+    let data: Vec<&str> = prepared.iter().map(|p| p.data_json.as_str()).collect();
+    let created: Vec<DateTime<Utc>> = prepared.iter().map(|p| p.created_at).collect();
+    let expires: Vec<DateTime<Utc>> = prepared.iter().map(|p| p.expires_at).collect();
+    let responses: Vec<&str> = prepared.iter().map(|p| p.response_body.as_str()).collect();
+
+    let events: Vec<(&PreparedWrite, &NewEvent)> = prepared
+        .iter()
+        .flat_map(|p| p.events.iter().map(move |event| (p, event)))
+        .collect();
+    let event_ids: Vec<Uuid> = events.iter().map(|(_, e)| e.event_id).collect();
+    let event_keys: Vec<String> = events
+        .iter()
+        .map(|(p, e)| e.event_key(p.entry_id))
+        .collect();
+    let event_clients: Vec<&str> = events.iter().map(|(p, _)| &*p.client_id).collect();
+    let event_idem_keys: Vec<&str> = events.iter().map(|(p, _)| p.key.as_str()).collect();
+    let event_types: Vec<&str> = events.iter().map(|(_, e)| e.event_type).collect();
+    let payloads: Vec<String> = events.iter().map(|(_, e)| e.payload.to_string()).collect();
+
+    let claimed_rows = transaction
+        .query(
+            CLAIM_AND_INSERT,
+            &[
+                &client_ids,
+                &keys,
+                &hashes,
+                &entry_ids,
+                &kinds,
+                &data,
+                &created,
+                &expires,
+                &responses,
+                &event_ids,
+                &event_keys,
+                &event_clients,
+                &event_idem_keys,
+                &event_types,
+                &payloads,
+            ],
+        )
+        .await?;
+    let claimed: HashSet<(String, String)> = claimed_rows
+        .iter()
+        .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
+        .collect();
+
+    let unclaimed: Vec<&PreparedWrite> = prepared
+        .iter()
+        .filter(|p| !claimed.contains(&(p.client_id.to_string(), p.key.as_str().to_owned())))
+        .collect();
+    let mut existing: HashMap<(String, String), (RequestHash, StoredResponse)> = HashMap::new();
+    if !unclaimed.is_empty() {
+        let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.client_id).collect();
+        let keys: Vec<&str> = unclaimed.iter().map(|p| p.key.as_str()).collect();
+        for row in transaction.query(READ_BACK, &[&clients, &keys]).await? {
+            let record = stored_record_from_row(&row)?;
+            existing.insert((row.get(0), row.get(1)), record);
+        }
+    }
+    transaction.commit().await?;
+
+    prepared
+        .iter()
+        .map(|p| {
+            let id = (p.client_id.to_string(), p.key.as_str().to_owned());
+            if claimed.contains(&id) {
+                return Ok(WriteOutcome::Created(StoredResponse {
+                    status: 201,
+                    body: Bytes::from(p.response_body.clone()),
+                    entry_id: Some(p.entry_id),
+                    expires_at: p.expires_at,
+                }));
+            }
+            match existing.remove(&id) {
+                Some((request_hash, response)) => Ok(WriteOutcome::Existing {
+                    request_hash,
+                    response,
+                }),
+                // Deleted by the janitor between the claim and the read: a retry starts afresh.
+                None => Err(StorageError::Unavailable(
+                    "the key's record changed during the write; retry".into(),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Decodes an idempotency record row of the form `READ_BACK` selects.
+fn stored_record_from_row(
+    row: &tokio_postgres::Row,
+) -> Result<(RequestHash, StoredResponse), StorageError> {
+    let hash_bytes: Vec<u8> = row.get("request_hash");
+    let request_hash = RequestHash::from_slice(&hash_bytes).ok_or_else(|| {
+        StorageError::from(anyhow::anyhow!("stored request hash is not 32 bytes"))
+    })?;
+    let status: i16 = row.get("response_status");
+    let json_text: String = row.get("response_json");
+    let json: serde_json::Value = serde_json::from_str(&json_text).map_err(|error| {
+        StorageError::from(anyhow::anyhow!("stored response is not JSON: {error}"))
+    })?;
+    Ok((
+        request_hash,
+        StoredResponse {
+            status: status as u16,
+            body: Bytes::from(canonical_json(&json)),
+            entry_id: row.get("entry_id"),
+            expires_at: row.get("expires_at"),
+        },
+    ))
+}
