@@ -1,0 +1,322 @@
+//! The write path: first writes, replays, conflicts, concurrency, and two daemons.
+
+use futures_util::future::join_all;
+use serde_json::json;
+
+use crate::helpers::{entry_body, spawn_app, spawn_app_with, spawn_second_app};
+
+#[actix_web::test]
+async fn twenty_concurrent_duplicates_make_one_entry() {
+    let app = spawn_app().await;
+    let body = entry_body(1);
+
+    let responses = join_all((0..20).map(|_| app.post_entry("demo-001", &body))).await;
+
+    let mut replayed = 0;
+    let first_id = responses[0].json()["id"].clone();
+    for response in &responses {
+        assert_eq!(
+            response.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&response.body)
+        );
+        assert_eq!(response.json()["id"], first_id);
+        assert_eq!(
+            response.header("location"),
+            Some(format!("/v1/entries/{}", first_id.as_str().unwrap()))
+        );
+        match response.header("idempotency-replayed").as_deref() {
+            Some("true") => replayed += 1,
+            None => {}
+            other => panic!("unexpected Idempotency-Replayed {other:?}"),
+        }
+    }
+    assert_eq!(replayed, 19, "all but the first are replays");
+    assert_eq!(
+        app.count("select count(*) from idempotency_records where key = 'demo-001'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("select count(*) from outbox_events where idempotency_key = 'demo-001'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("select count(*) from entries where idempotency_key = 'demo-001'")
+            .await,
+        1
+    );
+
+    // A new key adds exactly one row to each table.
+    let response = app.post_entry("demo-002", &entry_body(2)).await;
+    assert_eq!(response.status, 201);
+    assert_ne!(response.json()["id"], first_id);
+    assert_eq!(app.row_counts().await, (2, 2, 2));
+}
+
+#[actix_web::test]
+async fn the_first_response_is_saved_and_replayed_byte_for_byte() {
+    let app = spawn_app().await;
+    let body = json!({"kind": "invoice.paid", "data": {"z": 1.5, "a": [true, null, "x"], "nested": {"b": 2, "a": 1}}});
+
+    let first = app.post_entry("k-1", &body).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotency-replayed"), None);
+    let created = first.json();
+    assert_eq!(created["kind"], "invoice.paid");
+    assert_eq!(created["data"], body["data"]);
+    assert!(created["created_at"].as_str().unwrap().ends_with('Z'));
+
+    let replay = app.post_entry("k-1", &body).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(
+        replay.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(replay.body, first.body, "a replay carries the first body");
+    assert_eq!(replay.header("location"), first.header("location"));
+
+    // A daemon that never saw the key (another process, or after a restart) replays from the
+    // database, still byte for byte.
+    let other = spawn_second_app(&app).await;
+    let from_database = other.post_entry("k-1", &body).await;
+    assert_eq!(from_database.status, 201);
+    assert_eq!(
+        from_database.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(from_database.body, first.body);
+
+    // GET shows the same entry.
+    let id = created["id"].as_str().unwrap();
+    let fetched = app.get(&format!("/v1/entries/{id}"), None).await;
+    assert_eq!(fetched.status, 200);
+    assert_eq!(fetched.body, first.body);
+    assert_eq!(app.row_counts().await, (1, 1, 1));
+}
+
+#[actix_web::test]
+async fn key_order_and_white_space_do_not_make_a_request_different() {
+    let app = spawn_app().await;
+    let first = app
+        .send(
+            app.http
+                .post(format!("{}/v1/entries", app.address))
+                .insert_header(("Idempotency-Key", "order-1"))
+                .insert_header(("Content-Type", "application/json")),
+            r#"{"kind":"a.b","data":{"x":1,"y":{"p":[1,2],"q":"s"}}}"#,
+        )
+        .await;
+    assert_eq!(first.status, 201);
+    let second = app
+        .send(
+            app.http
+                .post(format!("{}/v1/entries", app.address))
+                .insert_header(("Idempotency-Key", "order-1"))
+                .insert_header(("Content-Type", "application/json; charset=utf-8")),
+            "{\n  \"data\" : { \"y\" : {\"q\":\"s\", \"p\":[ 1, 2 ]}, \"x\" : 1 },\n  \"kind\" : \"a.b\"\n}\n",
+        )
+        .await;
+    assert_eq!(
+        second.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&second.body)
+    );
+    assert_eq!(
+        second.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(second.body, first.body);
+    assert_eq!(app.row_counts().await, (1, 1, 1));
+}
+
+#[actix_web::test]
+async fn a_reused_key_with_another_request_is_refused_and_writes_nothing() {
+    let app = spawn_app().await;
+    assert_eq!(app.post_entry("reuse-1", &entry_body(1)).await.status, 201);
+    let before = app.row_counts().await;
+
+    let conflict = app.post_entry("reuse-1", &entry_body(2)).await;
+    conflict.assert_problem(409, "idempotency-key-reused");
+    let other_kind = app
+        .post_entry("reuse-1", &json!({"kind": "other", "data": {"invoice": 1}}))
+        .await;
+    other_kind.assert_problem(409, "idempotency-key-reused");
+    assert_eq!(app.row_counts().await, before);
+
+    // The conflict is also found from the database by a daemon that never saw the key.
+    let other = spawn_second_app(&app).await;
+    other
+        .post_entry("reuse-1", &entry_body(2))
+        .await
+        .assert_problem(409, "idempotency-key-reused");
+    assert_eq!(app.row_counts().await, before);
+
+    // The original request still replays.
+    let replay = app.post_entry("reuse-1", &entry_body(1)).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(
+        replay.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+}
+
+#[actix_web::test]
+async fn concurrent_requests_with_one_key_and_two_bodies_make_one_entry() {
+    let app = spawn_app().await;
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let (a, b) = (entry_body(1), entry_body(2));
+        let responses = join_all((0..10).map(|i| {
+            let body = if i % 2 == 0 { &a } else { &b };
+            app.post_entry(&key, body)
+        }))
+        .await;
+        let created: Vec<_> = responses.iter().filter(|r| r.status == 201).collect();
+        let refused: Vec<_> = responses.iter().filter(|r| r.status == 409).collect();
+        assert_eq!(
+            created.len() + refused.len(),
+            10,
+            "only 201 and 409 are expected"
+        );
+        assert!(!created.is_empty());
+        let winner = &created[0].json();
+        for response in &created {
+            assert_eq!(&response.json(), winner, "every 201 shows the one entry");
+        }
+        for response in refused {
+            response.assert_problem(409, "idempotency-key-reused");
+        }
+        // The winner's body decides which half succeeded: all of one body, none of the other.
+        assert_eq!(
+            created.len(),
+            5,
+            "the five requests with the winning body succeed"
+        );
+    }
+    assert_eq!(app.row_counts().await, (5, 5, 5));
+}
+
+#[actix_web::test]
+async fn mismatch_status_can_be_422() {
+    let app = spawn_app_with(|settings| settings.idempotency.mismatch_status = 422).await;
+    assert_eq!(app.post_entry("m-1", &entry_body(1)).await.status, 201);
+    app.post_entry("m-1", &entry_body(2))
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+}
+
+#[actix_web::test]
+async fn two_daemons_on_one_database_make_one_entry_per_key() {
+    let first = spawn_app().await;
+    // No replay cache on the second daemon, so all of its duplicates go to the database.
+    let second = spawn_second_app(&first).await;
+    for round in 0..5 {
+        let key = format!("shared-{round}");
+        let body = entry_body(round);
+        let responses = join_all((0..20).map(|i| {
+            let app = if i % 2 == 0 { &first } else { &second };
+            app.post_entry(&key, &body)
+        }))
+        .await;
+        let id = responses[0].json()["id"].clone();
+        for response in &responses {
+            assert_eq!(
+                response.status,
+                201,
+                "{}",
+                String::from_utf8_lossy(&response.body)
+            );
+            assert_eq!(
+                response.json()["id"],
+                id,
+                "both daemons answer with the one entry"
+            );
+        }
+        let replays = responses
+            .iter()
+            .filter(|r| r.header("idempotency-replayed").as_deref() == Some("true"))
+            .count();
+        assert_eq!(replays, 19, "exactly one request created the entry");
+    }
+    assert_eq!(first.row_counts().await, (5, 5, 5));
+}
+
+#[actix_web::test]
+async fn the_same_key_in_two_clients_is_two_keys() {
+    use crate::helpers::client;
+    let app = spawn_app_with(|settings| {
+        settings.auth.clients = vec![
+            client("billing", "token-billing"),
+            client("shipping", "token-shipping"),
+        ];
+    })
+    .await;
+    let body = entry_body(1);
+    let billing = app
+        .post_entry_as(Some("token-billing"), "shared-key", &body)
+        .await;
+    let shipping = app
+        .post_entry_as(Some("token-shipping"), "shared-key", &body)
+        .await;
+    assert_eq!(billing.status, 201);
+    assert_eq!(shipping.status, 201);
+    assert_eq!(shipping.header("idempotency-replayed"), None);
+    assert_ne!(billing.json()["id"], shipping.json()["id"]);
+    assert_eq!(app.row_counts().await, (2, 2, 2));
+    assert_eq!(
+        app.count("select count(*) from entries where client_id = 'billing'")
+            .await,
+        1
+    );
+}
+
+#[actix_web::test]
+async fn a_key_reports_its_record_and_events() {
+    let app = spawn_app().await;
+    // The key in the path is validated like the header.
+    let response = app.get("/v1/idempotency-keys/bad%20key", None).await;
+    response.assert_problem(400, "invalid-idempotency-key");
+
+    // Reserved URL characters in a key are percent-encoded in the path.
+    let created = app.post_entry("lookup/1?#", &entry_body(7)).await;
+    assert_eq!(created.status, 201);
+    let entry_id = created.json()["id"].clone();
+    let response = app.get("/v1/idempotency-keys/lookup%2F1%3F%23", None).await;
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    let view = response.json();
+    assert_eq!(view["key"], "lookup/1?#");
+    assert_eq!(view["status"], "completed");
+    assert_eq!(view["response_status"], 201);
+    assert_eq!(view["entry_id"], entry_id);
+    assert_eq!(view["request_hash"].as_str().unwrap().len(), 64);
+    assert!(view["created_at"].is_string() && view["expires_at"].is_string());
+    let events = view["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["event_type"], "entry.created");
+    assert_eq!(events[0]["attempts"], 0);
+    let event_id: uuid::Uuid = events[0]["event_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(event_id.get_version_num(), 7, "event ids are UUIDv7");
+
+    app.get("/v1/idempotency-keys/unknown", None)
+        .await
+        .assert_problem(404, "not-found");
+}
+
+#[actix_web::test]
+async fn health_and_readiness() {
+    let app = spawn_app().await;
+    assert_eq!(app.get("/healthz", None).await.status, 200);
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["database"], "up");
+    assert_eq!(ready.json()["migrations"], "applied");
+}

@@ -1,0 +1,220 @@
+//! Every refusal is problem+json with its type, and writes nothing.
+
+use serde_json::json;
+
+use crate::helpers::{entry_body, spawn_app, TestApp};
+
+async fn post_raw(
+    app: &TestApp,
+    key: Option<&[u8]>,
+    content_type: Option<&str>,
+    body: impl Into<Vec<u8>>,
+) -> crate::helpers::TestResponse {
+    let mut request = app.http.post(format!("{}/v1/entries", app.address));
+    if let Some(key) = key {
+        request = request.insert_header((
+            "Idempotency-Key",
+            awc::http::header::HeaderValue::from_bytes(key)
+                .expect("a header value the client can send"),
+        ));
+    }
+    if let Some(content_type) = content_type {
+        request = request.insert_header(("Content-Type", content_type));
+    }
+    app.send(request, body).await
+}
+
+async fn assert_nothing_written(app: &TestApp) {
+    assert_eq!(
+        app.row_counts().await,
+        (0, 0, 0),
+        "a refused request writes no row"
+    );
+}
+
+#[actix_web::test]
+async fn bad_idempotency_keys_are_refused() {
+    let app = spawn_app().await;
+    let body = entry_body(1).to_string();
+    let json = Some("application/json");
+
+    post_raw(&app, None, json, body.clone())
+        .await
+        .assert_problem(400, "missing-idempotency-key");
+    post_raw(&app, Some(b""), json, body.clone())
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    post_raw(&app, Some(b"\"\""), json, body.clone())
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    let long = vec![b'k'; 256];
+    post_raw(&app, Some(&long), json, body.clone())
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    post_raw(&app, Some("clé-1".as_bytes()), json, body.clone())
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    post_raw(&app, Some(b"a b"), json, body.clone())
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    post_raw(&app, Some(b"\"a\"b\""), json, body.clone())
+        .await
+        .assert_problem(400, "invalid-idempotency-key");
+    assert_nothing_written(&app).await;
+
+    // The longest key, and a structured-field string, are fine.
+    let longest = vec![b'k'; 255];
+    assert_eq!(
+        post_raw(&app, Some(&longest), json, body.clone())
+            .await
+            .status,
+        201
+    );
+    let quoted = post_raw(&app, Some(b"\"sf-key\""), json, body.clone()).await;
+    assert_eq!(quoted.status, 201);
+    let plain = post_raw(&app, Some(b"sf-key"), json, body.clone()).await;
+    assert_eq!(
+        plain.header("idempotency-replayed").as_deref(),
+        Some("true"),
+        "\"sf-key\" and sf-key are one key"
+    );
+}
+
+#[actix_web::test]
+async fn malformed_and_invalid_bodies_are_refused() {
+    let app = spawn_app().await;
+    let json = Some("application/json");
+    let mut n = 0;
+    let mut next_key = || {
+        n += 1;
+        format!("bad-{n}").into_bytes()
+    };
+
+    for body in [
+        &b"{"[..],
+        b"not json",
+        b"",
+        b"{\"kind\":\"a\",\"data\":{}} trailing",
+        b"\xff\xfe{}",
+    ] {
+        post_raw(&app, Some(&next_key()), json, body.to_vec())
+            .await
+            .assert_problem(400, "malformed-json");
+    }
+    let deep = format!(
+        "{{\"kind\":\"a\",\"data\":{{\"x\":{}{}}}}}",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    post_raw(&app, Some(&next_key()), json, deep)
+        .await
+        .assert_problem(400, "malformed-json");
+    let lone_surrogate = r#"{"kind":"a","data":{"s":"\ud800"}}"#;
+    post_raw(&app, Some(&next_key()), json, lone_surrogate)
+        .await
+        .assert_problem(400, "malformed-json");
+
+    let invalid = [
+        (json!([1, 2]), "/"),
+        (json!("text"), "/"),
+        (json!({"kind": "a", "data": {}, "extra": 1}), "/extra"),
+        (json!({"kind": "a"}), "/data"),
+        (json!({"data": {}}), "/kind"),
+        (json!({"kind": "", "data": {}}), "/kind"),
+        (json!({"kind": "Upper", "data": {}}), "/kind"),
+        (json!({"kind": "k".repeat(65), "data": {}}), "/kind"),
+        (json!({"kind": 5, "data": {}}), "/kind"),
+        (json!({"kind": "a", "data": [1]}), "/data"),
+        (json!({"kind": "a", "data": "string"}), "/data"),
+        (json!({"kind": "a", "data": null}), "/data"),
+        (
+            json!({"kind": "a", "data": {"note": "nul\u{0}inside"}}),
+            "/data/note",
+        ),
+        (
+            json!({"kind": "a", "data": {"list": [{"deep": "x\u{0}"}]}}),
+            "/data/list/0/deep",
+        ),
+    ];
+    for (body, pointer) in invalid {
+        let response = post_raw(&app, Some(&next_key()), json, body.to_string()).await;
+        response.assert_problem(400, "invalid-request");
+        let errors = response.json()["errors"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e["pointer"] == pointer && e["detail"].is_string()),
+            "{body} should name {pointer}: {errors:?}"
+        );
+    }
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn wrong_content_type_and_oversized_bodies_are_refused() {
+    let app = spawn_app().await;
+    let body = entry_body(1).to_string();
+    post_raw(&app, Some(b"ct-1"), None, body.clone())
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    post_raw(&app, Some(b"ct-2"), Some("text/plain"), body.clone())
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    post_raw(
+        &app,
+        Some(b"ct-3"),
+        Some("application/x-www-form-urlencoded"),
+        body.clone(),
+    )
+    .await
+    .assert_problem(415, "unsupported-media-type");
+    post_raw(
+        &app,
+        Some(b"ct-4"),
+        Some("application/json; charset=latin1"),
+        body.clone(),
+    )
+    .await
+    .assert_problem(415, "unsupported-media-type");
+
+    let limit = app.settings.http.max_body_bytes;
+    let padding = "x".repeat(limit);
+    let huge = json!({"kind": "a", "data": {"padding": padding}}).to_string();
+    post_raw(&app, Some(b"big-1"), Some("application/json"), huge)
+        .await
+        .assert_problem(413, "payload-too-large");
+    assert_nothing_written(&app).await;
+
+    // Just under the limit is accepted.
+    let overhead = json!({"kind": "a", "data": {"padding": ""}})
+        .to_string()
+        .len();
+    let fits = json!({"kind": "a", "data": {"padding": "x".repeat(limit - overhead)}}).to_string();
+    assert_eq!(fits.len(), limit);
+    assert_eq!(
+        post_raw(&app, Some(b"big-2"), Some("application/json"), fits)
+            .await
+            .status,
+        201
+    );
+}
+
+#[actix_web::test]
+async fn unknown_routes_and_methods_are_problems() {
+    let app = spawn_app().await;
+    app.get("/v1/nothing-here", None)
+        .await
+        .assert_problem(404, "not-found");
+    app.get("/v1/entries", None)
+        .await
+        .assert_problem(405, "method-not-allowed");
+    app.get("/v1/entries/not-a-uuid", None)
+        .await
+        .assert_problem(404, "not-found");
+    app.get(&format!("/v1/entries/{}", uuid::Uuid::now_v7()), None)
+        .await
+        .assert_problem(404, "not-found");
+}

@@ -1,0 +1,66 @@
+//! PostgreSQL out of reach: 503 promptly, nothing saved, and recovery without a restart.
+
+use std::net::SocketAddr;
+
+use crate::helpers::{entry_body, spawn_app_with, PG_HOST_PORT};
+use crate::proxy::TcpProxy;
+
+#[actix_web::test]
+async fn an_unreachable_database_gives_503_and_the_same_key_succeeds_once_it_is_back() {
+    let proxy = TcpProxy::start(PG_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
+    let port = proxy.port;
+    let app = spawn_app_with(|settings| {
+        // The daemon reaches PostgreSQL through the proxy; the test's own connection does not.
+        let direct = settings.database.url.clone();
+        settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
+        assert_ne!(settings.database.url, direct);
+    })
+    .await;
+    assert_eq!(
+        app.post_entry("before-outage", &entry_body(0)).await.status,
+        201
+    );
+
+    proxy.cut();
+    let body = entry_body(1);
+    for _ in 0..3 {
+        let response = app.post_entry("during-outage", &body).await;
+        response.assert_problem(503, "storage-unavailable");
+        assert!(response
+            .header("retry-after")
+            .is_some_and(|v| v.parse::<u32>().is_ok()));
+    }
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["database"], "down");
+    // A replay of a completed key is still answered from memory.
+    let replay = app.post_entry("before-outage", &entry_body(0)).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(
+        replay.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        app.count("select count(*) from idempotency_records where key = 'during-outage'")
+            .await,
+        0,
+        "nothing is saved while the database is out of reach"
+    );
+    assert_eq!(app.row_counts().await, (1, 1, 1));
+
+    proxy.restore();
+    let response = app.post_entry("during-outage", &body).await;
+    assert_eq!(
+        response.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert_eq!(
+        response.header("idempotency-replayed"),
+        None,
+        "the retry runs afresh"
+    );
+    assert_eq!(app.get("/readyz", None).await.status, 200);
+    assert_eq!(app.row_counts().await, (2, 2, 2));
+}
