@@ -11,6 +11,10 @@
 //! - [`writer`]: `Writer` actors; commit writes in batches, one transaction each, with
 //!   `INSERT ... ON CONFLICT` as the final guard against duplicates.
 //! - [`db`]: the PostgreSQL pool, database creation, migrations, and the SQLSTATE mapping.
+//! - [`outbox`]: relay actors that publish committed events to RabbitMQ with publisher
+//!   confirms ([`outbox::relay`]), over the daemon's broker connection ([`outbox::broker`]).
+//! - [`inbox`]: for consumers; dedupes deliveries on the event id in PostgreSQL.
+//! - [`janitor`]: deletes expired idempotency records and old sent outbox rows.
 //!
 //! Beside them: [`config`] (layered configuration), [`idempotency`] (key parsing, canonical
 //! JSON, the request hash), [`entry`] (the business write and its validation), [`events`] (the
@@ -23,6 +27,9 @@ pub mod entry;
 pub mod events;
 pub mod http;
 pub mod idempotency;
+pub mod inbox;
+pub mod janitor;
+pub mod outbox;
 pub mod shard;
 pub mod startup;
 pub mod telemetry;

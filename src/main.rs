@@ -1,4 +1,8 @@
 fn main() -> std::process::ExitCode {
+    // With the `failpoints` feature, FAILPOINTS=<name>=return arms a fault-injection point.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
+
     match retrysafe::cli::run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

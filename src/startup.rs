@@ -1,4 +1,4 @@
-//! Wiring: migrations, the pool, the actors, and the HTTP server.
+//! Wiring: migrations, the pool, the actors, and the HTTP server; and the shutdown protocol.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -6,19 +6,29 @@ use std::sync::Arc;
 use actix::{Actor, Addr};
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::Settings;
 use crate::db::{self, PgPool};
 use crate::http::{self, AppState};
+use crate::janitor::Janitor;
+use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::shard::KeyShard;
-use crate::writer::{Writer, WriterConfig};
+use crate::writer::{CommitHook, Writer, WriterConfig};
 
 /// A running daemon: its actors started and its listener bound.
 pub struct Application {
     port: u16,
     server: Server,
     pool: PgPool,
+    broker: Arc<Broker>,
     shards: Vec<Addr<KeyShard>>,
+    waker: OutboxWaker,
+    settings: Settings,
+    /// Tells relays to stop after their current batch.
+    shutdown: watch::Sender<bool>,
+    /// Each relay holds a sender; when all are dropped, every relay has finished.
+    relays_done: mpsc::Receiver<()>,
 }
 
 impl Application {
@@ -29,14 +39,53 @@ impl Application {
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
         let pool = db::build_pool(&settings.database)?;
+        let broker = Arc::new(Broker::new(
+            &settings.amqp,
+            settings.outbox.confirm_timeout.0,
+        )?);
 
+        let waker = OutboxWaker::new(settings.outbox.workers);
+        let (shutdown, shutdown_signal) = watch::channel(false);
+        let (relay_token, relays_done) = mpsc::channel::<()>(1);
+        let relay_config = RelayConfig {
+            exchange: settings.amqp.exchange.clone(),
+            batch_size: settings.outbox.batch_size,
+            poll_interval: settings.outbox.poll_interval.0,
+            confirm_timeout: settings.outbox.confirm_timeout.0,
+            max_attempts: settings.outbox.max_attempts,
+        };
+        for index in 0..settings.outbox.workers {
+            OutboxRelay {
+                index,
+                pool: pool.clone(),
+                broker: broker.clone(),
+                config: relay_config.clone(),
+                wake: waker.notifier(index),
+                shutdown: shutdown_signal.clone(),
+                done: relay_token.clone(),
+            }
+            .start();
+        }
+        drop(relay_token);
+
+        let commit_hook: CommitHook = {
+            let waker = waker.clone();
+            Arc::new(move || waker.wake())
+        };
         let writer_config = WriterConfig {
             max_batch: settings.database.max_batch,
             retention: settings.idempotency.retention.0,
             audit: settings.events.audit,
         };
         let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
-            .map(|_| Writer::new(pool.clone(), writer_config.clone(), None).start())
+            .map(|_| {
+                Writer::new(
+                    pool.clone(),
+                    writer_config.clone(),
+                    Some(commit_hook.clone()),
+                )
+                .start()
+            })
             .collect();
         let cache_per_shard = settings
             .idempotency
@@ -45,11 +94,13 @@ impl Application {
         let shards: Vec<Addr<KeyShard>> = (0..settings.idempotency.shards)
             .map(|_| KeyShard::new(writers.clone(), cache_per_shard).start())
             .collect();
+        Janitor::new(pool.clone(), settings.outbox.retention.0).start();
 
         let state = web::Data::new(Arc::new(AppState::new(
             &settings,
             pool.clone(),
             shards.clone(),
+            broker.clone(),
         )));
         let listener = TcpListener::bind(settings.http.listen).map_err(|error| {
             anyhow::anyhow!("cannot listen on {}: {error}", settings.http.listen)
@@ -69,7 +120,12 @@ impl Application {
             port,
             server,
             pool,
+            broker,
             shards,
+            waker,
+            settings,
+            shutdown,
+            relays_done,
         })
     }
 
@@ -85,13 +141,33 @@ impl Application {
         &self.shards
     }
 
+    /// Wakes the relays, as a commit does.
+    pub fn waker(&self) -> OutboxWaker {
+        self.waker.clone()
+    }
+
     /// A handle that stops the server gracefully.
     pub fn server_handle(&self) -> actix_web::dev::ServerHandle {
         self.server.handle()
     }
 
-    /// Serves until the server is stopped (by SIGTERM/SIGINT, or its handle).
-    pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+    /// Serves until the server is stopped (by SIGTERM/SIGINT, or its handle), then shuts down:
+    /// the server has finished the requests in flight (and so their writes); relays finish their
+    /// batch; the broker connection is closed.
+    pub async fn run_until_stopped(mut self) -> std::io::Result<()> {
+        let served = self.server.await;
+        tracing::info!("http server stopped; stopping relays");
+        // Relays that already stopped dropped their receivers; nothing else can fail here.
+        let _ = self.shutdown.send(true);
+        let relays = tokio::time::timeout(
+            self.settings.http.shutdown_timeout.0,
+            self.relays_done.recv(),
+        )
+        .await;
+        if relays.is_err() {
+            tracing::warn!("relays did not finish within http.shutdown_timeout");
+        }
+        self.broker.close().await;
+        served
     }
 }

@@ -3,8 +3,9 @@
 use actix_web::HttpResponse;
 use serde::Serialize;
 
-use crate::db;
+use crate::db::{self, PgPool, StorageError};
 use crate::http::SharedState;
+use crate::outbox::store;
 
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
@@ -15,30 +16,47 @@ struct Readiness {
     status: &'static str,
     database: &'static str,
     migrations: &'static str,
+    /// Reported, but not part of readiness: writes work while the broker is down.
+    broker: &'static str,
+    /// Events committed and not yet delivered (parked ones excluded); null when unknown.
+    outbox_backlog: Option<i64>,
 }
 
 /// Ready when the database answers and has every migration this build needs.
 pub async fn readyz(state: SharedState) -> HttpResponse {
-    let check =
-        tokio::time::timeout(state.probe_timeout, db::migrations_applied(&state.pool)).await;
-    let (database, migrations) = match check {
-        Ok(Ok(true)) => ("up", "applied"),
-        Ok(Ok(false)) => ("up", "pending"),
+    let check = tokio::time::timeout(state.probe_timeout, check_database(&state.pool)).await;
+    let (database, migrations, outbox_backlog) = match check {
+        Ok(Ok((true, backlog))) => ("up", "applied", Some(backlog)),
+        Ok(Ok((false, _))) => ("up", "pending", None),
         Ok(Err(error)) => {
             tracing::warn!(error = %error, "readiness check failed");
-            ("down", "unknown")
+            ("down", "unknown", None)
         }
-        Err(_elapsed) => ("down", "unknown"),
+        Err(_elapsed) => ("down", "unknown", None),
     };
     let ready = database == "up" && migrations == "applied";
     let body = Readiness {
         status: if ready { "ready" } else { "unready" },
         database,
         migrations,
+        broker: if state.broker.is_connected() {
+            "connected"
+        } else {
+            "disconnected"
+        },
+        outbox_backlog,
     };
     if ready {
         HttpResponse::Ok().json(body)
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+async fn check_database(pool: &PgPool) -> Result<(bool, i64), StorageError> {
+    if !db::migrations_applied(pool).await? {
+        return Ok((false, 0));
+    }
+    let connection = pool.get().await?;
+    Ok((true, store::backlog(&*connection).await?))
 }

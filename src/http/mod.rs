@@ -15,6 +15,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use crate::config::Settings;
 use crate::db::PgPool;
 use crate::idempotency::IdempotencyKey;
+use crate::outbox::Broker;
 use crate::shard::{shard_index, KeyShard};
 use auth::Authenticator;
 use problem::ApiError;
@@ -23,6 +24,7 @@ use problem::ApiError;
 pub struct AppState {
     pub pool: PgPool,
     pub shards: Vec<Addr<KeyShard>>,
+    pub broker: Arc<Broker>,
     pub auth: Authenticator,
     pub max_body_bytes: usize,
     pub wait_timeout: Duration,
@@ -33,10 +35,16 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(settings: &Settings, pool: PgPool, shards: Vec<Addr<KeyShard>>) -> Self {
+    pub fn new(
+        settings: &Settings,
+        pool: PgPool,
+        shards: Vec<Addr<KeyShard>>,
+        broker: Arc<Broker>,
+    ) -> Self {
         Self {
             pool,
             shards,
+            broker,
             auth: Authenticator::new(&settings.auth),
             max_body_bytes: settings.http.max_body_bytes,
             wait_timeout: settings.idempotency.wait_timeout.0,

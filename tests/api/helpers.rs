@@ -19,6 +19,8 @@ pub struct TestApp {
     pub http: awc::Client,
     /// Drops the database when the last app using it is gone.
     pub database: Arc<TestDatabase>,
+    /// Deletes the exchange when the last app using it is gone.
+    pub exchange: Arc<TestExchange>,
 }
 
 /// A response with its body read.
@@ -100,6 +102,42 @@ impl Drop for TestDatabase {
     }
 }
 
+pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// An exchange a test's daemon declares; deleted when the test ends.
+pub struct TestExchange {
+    pub name: String,
+}
+
+impl Drop for TestExchange {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let connection =
+                    lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
+                        .await
+                        .expect("the test broker is reachable");
+                let channel = connection.create_channel().await.unwrap();
+                channel
+                    .exchange_delete(
+                        name.as_str().into(),
+                        lapin::options::ExchangeDeleteOptions::default(),
+                    )
+                    .await
+                    .unwrap();
+                let _ = connection.close(200, "done".into()).await;
+            });
+        })
+        .join()
+        .expect("deleting the test exchange");
+    }
+}
+
 pub fn pg_url(database: &str) -> String {
     format!("postgres://postgres@{PG_HOST_PORT}/{database}")
 }
@@ -112,6 +150,8 @@ pub fn test_settings() -> Settings {
     settings.database.url = pg_url(&format!("retrysafe_test_{}", Uuid::new_v4().simple()));
     settings.database.connect_timeout = retrysafe::config::ConfigDuration(Duration::from_secs(1));
     settings.log.level = "warn".into();
+    settings.amqp.exchange = format!("retrysafe.test.{}", Uuid::new_v4().simple());
+    settings.outbox.poll_interval = retrysafe::config::ConfigDuration(Duration::from_millis(100));
     settings
 }
 
@@ -124,17 +164,24 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
     configure(&mut settings);
     let name = database_name(&settings.database.url);
     let database = Arc::new(TestDatabase { name });
-    start(settings, database).await
+    let exchange = Arc::new(TestExchange {
+        name: settings.amqp.exchange.clone(),
+    });
+    start(settings, database, exchange).await
 }
 
 /// A second daemon on the same database (as two machines behind one load balancer).
 pub async fn spawn_second_app(first: &TestApp) -> TestApp {
     let mut settings = first.settings.clone();
     settings.http.listen = "127.0.0.1:0".parse().unwrap();
-    start(settings, first.database.clone()).await
+    start(settings, first.database.clone(), first.exchange.clone()).await
 }
 
-async fn start(settings: Settings, database: Arc<TestDatabase>) -> TestApp {
+async fn start(
+    settings: Settings,
+    database: Arc<TestDatabase>,
+    exchange: Arc<TestExchange>,
+) -> TestApp {
     init_logging();
     let application = Application::build(settings.clone())
         .await
@@ -153,6 +200,7 @@ async fn start(settings: Settings, database: Arc<TestDatabase>) -> TestApp {
             .timeout(Duration::from_secs(60))
             .finish(),
         database,
+        exchange,
     }
 }
 
@@ -200,6 +248,10 @@ impl TestApp {
     /// `POST /v1/entries` with a key, a JSON body and (optionally) a bearer token.
     pub async fn post_entry(&self, key: &str, body: &Value) -> TestResponse {
         self.post_entry_as(None, key, body).await
+    }
+
+    pub async fn post_entry_owned(&self, key: String, body: Value) -> TestResponse {
+        self.post_entry(&key, &body).await
     }
 
     pub async fn post_entry_as(

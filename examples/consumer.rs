@@ -1,0 +1,153 @@
+//! A consumer of retrysafe's events with exactly-once effects.
+//!
+//! It binds a durable queue to the daemon's exchange, and for each delivery applies a visible
+//! side effect (a per-kind count of entries in the table `example_entry_totals`) through
+//! `retrysafe::inbox`: the event id is recorded in `processed_events` in the same transaction
+//! as the effect, so a redelivered event changes nothing. The message is acked only after the
+//! commit (at-least-once delivery, exactly-once effect).
+//!
+//! ```text
+//! cargo run --example consumer -- [--config config.toml] [--queue retrysafe.example]
+//! ```
+//!
+//! It reads `database.url`, `amqp.url` and `amqp.exchange` from the daemon's configuration
+//! (file and `RETRYSAFE_*` environment), and stops after `--max-events N` when given.
+
+use std::path::PathBuf;
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use retrysafe::config::Settings;
+use retrysafe::inbox::Inbox;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+const CONSUMER_NAME: &str = "example-consumer";
+
+const CREATE_EFFECT_TABLE: &str = "
+CREATE TABLE IF NOT EXISTS example_entry_totals (
+    kind    text   PRIMARY KEY,
+    entries bigint NOT NULL
+)";
+
+const APPLY_EFFECT: &str = "
+INSERT INTO example_entry_totals (kind, entries) VALUES ($1, 1)
+ON CONFLICT (kind) DO UPDATE SET entries = example_entry_totals.entries + 1";
+
+struct Args {
+    config: PathBuf,
+    queue: String,
+    max_events: Option<usize>,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        config: PathBuf::from("config.toml"),
+        queue: "retrysafe.example".into(),
+        max_events: None,
+    };
+    let mut raw = std::env::args().skip(1);
+    while let Some(flag) = raw.next() {
+        let mut value = || {
+            raw.next()
+                .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--config" => args.config = value()?.into(),
+            "--queue" => args.queue = value()?,
+            "--max-events" => args.max_events = Some(value()?.parse()?),
+            other => anyhow::bail!("unknown argument {other}; see the top of examples/consumer.rs"),
+        }
+    }
+    Ok(args)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let settings = Settings::load(&args.config)?;
+
+    let (mut db, connection) = tokio_postgres::connect(&settings.database.url, NoTls).await?;
+    tokio::spawn(connection);
+    db.batch_execute(CREATE_EFFECT_TABLE).await?;
+
+    let broker = Connection::connect(&settings.amqp.url, ConnectionProperties::default()).await?;
+    let channel = broker.create_channel().await?;
+    channel
+        .exchange_declare(
+            settings.amqp.exchange.as_str().into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            args.queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            args.queue.as_str().into(),
+            settings.amqp.exchange.as_str().into(),
+            "entry.created".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel.basic_qos(32, BasicQosOptions::default()).await?;
+    let mut deliveries = channel
+        .basic_consume(
+            args.queue.as_str().into(),
+            CONSUMER_NAME.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    println!(
+        "consuming {} from exchange {}",
+        args.queue, settings.amqp.exchange
+    );
+
+    let inbox = Inbox::new(CONSUMER_NAME);
+    let mut handled = 0;
+    while let Some(delivery) = deliveries.next().await {
+        let delivery = delivery?;
+        let event_id: Uuid = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .and_then(|id| id.as_str().parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("a delivery without a UUID message_id"))?;
+        let event: serde_json::Value = serde_json::from_slice(&delivery.data)?;
+        let kind = event["data"]["kind"]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_owned();
+        match inbox.begin(&mut db, event_id).await? {
+            Some(transaction) => {
+                transaction.execute(APPLY_EFFECT, &[&kind]).await?;
+                transaction.commit().await?;
+                println!("applied {event_id} (kind {kind})");
+            }
+            None => println!("skipped {event_id}: already processed"),
+        }
+        // Only after the commit: a crash before this point redelivers, and the inbox skips it.
+        delivery.ack(BasicAckOptions::default()).await?;
+        handled += 1;
+        if args.max_events.is_some_and(|max| handled >= max) {
+            break;
+        }
+    }
+    Ok(())
+}

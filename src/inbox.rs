@@ -1,0 +1,70 @@
+//! The consumer-side inbox: exactly-once effects on top of at-least-once delivery.
+//!
+//! retrysafe publishes every event at least once, each with a stable `message_id` (the event
+//! id). A consumer makes its effects happen once by recording the ids it has processed in the
+//! same transaction as the effect:
+//!
+//! 1. [`Inbox::begin`] opens a transaction and inserts `(consumer, event_id)` into
+//!    `processed_events` with `ON CONFLICT DO NOTHING`;
+//! 2. if the row was new it returns the transaction: apply the effect in it and commit;
+//!    if not (a redelivery), it returns `None` and there is nothing to do;
+//! 3. then, and only then, acknowledge the message to the broker.
+//!
+//! A crash before the commit leaves no row, so the redelivered message is processed afresh; a
+//! crash between the commit and the ack leaves the row, so the redelivery is skipped.
+//!
+//! ```no_run
+//! # async fn example(client: &mut tokio_postgres::Client, event_id: uuid::Uuid) -> Result<(), tokio_postgres::Error> {
+//! let inbox = retrysafe::inbox::Inbox::new("invoice-mailer");
+//! if let Some(transaction) = inbox.begin(client, event_id).await? {
+//!     transaction.execute("UPDATE totals SET n = n + 1", &[]).await?;
+//!     transaction.commit().await?;
+//! }
+//! // now ack the delivery
+//! # Ok(())
+//! # }
+//! ```
+
+use tokio_postgres::{Client, Transaction};
+use uuid::Uuid;
+
+/// Claims the event for this consumer; a row that exists already means "processed before".
+const CLAIM_EVENT: &str =
+    "INSERT INTO processed_events (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+/// One consumer's record of the events it has processed, in the `processed_events` table.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    consumer: String,
+}
+
+impl Inbox {
+    /// `consumer` names the consuming application; each consumer processes each event once.
+    pub fn new(consumer: impl Into<String>) -> Self {
+        Self {
+            consumer: consumer.into(),
+        }
+    }
+
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Starts processing `event_id`: the transaction to apply its effect in, or `None` if this
+    /// consumer has processed it already. The caller commits, then acks the message.
+    pub async fn begin<'a>(
+        &self,
+        client: &'a mut Client,
+        event_id: Uuid,
+    ) -> Result<Option<Transaction<'a>>, tokio_postgres::Error> {
+        let transaction = client.transaction().await?;
+        let inserted = transaction
+            .execute(CLAIM_EVENT, &[&self.consumer, &event_id])
+            .await?;
+        if inserted == 0 {
+            transaction.rollback().await?;
+            return Ok(None);
+        }
+        Ok(Some(transaction))
+    }
+}

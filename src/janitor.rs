@@ -1,0 +1,120 @@
+//! The janitor: deletes idempotency records past `expires_at` and sent outbox rows older than
+//! `outbox.retention`, in small batches so that no statement holds many locks for long.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::db::{PgPool, StorageError};
+
+/// Rows one DELETE removes at most.
+pub const PURGE_BATCH: i64 = 1000;
+
+/// How often the janitor runs in the daemon.
+pub const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// `SKIP LOCKED`: a row that a writer is taking over (an expired key reused) is left for the
+/// next pass instead of waited on.
+const DELETE_EXPIRED_RECORDS: &str = "
+DELETE FROM idempotency_records r
+USING (
+    SELECT client_id, key FROM idempotency_records
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+) expired
+WHERE r.client_id = expired.client_id AND r.key = expired.key";
+
+/// Only sent rows: unsent and parked rows stay whatever their age.
+const DELETE_OLD_SENT_EVENTS: &str = "
+DELETE FROM outbox_events
+WHERE id IN (
+    SELECT id FROM outbox_events
+    WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1)
+    ORDER BY sent_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)";
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    pub records_deleted: u64,
+    pub events_deleted: u64,
+}
+
+/// One janitor pass: deletes in batches until nothing more is due.
+pub async fn purge_once(
+    pool: &PgPool,
+    outbox_retention: Duration,
+) -> Result<PurgeReport, StorageError> {
+    let mut report = PurgeReport::default();
+    let connection = pool.get().await?;
+    loop {
+        let deleted = connection
+            .execute(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH])
+            .await?;
+        report.records_deleted += deleted;
+        if deleted < PURGE_BATCH as u64 {
+            break;
+        }
+    }
+    let retention_seconds = outbox_retention.as_secs_f64();
+    loop {
+        let deleted = connection
+            .execute(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
+            .await?;
+        report.events_deleted += deleted;
+        if deleted < PURGE_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// Runs [`purge_once`] every [`PURGE_INTERVAL`].
+pub struct Janitor {
+    pool: PgPool,
+    outbox_retention: Duration,
+    pass_running: bool,
+}
+
+impl Janitor {
+    pub fn new(pool: PgPool, outbox_retention: Duration) -> Self {
+        Self {
+            pool,
+            outbox_retention,
+            pass_running: false,
+        }
+    }
+
+    fn run_pass(&mut self, ctx: &mut Context<Self>) {
+        if self.pass_running {
+            return;
+        }
+        self.pass_running = true;
+        let pool = self.pool.clone();
+        let retention = self.outbox_retention;
+        let pass = async move { purge_once(&pool, retention).await };
+        ctx.spawn(pass.into_actor(self).map(|result, janitor, _| {
+            janitor.pass_running = false;
+            match result {
+                Ok(report) if report != PurgeReport::default() => tracing::info!(
+                    records_deleted = report.records_deleted,
+                    events_deleted = report.events_deleted,
+                    "janitor pass"
+                ),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(error = %error, "janitor pass failed; retrying at the next interval"),
+            }
+        }));
+    }
+}
+
+impl Actor for Janitor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(PURGE_INTERVAL, |janitor, ctx| janitor.run_pass(ctx));
+    }
+}

@@ -1,0 +1,8 @@
+//! The outbox: events committed with their write, relayed to RabbitMQ at least once.
+
+pub mod broker;
+pub mod relay;
+pub mod store;
+
+pub use broker::{Broker, BrokerError};
+pub use relay::{relay_once, OutboxRelay, OutboxWaker, RelayConfig, RelayReport};

@@ -1,0 +1,359 @@
+//! Outbox relay actors: claim due rows, publish them with pipelined confirms, record the result.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation};
+use tokio::sync::{watch, Notify};
+
+use crate::db::{PgPool, StorageError};
+use crate::outbox::broker::{Broker, BrokerError};
+use crate::outbox::store::{self, Failure, PendingEvent};
+
+/// The AMQP `content_type` of every event.
+pub const CONTENT_TYPE: &str = "application/cloudevents+json";
+/// The AMQP `app_id` of every event.
+pub const APP_ID: &str = "retrysafe";
+
+/// Longest wait between two attempts to reach the broker.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub exchange: String,
+    pub batch_size: usize,
+    pub poll_interval: Duration,
+    pub confirm_timeout: Duration,
+    pub max_attempts: i32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    pub claimed: usize,
+    pub sent: usize,
+    pub failed: usize,
+    /// The channel failed during the batch and must be replaced.
+    pub channel_broken: bool,
+}
+
+/// How the broker answered one publish.
+#[derive(Debug)]
+enum PublishResult {
+    Acked,
+    Failed { error: String, channel_broken: bool },
+}
+
+/// Claims up to `batch_size` due rows, publishes them all with confirms pipelined, awaits the
+/// confirms, and in the same transaction marks each row sent (acked, not returned) or failed.
+/// Other relays skip the rows this one holds, so no row is published by two at once.
+pub async fn relay_once(
+    pool: &PgPool,
+    channel: &Channel,
+    config: &RelayConfig,
+) -> Result<RelayReport, RelayError> {
+    let mut connection = pool.get().await.map_err(StorageError::from)?;
+    let transaction = connection.transaction().await.map_err(StorageError::from)?;
+    let events = store::claim_due(&transaction, config.batch_size).await?;
+    if events.is_empty() {
+        transaction.commit().await.map_err(StorageError::from)?;
+        return Ok(RelayReport::default());
+    }
+    fail::fail_point!("outbox-before-publish", |_| {
+        tracing::error!("failpoint outbox-before-publish: aborting");
+        std::process::abort();
+    });
+
+    let results = publish_all(channel, config, &events).await;
+    fail::fail_point!("outbox-after-publish", |_| {
+        tracing::error!("failpoint outbox-after-publish: aborting");
+        std::process::abort();
+    });
+
+    let mut report = RelayReport {
+        claimed: events.len(),
+        ..RelayReport::default()
+    };
+    let mut sent = Vec::with_capacity(events.len());
+    let mut failures = Vec::new();
+    for (event, result) in events.iter().zip(results) {
+        match result {
+            PublishResult::Acked => sent.push(event.id),
+            PublishResult::Failed {
+                error,
+                channel_broken,
+            } => {
+                report.channel_broken |= channel_broken;
+                tracing::debug!(event_id = %event.event_id, event_type = %event.event_type, error = %error, "publish failed");
+                failures.push(Failure { event, error });
+            }
+        }
+    }
+    store::mark_sent(&transaction, &sent).await?;
+    store::mark_failed(&transaction, &failures, config.max_attempts).await?;
+    transaction.commit().await.map_err(StorageError::from)?;
+    report.sent = sent.len();
+    report.failed = failures.len();
+    if !failures.is_empty() {
+        let parked = failures
+            .iter()
+            .filter(|f| f.event.attempts + 1 >= config.max_attempts)
+            .count();
+        tracing::warn!(
+            failed = failures.len(),
+            parked,
+            first_error = %failures[0].error,
+            "events not delivered; will retry with backoff"
+        );
+    }
+    Ok(report)
+}
+
+/// Publishes every event before awaiting any confirm, then awaits them all against one
+/// deadline.
+async fn publish_all(
+    channel: &Channel,
+    config: &RelayConfig,
+    events: &[PendingEvent],
+) -> Vec<PublishResult> {
+    let mut confirms = Vec::with_capacity(events.len());
+    let mut broken: Option<String> = None;
+    for event in events {
+        if let Some(error) = &broken {
+            confirms.push(Err(error.clone()));
+            continue;
+        }
+        let publish = channel
+            .basic_publish(
+                config.exchange.as_str().into(),
+                short_string(&event.event_type),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                event.payload.as_bytes(),
+                properties(event),
+            )
+            .await;
+        match publish {
+            Ok(confirm) => confirms.push(Ok(confirm)),
+            Err(error) => {
+                let error = format!("publish failed: {error}");
+                broken = Some(error.clone());
+                confirms.push(Err(error));
+            }
+        }
+    }
+
+    let deadline = tokio::time::Instant::now() + config.confirm_timeout;
+    let mut results = Vec::with_capacity(events.len());
+    for (event, confirm) in events.iter().zip(confirms) {
+        let result = match confirm {
+            Err(error) => PublishResult::Failed {
+                error,
+                channel_broken: true,
+            },
+            Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                Ok(Ok(Confirmation::Ack(None))) => PublishResult::Acked,
+                Ok(Ok(Confirmation::Ack(Some(returned)))) => PublishResult::Failed {
+                    error: format!(
+                        "returned by the broker: {} {} (no queue bound to exchange {:?} for routing key {:?})",
+                        returned.reply_code, returned.reply_text, config.exchange, event.event_type
+                    ),
+                    channel_broken: false,
+                },
+                Ok(Ok(Confirmation::Nack(_))) => PublishResult::Failed {
+                    error: "nacked by the broker".into(),
+                    channel_broken: false,
+                },
+                Ok(Ok(Confirmation::NotRequested)) => PublishResult::Failed {
+                    error: "the channel is not in confirm mode".into(),
+                    channel_broken: true,
+                },
+                Ok(Err(error)) => PublishResult::Failed {
+                    error: format!("connection lost before the confirm: {error}"),
+                    channel_broken: true,
+                },
+                // A late confirm would arrive on a channel that is about to be replaced.
+                Err(_elapsed) => PublishResult::Failed {
+                    error: format!("no confirm within {:?}", config.confirm_timeout),
+                    channel_broken: true,
+                },
+            },
+        };
+        results.push(result);
+    }
+    results
+}
+
+/// Names and ids here are short (event types are at most 64 characters, ids are UUIDs), but
+/// `ShortString` panics past 255 bytes, so truncate rather than trust that.
+fn short_string(text: &str) -> ShortString {
+    let mut end = text.len().min(255);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].into()
+}
+
+fn properties(event: &PendingEvent) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "idempotency-key".into(),
+        AMQPValue::LongString(event.idempotency_key.as_str().into()),
+    );
+    headers.insert(
+        "client-id".into(),
+        AMQPValue::LongString(event.client_id.as_str().into()),
+    );
+    BasicProperties::default()
+        .with_message_id(event.event_id.to_string().into())
+        .with_type(short_string(&event.event_type))
+        .with_timestamp(event.created_at.timestamp().max(0) as u64)
+        .with_app_id(APP_ID.into())
+        .with_content_type(CONTENT_TYPE.into())
+        .with_delivery_mode(2)
+        .with_headers(headers)
+}
+
+/// Wakes the relays of this process right after a writer commits.
+#[derive(Clone, Default)]
+pub struct OutboxWaker {
+    relays: Vec<Arc<Notify>>,
+}
+
+impl OutboxWaker {
+    /// One notifier per relay: `notify_one` keeps a permit for a busy relay, so a commit during
+    /// its batch is not missed.
+    pub fn new(relays: usize) -> Self {
+        Self {
+            relays: (0..relays).map(|_| Arc::new(Notify::new())).collect(),
+        }
+    }
+
+    pub fn wake(&self) {
+        for relay in &self.relays {
+            relay.notify_one();
+        }
+    }
+
+    pub fn notifier(&self, relay: usize) -> Arc<Notify> {
+        self.relays[relay].clone()
+    }
+}
+
+/// A relay: loops over [`relay_once`] while there is work, and otherwise waits for a wake-up,
+/// the poll interval, or shutdown. Shutdown is seen between batches, never inside one.
+pub struct OutboxRelay {
+    pub index: usize,
+    pub pool: PgPool,
+    pub broker: Arc<Broker>,
+    pub config: RelayConfig,
+    pub wake: Arc<Notify>,
+    pub shutdown: watch::Receiver<bool>,
+    /// Dropped when the relay stops: the daemon's shutdown waits for every relay's token.
+    pub done: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Actor for OutboxRelay {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let run = run_relay(
+            self.index,
+            self.pool.clone(),
+            self.broker.clone(),
+            self.config.clone(),
+            self.wake.clone(),
+            self.shutdown.clone(),
+        );
+        let done = self.done.clone();
+        ctx.spawn(run.into_actor(self).map(move |(), _, ctx| {
+            drop(done);
+            ctx.stop();
+        }));
+    }
+}
+
+async fn run_relay(
+    index: usize,
+    pool: PgPool,
+    broker: Arc<Broker>,
+    config: RelayConfig,
+    wake: Arc<Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut channel: Option<Channel> = None;
+    let mut reconnect_delay = FIRST_RECONNECT_DELAY;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let current = match &channel {
+            Some(current) if current.status().connected() => current,
+            _ => match broker.open_channel().await {
+                Ok(opened) => {
+                    reconnect_delay = FIRST_RECONNECT_DELAY;
+                    channel.insert(opened)
+                }
+                Err(error) => {
+                    tracing::warn!(relay = index, error = %error, retry_in = ?reconnect_delay, "broker unreachable");
+                    channel = None;
+                    if wait(&mut shutdown, reconnect_delay, None).await {
+                        break;
+                    }
+                    reconnect_delay = (reconnect_delay * 2).min(MAX_RECONNECT_DELAY);
+                    continue;
+                }
+            },
+        };
+        match relay_once(&pool, current, &config).await {
+            Ok(report) => {
+                if report.channel_broken {
+                    channel = None;
+                    broker.connection_lost().await;
+                    continue;
+                }
+                if report.claimed == config.batch_size {
+                    continue;
+                }
+            }
+            Err(error) => tracing::warn!(relay = index, error = %error, "relay batch failed"),
+        }
+        if wait(&mut shutdown, config.poll_interval, Some(&wake)).await {
+            break;
+        }
+    }
+    tracing::debug!(relay = index, "relay stopped");
+}
+
+/// Sleeps for `period` or until woken; true when shutdown was asked for.
+async fn wait(
+    shutdown: &mut watch::Receiver<bool>,
+    period: Duration,
+    wake: Option<&Notify>,
+) -> bool {
+    let woken = async {
+        match wake {
+            Some(notify) => notify.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = shutdown.changed() => true,
+        _ = tokio::time::sleep(period) => *shutdown.borrow(),
+        _ = woken => *shutdown.borrow(),
+    }
+}

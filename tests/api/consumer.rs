@@ -1,0 +1,115 @@
+//! A test consumer: an exclusive queue bound to a test's exchange (gone with its connection).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, Consumer, ExchangeKind};
+
+use crate::helpers::AMQP_URL;
+
+pub struct TestConsumer {
+    _connection: Connection,
+    consumer: Consumer,
+}
+
+impl TestConsumer {
+    /// Declares `exchange` as the daemon does (so binding works before the daemon connects),
+    /// and binds a fresh exclusive queue to it with `pattern`.
+    pub async fn bind(exchange: &str, pattern: &str) -> Self {
+        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions::exclusive(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.name().clone(),
+                exchange.into(),
+                pattern.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let consumer = channel
+            .basic_consume(
+                queue.name().clone(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Self {
+            _connection: connection,
+            consumer,
+        }
+    }
+
+    /// The next delivery, acked, or None if none arrives within `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Option<Delivery> {
+        let delivery = tokio::time::timeout(wait, self.consumer.next())
+            .await
+            .ok()??
+            .unwrap();
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+        Some(delivery)
+    }
+
+    /// Receives exactly `count` deliveries (waiting up to `wait` for each).
+    pub async fn take(&mut self, count: usize, wait: Duration) -> Vec<Delivery> {
+        let mut deliveries = Vec::with_capacity(count);
+        while deliveries.len() < count {
+            match self.next(wait).await {
+                Some(delivery) => deliveries.push(delivery),
+                None => panic!("expected {count} deliveries, got {}", deliveries.len()),
+            }
+        }
+        deliveries
+    }
+}
+
+pub fn message_id(delivery: &Delivery) -> String {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .expect("every event has a message_id")
+        .to_string()
+}
+
+pub fn header(delivery: &Delivery, name: &str) -> Option<String> {
+    delivery
+        .properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(name)?
+        .as_long_string()
+        .map(|value| value.to_string())
+}

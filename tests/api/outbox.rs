@@ -1,0 +1,341 @@
+//! The outbox relay against the real RabbitMQ: delivery, properties, failures and outages.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde_json::Value;
+
+use crate::consumer::{header, message_id, TestConsumer};
+use crate::helpers::{entry_body, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL};
+use crate::proxy::TcpProxy;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Polls until `sql` (a count) returns `expected`, for up to a minute.
+async fn wait_for_count(app: &TestApp, sql: &str, expected: i64) {
+    for _ in 0..600 {
+        if app.count(sql).await == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{sql} never returned {expected} (last: {})",
+        app.count(sql).await
+    );
+}
+
+#[actix_web::test]
+async fn each_write_publishes_its_event_with_the_contracted_properties() {
+    let app = spawn_app().await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+
+    let created = app.post_entry("evt-1", &entry_body(1)).await;
+    assert_eq!(created.status, 201);
+    let entry = created.json();
+    let delivery = consumer.next(WAIT).await.expect("the event is delivered");
+
+    let row = app
+        .db
+        .query_one("SELECT event_id::text, event_key FROM outbox_events", &[])
+        .await
+        .unwrap();
+    let event_id: String = row.get(0);
+    assert_eq!(message_id(&delivery), event_id);
+    assert_eq!(
+        row.get::<_, String>(1),
+        format!("{}/entry.created", entry["id"].as_str().unwrap())
+    );
+    assert_eq!(delivery.routing_key.as_str(), "entry.created");
+    assert_eq!(delivery.exchange.as_str(), app.settings.amqp.exchange);
+    let properties = &delivery.properties;
+    assert_eq!(*properties.delivery_mode(), Some(2), "persistent");
+    assert_eq!(
+        properties.kind().as_ref().map(|t| t.as_str()),
+        Some("entry.created")
+    );
+    assert_eq!(
+        properties.app_id().as_ref().map(|t| t.as_str()),
+        Some("retrysafe")
+    );
+    assert_eq!(
+        properties.content_type().as_ref().map(|t| t.as_str()),
+        Some("application/cloudevents+json")
+    );
+    assert!(properties.timestamp().is_some_and(|t| t > 1_700_000_000));
+    assert_eq!(
+        header(&delivery, "idempotency-key").as_deref(),
+        Some("evt-1")
+    );
+    assert_eq!(header(&delivery, "client-id").as_deref(), Some("anonymous"));
+
+    let event: Value = serde_json::from_slice(&delivery.data).unwrap();
+    assert_eq!(event["specversion"], "1.0");
+    assert_eq!(event["id"], event_id);
+    assert_eq!(event["type"], "entry.created");
+    assert!(event["source"].as_str().is_some_and(|s| !s.is_empty()));
+    assert_eq!(event["subject"], entry["id"]);
+    assert_eq!(event["time"], entry["created_at"]);
+    assert_eq!(event["data"], entry, "the event carries the entry");
+
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
+        1,
+    )
+    .await;
+    let key = app.get("/v1/idempotency-keys/evt-1", None).await.json();
+    assert!(key["events"][0]["sent_at"].is_string(), "{key}");
+    assert!(
+        consumer.next(Duration::from_millis(500)).await.is_none(),
+        "published once"
+    );
+}
+
+#[actix_web::test]
+async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
+    let app = spawn_app_with(|settings| settings.events.audit = true).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+
+    let body = entry_body(1);
+    let created = app.post_entry("audit-1", &body).await;
+    assert_eq!(created.status, 201);
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE idempotency_key = 'audit-1'")
+            .await,
+        2
+    );
+    let deliveries = consumer.take(2, WAIT).await;
+    let mut types: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.routing_key.to_string())
+        .collect();
+    types.sort();
+    assert_eq!(types, ["audit.entry.created", "entry.created"]);
+    let audit = deliveries
+        .iter()
+        .find(|d| d.routing_key.as_str() == "audit.entry.created")
+        .unwrap();
+    let audit: Value = serde_json::from_slice(&audit.data).unwrap();
+    assert_eq!(audit["data"]["client_id"], "anonymous");
+    assert_eq!(audit["data"]["idempotency_key"], "audit-1");
+    assert_eq!(audit["data"]["request_hash"].as_str().unwrap().len(), 64);
+    assert_eq!(audit["data"]["remote_addr"], "127.0.0.1");
+    assert_eq!(audit["subject"], created.json()["id"]);
+
+    let replay = app.post_entry("audit-1", &body).await;
+    assert_eq!(
+        replay.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE idempotency_key = 'audit-1'")
+            .await,
+        2
+    );
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
+        2,
+    )
+    .await;
+    assert!(
+        consumer.next(Duration::from_millis(500)).await.is_none(),
+        "a replay publishes nothing"
+    );
+}
+
+#[actix_web::test]
+async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is_bound() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.post_entry("unroutable-1", &entry_body(1)).await.status,
+        201
+    );
+
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
+        1,
+    )
+    .await;
+    let row = app
+        .db
+        .query_one("SELECT sent_at IS NULL, failed_at IS NULL, last_error, next_attempt_at > created_at FROM outbox_events", &[])
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0), "a returned message is not sent");
+    assert!(row.get::<_, bool>(1), "one failure does not park");
+    let error: String = row.get(2);
+    assert!(error.contains("NO_ROUTE"), "{error}");
+    assert!(row.get::<_, bool>(3), "the next attempt is scheduled later");
+
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "entry.*").await;
+    // Skip the backoff rather than wait for it.
+    app.db
+        .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
+        .await
+        .unwrap();
+    let delivery = consumer
+        .next(WAIT)
+        .await
+        .expect("delivered once a queue is bound");
+    assert_eq!(
+        header(&delivery, "idempotency-key").as_deref(),
+        Some("unroutable-1")
+    );
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
+        1,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn events_past_max_attempts_are_parked() {
+    let app = spawn_app_with(|settings| settings.outbox.max_attempts = 2).await;
+    assert_eq!(app.post_entry("parked-1", &entry_body(1)).await.status, 201);
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
+        1,
+    )
+    .await;
+    app.db
+        .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
+        .await
+        .unwrap();
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2",
+        1,
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
+            .await,
+        0
+    );
+    let ready = app.get("/readyz", None).await.json();
+    assert_eq!(
+        ready["outbox_backlog"], 0,
+        "parked events are not backlog: {ready}"
+    );
+}
+
+/// Inserts `count` events straight into the outbox, as a large backlog left by writes.
+async fn insert_backlog(app: &TestApp, count: i64) {
+    app.db
+        .execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
+             SELECT gen_random_uuid(), 'backlog/' || n, 'anonymous', 'backlog-' || n, 'entry.created',
+                    jsonb_build_object('specversion', '1.0', 'n', n, 'padding', repeat('x', 200))
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&count],
+        )
+        .await
+        .unwrap();
+}
+
+#[actix_web::test]
+async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
+    const EVENTS: i64 = 10_000;
+    let first = spawn_app_with(|settings| {
+        settings.outbox.workers = 3;
+        settings.outbox.batch_size = 250;
+    })
+    .await;
+    let second = spawn_second_app(&first).await;
+    let mut consumer = TestConsumer::bind(&first.settings.amqp.exchange, "#").await;
+    insert_backlog(&first, EVENTS).await;
+
+    let mut seen = HashSet::new();
+    let mut duplicates = 0;
+    while seen.len() < EVENTS as usize {
+        let delivery = consumer
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("stalled after {} events", seen.len()));
+        if !seen.insert(message_id(&delivery)) {
+            duplicates += 1;
+        }
+    }
+    assert!(
+        consumer.next(Duration::from_secs(1)).await.is_none(),
+        "no event is published twice"
+    );
+    assert_eq!(duplicates, 0, "no event is published twice");
+    wait_for_count(
+        &first,
+        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
+        0,
+    )
+    .await;
+    assert_eq!(
+        first
+            .count("SELECT count(*) FROM outbox_events WHERE attempts > 0")
+            .await,
+        0
+    );
+    drop(second);
+}
+
+#[actix_web::test]
+async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
+    let port = proxy.port;
+    let app = spawn_app_with(|settings| {
+        settings.amqp.url = AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}"));
+    })
+    .await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+
+    assert_eq!(app.post_entry("outage-0", &entry_body(0)).await.status, 201);
+    consumer
+        .next(WAIT)
+        .await
+        .expect("delivered while the broker is up");
+
+    proxy.cut();
+    let responses =
+        join_all((1..=20).map(|n| app.post_entry_owned(format!("outage-{n}"), entry_body(n))))
+            .await;
+    for response in &responses {
+        assert_eq!(
+            response.status, 201,
+            "writes go on while the broker is down"
+        );
+    }
+    let ready = app.get("/readyz", None).await;
+    assert_eq!(
+        ready.status, 200,
+        "the broker being down does not make the daemon unready"
+    );
+    assert!(
+        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
+            .await
+            > 0
+    );
+
+    proxy.restore();
+    let mut ids: HashSet<String> = HashSet::new();
+    while ids.len() < 20 {
+        let delivery = consumer
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("only {} of 20 delivered", ids.len()));
+        ids.insert(header(&delivery, "idempotency-key").unwrap());
+    }
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
+        0,
+    )
+    .await;
+    assert_eq!(app.count("SELECT count(*) FROM outbox_events").await, 21);
+    let ready = app.get("/readyz", None).await.json();
+    assert_eq!(ready["broker"], "connected", "{ready}");
+}
