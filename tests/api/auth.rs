@@ -1,6 +1,6 @@
 //! Bearer tokens and client scoping.
 
-use crate::helpers::{client, entry_body, spawn_app_with};
+use crate::common::helpers::{client, entry_body, spawn_app_with};
 
 #[actix_web::test]
 async fn missing_or_wrong_credentials_are_refused_and_write_nothing() {
@@ -85,7 +85,7 @@ async fn a_client_sees_only_its_own_entries_and_keys() {
 
 #[test]
 fn anonymous_access_is_refused_off_loopback() {
-    let mut settings = crate::helpers::test_settings();
+    let mut settings = crate::common::helpers::test_settings();
     settings.http.listen = "0.0.0.0:0".parse().unwrap();
     let error = settings.validate().unwrap_err().to_string();
     assert!(error.contains("auth.clients"), "{error}");

@@ -6,9 +6,9 @@ use std::time::Duration;
 use retrysafe::inbox::Inbox;
 use tokio_postgres::NoTls;
 
-use crate::consumer::{message_id, TestConsumer};
-use crate::daemon::Daemon;
-use crate::helpers::{entry_body, pg_url, test_settings, TestDatabase, TestExchange};
+use crate::common::consumer::{message_id, TestConsumer};
+use crate::common::daemon::Daemon;
+use crate::common::helpers::{entry_body, pg_url, test_settings, TestDatabase, TestExchange};
 
 const WAIT: Duration = Duration::from_secs(30);
 

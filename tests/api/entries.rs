@@ -3,7 +3,7 @@
 use futures_util::future::join_all;
 use serde_json::json;
 
-use crate::helpers::{entry_body, spawn_app, spawn_app_with, spawn_second_app};
+use crate::common::helpers::{entry_body, spawn_app, spawn_app_with, spawn_second_app};
 
 #[actix_web::test]
 async fn twenty_concurrent_duplicates_make_one_entry() {
@@ -247,7 +247,7 @@ async fn two_daemons_on_one_database_make_one_entry_per_key() {
 
 #[actix_web::test]
 async fn the_same_key_in_two_clients_is_two_keys() {
-    use crate::helpers::client;
+    use crate::common::helpers::client;
     let app = spawn_app_with(|settings| {
         settings.auth.clients = vec![
             client("billing", "token-billing"),

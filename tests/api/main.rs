@@ -1,12 +1,12 @@
-//! Integration tests against the real PostgreSQL: each test has its own database and daemon.
+//! Integration tests against the real PostgreSQL and RabbitMQ: each test has its own database,
+//! exchange and daemon.
+
+#[path = "../common/mod.rs"]
+mod common;
 
 mod auth;
-mod consumer;
 mod crash;
-mod daemon;
 mod entries;
-mod helpers;
 mod outbox;
-mod proxy;
 mod refusals;
 mod storage_outage;

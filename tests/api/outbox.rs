@@ -7,9 +7,11 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use crate::consumer::{header, message_id, TestConsumer};
-use crate::helpers::{entry_body, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL};
-use crate::proxy::TcpProxy;
+use crate::common::consumer::{header, message_id, TestConsumer};
+use crate::common::helpers::{
+    entry_body, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL,
+};
+use crate::common::proxy::TcpProxy;
 
 const WAIT: Duration = Duration::from_secs(30);
 

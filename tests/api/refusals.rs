@@ -2,14 +2,14 @@
 
 use serde_json::json;
 
-use crate::helpers::{entry_body, spawn_app, TestApp};
+use crate::common::helpers::{entry_body, spawn_app, TestApp};
 
 async fn post_raw(
     app: &TestApp,
     key: Option<&[u8]>,
     content_type: Option<&str>,
     body: impl Into<Vec<u8>>,
-) -> crate::helpers::TestResponse {
+) -> crate::common::helpers::TestResponse {
     let mut request = app.http.post(format!("{}/v1/entries", app.address));
     if let Some(key) = key {
         request = request.insert_header((

@@ -2,8 +2,8 @@
 
 use std::net::SocketAddr;
 
-use crate::helpers::{entry_body, spawn_app_with, PG_HOST_PORT};
-use crate::proxy::TcpProxy;
+use crate::common::helpers::{entry_body, spawn_app_with, PG_HOST_PORT};
+use crate::common::proxy::TcpProxy;
 
 #[actix_web::test]
 async fn an_unreachable_database_gives_503_and_the_same_key_succeeds_once_it_is_back() {

@@ -11,7 +11,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, Consumer, ExchangeKind};
 
-use crate::helpers::AMQP_URL;
+use crate::common::helpers::AMQP_URL;
 
 pub struct TestConsumer {
     _connection: Connection,
