@@ -1,12 +1,15 @@
-//! The command line: `serve`, `migrate`, `check-config`, `token new`.
+//! The command line: `serve`, `migrate`, `check-config`, `outbox status|retry`, `purge`,
+//! `token new`.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
+use uuid::Uuid;
 
 use crate::config::{is_valid_client_id, Settings};
 use crate::startup::Application;
-use crate::{db, http, telemetry};
+use crate::{db, http, janitor, outbox, telemetry};
 
 /// Where the configuration is looked for when `--config` is not given: the working directory,
 /// then the installed location.
@@ -29,16 +32,43 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the daemon: apply migrations, then serve HTTP
+    /// Run the daemon: apply migrations, then serve HTTP and relay events until SIGTERM
     Serve,
     /// Create the database if missing and apply pending migrations, then exit
     Migrate,
     /// Validate the configuration (file and environment) without starting
     CheckConfig,
+    /// Inspect and requeue outbox events
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+    /// Run one janitor pass: delete expired idempotency records and old sent events
+    Purge,
     /// Manage client tokens
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// Unsent and parked events per event type, and the age of the oldest unsent one
+    Status {
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue parked events for immediate delivery, with a fresh attempt count
+    #[command(group(ArgGroup::new("which").required(true).args(["all", "event"])))]
+    Retry {
+        /// Every parked event
+        #[arg(long)]
+        all: bool,
+        /// One unsent or parked event, by its event id
+        #[arg(long, value_name = "ID")]
+        event: Option<Uuid>,
     },
 }
 
@@ -73,43 +103,162 @@ impl Cli {
 /// Runs the command line; the process exit code is 0 on success, 1 on error.
 pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Token {
+        command: TokenCommand::New { client },
+    } = &cli.command
+    {
+        return token_new(client);
+    }
+    let path = cli.config_path();
+    let settings = cli.settings()?;
     match &cli.command {
-        Command::Token {
-            command: TokenCommand::New { client },
-        } => token_new(client),
         Command::CheckConfig => {
-            let path = cli.config_path();
-            Settings::load(&path)?;
             println!("{}: configuration is valid", path.display());
             Ok(())
         }
+        Command::Serve => {
+            telemetry::init_logging(&settings.log);
+            actix_web::rt::System::new().block_on(serve(settings))
+        }
         Command::Migrate => {
-            let settings = cli.settings()?;
-            telemetry::init(&settings.log);
-            let runtime = tokio::runtime::Runtime::new()?;
-            let applied = runtime
-                .block_on(db::migrate(&settings.database))
-                .map_err(|error| anyhow::anyhow!("migration failed: {error}"))?;
+            telemetry::init_logging(&settings.log);
+            let applied = block_on(async {
+                db::migrate(&settings.database)
+                    .await
+                    .map_err(|error| anyhow::anyhow!("migration failed: {error}"))
+            })?;
             println!(
                 "applied {applied} migration(s); the schema is at version {}",
                 db::latest_migration_version()
             );
             Ok(())
         }
-        Command::Serve => {
-            let settings = cli.settings()?;
-            telemetry::init(&settings.log);
-            actix_web::rt::System::new().block_on(serve(settings))
-        }
+        Command::Outbox { command } => block_on(outbox_command(&settings, command)),
+        Command::Purge => block_on(async {
+            let pool = db::build_pool(&settings.database)?;
+            let report = janitor::purge_once(&pool, settings.outbox.retention.0).await?;
+            println!(
+                "deleted {} expired idempotency record(s) and {} sent event(s) older than {}",
+                report.records_deleted,
+                report.events_deleted,
+                humantime::format_duration(settings.outbox.retention.0)
+            );
+            Ok(())
+        }),
+        Command::Token { .. } => unreachable!("handled before the configuration is loaded"),
     }
 }
 
+fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(future)
+}
+
+async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow::Result<()> {
+    let pool = db::build_pool(&settings.database)?;
+    let connection = pool.get().await.map_err(db::StorageError::from)?;
+    match command {
+        OutboxCommand::Status { json } => {
+            let rows = outbox::store::status(&*connection).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(());
+            }
+            println!(
+                "{:<32} {:>10} {:>10} {:>14}",
+                "event type", "unsent", "parked", "oldest unsent"
+            );
+            let (mut unsent, mut parked) = (0, 0);
+            for row in &rows {
+                let oldest = row
+                    .oldest_unsent_age_seconds
+                    .map(|age| {
+                        humantime::format_duration(Duration::from_secs(age.max(0.0) as u64))
+                            .to_string()
+                    })
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<32} {:>10} {:>10} {:>14}",
+                    row.event_type, row.unsent, row.parked, oldest
+                );
+                unsent += row.unsent;
+                parked += row.parked;
+            }
+            println!("{:<32} {:>10} {:>10}", "total", unsent, parked);
+        }
+        OutboxCommand::Retry { event, .. } => {
+            let requeued = outbox::store::requeue(&*connection, *event).await?;
+            if let (Some(event), 0) = (event, requeued) {
+                anyhow::bail!("no unsent event with id {event}");
+            }
+            println!("requeued {requeued} event(s)");
+        }
+    }
+    Ok(())
+}
+
 async fn serve(settings: Settings) -> anyhow::Result<()> {
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), database = %crate::config::redact_url(&settings.database.url), "starting");
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        database = %crate::config::redact_url(&settings.database.url),
+        broker = %crate::config::redact_url(&settings.amqp.url),
+        "starting"
+    );
     let application = Application::build(settings).await?;
+    let server = application.server_handle();
+    // Migrations are applied and the listener is bound: tell systemd (Type=notify).
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
+    spawn_watchdog();
+    actix::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: finishing requests in flight");
+        notify_systemd(&[sd_notify::NotifyState::Stopping]);
+        server.stop(true).await;
+    });
     application.run_until_stopped().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot listen for SIGTERM/SIGINT; stop the daemon with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+}
+
+/// Outside systemd (no NOTIFY_SOCKET) this does nothing.
+fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(error) = sd_notify::notify(false, state) {
+        tracing::warn!(error = %error, "cannot notify systemd");
+    }
+}
+
+/// Pings the systemd watchdog at half its interval, from the actor system's own thread: if that
+/// thread stalls, the pings stop and systemd restarts the daemon.
+fn spawn_watchdog() {
+    let mut interval_usec = 0;
+    if !sd_notify::watchdog_enabled(false, &mut interval_usec) {
+        return;
+    }
+    let period = Duration::from_micros(interval_usec / 2);
+    actix::spawn(async move {
+        let mut ticks = tokio::time::interval(period);
+        loop {
+            ticks.tick().await;
+            notify_systemd(&[sd_notify::NotifyState::Watchdog]);
+        }
+    });
 }
 
 fn token_new(client: &str) -> anyhow::Result<()> {
@@ -118,10 +267,9 @@ fn token_new(client: &str) -> anyhow::Result<()> {
     }
     let (token, digest) = http::auth::new_token();
     println!("# token for client {client:?}; give it to the client, it is not stored anywhere:");
-    println!("# Authorization: Bearer {token}");
     println!("{token}");
     println!();
-    println!("# add to config.toml:");
+    println!("# add to the configuration ([[auth.clients]] may repeat):");
     println!("[[auth.clients]]");
     println!("id = \"{client}\"");
     println!("token_sha256 = \"{digest}\"");

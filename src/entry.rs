@@ -18,17 +18,18 @@ pub struct NewEntry {
 }
 
 /// An entry as the API shows it, and as its events carry it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EntryView {
     pub id: Uuid,
     pub kind: String,
+    #[schema(value_type = Object)]
     pub data: Map<String, Value>,
     /// RFC 3339 with microseconds, as PostgreSQL stores it, so every read shows the same text.
     pub created_at: String,
 }
 
 /// A field-level problem in a request body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
     /// JSON pointer to the offending value (`/kind`, `/data/name`), or `/` for the body.
     pub pointer: String,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::db::{PgPool, StorageError};
+use crate::telemetry;
 
 /// Rows one DELETE removes at most.
 pub const PURGE_BATCH: i64 = 1000;
@@ -55,6 +56,8 @@ pub async fn purge_once(
             .execute(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH])
             .await?;
         report.records_deleted += deleted;
+        metrics::counter!(telemetry::JANITOR_DELETED, "table" => "idempotency_records")
+            .increment(deleted);
         if deleted < PURGE_BATCH as u64 {
             break;
         }
@@ -65,6 +68,8 @@ pub async fn purge_once(
             .execute(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
             .await?;
         report.events_deleted += deleted;
+        metrics::counter!(telemetry::JANITOR_DELETED, "table" => "outbox_events")
+            .increment(deleted);
         if deleted < PURGE_BATCH as u64 {
             break;
         }

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::db::StorageError;
 use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::telemetry;
 use crate::writer::{StoredResponse, Write, WriteOutcome, WriteRequest, WriteResult, Writer};
 
 /// A key as shards know it: keys are scoped by client.
@@ -110,6 +111,8 @@ impl KeyShard {
         let Some(in_flight) = self.in_flight.remove(&key) else {
             return;
         };
+        metrics::gauge!(telemetry::SHARD_IN_FLIGHT).decrement(1.0);
+        metrics::gauge!(telemetry::SHARD_WAITERS).decrement(in_flight.waiters.len() as f64);
         let hash = in_flight.request_hash;
         let (for_leader, for_waiters) = match result {
             Ok(Ok(WriteOutcome::Created(response))) => {
@@ -154,7 +157,10 @@ impl Handler<Submit> for KeyShard {
 
     fn handle(&mut self, Submit(request): Submit, ctx: &mut Self::Context) -> Self::Result {
         let key: ScopedKey = (request.client_id.clone(), request.key.clone());
-        if let Some((stored_hash, response)) = self.cache.get(&key) {
+        let cached = self.cache.get(&key);
+        let lookup = if cached.is_some() { "hit" } else { "miss" };
+        metrics::counter!(telemetry::SHARD_CACHE_LOOKUPS, "result" => lookup).increment(1);
+        if let Some((stored_hash, response)) = cached {
             let answer = if stored_hash == request.request_hash {
                 Answer::Replayed(response)
             } else {
@@ -168,6 +174,7 @@ impl Handler<Submit> for KeyShard {
             }
             let (sender, receiver) = oneshot::channel();
             in_flight.waiters.push(sender);
+            metrics::gauge!(telemetry::SHARD_WAITERS).increment(1.0);
             return MessageResult(Admission::Pending {
                 leader: false,
                 answer: receiver,
@@ -183,6 +190,7 @@ impl Handler<Submit> for KeyShard {
                 waiters: Vec::new(),
             },
         );
+        metrics::gauge!(telemetry::SHARD_IN_FLIGHT).increment(1.0);
         let (reply, result) = oneshot::channel();
         self.pick_writer().do_send(Write { request, reply });
         ctx.spawn(
@@ -250,7 +258,7 @@ impl ResponseCache {
     fn get(&mut self, key: &ScopedKey) -> Option<(RequestHash, StoredResponse)> {
         let cached = self.entries.get(key)?;
         if cached.response.expires_at <= Utc::now() {
-            self.entries.remove(key);
+            self.remove(key);
             return None;
         }
         Some((cached.request_hash, cached.response.clone()))
@@ -263,7 +271,7 @@ impl ResponseCache {
         let generation = self.next_generation;
         self.next_generation += 1;
         self.order.push_back((key.clone(), generation));
-        self.entries.insert(
+        let previous = self.entries.insert(
             key,
             CachedResponse {
                 request_hash,
@@ -271,6 +279,9 @@ impl ResponseCache {
                 generation,
             },
         );
+        if previous.is_none() {
+            metrics::gauge!(telemetry::SHARD_CACHE_ENTRIES).increment(1.0);
+        }
         while self.entries.len() > self.capacity || self.order.len() > self.capacity * 2 {
             let Some((oldest, generation)) = self.order.pop_front() else {
                 break;
@@ -280,13 +291,15 @@ impl ResponseCache {
                 .get(&oldest)
                 .is_some_and(|c| c.generation == generation)
             {
-                self.entries.remove(&oldest);
+                self.remove(&oldest);
             }
         }
     }
 
     fn remove(&mut self, key: &ScopedKey) {
-        self.entries.remove(key);
+        if self.entries.remove(key).is_some() {
+            metrics::gauge!(telemetry::SHARD_CACHE_ENTRIES).decrement(1.0);
+        }
     }
 }
 

@@ -35,6 +35,8 @@ impl Application {
     /// Migrates the database, starts the actors and binds `http.listen` (port 0 picks a free one).
     /// Must run inside an actix system.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        crate::telemetry::metrics_handle();
+        crate::telemetry::spawn_metrics_upkeep();
         db::migrate(&settings.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
@@ -108,11 +110,14 @@ impl Application {
         let port = listener.local_addr()?.port();
         let server = HttpServer::new(move || {
             App::new()
+                .wrap(actix_web::middleware::from_fn(http::observe::observe))
                 .app_data(state.clone())
                 .configure(http::routes)
                 .default_service(web::to(http::not_found))
         })
         .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
+        // The process's signal handling (serve) stops the server; embedded, its owner does.
+        .disable_signals()
         .listen(listener)?
         .run();
         tracing::info!(address = %settings.http.listen.ip(), port, "listening");

@@ -1,11 +1,69 @@
-//! Logging: text for terminals, JSON for journald and collectors.
+//! Logs and metrics.
+//!
+//! Logs: text for terminals, JSON (`log.format = "json"`) for journald and collectors. Metrics:
+//! Prometheus text at `GET /metrics`; every name is a constant here, and docs/operations.md
+//! describes each.
 
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogSettings};
 
+/// Requests by route and outcome (created, replayed, conflict, in_progress, invalid,
+/// unauthorized, unavailable, error, ok, not_found).
+pub const HTTP_REQUESTS: &str = "retrysafe_http_requests_total";
+/// Request latency by route, in seconds.
+pub const HTTP_DURATION: &str = "retrysafe_http_request_duration_seconds";
+/// Writes per committed batch.
+pub const WRITER_BATCH_SIZE: &str = "retrysafe_writer_batch_size";
+/// Time of one batch transaction (begin to commit), in seconds.
+pub const WRITER_TRANSACTION: &str = "retrysafe_writer_transaction_seconds";
+/// Batches by result (committed, failed).
+pub const WRITER_BATCHES: &str = "retrysafe_writer_batches_total";
+/// Writes queued in writers, waiting for the next batch.
+pub const WRITER_QUEUE_DEPTH: &str = "retrysafe_writer_queue_depth";
+/// Keys in flight across the shards (a write of theirs is being committed).
+pub const SHARD_IN_FLIGHT: &str = "retrysafe_shard_in_flight_keys";
+/// Duplicates waiting on an in-flight key.
+pub const SHARD_WAITERS: &str = "retrysafe_shard_waiting_duplicates";
+/// Lookups of the replay cache by result (hit, miss).
+pub const SHARD_CACHE_LOOKUPS: &str = "retrysafe_shard_cache_lookups_total";
+/// Responses held in the replay cache.
+pub const SHARD_CACHE_ENTRIES: &str = "retrysafe_shard_cache_entries";
+/// Events not yet delivered and not parked.
+pub const OUTBOX_UNSENT: &str = "retrysafe_outbox_unsent_events";
+/// Events parked after `outbox.max_attempts`.
+pub const OUTBOX_PARKED: &str = "retrysafe_outbox_parked_events";
+/// Age of the oldest unsent event, in seconds (0 when none).
+pub const OUTBOX_OLDEST_AGE: &str = "retrysafe_outbox_oldest_unsent_age_seconds";
+/// Publishes by outcome (acked, nacked, returned, timeout, connection_lost).
+pub const OUTBOX_PUBLISHES: &str = "retrysafe_outbox_publishes_total";
+/// Time from a batch's first publish to its last confirm, in seconds.
+pub const OUTBOX_CONFIRM: &str = "retrysafe_outbox_confirm_seconds";
+/// Events claimed per relay batch.
+pub const OUTBOX_BATCH_SIZE: &str = "retrysafe_outbox_batch_size";
+/// 1 while the broker connection is up.
+pub const BROKER_CONNECTED: &str = "retrysafe_broker_connected";
+/// Database pool: open connections, idle ones, and the configured maximum.
+pub const POOL_CONNECTIONS: &str = "retrysafe_db_pool_connections";
+pub const POOL_IDLE: &str = "retrysafe_db_pool_idle_connections";
+pub const POOL_MAX: &str = "retrysafe_db_pool_max_connections";
+/// Rows the janitor deleted, by table.
+pub const JANITOR_DELETED: &str = "retrysafe_janitor_deleted_rows_total";
+
+/// Latency buckets, in seconds: 0.5 ms to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
-pub fn init(settings: &LogSettings) {
+pub fn init_logging(settings: &LogSettings) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
@@ -18,8 +76,88 @@ pub fn init(settings: &LogSettings) {
             .json()
             .flatten_event(true)
             .with_current_span(true)
+            .with_span_list(false)
             .try_init(),
     };
     // A subscriber is already installed when the library is embedded (tests); keep that one.
     let _ = result;
+}
+
+/// The process-wide Prometheus recorder, installed on first use.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .and_then(|builder| {
+                builder.set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
+            })
+            .expect("the bucket lists are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Fails only if another recorder was installed first (an embedding program's); then
+        // /metrics shows what this one sees, which is nothing, rather than crash.
+        if let Err(error) = metrics::set_global_recorder(recorder) {
+            tracing::warn!(error = %error, "a metrics recorder was already installed");
+        }
+        describe_metrics();
+        handle
+    })
+}
+
+/// Keeps histogram storage bounded; run every few seconds.
+pub fn spawn_metrics_upkeep() {
+    let handle = metrics_handle();
+    actix::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            interval.tick().await;
+            handle.run_upkeep();
+        }
+    });
+}
+
+fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(HTTP_REQUESTS, "HTTP requests by route and outcome");
+    describe_histogram!(
+        HTTP_DURATION,
+        Unit::Seconds,
+        "HTTP request latency by route"
+    );
+    describe_histogram!(WRITER_BATCH_SIZE, Unit::Count, "writes per committed batch");
+    describe_histogram!(
+        WRITER_TRANSACTION,
+        Unit::Seconds,
+        "time of one batch transaction"
+    );
+    describe_counter!(WRITER_BATCHES, "writer batches by result");
+    describe_gauge!(WRITER_QUEUE_DEPTH, "writes queued for the next batch");
+    describe_gauge!(SHARD_IN_FLIGHT, "idempotency keys whose write is in flight");
+    describe_gauge!(SHARD_WAITERS, "duplicates waiting for an in-flight key");
+    describe_counter!(SHARD_CACHE_LOOKUPS, "replay cache lookups by result");
+    describe_gauge!(SHARD_CACHE_ENTRIES, "responses in the replay cache");
+    describe_gauge!(OUTBOX_UNSENT, "events not yet delivered and not parked");
+    describe_gauge!(OUTBOX_PARKED, "events parked after outbox.max_attempts");
+    describe_gauge!(
+        OUTBOX_OLDEST_AGE,
+        Unit::Seconds,
+        "age of the oldest unsent event"
+    );
+    describe_counter!(OUTBOX_PUBLISHES, "event publishes by outcome");
+    describe_histogram!(
+        OUTBOX_CONFIRM,
+        Unit::Seconds,
+        "time from a batch's first publish to its last confirm"
+    );
+    describe_histogram!(
+        OUTBOX_BATCH_SIZE,
+        Unit::Count,
+        "events claimed per relay batch"
+    );
+    describe_gauge!(BROKER_CONNECTED, "1 while the broker connection is up");
+    describe_gauge!(POOL_CONNECTIONS, "open database connections");
+    describe_gauge!(POOL_IDLE, "idle database connections");
+    describe_gauge!(POOL_MAX, "database.pool_size");
+    describe_counter!(JANITOR_DELETED, "rows deleted by the janitor, by table");
 }

@@ -22,6 +22,7 @@ use crate::db::{PgPool, StorageError};
 use crate::entry::{format_time, now_micros, EntryView, NewEntry};
 use crate::events::{events_for, AuditFacts, NewEvent};
 use crate::idempotency::{canonical_json, IdempotencyKey, RequestHash};
+use crate::telemetry;
 
 /// How often a batch aborted by a deadlock or serialization failure is run again.
 const MAX_CONFLICT_RETRIES: u32 = 5;
@@ -141,6 +142,7 @@ impl Writer {
         }
         deferred.append(&mut self.queue);
         self.queue = deferred;
+        metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
         batch
     }
 }
@@ -154,6 +156,7 @@ impl Handler<Write> for Writer {
 
     fn handle(&mut self, write: Write, ctx: &mut Self::Context) {
         self.queue.push_back(write);
+        metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).increment(1.0);
         self.start_batch(ctx);
     }
 }
@@ -211,6 +214,7 @@ async fn process_batch(pool: &PgPool, config: &WriterConfig, batch: Vec<Write>) 
         .iter()
         .map(|write| prepare(&write.request, config))
         .collect();
+    metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
     let results = commit_isolating_bad_items(pool, &prepared).await;
     let mut created = 0;
     for (write, result) in batch.into_iter().zip(results) {
@@ -257,7 +261,16 @@ async fn commit_with_retries(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match commit(pool, prepared).await {
+        let started = std::time::Instant::now();
+        let result = commit(pool, prepared).await;
+        metrics::histogram!(telemetry::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
+        let label = if result.is_ok() {
+            "committed"
+        } else {
+            "failed"
+        };
+        metrics::counter!(telemetry::WRITER_BATCHES, "result" => label).increment(1);
+        match result {
             Err(StorageError::Retryable(reason)) if attempt < MAX_CONFLICT_RETRIES => {
                 tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
             }

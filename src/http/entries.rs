@@ -8,6 +8,8 @@ use futures_util::StreamExt;
 use uuid::Uuid;
 
 use crate::entry::{decode_new_entry, format_time, EntryView, ENTRIES_ROUTE};
+use crate::http::observe::Outcome;
+use crate::http::openapi::{NewEntryRequest, Problem};
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
@@ -19,6 +21,28 @@ pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
 
+/// Creates an entry, once per Idempotency-Key. A retry with the same key and request gets the
+/// first response again; the same key with another request is refused.
+#[utoipa::path(
+    post,
+    path = "/v1/entries",
+    tag = "entries",
+    params(("Idempotency-Key" = String, Header, description = "1 to 255 visible ASCII characters; a structured-field string (\"abc\") is unquoted first")),
+    request_body(content = NewEntryRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created; or, with `Idempotency-Replayed: true`, the first response to this key and request replayed", body = EntryView, content_type = "application/json",
+            headers(("Location" = String, description = "/v1/entries/{id}"), ("Idempotency-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "Missing or malformed Idempotency-Key (`missing-idempotency-key`, `invalid-idempotency-key`), body not JSON (`malformed-json`) or not an entry (`invalid-request`); nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The key was used with a different request (`idempotency-key-reused`), or is still in flight past idempotency.wait_timeout (`request-in-progress`, with Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over http.max_body_bytes (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Content-Type is not application/json (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "With idempotency.mismatch_status = 422: the key was used with a different request (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Unexpected error (`internal-error`); logged", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable or pool timeout (`storage-unavailable`, with Retry-After); nothing was written, retry with the same key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn create_entry(
     request: HttpRequest,
     payload: web::Payload,
@@ -80,7 +104,13 @@ fn stored_response(response: &StoredResponse, replayed: bool) -> HttpResponse {
     if replayed {
         builder.insert_header((IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true")));
     }
-    builder.body(response.body.clone())
+    let mut response = builder.body(response.body.clone());
+    response.extensions_mut().insert(if replayed {
+        Outcome::Replayed
+    } else {
+        Outcome::Created
+    });
+    response
 }
 
 fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
@@ -162,6 +192,20 @@ async fn read_body(
 const SELECT_ENTRY: &str =
     "SELECT id, kind, data::text, created_at FROM entries WHERE id = $1 AND client_id = $2";
 
+/// An entry of the calling client.
+#[utoipa::path(
+    get,
+    path = "/v1/entries/{id}",
+    tag = "entries",
+    params(("id" = String, Path, description = "Entry id (UUID)")),
+    responses(
+        (status = 200, description = "The entry", body = EntryView, content_type = "application/json"),
+        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such entry for this client (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get_entry(
     request: HttpRequest,
     path: web::Path<String>,

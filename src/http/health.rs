@@ -7,12 +7,14 @@ use crate::db::{self, PgPool, StorageError};
 use crate::http::SharedState;
 use crate::outbox::store;
 
+/// 200 while the process runs.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process runs", body = Object, content_type = "application/json")))]
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-#[derive(Serialize)]
-struct Readiness {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Readiness {
     status: &'static str,
     database: &'static str,
     migrations: &'static str,
@@ -23,6 +25,15 @@ struct Readiness {
 }
 
 /// Ready when the database answers and has every migration this build needs.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The database answers and migrations are applied", body = Readiness, content_type = "application/json"),
+        (status = 503, description = "Not ready; the body says why", body = Readiness, content_type = "application/json"),
+    ),
+)]
 pub async fn readyz(state: SharedState) -> HttpResponse {
     let check = tokio::time::timeout(state.probe_timeout, check_database(&state.pool)).await;
     let (database, migrations, outbox_backlog) = match check {
@@ -58,5 +69,5 @@ async fn check_database(pool: &PgPool) -> Result<(bool, i64), StorageError> {
         return Ok((false, 0));
     }
     let connection = pool.get().await?;
-    Ok((true, store::backlog(&*connection).await?))
+    Ok((true, store::totals(&*connection).await?.unsent))
 }

@@ -8,12 +8,13 @@ use uuid::Uuid;
 
 use crate::db::StorageError;
 use crate::entry::format_time;
+use crate::http::openapi::Problem;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 
-#[derive(Serialize)]
-struct KeyView {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyView {
     key: String,
     status: String,
     request_hash: String,
@@ -24,8 +25,8 @@ struct KeyView {
     events: Vec<EventView>,
 }
 
-#[derive(Serialize)]
-struct EventView {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EventView {
     event_id: Uuid,
     event_type: String,
     attempts: i32,
@@ -49,6 +50,21 @@ FROM outbox_events
 WHERE client_id = $1 AND idempotency_key = $2 AND event_key LIKE $3 || '/%'
 ORDER BY id";
 
+/// What became of an idempotency key: its record and its events' delivery state.
+#[utoipa::path(
+    get,
+    path = "/v1/idempotency-keys/{key}",
+    tag = "entries",
+    params(("key" = String, Path, description = "The Idempotency-Key, percent-encoded")),
+    responses(
+        (status = 200, description = "The key's record", body = KeyView, content_type = "application/json"),
+        (status = 400, description = "Not a valid key (`invalid-idempotency-key`)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Unknown or expired for this client (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get_key(
     request: HttpRequest,
     path: web::Path<String>,

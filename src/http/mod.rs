@@ -4,6 +4,8 @@ pub mod auth;
 pub mod entries;
 pub mod health;
 pub mod keys;
+pub mod observe;
+pub mod openapi;
 pub mod problem;
 
 use std::sync::Arc;
@@ -32,6 +34,8 @@ pub struct AppState {
     pub mismatch_status: actix_web::http::StatusCode,
     /// Bound on a readiness probe's database check.
     pub probe_timeout: Duration,
+    /// `database.pool_size`, for the pool metric.
+    pub pool_size: u32,
 }
 
 impl AppState {
@@ -53,6 +57,7 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             probe_timeout: settings.database.connect_timeout.0 + Duration::from_secs(1),
+            pool_size: settings.database.pool_size,
         }
     }
 
@@ -80,7 +85,9 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .default_service(web::to(method_not_allowed)),
         )
         .service(web::resource("/healthz").route(web::get().to(health::healthz)))
-        .service(web::resource("/readyz").route(web::get().to(health::readyz)));
+        .service(web::resource("/readyz").route(web::get().to(health::readyz)))
+        .service(web::resource("/metrics").route(web::get().to(observe::metrics)))
+        .service(web::resource("/openapi.json").route(web::get().to(openapi::openapi_json)));
 }
 
 pub async fn not_found(request: HttpRequest) -> Result<HttpResponse, ApiError> {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::db::StorageError;
 use crate::entry::{DecodeError, FieldError};
+use crate::http::observe::Outcome;
 use crate::idempotency::KeyError;
 
 /// Seconds a client is told to wait before retrying a 503 or a 409 `request-in-progress`.
@@ -82,6 +83,24 @@ impl ApiError {
         }
     }
 
+    fn outcome(&self) -> Outcome {
+        match self {
+            ApiError::Unauthorized => Outcome::Unauthorized,
+            ApiError::IdempotencyKeyReused { .. } => Outcome::Conflict,
+            ApiError::RequestInProgress => Outcome::InProgress,
+            ApiError::StorageUnavailable(_) => Outcome::Unavailable,
+            ApiError::NotFound(_) => Outcome::NotFound,
+            ApiError::Internal(_) => Outcome::Error,
+            ApiError::MissingIdempotencyKey
+            | ApiError::InvalidIdempotencyKey(_)
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::MalformedJson(_)
+            | ApiError::InvalidRequest(_)
+            | ApiError::MethodNotAllowed(_) => Outcome::Invalid,
+        }
+    }
+
     /// What the client is told. An internal error says nothing of its cause (which is logged).
     fn detail(&self) -> String {
         match self {
@@ -144,6 +163,7 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let status = self.status_code();
+        let outcome = self.outcome();
         match self {
             ApiError::Internal(error) => {
                 tracing::error!(error = format!("{error:#}"), "internal error")
@@ -176,6 +196,8 @@ impl ResponseError for ApiError {
         if matches!(self, ApiError::Unauthorized) {
             response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
         }
-        response.json(problem)
+        let mut response = response.json(problem);
+        response.extensions_mut().insert(outcome);
+        response
     }
 }

@@ -12,6 +12,7 @@ use tokio::sync::{watch, Notify};
 use crate::db::{PgPool, StorageError};
 use crate::outbox::broker::{Broker, BrokerError};
 use crate::outbox::store::{self, Failure, PendingEvent};
+use crate::telemetry;
 
 /// The AMQP `content_type` of every event.
 pub const CONTENT_TYPE: &str = "application/cloudevents+json";
@@ -53,7 +54,33 @@ pub struct RelayReport {
 #[derive(Debug)]
 enum PublishResult {
     Acked,
-    Failed { error: String, channel_broken: bool },
+    Failed { kind: FailureKind, error: String },
+}
+
+/// Why a publish failed, as the publish metric labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureKind {
+    Nacked,
+    Returned,
+    Timeout,
+    ConnectionLost,
+}
+
+impl FailureKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Nacked => "nacked",
+            FailureKind::Returned => "returned",
+            FailureKind::Timeout => "timeout",
+            FailureKind::ConnectionLost => "connection_lost",
+        }
+    }
+
+    /// A channel that lost its connection, or left a confirm unanswered, is replaced: a late
+    /// confirm must not be taken for another message's.
+    fn breaks_channel(self) -> bool {
+        matches!(self, FailureKind::Timeout | FailureKind::ConnectionLost)
+    }
 }
 
 /// Claims up to `batch_size` due rows, publishes them all with confirms pipelined, awaits the
@@ -76,7 +103,10 @@ pub async fn relay_once(
         std::process::abort();
     });
 
+    metrics::histogram!(telemetry::OUTBOX_BATCH_SIZE).record(events.len() as f64);
+    let started = std::time::Instant::now();
     let results = publish_all(channel, config, &events).await;
+    metrics::histogram!(telemetry::OUTBOX_CONFIRM).record(started.elapsed().as_secs_f64());
     fail::fail_point!("outbox-after-publish", |_| {
         tracing::error!("failpoint outbox-after-publish: aborting");
         std::process::abort();
@@ -89,13 +119,15 @@ pub async fn relay_once(
     let mut sent = Vec::with_capacity(events.len());
     let mut failures = Vec::new();
     for (event, result) in events.iter().zip(results) {
+        let outcome = match &result {
+            PublishResult::Acked => "acked",
+            PublishResult::Failed { kind, .. } => kind.as_str(),
+        };
+        metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => outcome).increment(1);
         match result {
             PublishResult::Acked => sent.push(event.id),
-            PublishResult::Failed {
-                error,
-                channel_broken,
-            } => {
-                report.channel_broken |= channel_broken;
+            PublishResult::Failed { kind, error } => {
+                report.channel_broken |= kind.breaks_channel();
                 tracing::debug!(event_id = %event.event_id, event_type = %event.event_type, error = %error, "publish failed");
                 failures.push(Failure { event, error });
             }
@@ -162,34 +194,34 @@ async fn publish_all(
     for (event, confirm) in events.iter().zip(confirms) {
         let result = match confirm {
             Err(error) => PublishResult::Failed {
+                kind: FailureKind::ConnectionLost,
                 error,
-                channel_broken: true,
             },
             Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
                 Ok(Ok(Confirmation::Ack(None))) => PublishResult::Acked,
                 Ok(Ok(Confirmation::Ack(Some(returned)))) => PublishResult::Failed {
+                    kind: FailureKind::Returned,
                     error: format!(
                         "returned by the broker: {} {} (no queue bound to exchange {:?} for routing key {:?})",
                         returned.reply_code, returned.reply_text, config.exchange, event.event_type
                     ),
-                    channel_broken: false,
                 },
                 Ok(Ok(Confirmation::Nack(_))) => PublishResult::Failed {
+                    kind: FailureKind::Nacked,
                     error: "nacked by the broker".into(),
-                    channel_broken: false,
                 },
                 Ok(Ok(Confirmation::NotRequested)) => PublishResult::Failed {
+                    kind: FailureKind::ConnectionLost,
                     error: "the channel is not in confirm mode".into(),
-                    channel_broken: true,
                 },
                 Ok(Err(error)) => PublishResult::Failed {
+                    kind: FailureKind::ConnectionLost,
                     error: format!("connection lost before the confirm: {error}"),
-                    channel_broken: true,
                 },
                 // A late confirm would arrive on a channel that is about to be replaced.
                 Err(_elapsed) => PublishResult::Failed {
+                    kind: FailureKind::Timeout,
                     error: format!("no confirm within {:?}", config.confirm_timeout),
-                    channel_broken: true,
                 },
             },
         };

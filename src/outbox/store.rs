@@ -172,17 +172,6 @@ pub async fn status(client: &impl GenericClient) -> Result<Vec<TypeStatus>, Stor
         .collect())
 }
 
-/// Unsent events (not parked): the backlog `/readyz` reports.
-pub async fn backlog(client: &impl GenericClient) -> Result<i64, StorageError> {
-    let row = client
-        .query_one(
-            "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL",
-            &[],
-        )
-        .await?;
-    Ok(row.get(0))
-}
-
 /// Requeues parked events (or one unsent event) for an attempt now, with a fresh attempt count.
 const REQUEUE: &str = "
 UPDATE outbox_events
@@ -195,4 +184,28 @@ pub async fn requeue(
     event_id: Option<Uuid>,
 ) -> Result<u64, StorageError> {
     Ok(client.execute(REQUEUE, &[&event_id]).await?)
+}
+
+/// The whole outbox's backlog, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Totals {
+    pub unsent: i64,
+    pub parked: i64,
+    pub oldest_unsent_age_seconds: Option<f64>,
+}
+
+const TOTALS: &str = "
+SELECT count(*) FILTER (WHERE failed_at IS NULL),
+       count(*) FILTER (WHERE failed_at IS NOT NULL),
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8
+FROM outbox_events
+WHERE sent_at IS NULL";
+
+pub async fn totals(client: &impl GenericClient) -> Result<Totals, StorageError> {
+    let row = client.query_one(TOTALS, &[]).await?;
+    Ok(Totals {
+        unsent: row.get(0),
+        parked: row.get(1),
+        oldest_unsent_age_seconds: row.get(2),
+    })
 }

@@ -5,8 +5,11 @@
 mod common;
 
 mod auth;
+mod cli;
 mod crash;
 mod entries;
+mod operations;
 mod outbox;
 mod refusals;
+mod service;
 mod storage_outage;

@@ -1,0 +1,175 @@
+//! Per-request observability: a request id on every log line and in `X-Request-Id`, the
+//! outcome and latency metrics, and `GET /metrics`.
+
+use std::time::{Duration, Instant};
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::middleware::Next;
+use actix_web::{Error, HttpResponse};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::http::SharedState;
+use crate::outbox::store;
+use crate::telemetry;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What became of a request, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Created,
+    Replayed,
+    Conflict,
+    InProgress,
+    Invalid,
+    Unauthorized,
+    Unavailable,
+    Error,
+    Ok,
+    NotFound,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::InProgress => "in_progress",
+            Outcome::Invalid => "invalid",
+            Outcome::Unauthorized => "unauthorized",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Error => "error",
+            Outcome::Ok => "ok",
+            Outcome::NotFound => "not_found",
+        }
+    }
+
+    fn from_status(status: StatusCode) -> Self {
+        match status.as_u16() {
+            200..=399 => Outcome::Ok,
+            401 => Outcome::Unauthorized,
+            404 => Outcome::NotFound,
+            503 => Outcome::Unavailable,
+            400..=499 => Outcome::Invalid,
+            _ => Outcome::Error,
+        }
+    }
+}
+
+/// A client's own request id is kept when it is short and plain; otherwise a new one is made.
+fn request_id(request: &ServiceRequest) -> String {
+    request
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| {
+            (1..=128).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| Uuid::new_v4().to_string())
+}
+
+pub async fn observe(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let id = request_id(&request);
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.path(),
+    );
+    let started = Instant::now();
+    let mut response = next.call(request).instrument(span.clone()).await?;
+    let elapsed = started.elapsed();
+    let route = response
+        .request()
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let status = response.status();
+    let outcome = response
+        .response()
+        .extensions()
+        .get::<Outcome>()
+        .copied()
+        .unwrap_or_else(|| Outcome::from_status(status));
+    record(&route, outcome, elapsed);
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    span.in_scope(|| {
+        let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
+        match outcome {
+            Outcome::Error | Outcome::Unavailable => {
+                tracing::warn!(
+                    status = status.as_u16(),
+                    outcome = outcome.as_str(),
+                    elapsed_ms,
+                    "request failed"
+                )
+            }
+            _ => tracing::debug!(
+                status = status.as_u16(),
+                outcome = outcome.as_str(),
+                elapsed_ms,
+                "request"
+            ),
+        }
+    });
+    Ok(response)
+}
+
+fn record(route: &str, outcome: Outcome, elapsed: Duration) {
+    metrics::counter!(telemetry::HTTP_REQUESTS, "route" => route.to_owned(), "outcome" => outcome.as_str())
+        .increment(1);
+    metrics::histogram!(telemetry::HTTP_DURATION, "route" => route.to_owned())
+        .record(elapsed.as_secs_f64());
+}
+
+/// `GET /metrics`: Prometheus text. Gauges that live in the database are read now, within the
+/// readiness probe's bound; if the database does not answer they keep their last value.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
+pub async fn metrics(state: SharedState) -> HttpResponse {
+    let pool_state = state.pool.state();
+    metrics::gauge!(telemetry::POOL_CONNECTIONS).set(pool_state.connections as f64);
+    metrics::gauge!(telemetry::POOL_IDLE).set(pool_state.idle_connections as f64);
+    metrics::gauge!(telemetry::POOL_MAX).set(f64::from(state.pool_size));
+    metrics::gauge!(telemetry::BROKER_CONNECTED).set(if state.broker.is_connected() {
+        1.0
+    } else {
+        0.0
+    });
+    let outbox = tokio::time::timeout(state.probe_timeout, async {
+        let connection = state
+            .pool
+            .get()
+            .await
+            .map_err(crate::db::StorageError::from)?;
+        store::totals(&*connection).await
+    })
+    .await;
+    match outbox {
+        Ok(Ok(totals)) => {
+            metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
+            metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
+            metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)
+                .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
+        }
+        Ok(Err(error)) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
+        Err(_elapsed) => {
+            tracing::debug!("outbox gauges not refreshed: the database did not answer in time")
+        }
+    }
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(telemetry::metrics_handle().render())
+}

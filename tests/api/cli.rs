@@ -1,0 +1,286 @@
+//! Every command of the built binary, including its errors.
+
+use std::process::{Command, Output};
+
+use sha2::Digest;
+
+use crate::common::helpers::{entry_body, spawn_app_with, test_settings, TestDatabase};
+
+fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
+    command
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RETRYSAFE_CONFIG")
+        .env("RETRYSAFE_LOG__LEVEL", "warn");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("the binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn temp_file(contents: &str) -> std::path::PathBuf {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("config-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn every_command_has_help() {
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["migrate", "--help"],
+        &["check-config", "--help"],
+        &["outbox", "status", "--help"],
+        &["outbox", "retry", "--help"],
+        &["purge", "--help"],
+        &["token", "new", "--help"],
+    ] {
+        let output = retrysafe(args, &[]);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        assert!(stdout(&output).contains("Usage"), "{args:?}");
+    }
+}
+
+#[test]
+fn check_config_accepts_the_shipped_config_and_names_bad_keys() {
+    let output = retrysafe(&["check-config"], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("configuration is valid"));
+
+    let unknown = temp_file("[http]\nlisten = \"127.0.0.1:8080\"\nlisen = 1\n");
+    let output = retrysafe(
+        &["check-config", "--config", unknown.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("lisen"), "{}", stderr(&output));
+
+    let bad_value = temp_file("[idempotency]\nwait_timeout = \"soon\"\n");
+    let output = retrysafe(
+        &["check-config", "--config", bad_value.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("idempotency.wait_timeout"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = retrysafe(
+        &["check-config"],
+        &[("RETRYSAFE_IDEMPOTENCY__MISMATCH_STATUS", "418")],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("idempotency.mismatch_status"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = retrysafe(
+        &["check-config"],
+        &[("RETRYSAFE_HTTP__LISTEN", "0.0.0.0:8080")],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "anonymous access off loopback is refused"
+    );
+    assert!(
+        stderr(&output).contains("auth.clients"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = retrysafe(
+        &["check-config", "--config", "/nonexistent/retrysafe.toml"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("/nonexistent/retrysafe.toml"),
+        "{}",
+        stderr(&output)
+    );
+
+    // Every command refuses a bad configuration the same way.
+    for command in [
+        &["serve"][..],
+        &["migrate"],
+        &["purge"],
+        &["outbox", "status"],
+    ] {
+        let mut args = command.to_vec();
+        args.extend(["--config", unknown.to_str().unwrap()]);
+        let output = retrysafe(&args, &[]);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(
+            stderr(&output).contains("lisen"),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+    std::fs::remove_file(unknown).unwrap();
+    std::fs::remove_file(bad_value).unwrap();
+}
+
+#[test]
+fn token_new_prints_a_token_and_its_config_lines() {
+    let output = retrysafe(&["token", "new", "--client", "billing-cron"], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let token = text
+        .lines()
+        .find(|l| l.starts_with("rs_"))
+        .expect("a token line");
+    let digest = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    assert!(text.contains("[[auth.clients]]"));
+    assert!(text.contains("id = \"billing-cron\""));
+    assert!(text.contains(&format!("token_sha256 = \"{digest}\"")));
+
+    let output = retrysafe(&["token", "new", "--client", "bad name!"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("--client"));
+    let output = retrysafe(&["token", "new"], &[]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "clap refuses a missing --client"
+    );
+}
+
+#[test]
+fn migrate_creates_the_database_and_applies_the_schema() {
+    let settings = test_settings();
+    let name = settings.database.url.rsplit('/').next().unwrap().to_owned();
+    let _database = TestDatabase { name };
+    let url = settings.database.url.as_str();
+    let output = retrysafe(&["migrate"], &[("RETRYSAFE_DATABASE__URL", url)]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("applied 1 migration"),
+        "{}",
+        stdout(&output)
+    );
+    let again = retrysafe(&["migrate"], &[("RETRYSAFE_DATABASE__URL", url)]);
+    assert!(again.status.success());
+    assert!(
+        stdout(&again).contains("applied 0 migration"),
+        "{}",
+        stdout(&again)
+    );
+
+    let unreachable = retrysafe(
+        &["migrate"],
+        &[(
+            "RETRYSAFE_DATABASE__URL",
+            "postgres://postgres@127.0.0.1:1/x",
+        )],
+    );
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(
+        stderr(&unreachable).contains("migration failed"),
+        "{}",
+        stderr(&unreachable)
+    );
+}
+
+#[actix_web::test]
+async fn outbox_status_retry_and_purge_work_on_the_database() {
+    // No queue is bound: every publish is returned, so events stay unsent and get parked.
+    let app = spawn_app_with(|settings| settings.outbox.max_attempts = 1).await;
+    for n in 0..3 {
+        assert_eq!(
+            app.post_entry(&format!("cli-{n}"), &entry_body(n))
+                .await
+                .status,
+            201
+        );
+    }
+    for _ in 0..300 {
+        if app
+            .count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
+            .await
+            == 3
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let env = [
+        (
+            "RETRYSAFE_DATABASE__URL",
+            app.settings.database.url.as_str(),
+        ),
+        (
+            "RETRYSAFE_AMQP__EXCHANGE",
+            app.settings.amqp.exchange.as_str(),
+        ),
+    ];
+
+    let status = retrysafe(&["outbox", "status", "--json"], &env);
+    assert!(status.status.success(), "{}", stderr(&status));
+    let rows: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(rows[0]["event_type"], "entry.created");
+    assert_eq!(rows[0]["parked"], 3);
+    assert_eq!(rows[0]["unsent"], 0);
+    let table = retrysafe(&["outbox", "status"], &env);
+    assert!(
+        stdout(&table).contains("entry.created"),
+        "{}",
+        stdout(&table)
+    );
+
+    let event_id: uuid::Uuid = app
+        .db
+        .query_one(
+            "SELECT event_id FROM outbox_events ORDER BY id LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let one = retrysafe(&["outbox", "retry", "--event", &event_id.to_string()], &env);
+    assert!(one.status.success(), "{}", stderr(&one));
+    assert!(stdout(&one).contains("requeued 1 event"));
+    let unknown = retrysafe(
+        &[
+            "outbox",
+            "retry",
+            "--event",
+            &uuid::Uuid::now_v7().to_string(),
+        ],
+        &env,
+    );
+    assert_eq!(unknown.status.code(), Some(1));
+    let neither = retrysafe(&["outbox", "retry"], &env);
+    assert_eq!(
+        neither.status.code(),
+        Some(2),
+        "--all or --event is required"
+    );
+    // The requeued event may already have failed again (still no queue); the others are parked.
+    let all = retrysafe(&["outbox", "retry", "--all"], &env);
+    assert!(all.status.success(), "{}", stderr(&all));
+    assert!(stdout(&all).contains("requeued"), "{}", stdout(&all));
+
+    let purge = retrysafe(&["purge"], &env);
+    assert!(purge.status.success(), "{}", stderr(&purge));
+    assert!(
+        stdout(&purge).contains("deleted 0 expired idempotency record(s)"),
+        "{}",
+        stdout(&purge)
+    );
+}

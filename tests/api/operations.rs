@@ -1,0 +1,413 @@
+//! Running it: expiry and retention, metrics, the OpenAPI description, graceful shutdown.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use retrysafe::config::ConfigDuration;
+use retrysafe::janitor::purge_once;
+
+use crate::common::consumer::{header, TestConsumer};
+use crate::common::daemon::Daemon;
+use crate::common::helpers::{
+    entry_body, pg_url, spawn_app_with, test_settings, TestDatabase, TestExchange,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[actix_web::test]
+async fn after_its_retention_a_key_is_new_again() {
+    let app = spawn_app_with(|settings| {
+        settings.idempotency.retention = ConfigDuration(Duration::from_secs(1))
+    })
+    .await;
+    let pool = retrysafe::db::build_pool(&app.settings.database).unwrap();
+    let body = entry_body(1);
+    let first = app.post_entry("expiring", &body).await;
+    assert_eq!(first.status, 201);
+    let replay = app.post_entry("expiring", &body).await;
+    assert_eq!(
+        replay.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    app.get("/v1/idempotency-keys/expiring", None)
+        .await
+        .assert_problem(404, "not-found");
+    let report = purge_once(&pool, app.settings.outbox.retention.0)
+        .await
+        .unwrap();
+    assert_eq!(report.records_deleted, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_records").await,
+        0
+    );
+
+    // The replay cache forgets the key too: a new request with it makes a new entry.
+    let again = app.post_entry("expiring", &entry_body(2)).await;
+    assert_eq!(
+        again.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert_eq!(again.header("idempotency-replayed"), None);
+    assert_ne!(again.json()["id"], first.json()["id"]);
+    assert_eq!(
+        app.count("SELECT count(*) FROM entries WHERE idempotency_key = 'expiring'")
+            .await,
+        2
+    );
+}
+
+#[actix_web::test]
+async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
+    let app = spawn_app_with(|settings| {
+        settings.idempotency.retention = ConfigDuration(Duration::from_secs(1))
+    })
+    .await;
+    let first = app.post_entry("expired-unpurged", &entry_body(1)).await;
+    assert_eq!(first.status, 201);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Another daemon (no cache) meets the expired record in the database and takes it over.
+    let other = crate::common::helpers::spawn_second_app(&app).await;
+    let again = other.post_entry("expired-unpurged", &entry_body(1)).await;
+    assert_eq!(again.status, 201);
+    assert_eq!(
+        again.header("idempotency-replayed"),
+        None,
+        "an expired record is not replayed"
+    );
+    assert_ne!(again.json()["id"], first.json()["id"]);
+    let key = other
+        .get("/v1/idempotency-keys/expired-unpurged", None)
+        .await
+        .json();
+    assert_eq!(key["entry_id"], again.json()["id"]);
+    assert_eq!(
+        key["events"].as_array().unwrap().len(),
+        1,
+        "only the new entry's events: {key}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_records").await,
+        1
+    );
+    assert_eq!(app.count("SELECT count(*) FROM outbox_events").await, 2);
+}
+
+#[actix_web::test]
+async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_ones() {
+    let app = spawn_app_with(|settings| {
+        settings.outbox.retention = ConfigDuration(Duration::from_secs(1))
+    })
+    .await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    assert_eq!(app.post_entry("retained", &entry_body(1)).await.status, 201);
+    consumer.next(WAIT).await.expect("delivered");
+    for _ in 0..300 {
+        if app
+            .count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
+            .await
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // An old unsent event and an old parked one, as a broker outage would leave them.
+    app.db
+        .batch_execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at, next_attempt_at, failed_at)
+             VALUES (gen_random_uuid(), 'old/unsent', 'anonymous', 'old-1', 'entry.created', '{}', now() - interval '1 day', now() + interval '1 hour', NULL),
+                    (gen_random_uuid(), 'old/parked', 'anonymous', 'old-2', 'entry.created', '{}', now() - interval '1 day', now(), now() - interval '1 day')",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let pool = retrysafe::db::build_pool(&app.settings.database).unwrap();
+    let report = purge_once(&pool, app.settings.outbox.retention.0)
+        .await
+        .unwrap();
+    assert_eq!(report.events_deleted, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
+            .await,
+        2
+    );
+}
+
+#[actix_web::test]
+async fn openapi_json_describes_every_route_and_problem_type() {
+    let app = spawn_app_with(|_| {}).await;
+    let response = app.get("/openapi.json", None).await;
+    assert_eq!(response.status, 200);
+    let document = response.json();
+    assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths: HashSet<&str> = document["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let expected: HashSet<&str> = [
+        "/v1/entries",
+        "/v1/entries/{id}",
+        "/v1/idempotency-keys/{key}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+    ]
+    .into();
+    assert_eq!(paths, expected);
+    let post = &document["paths"]["/v1/entries"]["post"]["responses"];
+    for status in ["201", "400", "401", "409", "413", "415", "422", "503"] {
+        assert!(
+            post.get(status).is_some(),
+            "POST /v1/entries documents no {status}"
+        );
+    }
+    let text = document.to_string();
+    for slug in [
+        "unauthorized",
+        "missing-idempotency-key",
+        "invalid-idempotency-key",
+        "malformed-json",
+        "invalid-request",
+        "unsupported-media-type",
+        "payload-too-large",
+        "idempotency-key-reused",
+        "request-in-progress",
+        "storage-unavailable",
+        "not-found",
+    ] {
+        assert!(
+            text.contains(&format!("/problems/{slug}")),
+            "{slug} is not described"
+        );
+    }
+}
+
+/// Reads one sample's value from Prometheus text (0 when absent).
+fn sample(metrics: &str, name_and_labels: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name_and_labels)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn scrape(daemon: &Daemon) -> String {
+    let mut response = awc::Client::default()
+        .get(format!("{}/metrics", daemon.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    String::from_utf8(response.body().await.unwrap().to_vec()).unwrap()
+}
+
+async fn post(daemon: &Daemon, key: &str, body: &serde_json::Value) -> (u16, Option<String>) {
+    let response = awc::Client::default()
+        .post(format!("{}/v1/entries", daemon.address))
+        .insert_header(("Idempotency-Key", key))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(body.to_string())
+        .await
+        .unwrap();
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (response.status().as_u16(), request_id)
+}
+
+/// The daemon runs as its own process so that no other test's requests move its counters.
+#[actix_web::test]
+async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
+    let settings = test_settings();
+    let _database = TestDatabase {
+        name: settings.database.url.rsplit('/').next().unwrap().to_owned(),
+    };
+    let _exchange = TestExchange {
+        name: settings.amqp.exchange.clone(),
+    };
+    let mut consumer = TestConsumer::bind(&settings.amqp.exchange, "#").await;
+    let daemon = Daemon::start(&[
+        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
+        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
+    ])
+    .await;
+
+    let before = scrape(&daemon).await;
+    let created = r#"retrysafe_http_requests_total{route="/v1/entries",outcome="created"}"#;
+    let replayed = r#"retrysafe_http_requests_total{route="/v1/entries",outcome="replayed"}"#;
+    let conflict = r#"retrysafe_http_requests_total{route="/v1/entries",outcome="conflict"}"#;
+    let invalid = r#"retrysafe_http_requests_total{route="/v1/entries",outcome="invalid"}"#;
+    let acked = r#"retrysafe_outbox_publishes_total{outcome="acked"}"#;
+
+    let (status, request_id) = post(&daemon, "metered", &entry_body(1)).await;
+    assert_eq!(status, 201);
+    assert!(
+        request_id.is_some_and(|id| !id.is_empty()),
+        "every response carries X-Request-Id"
+    );
+    assert_eq!(post(&daemon, "metered", &entry_body(1)).await.0, 201);
+    assert_eq!(post(&daemon, "metered", &entry_body(2)).await.0, 409);
+    assert_eq!(post(&daemon, "", &entry_body(2)).await.0, 400);
+    consumer.next(WAIT).await.expect("the event is published");
+    let mut after = scrape(&daemon).await;
+    for _ in 0..100 {
+        if sample(&after, acked) > sample(&before, acked) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = scrape(&daemon).await;
+    }
+
+    assert_eq!(sample(&after, created) - sample(&before, created), 1.0);
+    assert_eq!(sample(&after, replayed) - sample(&before, replayed), 1.0);
+    assert_eq!(sample(&after, conflict) - sample(&before, conflict), 1.0);
+    assert_eq!(sample(&after, invalid) - sample(&before, invalid), 1.0);
+    assert_eq!(sample(&after, acked) - sample(&before, acked), 1.0);
+    assert_eq!(sample(&after, "retrysafe_broker_connected"), 1.0);
+    assert!(
+        sample(&after, "retrysafe_writer_batch_size_count") >= 1.0,
+        "{after}"
+    );
+    assert!(
+        sample(
+            &after,
+            r#"retrysafe_http_request_duration_seconds_count{route="/v1/entries"}"#
+        ) >= 4.0
+    );
+    assert_eq!(sample(&after, "retrysafe_db_pool_max_connections"), 16.0);
+    assert!(sample(&after, "retrysafe_db_pool_connections") >= 1.0);
+    assert!(after.contains("retrysafe_outbox_unsent_events"), "{after}");
+    assert!(
+        sample(
+            &after,
+            r#"retrysafe_shard_cache_lookups_total{result="hit"}"#
+        ) >= 2.0,
+        "{after}"
+    );
+}
+
+/// SIGTERM while requests are in flight: every request that got a 201 is committed, the
+/// process exits 0, and every committed event is delivered (after a restart if need be).
+#[actix_web::test]
+async fn sigterm_finishes_requests_in_flight_and_loses_nothing() {
+    let settings = test_settings();
+    let database = settings.database.url.rsplit('/').next().unwrap().to_owned();
+    let _database = TestDatabase {
+        name: database.clone(),
+    };
+    let _exchange = TestExchange {
+        name: settings.amqp.exchange.clone(),
+    };
+    let mut consumer = TestConsumer::bind(&settings.amqp.exchange, "#").await;
+    let env = [
+        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
+        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
+        ("RETRYSAFE_HTTP__SHUTDOWN_TIMEOUT", "20s".to_owned()),
+    ];
+    let mut daemon = Daemon::start(&env).await;
+    let address = daemon.address.clone();
+
+    // 8 clients writing as fast as they can; SIGTERM lands in the middle.
+    let clients: Vec<_> = (0..8)
+        .map(|client| {
+            let address = address.clone();
+            actix_web::rt::spawn(async move {
+                let http = awc::Client::builder()
+                    .timeout(Duration::from_secs(30))
+                    .finish();
+                let mut created = HashMap::new();
+                for n in 0..200 {
+                    let key = format!("term-{client}-{n}");
+                    let response = http
+                        .post(format!("{address}/v1/entries"))
+                        .insert_header(("Idempotency-Key", key.as_str()))
+                        .insert_header(("Content-Type", "application/json"))
+                        .send_body(entry_body(n).to_string())
+                        .await;
+                    match response {
+                        Ok(mut response) if response.status().as_u16() == 201 => {
+                            let body: serde_json::Value = response.json().await.unwrap();
+                            created.insert(key, body["id"].as_str().unwrap().to_owned());
+                        }
+                        // Refused or cut off by the shutdown: this client stops.
+                        _ => break,
+                    }
+                }
+                created
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    daemon.signal("TERM");
+    let status = daemon.wait_for_exit().await;
+    assert!(
+        status.success(),
+        "exit status {status}: {}",
+        daemon.log_text()
+    );
+
+    let mut created = HashMap::new();
+    for client in clients {
+        created.extend(client.await.unwrap());
+    }
+    assert!(
+        !created.is_empty(),
+        "some requests completed before the shutdown"
+    );
+    assert!(
+        created.len() < 8 * 200,
+        "the shutdown came while clients were still writing"
+    );
+
+    let (db, connection) = tokio_postgres::connect(&pg_url(&database), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    actix_web::rt::spawn(connection);
+    for (key, id) in &created {
+        let row = db
+            .query_one(
+                "SELECT entry_id::text FROM idempotency_records WHERE key = $1",
+                &[key],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{key} got 201 but is not committed: {e}"));
+        assert_eq!(&row.get::<_, String>(0), id);
+    }
+    let events: i64 = db
+        .query_one("SELECT count(*) FROM outbox_events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let records: i64 = db
+        .query_one("SELECT count(*) FROM idempotency_records", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(events, records, "every committed write has its event");
+
+    // Whatever the relays had not sent is sent after a restart: nothing is lost.
+    let _restarted = Daemon::start(&env).await;
+    let mut delivered = HashSet::new();
+    while delivered.len() < events as usize {
+        let delivery = consumer
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("{} of {events} events delivered", delivered.len()));
+        delivered.insert(header(&delivery, "idempotency-key").unwrap());
+    }
+    for key in created.keys() {
+        assert!(delivered.contains(key), "the event of {key} was lost");
+    }
+}
