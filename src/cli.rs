@@ -161,7 +161,7 @@ async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow:
     let connection = pool.get().await.map_err(db::StorageError::from)?;
     match command {
         OutboxCommand::Status { json } => {
-            let rows = outbox::store::status(&*connection).await?;
+            let rows = outbox::store::status(&**connection).await?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
                 return Ok(());
@@ -189,7 +189,7 @@ async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow:
             println!("{:<32} {:>10} {:>10}", "total", unsent, parked);
         }
         OutboxCommand::Retry { event, .. } => {
-            let requeued = outbox::store::requeue(&*connection, *event).await?;
+            let requeued = outbox::store::requeue(&**connection, *event).await?;
             if let (Some(event), 0) = (event, requeued) {
                 anyhow::bail!("no unsent event with id {event}");
             }

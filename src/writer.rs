@@ -340,6 +340,8 @@ async fn commit(
     prepared: &[PreparedWrite],
 ) -> Result<Vec<WriteOutcome>, StorageError> {
     let mut connection = pool.get().await?;
+    let claim_and_insert = connection.prepare_cached(CLAIM_AND_INSERT).await?;
+    let read_back = connection.prepare_cached(READ_BACK).await?;
     let transaction = connection.transaction().await?;
 
     let client_ids: Vec<&str> = prepared.iter().map(|p| &*p.client_id).collect();
@@ -368,7 +370,7 @@ async fn commit(
 
     let claimed_rows = transaction
         .query(
-            CLAIM_AND_INSERT,
+            &claim_and_insert,
             &[
                 &client_ids,
                 &keys,
@@ -401,7 +403,7 @@ async fn commit(
     if !unclaimed.is_empty() {
         let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.client_id).collect();
         let keys: Vec<&str> = unclaimed.iter().map(|p| p.key.as_str()).collect();
-        for row in transaction.query(READ_BACK, &[&clients, &keys]).await? {
+        for row in transaction.query(&read_back, &[&clients, &keys]).await? {
             let record = stored_record_from_row(&row)?;
             existing.insert((row.get(0), row.get(1)), record);
         }

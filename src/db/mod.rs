@@ -2,17 +2,77 @@
 
 pub mod sqlstate;
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::NoTls;
+use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::DatabaseSettings;
 pub use sqlstate::StorageError;
 
-pub type PgPool = bb8::Pool<PostgresConnectionManager<NoTls>>;
-pub type PgConnection<'a> = bb8::PooledConnection<'a, PostgresConnectionManager<NoTls>>;
+pub type PgPool = bb8::Pool<Manager>;
+
+/// A pooled connection that keeps the statements prepared on it, so that a hot statement is
+/// parsed and planned once per connection instead of once per use.
+pub struct PgClient {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+}
+
+impl PgClient {
+    /// The prepared statement for `sql`, preparing it on first use.
+    pub async fn prepare_cached(
+        &mut self,
+        sql: &'static str,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).await?;
+        self.statements.insert(sql, statement.clone());
+        Ok(statement)
+    }
+}
+
+impl Deref for PgClient {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl DerefMut for PgClient {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+/// bb8-postgres's manager, with a statement cache on each connection.
+pub struct Manager(PostgresConnectionManager<NoTls>);
+
+impl bb8::ManageConnection for Manager {
+    type Connection = PgClient;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<PgClient, tokio_postgres::Error> {
+        Ok(PgClient {
+            client: self.0.connect().await?,
+            statements: HashMap::new(),
+        })
+    }
+
+    async fn is_valid(&self, connection: &mut PgClient) -> Result<(), tokio_postgres::Error> {
+        self.0.is_valid(&mut connection.client).await
+    }
+
+    fn has_broken(&self, connection: &mut PgClient) -> bool {
+        self.0.has_broken(&mut connection.client)
+    }
+}
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -47,7 +107,7 @@ pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, 
 /// Builds the pool without connecting: connections are opened on demand, so a database that is
 /// down at this moment makes requests fail with 503 until it is back, not the daemon exit.
 pub fn build_pool(settings: &DatabaseSettings) -> Result<PgPool, StorageError> {
-    let manager = PostgresConnectionManager::new(pg_config(settings)?, NoTls);
+    let manager = Manager(PostgresConnectionManager::new(pg_config(settings)?, NoTls));
     Ok(bb8::Pool::builder()
         .max_size(settings.pool_size)
         .min_idle(Some(1))

@@ -69,5 +69,5 @@ async fn check_database(pool: &PgPool) -> Result<(bool, i64), StorageError> {
         return Ok((false, 0));
     }
     let connection = pool.get().await?;
-    Ok((true, store::totals(&*connection).await?.unsent))
+    Ok((true, store::totals(&**connection).await?.unsent))
 }

@@ -154,7 +154,7 @@ pub async fn metrics(state: SharedState) -> HttpResponse {
             .get()
             .await
             .map_err(crate::db::StorageError::from)?;
-        store::totals(&*connection).await
+        store::totals(&**connection).await
     })
     .await;
     match outbox {

@@ -11,7 +11,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::db::{PgPool, StorageError};
 use crate::outbox::broker::{Broker, BrokerError};
-use crate::outbox::store::{self, Failure, PendingEvent};
+use crate::outbox::store::{self, Failure, PendingEvent, RelayStatements};
 use crate::telemetry;
 
 /// The AMQP `content_type` of every event.
@@ -92,8 +92,9 @@ pub async fn relay_once(
     config: &RelayConfig,
 ) -> Result<RelayReport, RelayError> {
     let mut connection = pool.get().await.map_err(StorageError::from)?;
+    let statements = RelayStatements::prepare(&mut connection).await?;
     let transaction = connection.transaction().await.map_err(StorageError::from)?;
-    let events = store::claim_due(&transaction, config.batch_size).await?;
+    let events = store::claim_due(&transaction, &statements, config.batch_size).await?;
     if events.is_empty() {
         transaction.commit().await.map_err(StorageError::from)?;
         return Ok(RelayReport::default());
@@ -133,8 +134,8 @@ pub async fn relay_once(
             }
         }
     }
-    store::mark_sent(&transaction, &sent).await?;
-    store::mark_failed(&transaction, &failures, config.max_attempts).await?;
+    store::mark_sent(&transaction, &statements, &sent).await?;
+    store::mark_failed(&transaction, &statements, &failures, config.max_attempts).await?;
     transaction.commit().await.map_err(StorageError::from)?;
     report.sent = sent.len();
     report.failed = failures.len();

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::Rng;
-use tokio_postgres::GenericClient;
+use tokio_postgres::{GenericClient, Statement};
 use uuid::Uuid;
 
-use crate::db::StorageError;
+use crate::db::{PgClient, StorageError};
 
 /// An event claimed for publishing.
 #[derive(Debug, Clone)]
@@ -47,12 +47,30 @@ SET attempts = o.attempts + 1,
 FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(id, error, delay_seconds)
 WHERE o.id = f.id";
 
+/// The relay's statements, prepared once per connection.
+pub struct RelayStatements {
+    claim_due: Statement,
+    mark_sent: Statement,
+    mark_failed: Statement,
+}
+
+impl RelayStatements {
+    pub async fn prepare(connection: &mut PgClient) -> Result<Self, StorageError> {
+        Ok(Self {
+            claim_due: connection.prepare_cached(CLAIM_DUE).await?,
+            mark_sent: connection.prepare_cached(MARK_SENT).await?,
+            mark_failed: connection.prepare_cached(MARK_FAILED).await?,
+        })
+    }
+}
+
 pub async fn claim_due(
     client: &impl GenericClient,
+    statements: &RelayStatements,
     limit: usize,
 ) -> Result<Vec<PendingEvent>, StorageError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = client.query(CLAIM_DUE, &[&limit]).await?;
+    let rows = client.query(&statements.claim_due, &[&limit]).await?;
     Ok(rows
         .iter()
         .map(|row| PendingEvent {
@@ -68,11 +86,15 @@ pub async fn claim_due(
         .collect())
 }
 
-pub async fn mark_sent(client: &impl GenericClient, ids: &[i64]) -> Result<u64, StorageError> {
+pub async fn mark_sent(
+    client: &impl GenericClient,
+    statements: &RelayStatements,
+    ids: &[i64],
+) -> Result<u64, StorageError> {
     if ids.is_empty() {
         return Ok(0);
     }
-    Ok(client.execute(MARK_SENT, &[&ids]).await?)
+    Ok(client.execute(&statements.mark_sent, &[&ids]).await?)
 }
 
 /// One failed attempt of one row.
@@ -83,6 +105,7 @@ pub struct Failure<'a> {
 
 pub async fn mark_failed(
     client: &impl GenericClient,
+    statements: &RelayStatements,
     failures: &[Failure<'_>],
     max_attempts: i32,
 ) -> Result<u64, StorageError> {
@@ -96,7 +119,10 @@ pub async fn mark_failed(
         .map(|f| retry_delay(f.event.attempts + 1).as_secs_f64())
         .collect();
     Ok(client
-        .execute(MARK_FAILED, &[&ids, &errors, &delays, &max_attempts])
+        .execute(
+            &statements.mark_failed,
+            &[&ids, &errors, &delays, &max_attempts],
+        )
         .await?)
 }
 
