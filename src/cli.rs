@@ -125,7 +125,7 @@ pub fn run() -> anyhow::Result<()> {
             let applied = block_on(async {
                 db::migrate(&settings.database)
                     .await
-                    .map_err(|error| anyhow::anyhow!("migration failed: {error}"))
+                    .map_err(|error| anyhow::anyhow!("{error}"))
             })?;
             println!(
                 "applied {applied} migration(s); the schema is at version {}",

@@ -278,12 +278,18 @@ impl Settings {
         if self.http.max_body_bytes < 64 {
             return Err(invalid("http.max_body_bytes", "must be at least 64"));
         }
-        tokio_postgres::Config::from_str(&self.database.url).map_err(|error| {
+        let database = tokio_postgres::Config::from_str(&self.database.url).map_err(|error| {
             invalid(
                 "database.url",
                 format!("not a valid PostgreSQL URL: {error}"),
             )
         })?;
+        if database.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(invalid(
+                "database.url",
+                "sslmode=require is not supported by this build (it connects without TLS)",
+            ));
+        }
         if self.database.pool_size < 2 {
             return Err(invalid("database.pool_size", "must be at least 2"));
         }
@@ -298,9 +304,18 @@ impl Settings {
             self.database.statement_timeout,
             "database.statement_timeout",
         )?;
-        if !self.amqp.url.starts_with("amqp://") && !self.amqp.url.starts_with("amqps://") {
-            return Err(invalid("amqp.url", "must start with amqp:// or amqps://"));
+        // This build has no TLS backend for lapin: an amqps:// URL would silently connect in
+        // plain text, so it is refused rather than trusted.
+        if !self.amqp.url.starts_with("amqp://") {
+            return Err(invalid(
+                "amqp.url",
+                "must start with amqp:// (TLS to the broker, amqps://, is not supported by this build)",
+            ));
         }
+        self.amqp
+            .url
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|error| invalid("amqp.url", format!("not a valid AMQP URL: {error}")))?;
         if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
             return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
         }

@@ -120,6 +120,7 @@ impl Actor for Janitor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.run_pass(ctx);
         ctx.run_interval(PURGE_INTERVAL, |janitor, ctx| janitor.run_pass(ctx));
     }
 }

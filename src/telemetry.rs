@@ -17,11 +17,11 @@ use crate::config::{LogFormat, LogSettings};
 pub const HTTP_REQUESTS: &str = "retrysafe_http_requests_total";
 /// Request latency by route, in seconds.
 pub const HTTP_DURATION: &str = "retrysafe_http_request_duration_seconds";
-/// Writes per committed batch.
+/// Writes per batch (failed batches included).
 pub const WRITER_BATCH_SIZE: &str = "retrysafe_writer_batch_size";
-/// Time of one batch transaction (begin to commit), in seconds.
+/// Time of one batch transaction attempt (begin to commit), in seconds.
 pub const WRITER_TRANSACTION: &str = "retrysafe_writer_transaction_seconds";
-/// Batches by result (committed, failed).
+/// Batch transaction attempts by result (committed, failed); a retried batch counts each try.
 pub const WRITER_BATCHES: &str = "retrysafe_writer_batches_total";
 /// Writes queued in writers, waiting for the next batch.
 pub const WRITER_QUEUE_DEPTH: &str = "retrysafe_writer_queue_depth";
@@ -125,13 +125,16 @@ fn describe_metrics() {
         Unit::Seconds,
         "HTTP request latency by route"
     );
-    describe_histogram!(WRITER_BATCH_SIZE, Unit::Count, "writes per committed batch");
+    describe_histogram!(WRITER_BATCH_SIZE, Unit::Count, "writes per batch");
     describe_histogram!(
         WRITER_TRANSACTION,
         Unit::Seconds,
         "time of one batch transaction"
     );
-    describe_counter!(WRITER_BATCHES, "writer batches by result");
+    describe_counter!(
+        WRITER_BATCHES,
+        "writer batch transaction attempts by result"
+    );
     describe_gauge!(WRITER_QUEUE_DEPTH, "writes queued for the next batch");
     describe_gauge!(SHARD_IN_FLIGHT, "idempotency keys whose write is in flight");
     describe_gauge!(SHARD_WAITERS, "duplicates waiting for an in-flight key");

@@ -69,25 +69,26 @@ impl AppState {
 /// Registers every route.
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .service(
-            web::resource(entries::ENTRIES_PATH)
-                .route(web::post().to(entries::create_entry))
-                .default_service(web::to(method_not_allowed)),
-        )
-        .service(
-            web::resource("/v1/entries/{id}")
-                .route(web::get().to(entries::get_entry))
-                .default_service(web::to(method_not_allowed)),
-        )
-        .service(
-            web::resource("/v1/idempotency-keys/{key}")
-                .route(web::get().to(keys::get_key))
-                .default_service(web::to(method_not_allowed)),
-        )
-        .service(web::resource("/healthz").route(web::get().to(health::healthz)))
-        .service(web::resource("/readyz").route(web::get().to(health::readyz)))
-        .service(web::resource("/metrics").route(web::get().to(observe::metrics)))
-        .service(web::resource("/openapi.json").route(web::get().to(openapi::openapi_json)));
+        .service(only(
+            entries::ENTRIES_PATH,
+            web::post().to(entries::create_entry),
+        ))
+        .service(only("/v1/entries/{id}", web::get().to(entries::get_entry)))
+        .service(only(
+            "/v1/idempotency-keys/{key}",
+            web::get().to(keys::get_key),
+        ))
+        .service(only("/healthz", web::get().to(health::healthz)))
+        .service(only("/readyz", web::get().to(health::readyz)))
+        .service(only("/metrics", web::get().to(observe::metrics)))
+        .service(only("/openapi.json", web::get().to(openapi::openapi_json)));
+}
+
+/// A resource with one route; any other method gets a `method-not-allowed` problem.
+fn only(path: &str, route: actix_web::Route) -> actix_web::Resource {
+    web::resource(path)
+        .route(route)
+        .default_service(web::to(method_not_allowed))
 }
 
 pub async fn not_found(request: HttpRequest) -> Result<HttpResponse, ApiError> {
