@@ -194,7 +194,7 @@ fn migrate_creates_the_database_and_applies_the_schema() {
     );
     assert_eq!(unreachable.status.code(), Some(1));
     assert!(
-        stderr(&unreachable).contains("migration failed"),
+        stderr(&unreachable).contains("database unavailable"),
         "{}",
         stderr(&unreachable)
     );
