@@ -62,13 +62,24 @@ const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
 ];
 
+/// lapin's own logs repeat what the daemon reports itself (a lost connection, a returned
+/// message) at levels that do not fit: an ERROR for every clean shutdown, and a WARN carrying
+/// the whole body of every unroutable message. A `lapin` directive in `log.level` or
+/// `RUST_LOG` takes precedence.
+const QUIET_LAPIN: &[&str] = &["lapin::channels=off", "lapin::returned_messages=off"];
+
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
 pub fn init_logging(settings: &LogSettings) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&settings.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
+    let directives = if directives.contains("lapin") {
+        directives
+    } else {
+        format!("{},{directives}", QUIET_LAPIN.join(","))
+    };
+    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let result = match settings.format {
         LogFormat::Text => builder.try_init(),

@@ -34,6 +34,8 @@ pub struct Broker {
     connect_timeout: Duration,
     connection: tokio::sync::Mutex<Option<Connection>>,
     connected: Arc<AtomicBool>,
+    /// Set by `close`, so that the connection's end is not reported as a loss.
+    closing: Arc<AtomicBool>,
 }
 
 impl Broker {
@@ -50,6 +52,7 @@ impl Broker {
             connect_timeout,
             connection: tokio::sync::Mutex::new(None),
             connected: Arc::new(AtomicBool::new(false)),
+            closing: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -106,11 +109,16 @@ impl Broker {
         // Events reach only listeners that exist, so listen before anything can go wrong.
         let mut events = connection.events_listener();
         let connected = self.connected.clone();
+        let closing = self.closing.clone();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
                 if let Event::Error(error) = event {
-                    tracing::warn!(error = %error, "broker connection lost");
                     connected.store(false, Ordering::Relaxed);
+                    if closing.load(Ordering::Relaxed) {
+                        tracing::debug!(error = %error, "broker connection closed");
+                    } else {
+                        tracing::warn!(error = %error, "broker connection lost");
+                    }
                 }
             }
         });
@@ -134,6 +142,7 @@ impl Broker {
 
     /// Closes the connection, for shutdown.
     pub async fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
         if let Some(connection) = self.connection.lock().await.take() {
             // Closing a connection that already failed reports that failure; nothing to do.
             let _ = connection
