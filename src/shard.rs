@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
 use chrono::Utc;
@@ -61,22 +61,6 @@ pub enum Admission {
 #[rtype(result = "Admission")]
 pub struct Submit(pub WriteRequest);
 
-/// Removes a key from the cache (for example, once the janitor deleted its record).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Forget(pub ScopedKey);
-
-/// How many requests the shard is waiting on, for metrics and tests.
-#[derive(Message)]
-#[rtype(result = "ShardStats")]
-pub struct GetStats;
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ShardStats {
-    pub in_flight: usize,
-    pub cached: usize,
-}
-
 struct InFlight {
     request_hash: RequestHash,
     /// The leader's channel, then the duplicates'.
@@ -88,18 +72,66 @@ pub struct KeyShard {
     writers: Vec<Addr<Writer>>,
     next_writer: usize,
     in_flight: HashMap<ScopedKey, InFlight>,
-    cache: ResponseCache,
+    cache: SharedCache,
+}
+
+/// A shard's replay cache. Only the shard writes it; HTTP workers read it directly, so that a
+/// replay of a completed key costs no message hop.
+#[derive(Clone)]
+pub struct SharedCache(Arc<Mutex<ResponseCache>>);
+
+impl SharedCache {
+    pub fn new(capacity: usize) -> Self {
+        Self(Arc::new(Mutex::new(ResponseCache::new(capacity))))
+    }
+
+    /// The answer for a request whose key is completed and cached: a replay if the request is
+    /// the same, a conflict if not. None when the key is not cached.
+    pub fn answer(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
+        let cached = self.lock().get(key);
+        let lookup = if cached.is_some() { "hit" } else { "miss" };
+        metrics::counter!(telemetry::SHARD_CACHE_LOOKUPS, "result" => lookup).increment(1);
+        cached.map(|(stored_hash, response)| {
+            if stored_hash == request_hash {
+                Answer::Replayed(response)
+            } else {
+                Answer::Conflict
+            }
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ResponseCache> {
+        // A panic while holding the lock cannot leave the map half-updated in a way that
+        // matters (at worst an entry is missing), so a poisoned lock is used as it is.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A shard as the HTTP layer uses it: its mailbox and its cache.
+#[derive(Clone)]
+pub struct ShardHandle {
+    pub addr: Addr<KeyShard>,
+    pub cache: SharedCache,
 }
 
 impl KeyShard {
-    pub fn new(writers: Vec<Addr<Writer>>, cache_capacity: usize) -> Self {
+    pub fn new(writers: Vec<Addr<Writer>>, cache: SharedCache) -> Self {
         assert!(!writers.is_empty(), "a shard needs at least one writer");
         Self {
             writers,
             next_writer: 0,
             in_flight: HashMap::new(),
-            cache: ResponseCache::new(cache_capacity),
+            cache,
         }
+    }
+
+    /// Starts a shard with a cache of `cache_capacity` responses.
+    pub fn spawn(writers: Vec<Addr<Writer>>, cache_capacity: usize) -> ShardHandle {
+        let cache = SharedCache::new(cache_capacity);
+        let addr = KeyShard::new(writers, cache.clone()).start();
+        ShardHandle { addr, cache }
     }
 
     fn pick_writer(&mut self) -> Addr<Writer> {
@@ -116,7 +148,7 @@ impl KeyShard {
         let hash = in_flight.request_hash;
         let (for_leader, for_waiters) = match result {
             Ok(Ok(WriteOutcome::Created(response))) => {
-                self.cache.insert(key, hash, response.clone());
+                self.cache.lock().insert(key, hash, response.clone());
                 (
                     Answer::Created(response.clone()),
                     Answer::Replayed(response),
@@ -126,7 +158,9 @@ impl KeyShard {
                 request_hash,
                 response,
             })) => {
-                self.cache.insert(key, request_hash, response.clone());
+                self.cache
+                    .lock()
+                    .insert(key, request_hash, response.clone());
                 let answer = if request_hash == hash {
                     Answer::Replayed(response)
                 } else {
@@ -157,9 +191,8 @@ impl Handler<Submit> for KeyShard {
 
     fn handle(&mut self, Submit(request): Submit, ctx: &mut Self::Context) -> Self::Result {
         let key: ScopedKey = (request.client_id.clone(), request.key.clone());
-        let cached = self.cache.get(&key);
-        let lookup = if cached.is_some() { "hit" } else { "miss" };
-        metrics::counter!(telemetry::SHARD_CACHE_LOOKUPS, "result" => lookup).increment(1);
+        // Checked again here: the key may have completed since the HTTP worker looked.
+        let cached = self.cache.lock().get(&key);
         if let Some((stored_hash, response)) = cached {
             let answer = if stored_hash == request.request_hash {
                 Answer::Replayed(response)
@@ -205,25 +238,6 @@ impl Handler<Submit> for KeyShard {
     }
 }
 
-impl Handler<Forget> for KeyShard {
-    type Result = ();
-
-    fn handle(&mut self, Forget(key): Forget, _: &mut Self::Context) {
-        self.cache.remove(&key);
-    }
-}
-
-impl Handler<GetStats> for KeyShard {
-    type Result = MessageResult<GetStats>;
-
-    fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> Self::Result {
-        MessageResult(ShardStats {
-            in_flight: self.in_flight.len(),
-            cached: self.cache.len(),
-        })
-    }
-}
-
 /// Completed responses, evicted oldest first past `capacity`, and never served past their
 /// record's `expires_at` (after which the key is new again).
 struct ResponseCache {
@@ -249,10 +263,6 @@ impl ResponseCache {
             order: VecDeque::new(),
             next_generation: 0,
         }
-    }
-
-    fn len(&self) -> usize {
-        self.entries.len()
     }
 
     fn get(&mut self, key: &ScopedKey) -> Option<(RequestHash, StoredResponse)> {

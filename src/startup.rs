@@ -13,7 +13,7 @@ use crate::db::{self, PgPool};
 use crate::http::{self, AppState};
 use crate::janitor::Janitor;
 use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
-use crate::shard::KeyShard;
+use crate::shard::{KeyShard, ShardHandle};
 use crate::writer::{CommitHook, Writer, WriterConfig};
 
 /// A running daemon: its actors started and its listener bound.
@@ -22,13 +22,15 @@ pub struct Application {
     server: Server,
     pool: PgPool,
     broker: Arc<Broker>,
-    shards: Vec<Addr<KeyShard>>,
+    shards: Vec<ShardHandle>,
     waker: OutboxWaker,
     settings: Settings,
     /// Tells relays to stop after their current batch.
     shutdown: watch::Sender<bool>,
     /// Each relay holds a sender; when all are dropped, every relay has finished.
     relays_done: mpsc::Receiver<()>,
+    /// The relays' thread.
+    relay_arbiter: actix::Arbiter,
 }
 
 impl Application {
@@ -56,8 +58,11 @@ impl Application {
             confirm_timeout: settings.outbox.confirm_timeout.0,
             max_attempts: settings.outbox.max_attempts,
         };
+        // Relays run on a thread of their own: publishing a large batch is a burst of work that
+        // must not delay the shards and writers on the request path.
+        let relay_arbiter = actix::Arbiter::new();
         for index in 0..settings.outbox.workers {
-            OutboxRelay {
+            let relay = OutboxRelay {
                 index,
                 pool: pool.clone(),
                 broker: broker.clone(),
@@ -65,8 +70,8 @@ impl Application {
                 wake: waker.notifier(index),
                 shutdown: shutdown_signal.clone(),
                 done: relay_token.clone(),
-            }
-            .start();
+            };
+            OutboxRelay::start_in_arbiter(&relay_arbiter.handle(), move |_| relay);
         }
         drop(relay_token);
 
@@ -93,8 +98,8 @@ impl Application {
             .idempotency
             .cache_entries
             .div_ceil(settings.idempotency.shards);
-        let shards: Vec<Addr<KeyShard>> = (0..settings.idempotency.shards)
-            .map(|_| KeyShard::new(writers.clone(), cache_per_shard).start())
+        let shards: Vec<ShardHandle> = (0..settings.idempotency.shards)
+            .map(|_| KeyShard::spawn(writers.clone(), cache_per_shard))
             .collect();
         Janitor::new(pool.clone(), settings.outbox.retention.0).start();
 
@@ -131,6 +136,7 @@ impl Application {
             settings,
             shutdown,
             relays_done,
+            relay_arbiter,
         })
     }
 
@@ -142,7 +148,7 @@ impl Application {
         &self.pool
     }
 
-    pub fn shards(&self) -> &[Addr<KeyShard>] {
+    pub fn shards(&self) -> &[ShardHandle] {
         &self.shards
     }
 
@@ -173,6 +179,7 @@ impl Application {
             tracing::warn!("relays did not finish within http.shutdown_timeout");
         }
         self.broker.close().await;
+        self.relay_arbiter.stop();
         served
     }
 }

@@ -1,5 +1,7 @@
 //! `POST /v1/entries` and `GET /v1/entries/{id}`.
 
+use std::time::Duration;
+
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -13,7 +15,7 @@ use crate::http::openapi::{NewEntryRequest, Problem};
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
-use crate::shard::{Admission, Answer, Submit};
+use crate::shard::{Admission, Answer, ShardHandle, Submit};
 use crate::writer::{StoredResponse, WriteRequest};
 
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
@@ -55,33 +57,20 @@ pub async fn create_entry(
     let (entry, request_hash) = decode_new_entry(&body)?;
 
     let shard = state.shard_for(&client_id, &key);
-    let write = WriteRequest {
-        client_id,
-        key,
-        request_hash,
-        entry,
-        remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
-    };
-    let admission = shard
-        .send(Submit(write))
-        .await
-        .map_err(|error| ApiError::Internal(anyhow::anyhow!("key shard unreachable: {error}")))?;
-    let answer = match admission {
-        Admission::Ready(answer) => answer,
-        Admission::Pending {
-            leader: true,
-            answer,
-        } => answer
-            .await
-            .map_err(|_| ApiError::Internal(anyhow::anyhow!("key shard dropped a request")))?,
-        Admission::Pending {
-            leader: false,
-            answer,
-        } => match tokio::time::timeout(state.wait_timeout, answer).await {
-            Ok(answer) => answer
-                .map_err(|_| ApiError::Internal(anyhow::anyhow!("key shard dropped a request")))?,
-            Err(_elapsed) => return Err(ApiError::RequestInProgress),
-        },
+    let scoped_key = (client_id, key);
+    let answer = match shard.cache.answer(&scoped_key, request_hash) {
+        Some(answer) => answer,
+        None => {
+            let (client_id, key) = scoped_key;
+            let write = WriteRequest {
+                client_id,
+                key,
+                request_hash,
+                entry,
+                remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
+            };
+            submit(shard, write, state.wait_timeout).await?
+        }
     };
     match answer {
         Answer::Created(response) => Ok(stored_response(&response, false)),
@@ -90,6 +79,34 @@ pub async fn create_entry(
             status: state.mismatch_status,
         }),
         Answer::Failed(error) => Err(error.into()),
+    }
+}
+
+/// Hands the write to its shard and waits for the answer: without a bound if this request is
+/// the one writing (the database bounds it), up to `wait_timeout` if it duplicates one in flight.
+async fn submit(
+    shard: &ShardHandle,
+    write: WriteRequest,
+    wait_timeout: Duration,
+) -> Result<Answer, ApiError> {
+    let admission =
+        shard.addr.send(Submit(write)).await.map_err(|error| {
+            ApiError::Internal(anyhow::anyhow!("key shard unreachable: {error}"))
+        })?;
+    let dropped = || ApiError::Internal(anyhow::anyhow!("key shard dropped a request"));
+    match admission {
+        Admission::Ready(answer) => Ok(answer),
+        Admission::Pending {
+            leader: true,
+            answer,
+        } => answer.await.map_err(|_| dropped()),
+        Admission::Pending {
+            leader: false,
+            answer,
+        } => match tokio::time::timeout(wait_timeout, answer).await {
+            Ok(answer) => answer.map_err(|_| dropped()),
+            Err(_elapsed) => Err(ApiError::RequestInProgress),
+        },
     }
 }
 

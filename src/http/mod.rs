@@ -11,21 +11,20 @@ pub mod problem;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Addr;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::config::Settings;
 use crate::db::PgPool;
 use crate::idempotency::IdempotencyKey;
 use crate::outbox::Broker;
-use crate::shard::{shard_index, KeyShard};
+use crate::shard::{shard_index, ShardHandle};
 use auth::Authenticator;
 use problem::ApiError;
 
 /// What every handler shares.
 pub struct AppState {
     pub pool: PgPool,
-    pub shards: Vec<Addr<KeyShard>>,
+    pub shards: Vec<ShardHandle>,
     pub broker: Arc<Broker>,
     pub auth: Authenticator,
     pub max_body_bytes: usize,
@@ -42,7 +41,7 @@ impl AppState {
     pub fn new(
         settings: &Settings,
         pool: PgPool,
-        shards: Vec<Addr<KeyShard>>,
+        shards: Vec<ShardHandle>,
         broker: Arc<Broker>,
     ) -> Self {
         Self {
@@ -61,7 +60,7 @@ impl AppState {
         }
     }
 
-    pub fn shard_for(&self, client_id: &str, key: &IdempotencyKey) -> &Addr<KeyShard> {
+    pub fn shard_for(&self, client_id: &str, key: &IdempotencyKey) -> &ShardHandle {
         &self.shards[shard_index(client_id, key, self.shards.len())]
     }
 }
