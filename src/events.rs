@@ -1,9 +1,13 @@
 //! The events a write emits, as CloudEvents 1.0 structured-mode JSON.
+//!
+//! Payloads are written as canonical JSON text (keys sorted, no white space) straight from the
+//! entry's own canonical text, so that the hot path builds no intermediate JSON values.
 
-use serde_json::{json, Value};
+use serde_json::json;
 use uuid::Uuid;
 
-use crate::entry::EntryView;
+use crate::idempotency::canonical::write_string;
+use crate::idempotency::canonical_json;
 
 pub const ENTRY_CREATED: &str = "entry.created";
 pub const AUDIT_ENTRY_CREATED: &str = "audit.entry.created";
@@ -16,8 +20,8 @@ pub const EVENT_SOURCE: &str = "/retrysafe";
 pub struct NewEvent {
     pub event_id: Uuid,
     pub event_type: &'static str,
-    /// The CloudEvent, published as the message body.
-    pub payload: Value,
+    /// The CloudEvent as JSON text: the message body.
+    pub payload: String,
 }
 
 impl NewEvent {
@@ -25,6 +29,15 @@ impl NewEvent {
     pub fn event_key(&self, entry_id: Uuid) -> String {
         format!("{entry_id}/{}", self.event_type)
     }
+}
+
+/// The entry an event is about.
+pub struct EventSubject<'a> {
+    pub entry_id: Uuid,
+    /// RFC 3339, as the API shows it: the event's `time`.
+    pub created_at: &'a str,
+    /// The entry as the API shows it, in canonical JSON: the data of `entry.created`.
+    pub entry_json: &'a str,
 }
 
 /// What the audit event records about the request that made an entry.
@@ -36,36 +49,87 @@ pub struct AuditFacts<'a> {
 }
 
 /// The events one write emits: `entry.created`, and `audit.entry.created` when asked for.
-pub fn events_for(entry: &EntryView, audit: Option<AuditFacts<'_>>) -> Vec<NewEvent> {
-    let mut events = vec![cloud_event(ENTRY_CREATED, entry, json!(entry))];
+pub fn events_for(subject: &EventSubject<'_>, audit: Option<AuditFacts<'_>>) -> Vec<NewEvent> {
+    let mut events = Vec::with_capacity(if audit.is_some() { 2 } else { 1 });
+    events.push(cloud_event(ENTRY_CREATED, subject, subject.entry_json));
     if let Some(facts) = audit {
-        let data = json!({
+        let data = canonical_json(&json!({
             "client_id": facts.client_id,
             "idempotency_key": facts.idempotency_key,
             "request_hash": facts.request_hash_hex,
             "remote_addr": facts.remote_addr,
-            "entry_id": entry.id,
-        });
-        events.push(cloud_event(AUDIT_ENTRY_CREATED, entry, data));
+            "entry_id": subject.entry_id,
+        }));
+        events.push(cloud_event(AUDIT_ENTRY_CREATED, subject, &data));
     }
     events
 }
 
-fn cloud_event(event_type: &'static str, entry: &EntryView, data: Value) -> NewEvent {
+/// The CloudEvent envelope, members in canonical (sorted) order, around `data_json`.
+fn cloud_event(event_type: &'static str, subject: &EventSubject<'_>, data_json: &str) -> NewEvent {
     let event_id = Uuid::now_v7();
-    let payload = json!({
-        "specversion": "1.0",
-        "id": event_id,
-        "source": EVENT_SOURCE,
-        "type": event_type,
-        "time": entry.created_at,
-        "subject": entry.id,
-        "datacontenttype": "application/json",
-        "data": data,
-    });
+    let mut payload = String::with_capacity(data_json.len() + 256);
+    payload.push_str("{\"data\":");
+    payload.push_str(data_json);
+    payload.push_str(",\"datacontenttype\":\"application/json\",\"id\":\"");
+    payload.push_str(&event_id.to_string());
+    payload.push_str("\",\"source\":");
+    write_string(EVENT_SOURCE, &mut payload);
+    payload.push_str(",\"specversion\":\"1.0\",\"subject\":\"");
+    payload.push_str(&subject.entry_id.to_string());
+    payload.push_str("\",\"time\":");
+    write_string(subject.created_at, &mut payload);
+    payload.push_str(",\"type\":");
+    write_string(event_type, &mut payload);
+    payload.push('}');
     NewEvent {
         event_id,
         event_type,
         payload,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn payloads_are_canonical_cloud_events() {
+        let entry_id = Uuid::now_v7();
+        let entry_json = format!(
+            r#"{{"created_at":"2026-12-02T11:00:00.000000Z","data":{{"a":"x\"y"}},"id":"{entry_id}","kind":"k"}}"#
+        );
+        let subject = EventSubject {
+            entry_id,
+            created_at: "2026-12-02T11:00:00.000000Z",
+            entry_json: &entry_json,
+        };
+        let events = events_for(
+            &subject,
+            Some(AuditFacts {
+                client_id: "c",
+                idempotency_key: "k\"1",
+                request_hash_hex: "00".repeat(32),
+                remote_addr: None,
+            }),
+        );
+        assert_eq!(events.len(), 2);
+        for event in &events {
+            let parsed: Value = serde_json::from_str(&event.payload).expect("valid JSON");
+            assert_eq!(canonical_json(&parsed), event.payload, "canonical text");
+            assert_eq!(parsed["specversion"], "1.0");
+            assert_eq!(parsed["id"], event.event_id.to_string());
+            assert_eq!(parsed["type"], event.event_type);
+            assert_eq!(parsed["subject"], entry_id.to_string());
+            assert_eq!(parsed["time"], "2026-12-02T11:00:00.000000Z");
+        }
+        let created: Value = serde_json::from_str(&events[0].payload).unwrap();
+        assert_eq!(
+            created["data"],
+            serde_json::from_str::<Value>(&entry_json).unwrap()
+        );
+        let audit: Value = serde_json::from_str(&events[1].payload).unwrap();
+        assert_eq!(audit["data"]["idempotency_key"], "k\"1");
     }
 }

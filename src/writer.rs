@@ -19,9 +19,10 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::db::{PgPool, StorageError};
-use crate::entry::{format_time, now_micros, EntryView, NewEntry};
-use crate::events::{events_for, AuditFacts, NewEvent};
-use crate::idempotency::{canonical_json, IdempotencyKey, RequestHash};
+use crate::entry::{format_time, now_micros, NewEntry};
+use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
+use crate::idempotency::canonical::write_string;
+use crate::idempotency::{canonical_json, canonical_object, IdempotencyKey, RequestHash};
 use crate::telemetry;
 
 /// How often a batch aborted by a deadlock or serialization failure is run again.
@@ -177,35 +178,53 @@ struct PreparedWrite {
 
 fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
     let created_at = now_micros();
+    let created_at_text = format_time(created_at);
     let retention = chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::MAX);
-    let view = EntryView {
-        id: Uuid::now_v7(),
-        kind: request.entry.kind.clone(),
-        data: request.entry.data.clone(),
-        created_at: format_time(created_at),
-    };
+    let entry_id = Uuid::now_v7();
+    let data_json = canonical_object(&request.entry.data);
+    let response_body = entry_json(entry_id, &request.entry.kind, &data_json, &created_at_text);
     let audit = config.audit.then(|| AuditFacts {
         client_id: &request.client_id,
         idempotency_key: request.key.as_str(),
         request_hash_hex: request.request_hash.to_hex(),
         remote_addr: request.remote_addr.as_deref(),
     });
-    let events = events_for(&view, audit);
-    let view_json = serde_json::to_value(&view).expect("an entry view always serializes");
+    let subject = EventSubject {
+        entry_id,
+        created_at: &created_at_text,
+        entry_json: &response_body,
+    };
+    let events = events_for(&subject, audit);
     PreparedWrite {
         client_id: request.client_id.clone(),
         key: request.key.clone(),
         request_hash: request.request_hash,
-        entry_id: view.id,
-        kind: view.kind,
-        data_json: canonical_json(&serde_json::Value::Object(request.entry.data.clone())),
+        entry_id,
+        kind: request.entry.kind.clone(),
+        data_json,
         created_at,
         expires_at: created_at
             .checked_add_signed(retention)
             .unwrap_or(DateTime::<Utc>::MAX_UTC),
-        response_body: canonical_json(&view_json),
+        response_body,
         events,
     }
+}
+
+/// The entry as the API shows it ([`EntryView`]), in canonical JSON, written from its parts:
+/// members in sorted order, `data` already canonical.
+fn entry_json(id: Uuid, kind: &str, data_json: &str, created_at: &str) -> String {
+    let mut out = String::with_capacity(data_json.len() + kind.len() + 128);
+    out.push_str("{\"created_at\":");
+    write_string(created_at, &mut out);
+    out.push_str(",\"data\":");
+    out.push_str(data_json);
+    out.push_str(",\"id\":\"");
+    out.push_str(&id.to_string());
+    out.push_str("\",\"kind\":");
+    write_string(kind, &mut out);
+    out.push('}');
+    out
 }
 
 /// Commits `batch`, answers every write in it, and returns how many entries it created.
@@ -366,7 +385,7 @@ async fn commit(
     let event_clients: Vec<&str> = events.iter().map(|(p, _)| &*p.client_id).collect();
     let event_idem_keys: Vec<&str> = events.iter().map(|(p, _)| p.key.as_str()).collect();
     let event_types: Vec<&str> = events.iter().map(|(_, e)| e.event_type).collect();
-    let payloads: Vec<String> = events.iter().map(|(_, e)| e.payload.to_string()).collect();
+    let payloads: Vec<&str> = events.iter().map(|(_, e)| e.payload.as_str()).collect();
 
     let claimed_rows = transaction
         .query(
@@ -458,4 +477,30 @@ fn stored_record_from_row(
             expires_at: row.get("expires_at"),
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::EntryView;
+
+    #[test]
+    fn the_entry_json_is_the_canonical_entry_view() {
+        let data: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(r#"{"z":[1,{"b":"\u00e9\"","a":null}],"a":1.5}"#).unwrap();
+        let id = Uuid::now_v7();
+        let text = entry_json(
+            id,
+            "invoice.paid",
+            &canonical_object(&data),
+            "2026-12-02T11:00:00.000001Z",
+        );
+        let view = EntryView {
+            id,
+            kind: "invoice.paid".into(),
+            data,
+            created_at: "2026-12-02T11:00:00.000001Z".into(),
+        };
+        assert_eq!(text, canonical_json(&serde_json::to_value(&view).unwrap()));
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// SHA-256 of a request, stored with its idempotency record.
@@ -48,22 +48,16 @@ pub fn canonical_json(value: &Value) -> String {
     out
 }
 
+/// Serializes a JSON object canonically (as [`canonical_json`] would `Value::Object(map)`).
+pub fn canonical_object(map: &Map<String, Value>) -> String {
+    let mut out = String::new();
+    write_object(map, &mut out);
+    out
+}
+
 fn write_canonical(value: &Value, out: &mut String) {
     match value {
-        Value::Object(map) => {
-            let mut members: Vec<(&String, &Value)> = map.iter().collect();
-            members.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (index, (name, member)) in members.into_iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                write_string(name, out);
-                out.push(':');
-                write_canonical(member, out);
-            }
-            out.push('}');
-        }
+        Value::Object(map) => write_object(map, out),
         Value::Array(items) => {
             out.push('[');
             for (index, item) in items.iter().enumerate() {
@@ -79,8 +73,26 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-fn write_string(text: &str, out: &mut String) {
-    out.push_str(&Value::String(text.to_owned()).to_string());
+fn write_object(map: &Map<String, Value>, out: &mut String) {
+    let mut members: Vec<(&String, &Value)> = map.iter().collect();
+    members.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    out.push('{');
+    for (index, (name, member)) in members.into_iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        write_string(name, out);
+        out.push(':');
+        write_canonical(member, out);
+    }
+    out.push('}');
+}
+
+/// Appends `text` as a JSON string, escaped as serde_json escapes it.
+pub fn write_string(text: &str, out: &mut String) {
+    // Writing to a String cannot fail, and a str always serializes.
+    let quoted = serde_json::to_string(text).expect("a str serializes");
+    out.push_str(&quoted);
 }
 
 #[cfg(test)]
