@@ -1,5 +1,6 @@
 //! Outbox relay actors: claim due rows, publish them with pipelined confirms, record the result.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -154,81 +155,121 @@ pub async fn relay_once(
     Ok(report)
 }
 
-/// Publishes every event before awaiting any confirm, then awaits them all against one
-/// deadline.
+/// Publishes every event before awaiting any confirm, then awaits them all; one deadline
+/// bounds the whole batch, the socket writes included (a blocked or half-open connection must
+/// not hold the claim transaction open).
 async fn publish_all(
     channel: &Channel,
     config: &RelayConfig,
     events: &[PendingEvent],
 ) -> Vec<PublishResult> {
+    let deadline = tokio::time::Instant::now() + config.confirm_timeout;
     let mut confirms = Vec::with_capacity(events.len());
-    let mut broken: Option<String> = None;
+    let mut broken: Option<(FailureKind, String)> = None;
     for event in events {
-        if let Some(error) = &broken {
-            confirms.push(Err(error.clone()));
+        if let Some(failure) = &broken {
+            confirms.push(Err(failure.clone()));
             continue;
         }
-        let publish = channel
-            .basic_publish(
-                config.exchange.as_str().into(),
-                short_string(&event.event_type),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                event.payload.as_bytes(),
-                properties(event),
-            )
-            .await;
-        match publish {
-            Ok(confirm) => confirms.push(Ok(confirm)),
-            Err(error) => {
-                let error = format!("publish failed: {error}");
-                broken = Some(error.clone());
-                confirms.push(Err(error));
+        let publish = channel.basic_publish(
+            config.exchange.as_str().into(),
+            short_string(&event.event_type),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            event.payload.as_bytes(),
+            properties(event),
+        );
+        let failure = match tokio::time::timeout_at(deadline, publish).await {
+            Ok(Ok(confirm)) => {
+                confirms.push(Ok(confirm));
+                continue;
             }
-        }
+            Ok(Err(error)) => (
+                FailureKind::ConnectionLost,
+                format!("publish failed: {error}"),
+            ),
+            Err(_elapsed) => (
+                FailureKind::Timeout,
+                format!("publish not written within {:?}", config.confirm_timeout),
+            ),
+        };
+        broken = Some(failure.clone());
+        confirms.push(Err(failure));
     }
 
-    let deadline = tokio::time::Instant::now() + config.confirm_timeout;
-    let mut results = Vec::with_capacity(events.len());
-    for (event, confirm) in events.iter().zip(confirms) {
-        let result = match confirm {
-            Err(error) => PublishResult::Failed {
-                kind: FailureKind::ConnectionLost,
-                error,
-            },
+    // lapin hands a returned message to whichever confirm completes next, not to its own
+    // publish's: a return is attributed by its message_id, never by where it arrived.
+    let mut returned: HashSet<String> = HashSet::new();
+    let mut outcomes = Vec::with_capacity(events.len());
+    for confirm in confirms {
+        let outcome = match confirm {
+            Err(failure) => Err(failure),
             Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                Ok(Ok(Confirmation::Ack(None))) => PublishResult::Acked,
-                Ok(Ok(Confirmation::Ack(Some(returned)))) => PublishResult::Failed {
-                    kind: FailureKind::Returned,
-                    error: format!(
-                        "returned by the broker: {} {} (no queue bound to exchange {:?} for routing key {:?})",
-                        returned.reply_code, returned.reply_text, config.exchange, event.event_type
-                    ),
-                },
-                Ok(Ok(Confirmation::Nack(_))) => PublishResult::Failed {
-                    kind: FailureKind::Nacked,
-                    error: "nacked by the broker".into(),
-                },
-                Ok(Ok(Confirmation::NotRequested)) => PublishResult::Failed {
-                    kind: FailureKind::ConnectionLost,
-                    error: "the channel is not in confirm mode".into(),
-                },
-                Ok(Err(error)) => PublishResult::Failed {
-                    kind: FailureKind::ConnectionLost,
-                    error: format!("connection lost before the confirm: {error}"),
-                },
+                Ok(Ok(confirmation)) => {
+                    let acked = confirmation.is_ack();
+                    let requested = !matches!(confirmation, Confirmation::NotRequested);
+                    if let Some(message) = confirmation.take_message() {
+                        if let Some(id) = message.delivery.properties.message_id() {
+                            returned.insert(id.to_string());
+                        }
+                    }
+                    match (requested, acked) {
+                        (false, _) => Err((
+                            FailureKind::ConnectionLost,
+                            "the channel is not in confirm mode".to_owned(),
+                        )),
+                        (true, true) => Ok(()),
+                        (true, false) => {
+                            Err((FailureKind::Nacked, "nacked by the broker".to_owned()))
+                        }
+                    }
+                }
+                Ok(Err(error)) => Err((
+                    FailureKind::ConnectionLost,
+                    format!("connection lost before the confirm: {error}"),
+                )),
                 // A late confirm would arrive on a channel that is about to be replaced.
-                Err(_elapsed) => PublishResult::Failed {
-                    kind: FailureKind::Timeout,
-                    error: format!("no confirm within {:?}", config.confirm_timeout),
-                },
+                Err(_elapsed) => Err((
+                    FailureKind::Timeout,
+                    format!("no confirm within {:?}", config.confirm_timeout),
+                )),
             },
         };
-        results.push(result);
+        outcomes.push(outcome);
     }
-    results
+
+    // Without every confirm, a return may sit on one that never completed: no ack in this
+    // batch can then be trusted to mean "routed", so none is marked sent (a resend is safe, a
+    // loss is not).
+    let incomplete = outcomes.iter().find_map(|outcome| match outcome {
+        Err((kind, error)) if kind.breaks_channel() => Some((*kind, error.clone())),
+        _ => None,
+    });
+    events
+        .iter()
+        .zip(outcomes)
+        .map(|(event, outcome)| {
+            if returned.contains(&event.event_id.to_string()) {
+                return PublishResult::Failed {
+                    kind: FailureKind::Returned,
+                    error: format!(
+                        "returned by the broker: NO_ROUTE (no queue bound to exchange {:?} for routing key {:?})",
+                        config.exchange, event.event_type
+                    ),
+                };
+            }
+            match (outcome, &incomplete) {
+                (Ok(()), None) => PublishResult::Acked,
+                (Ok(()), Some((kind, error))) => PublishResult::Failed {
+                    kind: *kind,
+                    error: format!("acked, but the batch's confirms are incomplete: {error}"),
+                },
+                (Err((kind, error)), _) => PublishResult::Failed { kind, error },
+            }
+        })
+        .collect()
 }
 
 /// Names and ids here are short (event types are at most 64 characters, ids are UUIDs), but

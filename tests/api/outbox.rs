@@ -341,3 +341,56 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
     let ready = app.get("/readyz", None).await.json();
     assert_eq!(ready["broker"], "connected", "{ready}");
 }
+
+/// A batch that mixes routed and unroutable events: lapin may hand a returned message to
+/// another publish's confirm, so the relay must attribute returns by message_id. An audit event
+/// that no queue received must never be marked sent, and every entry.created must be.
+#[actix_web::test]
+async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
+    let app = spawn_app_with(|settings| {
+        settings.events.audit = true;
+        settings.outbox.batch_size = 500;
+    })
+    .await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "entry.created").await;
+    let writes = 150;
+    let responses = join_all((0..writes).map(|n| app.post_entry_owned(format!("mixed-{n}"), entry_body(n)))).await;
+    assert!(responses.iter().all(|r| r.status == 201));
+
+    let mut received = HashSet::new();
+    while received.len() < writes as usize {
+        let delivery = consumer
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("{} of {writes} entry.created delivered", received.len()));
+        assert_eq!(delivery.routing_key.as_str(), "entry.created");
+        received.insert(message_id(&delivery));
+    }
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL",
+        writes,
+    )
+    .await;
+    wait_for_count(
+        &app,
+        "SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1",
+        writes,
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND sent_at IS NOT NULL")
+            .await,
+        0,
+        "an event no queue received is never marked sent"
+    );
+    let sent_ids: HashSet<String> = app
+        .db
+        .query("SELECT event_id::text FROM outbox_events WHERE sent_at IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(sent_ids.is_subset(&received), "every row marked sent was received");
+}
