@@ -1,0 +1,465 @@
+//! RabbitMQ faults: the connection cut again and again during a drain, and a broker that nacks
+//! every publish. Nothing is lost, nothing is marked sent without a confirm, refused events
+//! back off and park, and parked events are delivered once requeued.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use rand::Rng;
+use uuid::Uuid;
+
+use crate::common::consumer::{message_id, TestConsumer};
+use crate::common::helpers::{entry_body, spawn_app_with, AMQP_URL};
+use crate::common::proxy::TcpProxy;
+use crate::support::{all_event_ids, count, insert_backlog, knob, wait_for_count};
+
+const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+
+/// After the last cut, this long without a delivery while nothing is unsent means the rows
+/// still missing were marked sent without reaching the broker. (A hang guard: a confirmed
+/// message reaches the test's queue within milliseconds.)
+const QUIET: Duration = Duration::from_secs(10);
+
+#[actix_web::test]
+async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_unconfirmed() {
+    let cuts = knob("RETRYSAFE_FAULT_ROUNDS", 5);
+    let backlog = knob("RETRYSAFE_FAULT_BACKLOG", 4000) as i64;
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
+    let port = proxy.port;
+    let app = spawn_app_with(|settings| {
+        settings.amqp.url = AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}"));
+        settings.outbox.workers = 2;
+        settings.outbox.batch_size = 50;
+    })
+    .await;
+    // The consumer reaches the broker directly: only the daemon's connection is cut.
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    insert_backlog(&app.db, backlog).await;
+    let events = all_event_ids(&app.db).await;
+
+    // Cut when the consumer has seen the i-th share of the backlog, for 100-400 ms each time.
+    let mut received = HashSet::new();
+    let mut deliveries = 0usize;
+    let mut cuts_done = 0;
+    let mut cuts_with_backlog = 0;
+    let mut restore_at: Option<tokio::time::Instant> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let mut last_delivery = tokio::time::Instant::now();
+    while received.len() < events.len() || restore_at.is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stalled: {} of {} received after {cuts_done} cuts; {} unsent",
+            received.len(),
+            events.len(),
+            count(&app.db, UNSENT).await
+        );
+        if cuts_done == cuts && restore_at.is_none() && last_delivery.elapsed() > QUIET {
+            let unsent = count(&app.db, UNSENT).await;
+            assert!(
+                unsent > 0,
+                "{} events are marked sent but never reached the queue",
+                events.len() - received.len()
+            );
+        }
+        match restore_at {
+            Some(at) if tokio::time::Instant::now() >= at => {
+                proxy.restore();
+                restore_at = None;
+                if cuts_done == cuts {
+                    // Rows that failed during the cuts wait out their backoff; skip it.
+                    app.db
+                        .execute(
+                            "UPDATE outbox_events SET next_attempt_at = now() WHERE sent_at IS NULL",
+                            &[],
+                        )
+                        .await
+                        .unwrap();
+                }
+            }
+            None if cuts_done < cuts
+                && received.len() * (cuts + 2) >= events.len() * (cuts_done + 1) =>
+            {
+                proxy.cut();
+                cuts_done += 1;
+                if count(&app.db, UNSENT).await > 0 {
+                    cuts_with_backlog += 1;
+                }
+                let down = rand::thread_rng().gen_range(100..400);
+                restore_at = Some(tokio::time::Instant::now() + Duration::from_millis(down));
+            }
+            _ => {}
+        }
+        if let Some(delivery) = consumer.next(Duration::from_millis(20)).await {
+            last_delivery = tokio::time::Instant::now();
+            deliveries += 1;
+            received.insert(message_id(&delivery).parse::<Uuid>().unwrap());
+        }
+    }
+    assert_eq!(cuts_done, cuts);
+    assert!(
+        cuts_with_backlog > 0,
+        "no cut came while events were unsent: the test did not exercise the fault"
+    );
+    assert_eq!(received, events, "every event_id arrives, and no other");
+
+    wait_for_count(&app.db, UNSENT, 0, Duration::from_secs(60)).await;
+    // Every row marked sent was confirmed: its message reached the queue. (The receive loop
+    // above already saw all of them; a row marked sent whose publish was lost in a cut would
+    // have been missing there.)
+    let retried = count(
+        &app.db,
+        "SELECT count(*) FROM outbox_events WHERE attempts > 0",
+    )
+    .await;
+    eprintln!(
+        "broker cuts: {} events, {cuts} cuts ({cuts_with_backlog} with a backlog), {retried} rows failed an attempt, {} redelivered",
+        events.len(),
+        deliveries - events.len()
+    );
+    assert_eq!(app.get("/readyz", None).await.json()["broker"], "connected");
+}
+
+/// A queue bound to the exchange that holds one message and refuses the rest
+/// (`x-max-length = 1`, `x-overflow = reject-publish`): the broker nacks every publish routed to
+/// it. Filled with one message of the test's own, and never consumed.
+struct RefusingQueue {
+    connection: Connection,
+    name: String,
+}
+
+impl RefusingQueue {
+    async fn bind(exchange: &str) -> Self {
+        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let name = format!("retrysafe.test.refusing.{}", Uuid::new_v4().simple());
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions::exclusive(),
+                arguments,
+            )
+            .await
+            .unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let filler = channel
+            .basic_publish(
+                "".into(),
+                name.as_str().into(),
+                BasicPublishOptions::default(),
+                b"filler",
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(filler.is_ack(), "the queue takes its one message");
+        channel
+            .queue_bind(
+                name.as_str().into(),
+                exchange.into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Self { connection, name }
+    }
+
+    async fn delete(self) {
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+/// Runs the built binary's `outbox retry --all` against `database_url`; returns its output.
+async fn outbox_retry_all(database_url: &str) -> String {
+    let database_url = database_url.to_owned();
+    // A blocking wait, off the test's thread (which also runs the daemon's actors).
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrysafe"))
+            .args(["outbox", "retry", "--all", "--config"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
+            .env("RETRYSAFE_DATABASE__URL", database_url)
+            .env_remove("FAILPOINTS")
+            .output()
+            .expect("the binary runs")
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "outbox retry --all failed: {text}");
+    text
+}
+
+/// The outbox rows as the test follows them.
+struct Row {
+    attempts: i32,
+    last_error: Option<String>,
+    next_attempt_at: DateTime<Utc>,
+    sent: bool,
+    parked: bool,
+}
+
+async fn rows(db: &tokio_postgres::Client) -> Vec<Row> {
+    db.query(
+        "SELECT attempts, last_error, next_attempt_at, sent_at IS NOT NULL, failed_at IS NOT NULL
+         FROM outbox_events ORDER BY id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| Row {
+        attempts: row.get(0),
+        last_error: row.get(1),
+        next_attempt_at: row.get(2),
+        sent: row.get(3),
+        parked: row.get(4),
+    })
+    .collect()
+}
+
+#[actix_web::test]
+async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
+    const MAX_ATTEMPTS: i32 = 3;
+    const WRITES: i64 = 5;
+    let app = spawn_app_with(|settings| {
+        settings.outbox.max_attempts = MAX_ATTEMPTS;
+        settings.outbox.workers = 1;
+    })
+    .await;
+    let refusing = RefusingQueue::bind(&app.settings.amqp.exchange).await;
+    for n in 0..WRITES {
+        let key = format!("nacked-{n}");
+        assert_eq!(app.post_entry(&key, &entry_body(n)).await.status, 201);
+    }
+
+    // Each attempt is nacked; the next is scheduled later (backoff), until the row parks.
+    for attempt in 1..=MAX_ATTEMPTS {
+        let released_at: DateTime<Utc> = app
+            .db
+            .query_one("SELECT clock_timestamp()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if attempt > 1 {
+            // Skip the wait instead of sleeping through it.
+            app.db
+                .execute(
+                    "UPDATE outbox_events SET next_attempt_at = now() WHERE failed_at IS NULL",
+                    &[],
+                )
+                .await
+                .unwrap();
+        }
+        wait_for_count(
+            &app.db,
+            &format!("SELECT count(*) FROM outbox_events WHERE attempts = {attempt}"),
+            WRITES,
+            Duration::from_secs(30),
+        )
+        .await;
+        for row in rows(&app.db).await {
+            assert!(!row.sent, "a nacked event is never marked sent");
+            let error = row.last_error.unwrap_or_default();
+            assert!(error.contains("nacked"), "last_error: {error}");
+            if attempt < MAX_ATTEMPTS {
+                assert!(
+                    !row.parked,
+                    "parked after {attempt} of {MAX_ATTEMPTS} attempts"
+                );
+                assert!(
+                    row.next_attempt_at > released_at,
+                    "attempt {attempt}: the retry is scheduled after the failure, not at once"
+                );
+            } else {
+                assert!(row.parked, "parked after {MAX_ATTEMPTS} attempts");
+            }
+        }
+    }
+
+    // Parked events stay parked, even when due.
+    app.db
+        .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for row in rows(&app.db).await {
+        assert!(row.parked && !row.sent && row.attempts == MAX_ATTEMPTS);
+    }
+    assert_eq!(
+        app.get("/readyz", None).await.json()["outbox_backlog"],
+        0,
+        "parked events are not backlog"
+    );
+
+    // The broker takes messages again; requeue the parked events as `outbox retry --all` does.
+    refusing.delete().await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    // `retrysafe outbox retry --all`, the operator's command; its SQL is
+    // `UPDATE outbox_events SET failed_at = NULL, attempts = 0, next_attempt_at = now()
+    //  WHERE failed_at IS NOT NULL AND sent_at IS NULL`.
+    let output = outbox_retry_all(&app.settings.database.url).await;
+    assert!(
+        output.contains(&format!("requeued {WRITES} event(s)")),
+        "outbox retry --all: {output}"
+    );
+    assert_eq!(
+        count(
+            &app.db,
+            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL OR attempts > 0"
+        )
+        .await,
+        0,
+        "requeued with a fresh attempt count"
+    );
+    let events = all_event_ids(&app.db).await;
+    let mut received = HashSet::new();
+    while received.len() < events.len() {
+        let delivery = consumer
+            .next(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} of {} requeued events delivered",
+                    received.len(),
+                    events.len()
+                )
+            });
+        received.insert(message_id(&delivery).parse::<Uuid>().unwrap());
+    }
+    assert_eq!(received, events);
+    wait_for_count(&app.db, UNSENT, 0, Duration::from_secs(30)).await;
+}
+
+/// Whether `exchange` exists, asked passively on a connection of the test's own.
+async fn exchange_exists(exchange: &str) -> bool {
+    let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let exists = channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: true,
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .is_ok();
+    let _ = connection.close(200, "done".into()).await;
+    exists
+}
+
+/// The exchange deleted under a running daemon (by an operator, a broker reset or a cleanup
+/// script): publishes fail with NOT_FOUND and close the channel, but the connection stays up,
+/// and the daemon declares its exchange only when it opens a connection.
+#[actix_web::test]
+#[ignore = "bug: the relay never re-declares a deleted exchange while its connection stays up; every publish fails NOT_FOUND until the events park"]
+async fn a_deleted_exchange_is_declared_again_and_events_still_arrive() {
+    let app = spawn_app_with(|settings| settings.outbox.max_attempts = 5).await;
+    let exchange = app.settings.amqp.exchange.clone();
+    let mut consumer = TestConsumer::bind(&exchange, "#").await;
+    assert_eq!(
+        app.post_entry("before-delete", &entry_body(1)).await.status,
+        201
+    );
+    consumer
+        .next(Duration::from_secs(30))
+        .await
+        .expect("delivered while the exchange exists");
+
+    let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        .await
+        .unwrap();
+    connection
+        .create_channel()
+        .await
+        .unwrap()
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let _ = connection.close(200, "done".into()).await;
+
+    assert_eq!(
+        app.post_entry("after-delete", &entry_body(2)).await.status,
+        201
+    );
+    // Let the relay fail and retry a few times (skipping its backoff).
+    for attempt in 1..=3 {
+        wait_for_count(
+            &app.db,
+            &format!(
+                "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL OR attempts >= {attempt}"
+            ),
+            2,
+            Duration::from_secs(30),
+        )
+        .await;
+        app.db
+            .execute(
+                "UPDATE outbox_events SET next_attempt_at = now() WHERE sent_at IS NULL",
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    let last_error: Option<String> = app
+        .db
+        .query_one(
+            "SELECT last_error FROM outbox_events WHERE idempotency_key = 'after-delete'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        exchange_exists(&exchange).await,
+        "after 3 failed attempts the daemon has not declared its exchange again; last_error: {last_error:?}"
+    );
+}

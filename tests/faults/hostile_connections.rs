@@ -1,0 +1,254 @@
+//! Hostile connections against the real binary: slowloris, oversized headers and a flood of
+//! idle connections. The daemon must refuse or drop them, and keep answering normal requests
+//! meanwhile. Everything stays on 127.0.0.1 and every loop is bounded in count and time.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::daemon::Daemon;
+use crate::common::helpers::{entry_body, test_settings, TestDatabase, TestExchange};
+use crate::support::{database_name, http_client, knob, post_raw};
+
+/// Bound on everything the attack waits for: past it, the daemon is hanging.
+const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// The daemon comes last so that it is dropped (killed) first, before its database goes.
+async fn start_daemon() -> (TestDatabase, TestExchange, Daemon) {
+    let settings = test_settings();
+    let database = TestDatabase {
+        name: database_name(&settings.database.url),
+    };
+    let exchange = TestExchange {
+        name: settings.amqp.exchange.clone(),
+    };
+    let daemon = Daemon::start(&[
+        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
+        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
+    ])
+    .await;
+    (database, exchange, daemon)
+}
+
+fn host_port(daemon: &Daemon) -> String {
+    daemon.address.trim_start_matches("http://").to_owned()
+}
+
+/// Sends `head` (and a small body) on a fresh connection and returns the status code the
+/// daemon answers with, or None if it closed the connection without an answer.
+async fn raw_exchange(address: &str, head: &[u8]) -> Option<u16> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        // The daemon may answer and close before it has read everything: a failed write is
+        // not the verdict, the answer is.
+        let _ = stream.write_all(head).await;
+        let _ = stream.write_all(b"{}").await;
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buffer[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&answer);
+        text.strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok())
+    };
+    tokio::time::timeout(HANG_GUARD, exchange)
+        .await
+        .expect("the daemon answers or closes an oversized request instead of hanging")
+}
+
+fn request_head(extra_headers: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/entries HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: oversized\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\n{extra_headers}\r\n"
+    )
+    .into_bytes()
+}
+
+#[actix_web::test]
+async fn oversized_headers_are_refused_without_a_hang_or_a_write() {
+    let (database, _exchange, mut daemon) = start_daemon().await;
+    let address = host_port(&daemon);
+    let big = "a".repeat(64 * 1024);
+    let many: String = (0..1000)
+        .map(|i| format!("X-Header-{i}: {i}\r\n"))
+        .collect();
+    let cases = [
+        (
+            "one 64 KiB header",
+            request_head(&format!("X-Big: {big}\r\n")),
+        ),
+        (
+            "a 64 KiB Idempotency-Key",
+            request_head(&format!("Idempotency-Key: {big}\r\n")),
+        ),
+        ("1000 headers", request_head(&many)),
+        (
+            "a 64 KiB request line",
+            format!("GET /{big} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").into_bytes(),
+        ),
+    ];
+    for (what, head) in cases {
+        let status = raw_exchange(&address, &head).await;
+        assert!(
+            matches!(status, Some(400 | 414 | 431) | None),
+            "{what}: answered {status:?}"
+        );
+        eprintln!("hostile: {what} -> {status:?}");
+    }
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon survived: {}",
+        daemon.log_text()
+    );
+    let reply = post_raw(
+        &http_client(HANG_GUARD),
+        &daemon.address,
+        "after-oversized",
+        &entry_body(1).to_string(),
+        HANG_GUARD,
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status, 201, "{}", reply.describe());
+    let db = crate::support::connect(&database.name).await;
+    assert_eq!(
+        crate::support::count(&db, "SELECT count(*) FROM idempotency_records").await,
+        1,
+        "only the normal request wrote"
+    );
+    drop(db);
+}
+
+#[actix_web::test]
+async fn slowloris_and_an_idle_flood_do_not_stop_normal_requests() {
+    let slow_count = knob("RETRYSAFE_FAULT_SLOWLORIS", 200);
+    let idle_count = knob("RETRYSAFE_FAULT_IDLE", 1000);
+    let (_database, _exchange, mut daemon) = start_daemon().await;
+    let address = host_port(&daemon);
+
+    // Idle connections that never send a byte, and slow ones that send a request head that
+    // never ends, one byte per 100 ms each.
+    let mut idle = Vec::with_capacity(idle_count);
+    for _ in 0..idle_count {
+        idle.push(TcpStream::connect(&address).await.unwrap());
+    }
+    let mut slow = Vec::with_capacity(slow_count);
+    for _ in 0..slow_count {
+        slow.push(TcpStream::connect(&address).await.unwrap());
+    }
+    let head: Vec<u8> = b"POST /v1/entries HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        .iter()
+        .copied()
+        .chain(b"X-Slow: a\r\n".iter().copied().cycle().take(10_000))
+        .collect();
+
+    let attack_over = Rc::new(Cell::new(false));
+    let attack = {
+        let attack_over = attack_over.clone();
+        async move {
+            let started = tokio::time::Instant::now();
+            let mut slow_open: Vec<Option<TcpStream>> = slow.into_iter().map(Some).collect();
+            let mut idle_open: Vec<Option<TcpStream>> = idle.into_iter().map(Some).collect();
+            let mut buffer = [0u8; 512];
+            let mut sent = 0;
+            // Until the daemon has dropped every attacking connection, or the hang guard.
+            while started.elapsed() < HANG_GUARD {
+                for slot in slow_open.iter_mut() {
+                    let Some(stream) = slot else { continue };
+                    let closed = match stream.try_read(&mut buffer) {
+                        Ok(_) => true, // EOF, or an answer such as 408: the daemon gave up
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            stream.try_write(&head[sent..sent + 1]).is_err()
+                        }
+                        Err(_) => true,
+                    };
+                    if closed {
+                        *slot = None;
+                    }
+                }
+                for slot in idle_open.iter_mut() {
+                    let Some(stream) = slot else { continue };
+                    match stream.try_read(&mut buffer) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        _ => *slot = None,
+                    }
+                }
+                sent = (sent + 1).min(head.len() - 1);
+                let slow_left = slow_open.iter().flatten().count();
+                let idle_left = idle_open.iter().flatten().count();
+                if slow_left == 0 && idle_left == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            attack_over.set(true);
+            (
+                slow_open.iter().flatten().count(),
+                idle_open.iter().flatten().count(),
+                started.elapsed(),
+            )
+        }
+    };
+
+    // Meanwhile, a normal client writes every 100 ms.
+    let normal = {
+        let base = daemon.address.clone();
+        let attack_over = attack_over.clone();
+        async move {
+            let http = http_client(HANG_GUARD);
+            let mut answered = 0;
+            while !attack_over.get() && answered < 300 {
+                let key = format!("normal-{answered}");
+                let reply = post_raw(
+                    &http,
+                    &base,
+                    &key,
+                    &entry_body(answered).to_string(),
+                    HANG_GUARD,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{key} during the attack: {e}"));
+                assert_eq!(
+                    reply.status,
+                    201,
+                    "{key} during the attack: {}",
+                    reply.describe()
+                );
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            answered
+        }
+    };
+    let ((slow_left, idle_left, took), answered) = futures_util::future::join(attack, normal).await;
+    eprintln!(
+        "hostile: {slow_count} slowloris and {idle_count} idle connections dropped by the daemon within {took:?}; {answered} normal writes answered 201 meanwhile"
+    );
+    assert!(answered >= 1, "no normal request ran during the attack");
+    assert_eq!(
+        slow_left, 0,
+        "slowloris connections still open after {HANG_GUARD:?}: the daemon has no header deadline"
+    );
+    assert_eq!(
+        idle_left, 0,
+        "idle connections still open after {HANG_GUARD:?}: the daemon keeps them forever"
+    );
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon survived: {}",
+        daemon.log_text()
+    );
+}

@@ -1,0 +1,13 @@
+//! Fault tests: the daemon under crashes, database and broker faults, several daemons, and
+//! hostile connections. docs/reliability.md says what each proves and what bug it would catch.
+//! Run with `cargo test --features failpoints --test faults`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod broker_faults;
+mod crash_under_load;
+mod database_faults;
+mod hostile_connections;
+mod many_daemons;
+mod support;
