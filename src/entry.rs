@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use crate::idempotency::canonical::normalize_number;
 use crate::idempotency::{request_hash, RequestHash};
 
 /// The route whose requests are hashed; part of every request hash.
@@ -82,7 +83,7 @@ pub fn decode_new_entry(body: &[u8]) -> Result<(NewEntry, RequestHash), DecodeEr
     };
     let data = match fields.remove("data") {
         Some(Value::Object(data)) => {
-            find_nul(&data, "/data", &mut errors);
+            find_unstorable(&data, "/data", &mut errors);
             Some(data)
         }
         Some(_) => {
@@ -107,27 +108,34 @@ pub fn is_valid_kind(kind: &str) -> bool {
         })
 }
 
-/// PostgreSQL's jsonb cannot hold U+0000 in a string or a member name; refuse it here, with the
-/// place it was found, instead of failing the write in the database.
-fn find_nul(map: &Map<String, Value>, pointer: &str, errors: &mut Vec<FieldError>) {
+/// Refuses, with the place it was found, what PostgreSQL's jsonb would reject or change: U+0000
+/// in a string or a member name, and numbers too long for its `numeric` (see
+/// [`normalize_number`]).
+fn find_unstorable(map: &Map<String, Value>, pointer: &str, errors: &mut Vec<FieldError>) {
     for (name, value) in map {
         let member = format!("{pointer}/{}", escape_pointer(name));
         if name.contains('\0') {
             errors.push(field_error(&member, "member names may not contain U+0000"));
         }
-        find_nul_in_value(value, &member, errors);
+        find_unstorable_in_value(value, &member, errors);
     }
 }
 
-fn find_nul_in_value(value: &Value, pointer: &str, errors: &mut Vec<FieldError>) {
+fn find_unstorable_in_value(value: &Value, pointer: &str, errors: &mut Vec<FieldError>) {
     match value {
         Value::String(text) if text.contains('\0') => {
             errors.push(field_error(pointer, "strings may not contain U+0000"));
         }
-        Value::Object(map) => find_nul(map, pointer, errors),
+        Value::Number(number) if normalize_number(&number.to_string()).is_none() => {
+            errors.push(field_error(
+                pointer,
+                "numbers may have at most 1000 digits (written out without an exponent)",
+            ));
+        }
+        Value::Object(map) => find_unstorable(map, pointer, errors),
         Value::Array(items) => {
             for (index, item) in items.iter().enumerate() {
-                find_nul_in_value(item, &format!("{pointer}/{index}"), errors);
+                find_unstorable_in_value(item, &format!("{pointer}/{index}"), errors);
             }
         }
         _ => {}
@@ -194,6 +202,10 @@ mod tests {
         assert_eq!(
             invalid_pointers(r#"{"kind":"a","data":{"a\u0000":1}}"#),
             vec!["/data/a\\u0000"]
+        );
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","data":{"n":[1e100000]}}"#),
+            vec!["/data/n/0"]
         );
     }
 

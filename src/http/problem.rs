@@ -105,7 +105,9 @@ impl ApiError {
     fn detail(&self) -> String {
         match self {
             ApiError::StorageUnavailable(_) => {
-                "the database is unavailable; nothing was saved, retry the request with the same Idempotency-Key".into()
+                // Not "nothing was saved": when the connection fails during COMMIT the write may have
+                // been saved. Retrying the same key is safe either way; a new key is not.
+                "the database did not confirm the write; retry the request with the same Idempotency-Key: if the write was saved the retry returns its answer, otherwise it runs the write".into()
             }
             ApiError::IdempotencyKeyReused { .. } => {
                 "this Idempotency-Key was already used with a different request (method, route or body); use a new key for a new request".into()

@@ -69,8 +69,86 @@ fn write_canonical(value: &Value, out: &mut String) {
             out.push(']');
         }
         Value::String(text) => write_string(text, out),
+        Value::Number(number) => {
+            let literal = number.to_string();
+            match normalize_number(&literal) {
+                Some(normalized) => out.push_str(&normalized),
+                // Out of range: validation refuses such a request; its hash still needs a form.
+                None => out.push_str(&literal),
+            }
+        }
         scalar => out.push_str(&scalar.to_string()),
     }
+}
+
+/// Longest number accepted, in characters of its normalized form.
+pub const MAX_NUMBER_LEN: usize = 1000;
+
+/// A JSON number in the form PostgreSQL's `numeric` prints it, which is how jsonb stores and
+/// shows it: plain decimal notation, no exponent, the scale kept (`1.50` stays `1.50`, `1.5e1`
+/// is `15`, `1e-2` is `0.01`), no sign on zero. Numbers are kept digit for digit (serde_json's
+/// `arbitrary_precision`), so two requests that differ in the 20th digit differ. None when the
+/// normalized form would be longer than [`MAX_NUMBER_LEN`] or the text is not a JSON number.
+pub fn normalize_number(literal: &str) -> Option<String> {
+    let (negative, unsigned) = match literal.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, literal),
+    };
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (&unsigned[..at], unsigned[at + 1..].parse::<i64>().ok()?),
+        None => (unsigned, 0),
+    };
+    if exponent.unsigned_abs() > MAX_NUMBER_LEN as u64 {
+        return None;
+    }
+    let (integer, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if integer.is_empty()
+        || !integer
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let digits: String = [integer, fraction].concat();
+    // Where the decimal point falls within `digits`, and how many fraction digits to show.
+    let point = integer.len() as i64 + exponent;
+    let scale = (fraction.len() as i64 - exponent).max(0) as usize;
+    let (integer_digits, fraction_digits) = if point <= 0 {
+        (
+            String::from("0"),
+            "0".repeat(point.unsigned_abs() as usize) + &digits,
+        )
+    } else if point as usize >= digits.len() {
+        (
+            digits.clone() + &"0".repeat(point as usize - digits.len()),
+            String::new(),
+        )
+    } else {
+        (
+            digits[..point as usize].to_owned(),
+            digits[point as usize..].to_owned(),
+        )
+    };
+    let integer_digits = integer_digits.trim_start_matches('0');
+    let integer_digits = if integer_digits.is_empty() {
+        "0"
+    } else {
+        integer_digits
+    };
+    let mut fraction_digits = fraction_digits;
+    fraction_digits.truncate(scale);
+    let is_zero = integer_digits == "0" && fraction_digits.bytes().all(|b| b == b'0');
+    let mut out = String::with_capacity(integer_digits.len() + scale + 2);
+    if negative && !is_zero {
+        out.push('-');
+    }
+    out.push_str(integer_digits);
+    if scale > 0 {
+        out.push('.');
+        out.push_str(&fraction_digits);
+    }
+    (out.len() <= MAX_NUMBER_LEN).then_some(out)
 }
 
 fn write_object(map: &Map<String, Value>, out: &mut String) {
@@ -136,6 +214,48 @@ mod tests {
             request_hash("POST", "/v1/entries", &a),
             request_hash("POST", "/v1/other", &a)
         );
+    }
+
+    #[test]
+    fn numbers_take_postgresql_numeric_form() {
+        for (literal, expected) in [
+            ("0", "0"),
+            ("-0", "0"),
+            ("-0.0", "0.0"),
+            ("12", "12"),
+            ("-12", "-12"),
+            ("1.50", "1.50"),
+            ("1.5e1", "15"),
+            ("1.50e1", "15.0"),
+            ("1e2", "100"),
+            ("1E+2", "100"),
+            ("1e-2", "0.01"),
+            ("100e-2", "1.00"),
+            ("-1.25e-3", "-0.00125"),
+            ("123.456e1", "1234.56"),
+            ("100000000000000000000001", "100000000000000000000001"),
+            ("0.1000000000000000000001", "0.1000000000000000000001"),
+        ] {
+            assert_eq!(
+                normalize_number(literal).as_deref(),
+                Some(expected),
+                "{literal}"
+            );
+        }
+        assert_eq!(normalize_number("1e100000"), None);
+        assert_eq!(normalize_number(&format!("1{}", "0".repeat(1000))), None);
+    }
+
+    #[test]
+    fn numbers_are_kept_digit_for_digit() {
+        let a: Value = serde_json::from_str(r#"{"n":100000000000000000000001}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"n":100000000000000000000002}"#).unwrap();
+        assert_ne!(
+            request_hash("POST", "/v1/entries", &a),
+            request_hash("POST", "/v1/entries", &b)
+        );
+        let c: Value = serde_json::from_str(r#"{"n":1.5e1}"#).unwrap();
+        assert_eq!(canonical_json(&c), r#"{"n":15}"#);
     }
 
     #[test]

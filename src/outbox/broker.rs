@@ -70,7 +70,7 @@ impl Broker {
         let mut connection = self.connection.lock().await;
         if let Some(existing) = connection.as_ref() {
             if existing.status().connected() {
-                match confirm_channel(existing).await {
+                match confirm_channel(existing, &self.exchange).await {
                     Ok(channel) => return Ok(channel),
                     Err(error) => {
                         tracing::warn!(error = %error, "cannot open a channel; reconnecting")
@@ -81,7 +81,7 @@ impl Broker {
         self.connected.store(false, Ordering::Relaxed);
         *connection = None;
         let fresh = self.connect().await?;
-        let channel = confirm_channel(&fresh).await?;
+        let channel = confirm_channel(&fresh, &self.exchange).await?;
         *connection = Some(fresh);
         self.connected.store(true, Ordering::Relaxed);
         Ok(channel)
@@ -122,20 +122,6 @@ impl Broker {
                 }
             }
         });
-        let channel = connection.create_channel().await?;
-        channel
-            .exchange_declare(
-                self.exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        // The declaring channel is not needed further; a failed close changes nothing.
-        let _ = channel.close(200, "declared".into()).await;
         tracing::info!(exchange = %self.exchange, "connected to the broker");
         Ok(connection)
     }
@@ -153,8 +139,22 @@ impl Broker {
     }
 }
 
-async fn confirm_channel(connection: &Connection) -> Result<Channel, BrokerError> {
+/// A confirm-mode channel, after declaring the exchange on it: declaring is idempotent and
+/// cheap, and doing it for every channel re-creates an exchange deleted while the connection
+/// stayed up (publishing to a missing exchange fails and closes the channel).
+async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Channel, BrokerError> {
     let channel = connection.create_channel().await?;
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;

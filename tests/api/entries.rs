@@ -277,6 +277,9 @@ async fn the_same_key_in_two_clients_is_two_keys() {
 #[actix_web::test]
 async fn a_key_reports_its_record_and_events() {
     let app = spawn_app().await;
+    // A bound queue, so that the relay's first attempt succeeds and `attempts` stays 0.
+    let _consumer =
+        crate::common::consumer::TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     // The key in the path is validated like the header.
     let response = app.get("/v1/idempotency-keys/bad%20key", None).await;
     response.assert_problem(400, "invalid-idempotency-key");
@@ -302,7 +305,7 @@ async fn a_key_reports_its_record_and_events() {
     let events = view["events"].as_array().unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0]["event_type"], "entry.created");
-    assert_eq!(events[0]["attempts"], 0);
+    assert_eq!(events[0]["attempts"], 0, "{view}");
     let event_id: uuid::Uuid = events[0]["event_id"].as_str().unwrap().parse().unwrap();
     assert_eq!(event_id.get_version_num(), 7, "event ids are UUIDv7");
 
@@ -319,4 +322,74 @@ async fn health_and_readiness() {
     assert_eq!(ready.status, 200);
     assert_eq!(ready.json()["database"], "up");
     assert_eq!(ready.json()["migrations"], "applied");
+}
+
+async fn post_text(
+    app: &crate::common::helpers::TestApp,
+    key: &str,
+    body: &str,
+) -> crate::common::helpers::TestResponse {
+    app.send(
+        app.http
+            .post(format!("{}/v1/entries", app.address))
+            .insert_header(("Idempotency-Key", key))
+            .insert_header(("Content-Type", "application/json")),
+        body.to_owned(),
+    )
+    .await
+}
+
+#[actix_web::test]
+async fn numbers_are_kept_digit_for_digit_and_replayed_as_stored() {
+    let app = spawn_app().await;
+    let first = post_text(
+        &app,
+        "big-1",
+        r#"{"kind":"a","data":{"n":100000000000000000000001}}"#,
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    assert!(String::from_utf8_lossy(&first.body).contains(r#""n":100000000000000000000001"#));
+    // One digit apart is another request, not a replay.
+    post_text(
+        &app,
+        "big-1",
+        r#"{"kind":"a","data":{"n":100000000000000000000002}}"#,
+    )
+    .await
+    .assert_problem(409, "idempotency-key-reused");
+
+    // Numbers are shown as the database stores them (plain decimal, scale kept), so the first
+    // answer and a replay read back from the database are the same bytes.
+    let body =
+        r#"{"kind":"a","data":{"a":1.50,"b":1e2,"c":-0.0,"d":0.1000000000000000000001,"e":1.5e1}}"#;
+    let created = post_text(&app, "num-1", body).await;
+    assert_eq!(created.status, 201);
+    assert_eq!(
+        created.json()["data"].to_string(),
+        r#"{"a":1.50,"b":100,"c":0.0,"d":0.1000000000000000000001,"e":15}"#
+    );
+    let other = spawn_second_app(&app).await;
+    let replay = post_text(&other, "num-1", body).await;
+    assert_eq!(
+        replay.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(replay.body, created.body);
+    // The same values written another way are the same request.
+    let same = post_text(
+        &app,
+        "num-1",
+        r#"{"data":{"e":15,"d":0.1000000000000000000001,"c":0.0,"b":100,"a":1.50},"kind":"a"}"#,
+    )
+    .await;
+    assert_eq!(same.header("idempotency-replayed").as_deref(), Some("true"));
+
+    let huge = post_text(&app, "num-2", r#"{"kind":"a","data":{"n":1e100000}}"#).await;
+    huge.assert_problem(400, "invalid-request");
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_records WHERE key = 'num-2'")
+            .await,
+        0
+    );
 }

@@ -354,7 +354,9 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "entry.created").await;
     let writes = 150;
-    let responses = join_all((0..writes).map(|n| app.post_entry_owned(format!("mixed-{n}"), entry_body(n)))).await;
+    let responses =
+        join_all((0..writes).map(|n| app.post_entry_owned(format!("mixed-{n}"), entry_body(n))))
+            .await;
     assert!(responses.iter().all(|r| r.status == 201));
 
     let mut received = HashSet::new();
@@ -386,11 +388,17 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
     );
     let sent_ids: HashSet<String> = app
         .db
-        .query("SELECT event_id::text FROM outbox_events WHERE sent_at IS NOT NULL", &[])
+        .query(
+            "SELECT event_id::text FROM outbox_events WHERE sent_at IS NOT NULL",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
         .map(|row| row.get(0))
         .collect();
-    assert!(sent_ids.is_subset(&received), "every row marked sent was received");
+    assert!(
+        sent_ids.is_subset(&received),
+        "every row marked sent was received"
+    );
 }

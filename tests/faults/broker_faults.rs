@@ -400,7 +400,6 @@ async fn exchange_exists(exchange: &str) -> bool {
 /// script): publishes fail with NOT_FOUND and close the channel, but the connection stays up,
 /// and the daemon declares its exchange only when it opens a connection.
 #[actix_web::test]
-#[ignore = "bug: the relay never re-declares a deleted exchange while its connection stays up; every publish fails NOT_FOUND until the events park"]
 async fn a_deleted_exchange_is_declared_again_and_events_still_arrive() {
     let app = spawn_app_with(|settings| settings.outbox.max_attempts = 5).await;
     let exchange = app.settings.amqp.exchange.clone();

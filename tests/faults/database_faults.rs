@@ -475,7 +475,6 @@ async fn a_write_whose_commit_acknowledgement_is_lost_is_replayed_by_its_retry()
 }
 
 #[actix_web::test]
-#[ignore = "bug: after a commit whose outcome is unknown the 503 tells the client \"nothing was saved\", though the write was committed"]
 async fn a_503_after_an_unknown_commit_outcome_does_not_claim_nothing_was_saved() {
     let (app, dropper) = app_behind_commit_ack_dropper().await;
     dropper.arm();

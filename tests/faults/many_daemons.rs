@@ -131,7 +131,6 @@ async fn three_daemons_sharing_keys_write_once_answer_identically_and_publish_on
 /// jsonb's text and no longer matches the first answer byte for byte. Found by this suite; see
 /// docs/reliability.md.
 #[actix_web::test]
-#[ignore = "bug: a replay read back from the database is not byte-identical for some numbers (1e16 -> 10000000000000000, -0.0 -> 0.0, 7.089665258415694e-214 -> 7.0896652584156944e-214)"]
 async fn a_replay_from_another_daemon_is_byte_identical_for_every_number() {
     let first = spawn_app_with(|_| {}).await;
     let second = spawn_second_app(&first).await;
