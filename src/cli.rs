@@ -111,13 +111,20 @@ pub fn run() -> anyhow::Result<()> {
     }
     let path = cli.config_path();
     let settings = cli.settings()?;
+    let stray = crate::config::stray_environment();
     match &cli.command {
         Command::CheckConfig => {
+            for name in &stray {
+                eprintln!("warning: {name} is ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
+            }
             println!("{}: configuration is valid", path.display());
             Ok(())
         }
         Command::Serve => {
             telemetry::init_logging(&settings.log);
+            for name in &stray {
+                tracing::warn!(variable = %name, "ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
+            }
             actix_web::rt::System::new().block_on(serve(settings))
         }
         Command::Migrate => {

@@ -56,6 +56,8 @@ pub struct HttpSettings {
     pub max_body_bytes: usize,
     /// How long a shutdown waits for requests in flight and queued writes.
     pub shutdown_timeout: ConfigDuration,
+    /// How long a client may take to send a request body; slower ones get 408.
+    pub body_timeout: ConfigDuration,
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -182,6 +184,7 @@ impl Default for HttpSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 64 * 1024,
             shutdown_timeout: ConfigDuration::from_secs(30),
+            body_timeout: ConfigDuration::from_secs(30),
         }
     }
 }
@@ -299,6 +302,7 @@ impl Settings {
         if self.database.max_batch == 0 {
             return Err(invalid("database.max_batch", "must be at least 1"));
         }
+        positive(self.http.body_timeout, "http.body_timeout")?;
         positive(self.database.connect_timeout, "database.connect_timeout")?;
         positive(
             self.database.statement_timeout,
@@ -398,6 +402,20 @@ fn positive(value: ConfigDuration, key: &'static str) -> Result<(), ConfigError>
     Ok(())
 }
 
+/// `RETRYSAFE_*` variables that are not configuration keys (they lack the `__` between section
+/// and key), other than `RETRYSAFE_CONFIG`: most likely a mistyped key, such as
+/// `RETRYSAFE_HTTP_LISTEN`. They are ignored; the daemon warns about each.
+pub fn stray_environment() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            name.starts_with(ENV_PREFIX) && !name.contains("__") && name != "RETRYSAFE_CONFIG"
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// Only variables with a `__` separator are configuration keys, so that other `RETRYSAFE_*`
 /// variables (such as `RETRYSAFE_CONFIG`) are not mistaken for unknown keys.
 fn environment() -> Env {
@@ -431,10 +449,15 @@ fn describe_figment_error(error: figment::Error) -> String {
         .join("; ")
 }
 
-/// Shows a URL without its password.
+/// Shows a URL without its password, and without its query string (which may carry one, as in
+/// `?password=...`).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<unparsable url>".into();
+    };
+    let rest = match rest.split_once('?') {
+        Some((before, _query)) => before,
+        None => rest,
     };
     match rest.rsplit_once('@') {
         Some((userinfo, host)) => {
@@ -445,7 +468,7 @@ pub fn redact_url(url: &str) -> String {
                 format!("{scheme}://{user}@{host}")
             }
         }
-        None => url.to_string(),
+        None => format!("{scheme}://{rest}"),
     }
 }
 
@@ -496,6 +519,14 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
         assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+        assert_eq!(
+            redact_url("postgres://app@db/x?password=hunter2&sslmode=disable"),
+            "postgres://app@db/x"
+        );
+        assert_eq!(
+            redact_url("postgres://db/x?password=hunter2"),
+            "postgres://db/x"
+        );
     }
 
     #[test]

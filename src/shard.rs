@@ -81,8 +81,11 @@ pub struct KeyShard {
 pub struct SharedCache(Arc<Mutex<ResponseCache>>);
 
 impl SharedCache {
-    pub fn new(capacity: usize) -> Self {
-        Self(Arc::new(Mutex::new(ResponseCache::new(capacity))))
+    pub fn new(capacity: usize, capacity_bytes: usize) -> Self {
+        Self(Arc::new(Mutex::new(ResponseCache::new(
+            capacity,
+            capacity_bytes,
+        ))))
     }
 
     /// The answer for a request whose key is completed and cached: a replay if the request is
@@ -127,9 +130,13 @@ impl KeyShard {
         }
     }
 
-    /// Starts a shard with a cache of `cache_capacity` responses.
-    pub fn spawn(writers: Vec<Addr<Writer>>, cache_capacity: usize) -> ShardHandle {
-        let cache = SharedCache::new(cache_capacity);
+    /// Starts a shard with a cache of at most `cache_capacity` responses and `cache_bytes` bytes.
+    pub fn spawn(
+        writers: Vec<Addr<Writer>>,
+        cache_capacity: usize,
+        cache_bytes: usize,
+    ) -> ShardHandle {
+        let cache = SharedCache::new(cache_capacity, cache_bytes);
         let addr = KeyShard::new(writers, cache.clone()).start();
         ShardHandle { addr, cache }
     }
@@ -242,6 +249,10 @@ impl Handler<Submit> for KeyShard {
 /// record's `expires_at` (after which the key is new again).
 struct ResponseCache {
     capacity: usize,
+    /// Bound on the bytes held (keys and bodies), whatever the entry count: bodies may be up to
+    /// `http.max_body_bytes` and more, and the count alone would not bound memory.
+    capacity_bytes: usize,
+    bytes: usize,
     entries: HashMap<ScopedKey, CachedResponse>,
     /// Insertion order, with the generation each key had when inserted: a key re-inserted later
     /// leaves a stale item here that eviction skips.
@@ -255,10 +266,17 @@ struct CachedResponse {
     generation: u64,
 }
 
+/// What a cached response costs, roughly: its body, its key, and the bookkeeping around them.
+fn cached_size(key: &ScopedKey, response: &StoredResponse) -> usize {
+    response.body.len() + key.0.len() + key.1.as_str().len() + 160
+}
+
 impl ResponseCache {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, capacity_bytes: usize) -> Self {
         Self {
             capacity,
+            capacity_bytes,
+            bytes: 0,
             entries: HashMap::new(),
             order: VecDeque::new(),
             next_generation: 0,
@@ -275,13 +293,16 @@ impl ResponseCache {
     }
 
     fn insert(&mut self, key: ScopedKey, request_hash: RequestHash, response: StoredResponse) {
-        if self.capacity == 0 {
+        let size = cached_size(&key, &response);
+        if self.capacity == 0 || size > self.capacity_bytes {
             return;
         }
+        self.remove(&key);
         let generation = self.next_generation;
         self.next_generation += 1;
         self.order.push_back((key.clone(), generation));
-        let previous = self.entries.insert(
+        self.bytes += size;
+        self.entries.insert(
             key,
             CachedResponse {
                 request_hash,
@@ -289,10 +310,11 @@ impl ResponseCache {
                 generation,
             },
         );
-        if previous.is_none() {
-            metrics::gauge!(telemetry::SHARD_CACHE_ENTRIES).increment(1.0);
-        }
-        while self.entries.len() > self.capacity || self.order.len() > self.capacity * 2 {
+        metrics::gauge!(telemetry::SHARD_CACHE_ENTRIES).increment(1.0);
+        while self.entries.len() > self.capacity
+            || self.bytes > self.capacity_bytes
+            || self.order.len() > self.capacity * 2
+        {
             let Some((oldest, generation)) = self.order.pop_front() else {
                 break;
             };
@@ -307,7 +329,8 @@ impl ResponseCache {
     }
 
     fn remove(&mut self, key: &ScopedKey) {
-        if self.entries.remove(key).is_some() {
+        if let Some(cached) = self.entries.remove(key) {
+            self.bytes -= cached_size(key, &cached.response);
             metrics::gauge!(telemetry::SHARD_CACHE_ENTRIES).decrement(1.0);
         }
     }
@@ -336,7 +359,7 @@ mod tests {
 
     #[test]
     fn cache_is_bounded_and_honors_expiry() {
-        let mut cache = ResponseCache::new(2);
+        let mut cache = ResponseCache::new(2, 1 << 20);
         let hash = RequestHash([0; 32]);
         cache.insert(key("a"), hash, response(chrono::Duration::hours(1)));
         cache.insert(key("b"), hash, response(chrono::Duration::hours(1)));
@@ -348,6 +371,39 @@ mod tests {
         assert!(
             cache.get(&key("d")).is_none(),
             "expired entries are not served"
+        );
+    }
+
+    #[test]
+    fn cache_is_bounded_in_bytes() {
+        let big = |expires_in| StoredResponse {
+            body: Bytes::from(vec![b'x'; 1000]),
+            ..response(expires_in)
+        };
+        let hash = RequestHash([0; 32]);
+        let mut cache = ResponseCache::new(100, 2500);
+        for name in ["a", "b", "c"] {
+            cache.insert(key(name), hash, big(chrono::Duration::hours(1)));
+        }
+        assert!(cache.bytes <= 2500);
+        assert!(
+            cache.get(&key("a")).is_none(),
+            "the oldest is evicted by size"
+        );
+        assert!(cache.get(&key("c")).is_some());
+        cache.insert(key("c"), hash, big(chrono::Duration::hours(1)));
+        assert_eq!(cache.entries.len(), 2, "re-inserting a key replaces it");
+        cache.insert(
+            key("huge"),
+            hash,
+            StoredResponse {
+                body: Bytes::from(vec![b'x'; 5000]),
+                ..response(chrono::Duration::hours(1))
+            },
+        );
+        assert!(
+            cache.get(&key("huge")).is_none(),
+            "a response larger than the budget is not cached"
         );
     }
 

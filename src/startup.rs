@@ -16,6 +16,9 @@ use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::shard::{KeyShard, ShardHandle};
 use crate::writer::{CommitHook, Writer, WriterConfig};
 
+/// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
+const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 /// A running daemon: its actors started and its listener bound.
 pub struct Application {
     port: u16,
@@ -99,9 +102,19 @@ impl Application {
             .cache_entries
             .div_ceil(settings.idempotency.shards);
         let shards: Vec<ShardHandle> = (0..settings.idempotency.shards)
-            .map(|_| KeyShard::spawn(writers.clone(), cache_per_shard))
+            .map(|_| {
+                KeyShard::spawn(
+                    writers.clone(),
+                    cache_per_shard,
+                    CACHE_BYTES / settings.idempotency.shards,
+                )
+            })
             .collect();
         Janitor::new(pool.clone(), settings.outbox.retention.0).start();
+        http::observe::spawn_outbox_gauges(
+            pool.clone(),
+            settings.database.connect_timeout.0 + settings.database.statement_timeout.0,
+        );
 
         let state = web::Data::new(Arc::new(AppState::new(
             &settings,

@@ -25,6 +25,10 @@ use crate::idempotency::canonical::write_string;
 use crate::idempotency::{canonical_json, canonical_object, IdempotencyKey, RequestHash};
 use crate::telemetry;
 
+/// Writes a writer queues at most, in batches' worth: past that it refuses new writes with
+/// 503 at once (shedding load) rather than letting latency and memory grow without bound.
+const MAX_QUEUED_BATCHES: usize = 8;
+
 /// How often a batch aborted by a deadlock or serialization failure is run again.
 const MAX_CONFLICT_RETRIES: u32 = 5;
 
@@ -156,6 +160,12 @@ impl Handler<Write> for Writer {
     type Result = ();
 
     fn handle(&mut self, write: Write, ctx: &mut Self::Context) {
+        if self.queue.len() >= self.config.max_batch * MAX_QUEUED_BATCHES {
+            let _ = write.reply.send(Err(StorageError::Unavailable(
+                "the writers are saturated: too many writes queued".into(),
+            )));
+            return;
+        }
         self.queue.push_back(write);
         metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).increment(1.0);
         self.start_batch(ctx);

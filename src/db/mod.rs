@@ -81,26 +81,39 @@ mod embedded {
 /// Serializes migrations across daemons that start together on one database.
 const MIGRATION_LOCK_ID: i64 = 0x7265_7472_7973_6166; // "retrysaf"
 
-/// Parses `database.url` and applies the connection settings every connection needs.
-pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StorageError> {
+/// Parses `database.url` and applies what every connection needs: a connect timeout, an
+/// application name, and TCP keepalives so that dead peers behind a cut network are noticed.
+fn base_pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StorageError> {
     let mut config = tokio_postgres::Config::from_str(&settings.url)
         .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
     config.connect_timeout(settings.connect_timeout.0);
     if config.get_application_name().is_none() {
         config.application_name("retrysafe");
     }
+    config.keepalives_idle(Duration::from_secs(30));
+    config.tcp_user_timeout(settings.statement_timeout.0 + settings.connect_timeout.0);
+    Ok(config)
+}
+
+/// A transaction left open this long (a stuck relay, say) is ended by the server, so that it
+/// cannot hold its row locks and block vacuum indefinitely.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The pool's connections: the base settings, and server-side bounds on every statement.
+pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StorageError> {
+    let mut config = base_pg_config(settings)?;
     // A statement that waits past this (for a lock held by a stuck session, say) is cancelled,
     // so that a request fails with 503 instead of hanging.
     let timeout_ms = settings.statement_timeout.0.as_millis();
-    let options = format!("-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}");
+    let idle_ms = IDLE_IN_TRANSACTION_TIMEOUT.as_millis();
+    let options = format!(
+        "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c idle_in_transaction_session_timeout={idle_ms}"
+    );
     let options = match config.get_options() {
         Some(existing) => format!("{existing} {options}"),
         None => options,
     };
     config.options(&options);
-    // Dead peers behind a cut network are noticed instead of waited on forever.
-    config.keepalives_idle(Duration::from_secs(30));
-    config.tcp_user_timeout(settings.statement_timeout.0 + settings.connect_timeout.0);
     Ok(config)
 }
 
@@ -117,10 +130,10 @@ pub fn build_pool(settings: &DatabaseSettings) -> Result<PgPool, StorageError> {
         .build_unchecked(manager))
 }
 
-/// Creates the database named in the URL when it does not exist, connecting to the `postgres`
-/// maintenance database as the same role.
-pub async fn create_database_if_missing(settings: &DatabaseSettings) -> Result<(), StorageError> {
-    let config = pg_config(settings)?;
+/// Creates the database named in the URL, connecting to the `postgres` maintenance database as
+/// the same role. Only called when connecting to it said it does not exist (3D000), so a role
+/// that may not connect to `postgres` starts fine against a database that exists.
+async fn create_database(config: &tokio_postgres::Config) -> Result<(), StorageError> {
     let name = config
         .get_dbname()
         .map(str::to_owned)
@@ -130,29 +143,31 @@ pub async fn create_database_if_missing(settings: &DatabaseSettings) -> Result<(
     maintenance.dbname("postgres");
     let (client, connection) = maintenance.connect(NoTls).await?;
     let connection = tokio::spawn(connection);
-    let exists = client
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
-        .await?
-        .is_some();
-    if !exists {
-        let statement = format!("CREATE DATABASE {}", quote_identifier(&name));
-        match client.batch_execute(&statement).await {
-            Ok(()) => tracing::info!(database = %name, "created database"),
-            // Another daemon created it at the same moment.
-            Err(error) if sqlstate::is_duplicate_database(&error) => {}
-            Err(error) => return Err(error.into()),
-        }
+    let statement = format!("CREATE DATABASE {}", quote_identifier(&name));
+    match client.batch_execute(&statement).await {
+        Ok(()) => tracing::info!(database = %name, "created database"),
+        // Another daemon created it at the same moment.
+        Err(error) if sqlstate::is_duplicate_database(&error) => {}
+        Err(error) => return Err(error.into()),
     }
     drop(client);
     let _ = connection.await;
     Ok(())
 }
 
-/// Applies the embedded migrations that the database does not have yet.
+/// Creates the database if it does not exist, then applies the embedded migrations it does not
+/// have yet. Migrations run without the pool's statement and lock timeouts: building an index
+/// on a large table, or waiting for another daemon's migration, may take longer.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError> {
-    create_database_if_missing(settings).await?;
-    let config = pg_config(settings)?;
-    let (mut client, connection) = config.connect(NoTls).await?;
+    let config = base_pg_config(settings)?;
+    let (mut client, connection) = match config.connect(NoTls).await {
+        Ok(connected) => connected,
+        Err(error) if sqlstate::is_invalid_catalog_name(&error) => {
+            create_database(&config).await?;
+            config.connect(NoTls).await?
+        }
+        Err(error) => return Err(error.into()),
+    };
     let connection = tokio::spawn(connection);
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])

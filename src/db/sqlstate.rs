@@ -86,6 +86,10 @@ pub fn is_duplicate_database(error: &tokio_postgres::Error) -> bool {
     matches!(error.code(), Some(code) if *code == SqlState::DUPLICATE_DATABASE || *code == SqlState::UNIQUE_VIOLATION)
 }
 
+pub fn is_invalid_catalog_name(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::INVALID_CATALOG_NAME)
+}
+
 pub fn is_undefined_table(error: &tokio_postgres::Error) -> bool {
     error.code() == Some(&SqlState::UNDEFINED_TABLE)
 }

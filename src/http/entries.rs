@@ -21,6 +21,7 @@ use crate::writer::{StoredResponse, WriteRequest};
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
 pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
 
 /// Creates an entry, once per Idempotency-Key. A retry with the same key and request gets the
@@ -36,12 +37,15 @@ pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
             headers(("Location" = String, description = "/v1/entries/{id}"), ("Idempotency-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, description = "Missing or malformed Idempotency-Key (`missing-idempotency-key`, `invalid-idempotency-key`), body not JSON (`malformed-json`) or not an entry (`invalid-request`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The key was used with a different request (`idempotency-key-reused`), or is still in flight past idempotency.wait_timeout (`request-in-progress`, with Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The key was used with a different request (`idempotency-key-reused`), or is still in flight past idempotency.wait_timeout (`request-in-progress`, with Retry-After)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying (request-in-progress)"))),
+        (status = 408, description = "The body did not arrive within http.body_timeout (`request-timeout`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over http.max_body_bytes (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Content-Type is not application/json (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Content-Type is not application/json, or the body is compressed (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "With idempotency.mismatch_status = 422: the key was used with a different request (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Unexpected error (`internal-error`); logged", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unreachable or pool timeout (`storage-unavailable`, with Retry-After); nothing was written, retry with the same key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable, pool timeout or writers saturated (`storage-unavailable`); retry with the same key: a write whose commit was not confirmed is then replayed, any other runs afresh", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
     ),
     security(("bearer" = [])),
 )]
@@ -53,7 +57,12 @@ pub async fn create_entry(
     let client_id = state.auth.authenticate(&request)?;
     let key = idempotency_key(&request)?;
     require_json(&request)?;
-    let body = read_body(&request, payload, state.max_body_bytes).await?;
+    let body = tokio::time::timeout(
+        state.body_timeout,
+        read_body(&request, payload, state.max_body_bytes),
+    )
+    .await
+    .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
     let (entry, request_hash) = decode_new_entry(&body)?;
 
     let shard = state.shard_for(&client_id, &key);
@@ -146,6 +155,14 @@ fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
     let refuse = |what: &str| {
         ApiError::UnsupportedMediaType(format!("{what}; send Content-Type: application/json"))
     };
+    if let Some(encoding) = request.headers().get(header::CONTENT_ENCODING) {
+        let encoding = encoding.to_str().unwrap_or("?").trim();
+        if !encoding.eq_ignore_ascii_case("identity") {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "Content-Encoding {encoding:?} is not supported; send the body uncompressed"
+            )));
+        }
+    }
     let value = request
         .headers()
         .get(header::CONTENT_TYPE)

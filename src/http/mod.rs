@@ -28,6 +28,9 @@ pub struct AppState {
     pub broker: Arc<Broker>,
     pub auth: Authenticator,
     pub max_body_bytes: usize,
+    /// actix bounds the headers; this bounds the body, so that a client trickling it cannot
+    /// hold a connection and a task forever.
+    pub body_timeout: Duration,
     pub wait_timeout: Duration,
     /// Status for a reused key with another request (409, or 422).
     pub mismatch_status: actix_web::http::StatusCode,
@@ -50,6 +53,7 @@ impl AppState {
             broker,
             auth: Authenticator::new(&settings.auth),
             max_body_bytes: settings.http.max_body_bytes,
+            body_timeout: settings.http.body_timeout.0,
             wait_timeout: settings.idempotency.wait_timeout.0,
             mismatch_status: actix_web::http::StatusCode::from_u16(
                 settings.idempotency.mismatch_status,
@@ -77,8 +81,12 @@ pub fn routes(config: &mut web::ServiceConfig) {
             "/v1/idempotency-keys/{key}",
             web::get().to(keys::get_key),
         ))
-        .service(only("/healthz", web::get().to(health::healthz)))
-        .service(only("/readyz", web::get().to(health::readyz)))
+        .service(
+            only("/healthz", web::get().to(health::healthz)).route(web::head().to(health::healthz)),
+        )
+        .service(
+            only("/readyz", web::get().to(health::readyz)).route(web::head().to(health::readyz)),
+        )
         .service(only("/metrics", web::get().to(observe::metrics)))
         .service(only("/openapi.json", web::get().to(openapi::openapi_json)));
 }

@@ -12,9 +12,43 @@ use actix_web::{Error, HttpResponse};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::db::{PgPool, StorageError};
 use crate::http::SharedState;
 use crate::outbox::store;
 use crate::telemetry;
+
+/// How often the outbox gauges are read from the database.
+const OUTBOX_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Refreshes the outbox backlog gauges every few seconds. If the database does not answer in
+/// `timeout`, they keep their last value.
+pub fn spawn_outbox_gauges(pool: PgPool, timeout: std::time::Duration) {
+    actix::spawn(async move {
+        let mut ticks = tokio::time::interval(OUTBOX_GAUGES_INTERVAL);
+        loop {
+            ticks.tick().await;
+            let totals = tokio::time::timeout(timeout, async {
+                let connection = pool.get().await.map_err(StorageError::from)?;
+                store::totals(&**connection).await
+            })
+            .await;
+            match totals {
+                Ok(Ok(totals)) => {
+                    metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
+                    metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
+                    metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)
+                        .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
+                }
+                Ok(Err(error)) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
+                Err(_elapsed) => {
+                    tracing::debug!(
+                        "outbox gauges not refreshed: the database did not answer in time"
+                    )
+                }
+            }
+        }
+    });
+}
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -135,8 +169,8 @@ fn record(route: &str, outcome: Outcome, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// `GET /metrics`: Prometheus text. Gauges that live in the database are read now, within the
-/// readiness probe's bound; if the database does not answer they keep their last value.
+/// `GET /metrics`: Prometheus text. The outbox gauges come from the database, refreshed in the
+/// background ([`spawn_outbox_gauges`]), so that scrapes cost no query.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub async fn metrics(state: SharedState) -> HttpResponse {
     let pool_state = state.pool.state();
@@ -148,27 +182,6 @@ pub async fn metrics(state: SharedState) -> HttpResponse {
     } else {
         0.0
     });
-    let outbox = tokio::time::timeout(state.probe_timeout, async {
-        let connection = state
-            .pool
-            .get()
-            .await
-            .map_err(crate::db::StorageError::from)?;
-        store::totals(&**connection).await
-    })
-    .await;
-    match outbox {
-        Ok(Ok(totals)) => {
-            metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
-            metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
-            metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)
-                .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
-        }
-        Ok(Err(error)) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
-        Err(_elapsed) => {
-            tracing::debug!("outbox gauges not refreshed: the database did not answer in time")
-        }
-    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(telemetry::metrics_handle().render())

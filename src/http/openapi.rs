@@ -35,6 +35,8 @@ pub enum ProblemType {
     UnsupportedMediaType,
     #[serde(rename = "/problems/payload-too-large")]
     PayloadTooLarge,
+    #[serde(rename = "/problems/request-timeout")]
+    RequestTimeout,
     #[serde(rename = "/problems/malformed-json")]
     MalformedJson,
     #[serde(rename = "/problems/invalid-request")]

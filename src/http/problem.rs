@@ -24,6 +24,8 @@ pub enum ApiError {
     InvalidIdempotencyKey(KeyError),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    #[error("the body did not arrive within {0:?}")]
+    RequestTimeout(std::time::Duration),
     #[error("the body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
@@ -70,6 +72,7 @@ impl ApiError {
                 ("unsupported-media-type", "Unsupported media type")
             }
             ApiError::PayloadTooLarge { .. } => ("payload-too-large", "Payload too large"),
+            ApiError::RequestTimeout(_) => ("request-timeout", "Request timeout"),
             ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
             ApiError::InvalidRequest(_) => ("invalid-request", "Invalid request"),
             ApiError::IdempotencyKeyReused { .. } => {
@@ -95,6 +98,7 @@ impl ApiError {
             | ApiError::InvalidIdempotencyKey(_)
             | ApiError::UnsupportedMediaType(_)
             | ApiError::PayloadTooLarge { .. }
+            | ApiError::RequestTimeout(_)
             | ApiError::MalformedJson(_)
             | ApiError::InvalidRequest(_)
             | ApiError::MethodNotAllowed(_) => Outcome::Invalid,
@@ -154,6 +158,7 @@ impl ResponseError for ApiError {
             | ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::IdempotencyKeyReused { status } => *status,
             ApiError::RequestInProgress => StatusCode::CONFLICT,
             ApiError::StorageUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -377,7 +377,14 @@ async fn run_relay(
         }
         let current = match &channel {
             Some(current) if current.status().connected() => current,
-            _ => match broker.open_channel().await {
+            _ => match tokio::time::timeout(config.confirm_timeout, broker.open_channel())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(BrokerError::Connect(format!(
+                        "no channel within {:?}",
+                        config.confirm_timeout
+                    )))
+                }) {
                 Ok(opened) => {
                     reconnect_delay = FIRST_RECONNECT_DELAY;
                     channel.insert(opened)

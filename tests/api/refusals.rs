@@ -218,3 +218,54 @@ async fn unknown_routes_and_methods_are_problems() {
         .await
         .assert_problem(404, "not-found");
 }
+
+#[actix_web::test]
+async fn compressed_bodies_are_refused() {
+    let app = spawn_app().await;
+    let request = app
+        .http
+        .post(format!("{}/v1/entries", app.address))
+        .insert_header(("Idempotency-Key", "gz-1"))
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("Content-Encoding", "gzip"));
+    app.send(request, entry_body(1).to_string())
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = crate::common::helpers::spawn_app_with(|settings| {
+        settings.http.body_timeout = retrysafe::config::ConfigDuration(std::time::Duration::from_millis(500));
+    })
+    .await;
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/entries HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow-1\r\n\
+              Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"kind\"",
+        )
+        .await
+        .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(30), stream.read(&mut answer))
+        .await
+        .expect("the daemon answers a trickling body instead of waiting forever")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("/problems/request-timeout"), "{answer}");
+    assert_nothing_written(&app).await;
+}
+
+#[actix_web::test]
+async fn probes_answer_head_requests() {
+    let app = spawn_app().await;
+    for path in ["/healthz", "/readyz"] {
+        let response = app.send(app.http.head(format!("{}{path}", app.address)), Vec::new()).await;
+        assert_eq!(response.status, 200, "HEAD {path}");
+    }
+}
