@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::common::consumer::{header, message_id, TestConsumer};
 use crate::common::helpers::{
-    entry_body, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL,
+    entry_body, insert_backlog, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL,
 };
 use crate::common::proxy::TcpProxy;
 
@@ -228,20 +228,6 @@ async fn events_past_max_attempts_are_parked() {
     );
 }
 
-/// Inserts `count` events straight into the outbox, as a large backlog left by writes.
-async fn insert_backlog(app: &TestApp, count: i64) {
-    app.db
-        .execute(
-            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
-             SELECT gen_random_uuid(), 'backlog/' || n, 'anonymous', 'backlog-' || n, 'entry.created',
-                    jsonb_build_object('specversion', '1.0', 'n', n, 'padding', repeat('x', 200))
-             FROM generate_series(1, $1::bigint) AS n",
-            &[&count],
-        )
-        .await
-        .unwrap();
-}
-
 #[actix_web::test]
 async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
     const EVENTS: i64 = 10_000;
@@ -252,7 +238,7 @@ async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
     .await;
     let second = spawn_second_app(&first).await;
     let mut consumer = TestConsumer::bind(&first.settings.amqp.exchange, "#").await;
-    insert_backlog(&first, EVENTS).await;
+    insert_backlog(&first.db, EVENTS).await;
 
     let mut seen = HashSet::new();
     let mut duplicates = 0;

@@ -5,6 +5,34 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+/// A free port on 127.0.0.1 (free when asked; the daemon binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `retrysafe serve` with the repository's config.toml, listening on `port`, polling the outbox
+/// every 100 ms, logging to `log`; the caller adds its own environment.
+pub fn serve_command(port: u16, log: &std::path::Path) -> Command {
+    let log_file = std::fs::File::create(log).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
+        .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{port}"))
+        .env("RETRYSAFE_OUTBOX__POLL_INTERVAL", "100ms")
+        .env("RETRYSAFE_LOG__LEVEL", "info")
+        .env_remove("FAILPOINTS")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file);
+    command
+}
+
 pub struct Daemon {
     pub child: Child,
     pub address: String,
@@ -15,25 +43,10 @@ impl Daemon {
     /// Starts `retrysafe serve` with the repository's config.toml and `env` overrides, and waits
     /// until it answers `/healthz`.
     pub async fn start(env: &[(&str, String)]) -> Self {
-        let port = {
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.local_addr().unwrap().port()
-        };
+        let port = free_port();
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("daemon-{}.log", uuid::Uuid::new_v4()));
-        let log_file = std::fs::File::create(&log).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
-            .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{port}"))
-            .env("RETRYSAFE_OUTBOX__POLL_INTERVAL", "100ms")
-            .env("RETRYSAFE_LOG__LEVEL", "info")
-            .env_remove("FAILPOINTS")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file);
+        let mut command = serve_command(port, &log);
         for (name, value) in env {
             command.env(name, value);
         }

@@ -73,6 +73,33 @@ impl TestResponse {
     }
 }
 
+/// Inserts `count` events straight into the outbox, as a large backlog left by writes.
+pub async fn insert_backlog(db: &tokio_postgres::Client, count: i64) {
+    db.execute(
+        "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
+         SELECT gen_random_uuid(), 'backlog/' || n, 'anonymous', 'backlog-' || n, 'entry.created',
+                jsonb_build_object('specversion', '1.0', 'n', n, 'padding', repeat('x', 200))
+         FROM generate_series(1, $1::bigint) AS n",
+        &[&count],
+    )
+    .await
+    .unwrap();
+}
+
+/// Runs `work` to completion on a thread and runtime of its own: a guard's `drop` runs inside
+/// the test's runtime, where it cannot block on a future.
+fn block_on_in_thread<F: std::future::Future<Output = ()> + Send + 'static>(work: F, what: &str) {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(work)
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
 pub struct TestDatabase {
     pub name: String,
 }
@@ -80,25 +107,17 @@ pub struct TestDatabase {
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // Drop runs inside the test's runtime; a thread of its own can block on the drop.
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
+        let drop_database = async move {
+            let (client, connection) = tokio_postgres::connect(&pg_url("postgres"), NoTls)
+                .await
                 .unwrap();
-            runtime.block_on(async {
-                let (client, connection) = tokio_postgres::connect(&pg_url("postgres"), NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                    .await
-                    .unwrap();
-            });
-        })
-        .join()
-        .expect("dropping the test database");
+            tokio::spawn(connection);
+            client
+                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .await
+                .unwrap();
+        };
+        block_on_in_thread(drop_database, "dropping the test database");
     }
 }
 
@@ -112,29 +131,22 @@ pub struct TestExchange {
 impl Drop for TestExchange {
     fn drop(&mut self) {
         let name = self.name.clone();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let connection =
-                    lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
-                        .await
-                        .expect("the test broker is reachable");
-                let channel = connection.create_channel().await.unwrap();
-                channel
-                    .exchange_delete(
-                        name.as_str().into(),
-                        lapin::options::ExchangeDeleteOptions::default(),
-                    )
+        let delete_exchange = async move {
+            let connection =
+                lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
                     .await
-                    .unwrap();
-                let _ = connection.close(200, "done".into()).await;
-            });
-        })
-        .join()
-        .expect("deleting the test exchange");
+                    .expect("the test broker is reachable");
+            let channel = connection.create_channel().await.unwrap();
+            channel
+                .exchange_delete(
+                    name.as_str().into(),
+                    lapin::options::ExchangeDeleteOptions::default(),
+                )
+                .await
+                .unwrap();
+            let _ = connection.close(200, "done".into()).await;
+        };
+        block_on_in_thread(delete_exchange, "deleting the test exchange");
     }
 }
 

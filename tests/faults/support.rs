@@ -2,15 +2,15 @@
 //! SIGKILLed and restarted on the same port, a bounded HTTP attempt, SQL invariants, knobs for
 //! the long versions, and polling with a deadline.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use awc::http::header::HeaderMap;
 use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 
+use crate::common::daemon::serve_command;
 use crate::common::helpers::pg_url;
 
 /// A knob for the long versions (docs/reliability.md, "Long versions"): the environment
@@ -22,14 +22,8 @@ pub fn knob(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A free port on 127.0.0.1 (free when asked; the daemon binds it right after).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::common::daemon::free_port;
+pub use crate::common::helpers::insert_backlog;
 
 /// The database name at the end of a test URL.
 pub fn database_name(url: &str) -> String {
@@ -107,20 +101,6 @@ pub async fn assert_nothing_half_written(db: &Client, events_per_entry: i64) -> 
         "entries without exactly {events_per_entry} outbox rows"
     );
     count(db, "SELECT count(*) FROM idempotency_records").await
-}
-
-/// Inserts `count` events straight into the outbox, as a backlog left by writes (the same rows
-/// as tests/api/outbox.rs makes).
-pub async fn insert_backlog(db: &Client, count: i64) {
-    db.execute(
-        "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
-         SELECT gen_random_uuid(), 'backlog/' || n, 'anonymous', 'backlog-' || n, 'entry.created',
-                jsonb_build_object('specversion', '1.0', 'n', n, 'padding', repeat('x', 200))
-         FROM generate_series(1, $1::bigint) AS n",
-        &[&count],
-    )
-    .await
-    .unwrap();
 }
 
 pub async fn all_event_ids(db: &Client) -> std::collections::HashSet<Uuid> {
@@ -253,19 +233,7 @@ impl RestartableDaemon {
     async fn spawn(&mut self) {
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("faults-daemon-{}.log", Uuid::new_v4()));
-        let log_file = std::fs::File::create(&log).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
-            .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{}", self.port))
-            .env("RETRYSAFE_OUTBOX__POLL_INTERVAL", "100ms")
-            .env("RETRYSAFE_LOG__LEVEL", "info")
-            .env_remove("FAILPOINTS")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file);
+        let mut command = serve_command(self.port, &log);
         for (name, value) in &self.env {
             command.env(name, value);
         }
