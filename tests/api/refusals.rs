@@ -238,7 +238,8 @@ async fn compressed_bodies_are_refused() {
 async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let app = crate::common::helpers::spawn_app_with(|settings| {
-        settings.http.body_timeout = retrysafe::config::ConfigDuration(std::time::Duration::from_millis(500));
+        settings.http.body_timeout =
+            retrysafe::config::ConfigDuration(std::time::Duration::from_millis(500));
     })
     .await;
     let address = app.address.trim_start_matches("http://").to_owned();
@@ -265,7 +266,9 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
 async fn probes_answer_head_requests() {
     let app = spawn_app().await;
     for path in ["/healthz", "/readyz"] {
-        let response = app.send(app.http.head(format!("{}{path}", app.address)), Vec::new()).await;
+        let response = app
+            .send(app.http.head(format!("{}{path}", app.address)), Vec::new())
+            .await;
         assert_eq!(response.status, 200, "HEAD {path}");
     }
 }
