@@ -18,26 +18,33 @@ pub struct TestConsumer {
     consumer: Consumer,
 }
 
+/// A connection of the test's own and a channel on it, with `exchange` declared as the daemon
+/// declares it (so that queues can be bound before the daemon connects).
+pub async fn connect_and_declare(exchange: &str) -> (Connection, lapin::Channel) {
+    let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (connection, channel)
+}
+
 impl TestConsumer {
     /// Declares `exchange` as the daemon does (so binding works before the daemon connects),
     /// and binds a fresh exclusive queue to it with `pattern`.
     pub async fn bind(exchange: &str, pattern: &str) -> Self {
-        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
-            .await
-            .unwrap();
-        let channel = connection.create_channel().await.unwrap();
-        channel
-            .exchange_declare(
-                exchange.into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (connection, channel) = connect_and_declare(exchange).await;
         let queue = channel
             .queue_declare(
                 "".into(),

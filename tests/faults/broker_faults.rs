@@ -137,22 +137,7 @@ struct RefusingQueue {
 
 impl RefusingQueue {
     async fn bind(exchange: &str) -> Self {
-        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
-            .await
-            .unwrap();
-        let channel = connection.create_channel().await.unwrap();
-        channel
-            .exchange_declare(
-                exchange.into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (connection, channel) = crate::common::consumer::connect_and_declare(exchange).await;
         let name = format!("retrysafe.test.refusing.{}", Uuid::new_v4().simple());
         let mut arguments = FieldTable::default();
         arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
