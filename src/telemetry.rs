@@ -68,6 +68,9 @@ const BATCH_BUCKETS: &[f64] = &[
 /// `RUST_LOG` takes precedence.
 const QUIET_LAPIN: &[&str] = &["lapin::channels=off", "lapin::returned_messages=off"];
 
+/// lapin's I/O loop at most at debug, whatever else the filter says.
+const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";
+
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
 pub fn init_logging(settings: &LogSettings) {
     let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
@@ -76,6 +79,9 @@ pub fn init_logging(settings: &LogSettings) {
     } else {
         format!("{},{directives}", QUIET_LAPIN.join(","))
     };
+    // Always last, so that it wins over any other directive: at trace, lapin's I/O loop logs
+    // every frame it writes, the SASL response with the broker password among them.
+    let directives = format!("{directives},{NO_SECRETS_FROM_LAPIN}");
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
