@@ -10,4 +10,5 @@ mod crash_under_load;
 mod database_faults;
 mod hostile_connections;
 mod many_daemons;
+mod secrets;
 mod support;

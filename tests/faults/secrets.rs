@@ -1,0 +1,436 @@
+//! Secrets never leave the daemon: not in its logs, not in any answer (body or header), not in
+//! `/metrics`, not in the rows it writes. The real binary runs with a configuration file (written
+//! by the test, as an operator would) that holds a database URL with two passwords (one in the
+//! user info, one as `?password=`; PostgreSQL's `trust` on loopback accepts any), the AMQP URL
+//! with its `guest:guest` credentials, and a client token; logging is `debug` in JSON, the most
+//! an operator would turn on. The test drives writes and lookups with the token, a wrong token
+//! and the token in wrong places, then stops the daemon and searches everything it produced.
+//!
+//! Each search can fail; the comment above it names a change to `src/` that makes it fail.
+//! The positive checks before them make sure the searches look at real output (the startup line
+//! that names both URLs, a debug line per request), so that they cannot pass on empty text.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use awc::http::Method;
+use uuid::Uuid;
+
+use crate::common::daemon::Daemon;
+use crate::common::helpers::{client, test_settings, TestDatabase, TestExchange};
+use crate::support::{connect, count, database_name, free_port};
+
+const CLIENT_ID: &str = "secrets-test";
+
+/// What the daemon answered, as text, for the searches.
+#[derive(Default)]
+struct Transcript {
+    bodies: String,
+    headers: String,
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    location: Option<String>,
+    body: String,
+}
+
+async fn send(
+    http: &awc::Client,
+    transcript: &mut Transcript,
+    method: Method,
+    url: String,
+    headers: &[(&str, String)],
+    body: &str,
+) -> Answer {
+    let mut request = http.request(method, url);
+    for (name, value) in headers {
+        request = request.insert_header((*name, value.as_str()));
+    }
+    let mut response = request
+        .send_body(body.to_owned())
+        .await
+        .expect("the daemon answers");
+    let bytes = response
+        .body()
+        .limit(4 << 20)
+        .await
+        .expect("the body is read");
+    let body = String::from_utf8_lossy(&bytes).into_owned();
+    for (name, value) in response.headers() {
+        transcript.headers.push_str(&format!(
+            "{name}: {}\n",
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+    }
+    transcript.bodies.push_str(&body);
+    transcript.bodies.push('\n');
+    Answer {
+        status: response.status().as_u16(),
+        replayed: response.headers().contains_key("idempotency-replayed"),
+        location: response
+            .headers()
+            .get("location")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        body,
+    }
+}
+
+/// The first line of `text` that holds `secret`, for the failure message.
+fn line_with<'a>(text: &'a str, secret: &str) -> &'a str {
+    text.lines()
+        .find(|line| line.contains(secret))
+        .unwrap_or_default()
+}
+
+#[actix_web::test]
+async fn tokens_and_passwords_appear_in_no_log_answer_metric_or_row() {
+    run_and_search("debug").await;
+}
+
+/// The same at `trace`, where lapin logs every AMQP frame it writes, `Connection.StartOk`
+/// included: its SASL PLAIN response is the broker login (`\0guest\0guest`), printed as a byte
+/// list. It failed so until src/telemetry.rs capped `lapin::io_loop` at debug; nothing else
+/// leaked at trace (no database password, no token).
+#[actix_web::test]
+async fn the_broker_password_stays_out_of_a_trace_log() {
+    run_and_search("trace").await;
+}
+
+async fn run_and_search(level: &str) {
+    let settings = test_settings();
+    let db_name = database_name(&settings.database.url);
+    // Dropped last: the database and exchange outlive the daemon.
+    let _database = TestDatabase {
+        name: db_name.clone(),
+    };
+    let _exchange = TestExchange {
+        name: settings.amqp.exchange.clone(),
+    };
+    let nonce = Uuid::new_v4().simple().to_string();
+    let db_userinfo_password = format!("DbUserinfoPw{nonce}");
+    let db_query_password = format!("DbQueryPw{nonce}");
+    let token = format!("rs_{nonce}{}", Uuid::new_v4().simple());
+    let wrong_token = format!("rs_{}{nonce}", Uuid::new_v4().simple());
+    // The only login the test broker accepts; the URL form is what must not show.
+    let amqp_credentials = "guest:guest@";
+    // The SASL PLAIN response (`\0user\0password`) as lapin's Debug prints it: a byte list.
+    let plain_response: String = std::iter::once(0u8)
+        .chain(*b"guest")
+        .chain(std::iter::once(0u8))
+        .chain(*b"guest")
+        .map(|byte| byte.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+
+    let port = free_port();
+    let address = format!("http://127.0.0.1:{port}");
+    let config = format!(
+        r#"[http]
+listen = "127.0.0.1:{port}"
+
+[database]
+url = "postgres://postgres:{db_userinfo_password}@127.0.0.1:5432/{db_name}?password={db_query_password}&application_name=retrysafe-secrets"
+
+[amqp]
+url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+exchange = "{exchange}"
+
+[outbox]
+poll_interval = "100ms"
+
+[events]
+audit = true
+
+[log]
+format = "json"
+level = "{level}"
+
+[[auth.clients]]
+id = "{CLIENT_ID}"
+token_sha256 = "{digest}"
+"#,
+        exchange = settings.amqp.exchange,
+        digest = client(CLIENT_ID, &token).token_sha256,
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let config_path = dir.join(format!("secrets-{nonce}.toml"));
+    std::fs::write(&config_path, config).unwrap();
+    let log = dir.join(format!("secrets-daemon-{nonce}.log"));
+    let log_file = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_retrysafe"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config_path)
+        // Nothing from the test's environment (RUST_LOG, RETRYSAFE_*) changes the run.
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .spawn()
+        .expect("the daemon binary starts");
+    // Killed and its log removed when dropped (first: it is declared last).
+    let mut daemon = Daemon {
+        child,
+        address: address.clone(),
+        log,
+    };
+
+    let http = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .finish();
+    let mut healthy = false;
+    for _ in 0..300 {
+        if let Ok(Some(status)) = daemon.child.try_wait() {
+            panic!("the daemon exited with {status}: {}", daemon.log_text());
+        }
+        if let Ok(response) = http.get(format!("{address}/healthz")).send().await {
+            if response.status().is_success() {
+                healthy = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        healthy,
+        "the daemon never became healthy: {}",
+        daemon.log_text()
+    );
+
+    let mut seen = Transcript::default();
+    let bearer = |t: &str| ("Authorization", format!("Bearer {t}"));
+    let json = ("Content-Type", "application/json".to_owned());
+    let key = ("Idempotency-Key", "secrets-1".to_owned());
+    let body = r#"{"kind":"secrets.check","data":{"amount":1250,"note":"no secrets here"}}"#;
+    let entries = format!("{address}/v1/entries");
+    let mut unauthorized = 0;
+
+    // A good write with the token, and its replay.
+    let first = send(
+        &http,
+        &mut seen,
+        Method::POST,
+        entries.clone(),
+        &[bearer(&token), json.clone(), key.clone()],
+        body,
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let replay = send(
+        &http,
+        &mut seen,
+        Method::POST,
+        entries.clone(),
+        &[bearer(&token), json.clone(), key.clone()],
+        body,
+    )
+    .await;
+    assert_eq!(
+        (replay.status, replay.replayed),
+        (201, true),
+        "{}",
+        replay.body
+    );
+    // A refused body with the right token (an error answer that is not about credentials).
+    let bad = send(
+        &http,
+        &mut seen,
+        Method::POST,
+        entries.clone(),
+        &[
+            bearer(&token),
+            json.clone(),
+            ("Idempotency-Key", "secrets-2".into()),
+        ],
+        "{\"kind\":",
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
+    // A wrong token, and the right token in places that are not `Authorization: Bearer`.
+    let refused: Vec<(String, Vec<(&str, String)>)> = vec![
+        (entries.clone(), vec![bearer(&wrong_token)]),
+        (entries.clone(), vec![("Authorization", token.clone())]),
+        (
+            entries.clone(),
+            vec![("Authorization", format!("Token {token}"))],
+        ),
+        (
+            entries.clone(),
+            vec![("Authorization", format!("Bearer{token}"))],
+        ),
+        (entries.clone(), vec![("X-Api-Key", token.clone())]),
+        (format!("{entries}?access_token={token}"), vec![]),
+    ];
+    for (url, mut headers) in refused {
+        headers.extend([json.clone(), ("Idempotency-Key", "secrets-3".to_owned())]);
+        let answer = send(&http, &mut seen, Method::POST, url, &headers, body).await;
+        assert_eq!(answer.status, 401, "{:?}: {}", headers, answer.body);
+        unauthorized += 1;
+    }
+    let lookup = format!("{address}/v1/idempotency-keys/secrets-1");
+    let answer = send(
+        &http,
+        &mut seen,
+        Method::GET,
+        lookup.clone(),
+        &[bearer(&wrong_token)],
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, 401, "{}", answer.body);
+    unauthorized += 1;
+
+    // The relay tries the events; no queue is bound, so they come back as unroutable and
+    // `last_error` (shown by the key lookup) is set: an error text that reaches an answer.
+    let db = connect(&db_name).await;
+    let mut tried = false;
+    for _ in 0..200 {
+        if count(
+            &db,
+            "SELECT count(*) FROM outbox_events WHERE attempts > 0 AND last_error IS NOT NULL",
+        )
+        .await
+            == 2
+        {
+            tried = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(tried, "the relay never tried both events");
+    let answer = send(&http, &mut seen, Method::GET, lookup, &[bearer(&token)], "").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("last_error"), "{}", answer.body);
+    let location = first.location.expect("a 201 has a Location");
+    let answer = send(
+        &http,
+        &mut seen,
+        Method::GET,
+        format!("{address}{location}"),
+        &[bearer(&token)],
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    for path in ["/readyz", "/healthz", "/openapi.json"] {
+        send(
+            &http,
+            &mut seen,
+            Method::GET,
+            format!("{address}{path}"),
+            &[bearer(&token)],
+            "",
+        )
+        .await;
+    }
+    let metrics = send(
+        &http,
+        &mut seen,
+        Method::GET,
+        format!("{address}/metrics"),
+        &[bearer(&token)],
+        "",
+    )
+    .await;
+    assert_eq!(metrics.status, 200);
+    let metrics = metrics.body;
+
+    let rows: String = db
+        .query_one(
+            "SELECT coalesce(string_agg(t, E'\\n'), '') FROM (
+                 SELECT row_to_json(r)::text FROM idempotency_records r
+                 UNION ALL SELECT row_to_json(e)::text FROM entries e
+                 UNION ALL SELECT row_to_json(o)::text FROM outbox_events o) AS rows(t)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    // Stop it the normal way, so that the shutdown lines are searched too.
+    daemon.signal("TERM");
+    let status = daemon.wait_for_exit().await;
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    let log = daemon.log_text();
+
+    let places = [
+        ("the daemon's log", log.as_str()),
+        // Before the bodies, which hold the /metrics answer too.
+        ("/metrics", metrics.as_str()),
+        ("the rows the daemon wrote", rows.as_str()),
+        ("a response body", seen.bodies.as_str()),
+        ("a response header", seen.headers.as_str()),
+    ];
+    // What would make each search fail:
+    // - the database passwords: logging `settings.database.url` instead of
+    //   `redact_url(...)` in `serve` (src/cli.rs), or a `redact_url` that keeps the query
+    //   (`?password=`); a `StorageError` whose text carries the URL, answered in a 503 detail;
+    // - the client token: `uri = %request.uri()` instead of `path` in the request span
+    //   (src/http/observe.rs; the query-string token then shows), a `headers = ?request.headers()`
+    //   field there, an `unauthorized` detail that quotes the `Authorization` header
+    //   (src/http/problem.rs), the token used as a metric label or stored in the audit event;
+    // - the wrong token: the same changes (a client's mistyped token is still its secret);
+    // - the broker login: logging `settings.amqp.url` instead of `redact_url(...)`, or a
+    //   `BrokerError::Connect` text that formats the URI, shown in a log line; as PLAIN bytes:
+    //   lapin's frame logging reaching the log (it did at `trace` before the telemetry cap).
+    let secrets = [
+        (
+            "the database password (user info)",
+            db_userinfo_password.as_str(),
+        ),
+        (
+            "the database password (?password=)",
+            db_query_password.as_str(),
+        ),
+        ("the client token", token.as_str()),
+        ("the wrong token", wrong_token.as_str()),
+        ("the broker login (guest:guest@)", amqp_credentials),
+        (
+            "the broker login (SASL PLAIN bytes)",
+            plain_response.as_str(),
+        ),
+    ];
+    for (secret_name, secret) in secrets {
+        for (place, text) in places {
+            assert!(
+                !text.contains(secret),
+                "{secret_name} appears in {place}: {}",
+                line_with(text, secret)
+            );
+        }
+    }
+    // The searches above looked at real output:
+    // - the startup line names both URLs, redacted (so removing `redact_url` leaks them);
+    assert!(
+        log.contains("postgres://postgres:***@127.0.0.1:5432/"),
+        "no startup line with the redacted database URL:\n{log}"
+    );
+    assert!(
+        log.contains("amqp://guest:***@127.0.0.1:5672"),
+        "no startup line with the redacted broker URL:\n{log}"
+    );
+    // - every refused request has its own debug line, with its span (method, path);
+    let logged_401 = log
+        .lines()
+        .filter(|line| line.contains("\"level\":\"DEBUG\"") && line.contains("\"status\":401"))
+        .count();
+    assert!(
+        logged_401 >= unauthorized,
+        "{logged_401} debug lines for {unauthorized} refused requests:\n{log}"
+    );
+    // - the metrics count the refusals; the rows hold the write and its two events.
+    assert!(
+        metrics.contains("outcome=\"unauthorized\""),
+        "/metrics does not count refusals:\n{metrics}"
+    );
+    assert!(
+        rows.contains("secrets-1") && rows.contains("audit.entry.created"),
+        "the rows are not the write's: {rows}"
+    );
+
+    let _ = std::fs::remove_file(&config_path);
+}
