@@ -11,6 +11,7 @@ use crate::http::{entries, health, keys, observe};
 
 /// Body of `POST /v1/entries`. Unknown fields are refused.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct NewEntryRequest {
     /// 1 to 64 of `a-z 0-9 . _ -`.
