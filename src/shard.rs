@@ -91,15 +91,19 @@ impl SharedCache {
     /// The answer for a request whose key is completed and cached: a replay if the request is
     /// the same, a conflict if not. None when the key is not cached.
     pub fn answer(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
-        let cached = self.lock().get(key);
-        let lookup = if cached.is_some() { "hit" } else { "miss" };
-        metrics::counter!(telemetry::SHARD_CACHE_LOOKUPS, "result" => lookup).increment(1);
-        cached.map(|(stored_hash, response)| {
-            if stored_hash == request_hash {
-                Answer::Replayed(response)
-            } else {
-                Answer::Conflict
-            }
+        let answer = self.lookup(key, request_hash);
+        let result = if answer.is_some() { "hit" } else { "miss" };
+        metrics::counter!(telemetry::SHARD_CACHE_LOOKUPS, "result" => result).increment(1);
+        answer
+    }
+
+    /// [`answer`](Self::answer) without counting the lookup.
+    fn lookup(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
+        let (stored_hash, response) = self.lock().get(key)?;
+        Some(if stored_hash == request_hash {
+            Answer::Replayed(response)
+        } else {
+            Answer::Conflict
         })
     }
 
@@ -199,13 +203,7 @@ impl Handler<Submit> for KeyShard {
     fn handle(&mut self, Submit(request): Submit, ctx: &mut Self::Context) -> Self::Result {
         let key: ScopedKey = (request.client_id.clone(), request.key.clone());
         // Checked again here: the key may have completed since the HTTP worker looked.
-        let cached = self.cache.lock().get(&key);
-        if let Some((stored_hash, response)) = cached {
-            let answer = if stored_hash == request.request_hash {
-                Answer::Replayed(response)
-            } else {
-                Answer::Conflict
-            };
+        if let Some(answer) = self.cache.lookup(&key, request.request_hash) {
             return MessageResult(Admission::Ready(answer));
         }
         if let Some(in_flight) = self.in_flight.get_mut(&key) {

@@ -9,7 +9,7 @@ use actix_web::{web, App, HttpServer};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Settings;
-use crate::db::{self, PgPool};
+use crate::db;
 use crate::http::{self, AppState};
 use crate::janitor::Janitor;
 use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
@@ -23,10 +23,7 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub struct Application {
     port: u16,
     server: Server,
-    pool: PgPool,
     broker: Arc<Broker>,
-    shards: Vec<ShardHandle>,
-    waker: OutboxWaker,
     settings: Settings,
     /// Tells relays to stop after their current batch.
     shutdown: watch::Sender<bool>,
@@ -142,10 +139,7 @@ impl Application {
         Ok(Self {
             port,
             server,
-            pool,
             broker,
-            shards,
-            waker,
             settings,
             shutdown,
             relays_done,
@@ -155,19 +149,6 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    pub fn shards(&self) -> &[ShardHandle] {
-        &self.shards
-    }
-
-    /// Wakes the relays, as a commit does.
-    pub fn waker(&self) -> OutboxWaker {
-        self.waker.clone()
     }
 
     /// A handle that stops the server gracefully.

@@ -199,8 +199,7 @@ pub fn latest_migration_version() -> i64 {
 }
 
 /// Whether the database answers and has every migration this build needs.
-pub async fn migrations_applied(pool: &PgPool) -> Result<bool, StorageError> {
-    let connection = pool.get().await?;
+pub async fn migrations_applied(connection: &Client) -> Result<bool, StorageError> {
     let row = connection
         .query_one(
             "SELECT coalesce(max(version), 0)::bigint FROM refinery_schema_history",

@@ -65,9 +65,9 @@ pub async fn readyz(state: SharedState) -> HttpResponse {
 }
 
 async fn check_database(pool: &PgPool) -> Result<(bool, i64), StorageError> {
-    if !db::migrations_applied(pool).await? {
+    let connection = pool.get().await?;
+    if !db::migrations_applied(&connection).await? {
         return Ok((false, 0));
     }
-    let connection = pool.get().await?;
     Ok((true, store::totals(&**connection).await?.unsent))
 }

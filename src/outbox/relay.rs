@@ -33,14 +33,6 @@ pub struct RelayConfig {
     pub max_attempts: i32,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
-}
-
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
@@ -91,7 +83,7 @@ pub async fn relay_once(
     pool: &PgPool,
     channel: &Channel,
     config: &RelayConfig,
-) -> Result<RelayReport, RelayError> {
+) -> Result<RelayReport, StorageError> {
     let mut connection = pool.get().await.map_err(StorageError::from)?;
     let statements = RelayStatements::prepare(&mut connection).await?;
     let transaction = connection.transaction().await.map_err(StorageError::from)?;
