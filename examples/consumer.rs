@@ -67,6 +67,18 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(args)
 }
 
+/// The first broker of `amqp.url` (one URL, or a cluster's nodes) that answers.
+async fn connect_to_any(urls: &retrysafe::config::UrlList) -> anyhow::Result<Connection> {
+    let mut failures = Vec::new();
+    for url in urls.iter() {
+        match Connection::connect(url, ConnectionProperties::default()).await {
+            Ok(connection) => return Ok(connection),
+            Err(error) => failures.push(format!("{}: {error}", retrysafe::config::redact_url(url))),
+        }
+    }
+    anyhow::bail!("no broker answered: {}", failures.join("; "))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
@@ -76,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(connection);
     db.batch_execute(CREATE_EFFECT_TABLE).await?;
 
-    let broker = Connection::connect(&settings.amqp.url, ConnectionProperties::default()).await?;
+    let broker = connect_to_any(&settings.amqp.url).await?;
     let channel = broker.create_channel().await?;
     channel
         .exchange_declare(

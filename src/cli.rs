@@ -142,8 +142,8 @@ pub fn run() -> anyhow::Result<()> {
         }
         Command::Outbox { command } => block_on(outbox_command(&settings, command)),
         Command::Purge => block_on(async {
-            let pool = db::build_pool(&settings.database)?;
-            let report = janitor::purge_once(&pool, settings.outbox.retention.0).await?;
+            let db = db::Database::new(&settings.database)?;
+            let report = janitor::purge_once(&db, settings.outbox.retention.0).await?;
             println!(
                 "deleted {} expired idempotency record(s) and {} sent event(s) older than {}",
                 report.records_deleted,
@@ -164,11 +164,12 @@ fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> 
 }
 
 async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow::Result<()> {
-    let pool = db::build_pool(&settings.database)?;
-    let connection = pool.get().await.map_err(db::StorageError::from)?;
+    let db = db::Database::new(&settings.database)?;
     match command {
         OutboxCommand::Status { json } => {
-            let rows = outbox::store::status(&**connection).await?;
+            let rows = db
+                .run(async |connection| outbox::store::status(&**connection).await)
+                .await?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
                 return Ok(());
@@ -196,7 +197,9 @@ async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow:
             println!("{:<32} {:>10} {:>10}", "total", unsent, parked);
         }
         OutboxCommand::Retry { event, .. } => {
-            let requeued = outbox::store::requeue(&**connection, *event).await?;
+            let requeued = db
+                .run(async |connection| outbox::store::requeue(&**connection, *event).await)
+                .await?;
             if let (Some(event), 0) = (event, requeued) {
                 anyhow::bail!("no unsent event with id {event}");
             }
@@ -210,7 +213,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         database = %crate::config::redact_url(&settings.database.url),
-        broker = %crate::config::redact_url(&settings.amqp.url),
+        broker = %settings.amqp.url.redacted(),
         "starting"
     );
     let application = Application::build(settings).await?;

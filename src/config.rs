@@ -94,7 +94,8 @@ impl fmt::Debug for DatabaseSettings {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AmqpSettings {
-    pub url: String,
+    /// One broker URL, or several (the nodes of a cluster), tried in turn.
+    pub url: UrlList,
     /// Durable topic exchange the daemon declares and publishes to.
     pub exchange: String,
 }
@@ -102,9 +103,51 @@ pub struct AmqpSettings {
 impl fmt::Debug for AmqpSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpSettings")
-            .field("url", &redact_url(&self.url))
+            .field("url", &self.url.redacted())
             .field("exchange", &self.exchange)
             .finish()
+    }
+}
+
+/// One URL or several: a TOML string or array of strings; a string (as an environment variable
+/// gives) may list several URLs separated by commas.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UrlList(pub Vec<String>);
+
+impl UrlList {
+    pub fn one(url: &str) -> Self {
+        Self(vec![url.to_owned()])
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+
+    /// The URLs without their passwords, comma-separated, for logs.
+    pub fn redacted(&self) -> String {
+        self.iter().map(redact_url).collect::<Vec<_>>().join(",")
+    }
+}
+
+impl Serialize for UrlList {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for UrlList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        let urls = match OneOrMany::deserialize(deserializer)? {
+            OneOrMany::One(text) => text.split(',').map(|url| url.trim().to_owned()).collect(),
+            OneOrMany::Many(urls) => urls.into_iter().map(|url| url.trim().to_owned()).collect(),
+        };
+        Ok(Self(urls))
     }
 }
 
@@ -205,7 +248,7 @@ impl Default for DatabaseSettings {
 impl Default for AmqpSettings {
     fn default() -> Self {
         Self {
-            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            url: UrlList::one("amqp://guest:guest@127.0.0.1:5672/%2f"),
             exchange: "retrysafe.events".into(),
         }
     }
@@ -293,6 +336,18 @@ impl Settings {
                 "sslmode=require is not supported by this build (it connects without TLS)",
             ));
         }
+        let hosts = database.get_hosts().len();
+        if hosts > 1
+            && database.get_target_session_attrs()
+                != tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        {
+            return Err(invalid(
+                "database.url",
+                format!(
+                    "lists {hosts} hosts but not target_session_attrs=read-write: without it a connection may land on a standby, where every write fails; add ?target_session_attrs=read-write (an HA formation), or list one host"
+                ),
+            ));
+        }
         if self.database.pool_size < 2 {
             return Err(invalid("database.pool_size", "must be at least 2"));
         }
@@ -308,18 +363,28 @@ impl Settings {
             self.database.statement_timeout,
             "database.statement_timeout",
         )?;
-        // This build has no TLS backend for lapin: an amqps:// URL would silently connect in
-        // plain text, so it is refused rather than trusted.
-        if !self.amqp.url.starts_with("amqp://") {
+        if self.amqp.url.0.is_empty() || self.amqp.url.iter().any(str::is_empty) {
             return Err(invalid(
                 "amqp.url",
-                "must start with amqp:// (TLS to the broker, amqps://, is not supported by this build)",
+                "must list at least one URL, and no empty one",
             ));
         }
-        self.amqp
-            .url
-            .parse::<lapin::uri::AMQPUri>()
-            .map_err(|error| invalid("amqp.url", format!("not a valid AMQP URL: {error}")))?;
+        for url in self.amqp.url.iter() {
+            // This build has no TLS backend for lapin: an amqps:// URL would silently connect
+            // in plain text, so it is refused rather than trusted.
+            if !url.starts_with("amqp://") {
+                return Err(invalid(
+                    "amqp.url",
+                    format!("{}: must start with amqp:// (TLS to the broker, amqps://, is not supported by this build)", redact_url(url)),
+                ));
+            }
+            url.parse::<lapin::uri::AMQPUri>().map_err(|error| {
+                invalid(
+                    "amqp.url",
+                    format!("{}: not a valid AMQP URL: {error}", redact_url(url)),
+                )
+            })?;
+        }
         if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
             return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
         }
@@ -540,6 +605,38 @@ mod tests {
         settings.http.listen = "0.0.0.0:8080".parse().unwrap();
         let error = settings.validate().unwrap_err().to_string();
         assert!(error.contains("auth.clients"), "{error}");
+    }
+
+    #[test]
+    fn several_database_hosts_need_read_write_sessions() {
+        let mut settings = Settings::default();
+        settings.database.url = "postgres://app@db1:5432,db2:5432/x".into();
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("target_session_attrs=read-write"), "{error}");
+        settings.database.url =
+            "postgres://app@db1:5432,db2:5432/x?target_session_attrs=read-write".into();
+        settings.validate().unwrap();
+    }
+
+    #[test]
+    fn amqp_url_is_one_url_or_a_list() {
+        let one = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
+            "[amqp]\nurl = \"amqp://a/%2f, amqp://b/%2f\"\n",
+        ));
+        let settings = Settings::from_figment(one).unwrap();
+        assert_eq!(settings.amqp.url.0, ["amqp://a/%2f", "amqp://b/%2f"]);
+        let many = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
+            "[amqp]\nurl = [\"amqp://a/%2f\", \"amqp://b/%2f\", \"amqp://c/%2f\"]\n",
+        ));
+        assert_eq!(Settings::from_figment(many).unwrap().amqp.url.0.len(), 3);
+        let bad = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
+            "[amqp]\nurl = [\"amqp://a/%2f\", \"http://b\"]\n",
+        ));
+        let error = Settings::from_figment(bad).unwrap_err().to_string();
+        assert!(
+            error.contains("amqp.url") && error.contains("http://b"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::db::{PgPool, StorageError};
+use crate::db::{Database, StorageError};
 use crate::telemetry;
 
 /// Rows one DELETE removes at most.
@@ -46,16 +46,20 @@ pub struct PurgeReport {
     pub events_deleted: u64,
 }
 
-/// One janitor pass: deletes in batches until nothing more is due.
+/// One janitor pass: deletes in batches until nothing more is due. Each batch is one operation
+/// with its own deadline.
 pub async fn purge_once(
-    pool: &PgPool,
+    db: &Database,
     outbox_retention: Duration,
 ) -> Result<PurgeReport, StorageError> {
     let mut report = PurgeReport::default();
-    let connection = pool.get().await?;
     loop {
-        let deleted = connection
-            .execute(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH])
+        let deleted = db
+            .run(async |connection| {
+                Ok(connection
+                    .execute(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH])
+                    .await?)
+            })
             .await?;
         report.records_deleted += deleted;
         metrics::counter!(telemetry::JANITOR_DELETED, "table" => "idempotency_records")
@@ -66,8 +70,12 @@ pub async fn purge_once(
     }
     let retention_seconds = outbox_retention.as_secs_f64();
     loop {
-        let deleted = connection
-            .execute(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
+        let deleted = db
+            .run(async |connection| {
+                Ok(connection
+                    .execute(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
+                    .await?)
+            })
             .await?;
         report.events_deleted += deleted;
         metrics::counter!(telemetry::JANITOR_DELETED, "table" => "outbox_events")
@@ -81,15 +89,15 @@ pub async fn purge_once(
 
 /// Runs [`purge_once`] every [`PURGE_INTERVAL`].
 pub struct Janitor {
-    pool: PgPool,
+    db: Database,
     outbox_retention: Duration,
     pass_running: bool,
 }
 
 impl Janitor {
-    pub fn new(pool: PgPool, outbox_retention: Duration) -> Self {
+    pub fn new(db: Database, outbox_retention: Duration) -> Self {
         Self {
-            pool,
+            db,
             outbox_retention,
             pass_running: false,
         }
@@ -100,9 +108,9 @@ impl Janitor {
             return;
         }
         self.pass_running = true;
-        let pool = self.pool.clone();
+        let db = self.db.clone();
         let retention = self.outbox_retention;
-        let pass = async move { purge_once(&pool, retention).await };
+        let pass = async move { purge_once(&db, retention).await };
         ctx.spawn(pass.into_actor(self).map(|result, janitor, _| {
             janitor.pass_running = false;
             match result {

@@ -42,7 +42,7 @@ impl Application {
         db::migrate(&settings.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
-        let pool = db::build_pool(&settings.database)?;
+        let db = db::Database::new(&settings.database)?;
         let broker = Arc::new(Broker::new(
             &settings.amqp,
             settings.outbox.confirm_timeout.0,
@@ -64,7 +64,7 @@ impl Application {
         for index in 0..settings.outbox.workers {
             let relay = OutboxRelay {
                 index,
-                pool: pool.clone(),
+                db: db.clone(),
                 broker: broker.clone(),
                 config: relay_config.clone(),
                 wake: waker.notifier(index),
@@ -86,12 +86,7 @@ impl Application {
         };
         let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
             .map(|_| {
-                Writer::new(
-                    pool.clone(),
-                    writer_config.clone(),
-                    Some(commit_hook.clone()),
-                )
-                .start()
+                Writer::new(db.clone(), writer_config.clone(), Some(commit_hook.clone())).start()
             })
             .collect();
         let cache_per_shard = settings
@@ -107,15 +102,12 @@ impl Application {
                 )
             })
             .collect();
-        Janitor::new(pool.clone(), settings.outbox.retention.0).start();
-        http::observe::spawn_outbox_gauges(
-            pool.clone(),
-            settings.database.connect_timeout.0 + settings.database.statement_timeout.0,
-        );
+        Janitor::new(db.clone(), settings.outbox.retention.0).start();
+        http::observe::spawn_outbox_gauges(db.clone());
 
         let state = web::Data::new(Arc::new(AppState::new(
             &settings,
-            pool.clone(),
+            db.clone(),
             shards.clone(),
             broker.clone(),
         )));

@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::db::{PgPool, StorageError};
+use crate::db::{Database, PgClient, StorageError};
 use crate::entry::{format_time, now_micros, NewEntry};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
 use crate::idempotency::canonical::write_string;
@@ -86,7 +86,7 @@ pub struct WriterConfig {
 pub type CommitHook = Arc<dyn Fn() + Send + Sync>;
 
 pub struct Writer {
-    pool: PgPool,
+    db: Database,
     config: WriterConfig,
     queue: VecDeque<Write>,
     batch_in_flight: bool,
@@ -94,9 +94,9 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(pool: PgPool, config: WriterConfig, on_commit: Option<CommitHook>) -> Self {
+    pub fn new(db: Database, config: WriterConfig, on_commit: Option<CommitHook>) -> Self {
         Self {
-            pool,
+            db,
             config,
             queue: VecDeque::new(),
             batch_in_flight: false,
@@ -110,11 +110,11 @@ impl Writer {
         }
         let batch = self.take_batch();
         self.batch_in_flight = true;
-        let pool = self.pool.clone();
+        let db = self.db.clone();
         let config = self.config.clone();
         let on_commit = self.on_commit.clone();
         let work = async move {
-            let created = process_batch(&pool, &config, batch).await;
+            let created = process_batch(&db, &config, batch).await;
             if created > 0 {
                 if let Some(hook) = on_commit {
                     hook();
@@ -238,13 +238,13 @@ fn entry_json(id: Uuid, kind: &str, data_json: &str, created_at: &str) -> String
 }
 
 /// Commits `batch`, answers every write in it, and returns how many entries it created.
-async fn process_batch(pool: &PgPool, config: &WriterConfig, batch: Vec<Write>) -> usize {
+async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Write>) -> usize {
     let prepared: Vec<PreparedWrite> = batch
         .iter()
         .map(|write| prepare(&write.request, config))
         .collect();
     metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
-    let results = commit_isolating_bad_items(pool, &prepared).await;
+    let results = commit_isolating_bad_items(db, &prepared).await;
     let mut created = 0;
     for (write, result) in batch.into_iter().zip(results) {
         if matches!(result, Ok(WriteOutcome::Created(_))) {
@@ -262,14 +262,14 @@ async fn process_batch(pool: &PgPool, config: &WriterConfig, batch: Vec<Write>) 
 
 /// Commits the batch; if it fails for a reason one item can cause, commits each item alone so
 /// that only the bad one fails.
-async fn commit_isolating_bad_items(pool: &PgPool, prepared: &[PreparedWrite]) -> Vec<WriteResult> {
-    match commit_with_retries(pool, prepared).await {
+async fn commit_isolating_bad_items(db: &Database, prepared: &[PreparedWrite]) -> Vec<WriteResult> {
+    match commit_with_retries(db, prepared).await {
         Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
         Err(StorageError::DataRejected(reason)) if prepared.len() > 1 => {
             tracing::warn!(reason = %reason, size = prepared.len(), "batch rejected; committing its writes one by one");
             let mut results = Vec::with_capacity(prepared.len());
             for item in prepared {
-                let result = commit_with_retries(pool, std::slice::from_ref(item))
+                let result = commit_with_retries(db, std::slice::from_ref(item))
                     .await
                     .map(|mut outcomes| outcomes.remove(0));
                 results.push(result);
@@ -284,14 +284,17 @@ async fn commit_isolating_bad_items(pool: &PgPool, prepared: &[PreparedWrite]) -
 }
 
 async fn commit_with_retries(
-    pool: &PgPool,
+    db: &Database,
     prepared: &[PreparedWrite],
 ) -> Result<Vec<WriteOutcome>, StorageError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let started = std::time::Instant::now();
-        let result = commit(pool, prepared).await;
+        // Bounded on the client's side too: a hung server enforces no statement_timeout.
+        let result = db
+            .run(async |connection| commit(connection, prepared).await)
+            .await;
         metrics::histogram!(telemetry::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
         let label = if result.is_ok() {
             "committed"
@@ -365,10 +368,9 @@ FROM idempotency_records r
 "#;
 
 async fn commit(
-    pool: &PgPool,
+    connection: &mut PgClient,
     prepared: &[PreparedWrite],
 ) -> Result<Vec<WriteOutcome>, StorageError> {
-    let mut connection = pool.get().await?;
     let claim_and_insert = connection.prepare_cached(CLAIM_AND_INSERT).await?;
     let read_back = connection.prepare_cached(READ_BACK).await?;
     let transaction = connection.transaction().await?;

@@ -1,25 +1,41 @@
 //! PostgreSQL: the connection pool, creating the database, migrations, and SQLSTATE mapping.
+//!
+//! Every operation on the database goes through [`Database::run`], which bounds it on the
+//! client's side: a server that stops answering (a hung host, a paused VM) enforces no
+//! `statement_timeout`, and an operation waiting on it would hold its pooled connection for
+//! ever. A connection whose operation passed its deadline, or that failed in a way that leaves
+//! its state unknown, is dropped, never returned to the pool.
 
+pub mod connect;
 pub mod sqlstate;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use crate::config::DatabaseSettings;
+use connect::{ConnectError, Connection, Connector};
 pub use sqlstate::StorageError;
 
 pub type PgPool = bb8::Pool<Manager>;
 
+/// Added to `database.statement_timeout` for the client-side deadline of an operation: the
+/// server's own timeout should fire first, and the client's only when the server cannot.
+const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+
 /// A pooled connection that keeps the statements prepared on it, so that a hot statement is
 /// parsed and planned once per connection instead of once per use.
 pub struct PgClient {
-    client: Client,
+    connection: Option<Connection>,
     statements: HashMap<&'static str, Statement>,
+    /// Set while an operation runs; cleared when it ends with an answer from the server. A
+    /// connection left in doubt (its operation abandoned at its deadline, or failed without a
+    /// clear answer) is discarded by the pool.
+    in_doubt: bool,
 }
 
 impl PgClient {
@@ -31,9 +47,26 @@ impl PgClient {
         if let Some(statement) = self.statements.get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.client.prepare(sql).await?;
+        let statement = self.client().prepare(sql).await?;
         self.statements.insert(sql, statement.clone());
         Ok(statement)
+    }
+
+    fn client(&self) -> &Client {
+        // Only `Drop` takes the connection out.
+        &self
+            .connection
+            .as_ref()
+            .expect("a live PgClient has its connection")
+            .client
+    }
+}
+
+impl Drop for PgClient {
+    fn drop(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            connection.close(!self.in_doubt);
+        }
     }
 }
 
@@ -41,37 +74,170 @@ impl Deref for PgClient {
     type Target = Client;
 
     fn deref(&self) -> &Client {
-        &self.client
+        self.client()
     }
 }
 
 impl DerefMut for PgClient {
     fn deref_mut(&mut self) -> &mut Client {
-        &mut self.client
+        // Only `Drop` takes the connection out.
+        &mut self
+            .connection
+            .as_mut()
+            .expect("a live PgClient has its connection")
+            .client
     }
 }
 
-/// bb8-postgres's manager, with a statement cache on each connection.
-pub struct Manager(PostgresConnectionManager<NoTls>);
+/// The pool's connection manager: connections from a [`Connector`] (each host in turn, each
+/// attempt bounded), with a statement cache on each.
+pub struct Manager {
+    connector: Connector,
+}
 
 impl bb8::ManageConnection for Manager {
     type Connection = PgClient;
-    type Error = tokio_postgres::Error;
+    type Error = ConnectError;
 
-    async fn connect(&self) -> Result<PgClient, tokio_postgres::Error> {
+    async fn connect(&self) -> Result<PgClient, ConnectError> {
         Ok(PgClient {
-            client: self.0.connect().await?,
+            connection: Some(self.connector.connect().await?),
             statements: HashMap::new(),
+            in_doubt: false,
         })
     }
 
-    async fn is_valid(&self, connection: &mut PgClient) -> Result<(), tokio_postgres::Error> {
-        self.0.is_valid(&mut connection.client).await
+    async fn is_valid(&self, _connection: &mut PgClient) -> Result<(), ConnectError> {
+        // Checkout tests are off (`test_on_check_out(false)`): a broken connection shows itself
+        // on first use, and the operation's deadline bounds that.
+        Ok(())
     }
 
     fn has_broken(&self, connection: &mut PgClient) -> bool {
-        self.0.has_broken(&mut connection.client)
+        connection.in_doubt || connection.is_closed()
     }
+}
+
+/// Remembers the pool's last failed connection attempt, so that a request that timed out
+/// waiting for a connection can say why none could be opened.
+#[derive(Debug, Clone, Default)]
+struct LastConnectError(Arc<Mutex<Option<String>>>);
+
+impl bb8::ErrorSink<ConnectError> for LastConnectError {
+    fn sink(&self, error: ConnectError) {
+        tracing::debug!(error = %error, "database connection attempt failed");
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error.to_string());
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<ConnectError>> {
+        Box::new(self.clone())
+    }
+}
+
+/// The pool and the bounds every operation on it gets.
+#[derive(Clone)]
+pub struct Database {
+    pool: PgPool,
+    /// Client-side deadline of one operation once it has its connection.
+    operation_timeout: Duration,
+    /// Bound on waiting for a pooled connection (and on opening one, per host).
+    connect_timeout: Duration,
+    last_connect_error: LastConnectError,
+}
+
+impl Database {
+    /// Builds the pool without connecting: connections are opened on demand, so a database that
+    /// is down at this moment makes requests fail with 503 until it is back, not the daemon exit.
+    pub fn new(settings: &DatabaseSettings) -> Result<Self, StorageError> {
+        let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout.0);
+        let last_connect_error = LastConnectError::default();
+        let pool = bb8::Pool::builder()
+            .max_size(settings.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(settings.connect_timeout.0)
+            .idle_timeout(Some(Duration::from_secs(600)))
+            .test_on_check_out(false)
+            .error_sink(Box::new(last_connect_error.clone()))
+            .build_unchecked(Manager { connector });
+        Ok(Self {
+            pool,
+            operation_timeout: operation_timeout(settings),
+            connect_timeout: settings.connect_timeout.0,
+            last_connect_error,
+        })
+    }
+
+    /// The client-side deadline of one operation: `database.statement_timeout` plus a margin.
+    pub fn operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// The pool's state, for metrics.
+    pub fn state(&self) -> bb8::State {
+        self.pool.state()
+    }
+
+    /// Runs `work` on a pooled connection within [`operation_timeout`](Self::operation_timeout).
+    pub async fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut PgClient) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        self.run_within(self.operation_timeout, work).await
+    }
+
+    /// Runs `work` on a pooled connection within `limit` (not counting the wait for the
+    /// connection, bounded by `database.connect_timeout`). Past `limit`, `work` is abandoned,
+    /// its connection dropped, and the answer is [`StorageError::Unavailable`]: if `work` was
+    /// committing, the outcome is unknown, which that error's callers already allow for.
+    pub async fn run_within<T>(
+        &self,
+        limit: Duration,
+        work: impl AsyncFnOnce(&mut PgClient) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let mut connection = self.checkout().await?;
+        connection.in_doubt = true;
+        let result = match tokio::time::timeout(limit, work(&mut connection)).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(StorageError::Unavailable(format!(
+                "the database did not answer within {}",
+                humantime::format_duration(limit)
+            ))),
+        };
+        connection.in_doubt = match &result {
+            Ok(_) => false,
+            Err(error) => !error.leaves_connection_usable(),
+        };
+        result
+    }
+
+    async fn checkout(&self) -> Result<bb8::PooledConnection<'_, Manager>, StorageError> {
+        self.pool.get().await.map_err(|error| match error {
+            bb8::RunError::User(error) => StorageError::Unavailable(error.to_string()),
+            bb8::RunError::TimedOut => {
+                let waited = humantime::format_duration(self.connect_timeout);
+                let last = self
+                    .last_connect_error
+                    .0
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone();
+                StorageError::Unavailable(match last {
+                    Some(last) => {
+                        format!("no database connection within {waited}; last attempt: {last}")
+                    }
+                    None => format!("no database connection within {waited}"),
+                })
+            }
+        })
+    }
+}
+
+/// The client-side deadline of one operation: `database.statement_timeout` plus a margin.
+pub fn operation_timeout(settings: &DatabaseSettings) -> Duration {
+    settings.statement_timeout.0 + DEADLINE_MARGIN
 }
 
 mod embedded {
@@ -117,75 +283,62 @@ pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, 
     Ok(config)
 }
 
-/// Builds the pool without connecting: connections are opened on demand, so a database that is
-/// down at this moment makes requests fail with 503 until it is back, not the daemon exit.
-pub fn build_pool(settings: &DatabaseSettings) -> Result<PgPool, StorageError> {
-    let manager = Manager(PostgresConnectionManager::new(pg_config(settings)?, NoTls));
-    Ok(bb8::Pool::builder()
-        .max_size(settings.pool_size)
-        .min_idle(Some(1))
-        .connection_timeout(settings.connect_timeout.0)
-        .idle_timeout(Some(Duration::from_secs(600)))
-        .test_on_check_out(false)
-        .build_unchecked(manager))
-}
-
 /// Creates the database named in the URL, connecting to the `postgres` maintenance database as
 /// the same role. Only called when connecting to it said it does not exist (3D000), so a role
 /// that may not connect to `postgres` starts fine against a database that exists.
-async fn create_database(config: &tokio_postgres::Config) -> Result<(), StorageError> {
-    let name = config
-        .get_dbname()
-        .map(str::to_owned)
-        .or_else(|| config.get_user().map(str::to_owned))
+async fn create_database(connector: &Connector) -> Result<(), StorageError> {
+    let name = connector
+        .dbname()
         .ok_or_else(|| StorageError::from(anyhow::anyhow!("database.url names no database")))?;
-    let mut maintenance = config.clone();
-    maintenance.dbname("postgres");
-    let (client, connection) = maintenance.connect(NoTls).await?;
-    let connection = tokio::spawn(connection);
+    let maintenance = connector.for_database("postgres").connect().await?;
     let statement = format!("CREATE DATABASE {}", quote_identifier(&name));
-    match client.batch_execute(&statement).await {
+    let created = maintenance.client.batch_execute(&statement).await;
+    maintenance.close(true);
+    match created {
         Ok(()) => tracing::info!(database = %name, "created database"),
         // Another daemon created it at the same moment.
         Err(error) if sqlstate::is_duplicate_database(&error) => {}
         Err(error) => return Err(error.into()),
     }
-    drop(client);
-    let _ = connection.await;
     Ok(())
 }
 
 /// Creates the database if it does not exist, then applies the embedded migrations it does not
-/// have yet. Migrations run without the pool's statement and lock timeouts: building an index
-/// on a large table, or waiting for another daemon's migration, may take longer.
+/// have yet. Migrations run without the pool's statement and lock timeouts and without a
+/// client-side deadline: building an index on a large table, or waiting for another daemon's
+/// migration, may take longer (systemd's start timeout bounds a start that hangs here).
+/// Connecting is bounded as everywhere: each host within `database.connect_timeout`.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError> {
-    let config = base_pg_config(settings)?;
-    let (mut client, connection) = match config.connect(NoTls).await {
-        Ok(connected) => connected,
-        Err(error) if sqlstate::is_invalid_catalog_name(&error) => {
-            create_database(&config).await?;
-            config.connect(NoTls).await?
+    let connector = Connector::new(&base_pg_config(settings)?, settings.connect_timeout.0);
+    let mut connection = match connector.connect().await {
+        Ok(connection) => connection,
+        Err(error) if error.is_invalid_catalog_name() => {
+            create_database(&connector).await?;
+            connector.connect().await?
         }
         Err(error) => return Err(error.into()),
     };
-    let connection = tokio::spawn(connection);
+    let result = apply_migrations(&mut connection.client).await;
+    connection.close(result.is_ok());
+    let applied = result?;
+    if applied > 0 {
+        tracing::info!(applied, "applied migrations");
+    }
+    Ok(applied)
+}
+
+async fn apply_migrations(client: &mut Client) -> Result<usize, StorageError> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
     let report = embedded::migrations::runner()
-        .run_async(&mut client)
+        .run_async(client)
         .await
         .map_err(|error| StorageError::from(anyhow::anyhow!("migration failed: {error}")));
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
-    drop(client);
-    let _ = connection.await;
-    let applied = report?.applied_migrations().len();
-    if applied > 0 {
-        tracing::info!(applied, "applied migrations");
-    }
-    Ok(applied)
+    Ok(report?.applied_migrations().len())
 }
 
 /// The newest migration this build carries.

@@ -34,14 +34,19 @@ impl From<tokio_postgres::Error> for StorageError {
     }
 }
 
-impl From<bb8::RunError<tokio_postgres::Error>> for StorageError {
-    fn from(error: bb8::RunError<tokio_postgres::Error>) -> Self {
-        match error {
-            bb8::RunError::User(error) => classify(error),
-            bb8::RunError::TimedOut => {
-                StorageError::Unavailable("timed out waiting for a database connection".into())
-            }
-        }
+impl From<crate::db::connect::ConnectError> for StorageError {
+    fn from(error: crate::db::connect::ConnectError) -> Self {
+        StorageError::Unavailable(error.to_string())
+    }
+}
+
+impl StorageError {
+    /// Whether the connection that raised this error may be used again: the server answered
+    /// (and the transaction, if any, is rolled back). After an `Unavailable` error the
+    /// connection's state is unknown, or it is on a server that cannot take writes (a demoted
+    /// primary answers 25006), so it is dropped.
+    pub fn leaves_connection_usable(&self) -> bool {
+        !matches!(self, StorageError::Unavailable(_))
     }
 }
 
@@ -62,11 +67,15 @@ fn classify(error: tokio_postgres::Error) -> StorageError {
         "08" | "53" | "57" | "58" => StorageError::Unavailable(text),
         // 55P03: lock_not_available (lock_timeout).
         _ if *code == SqlState::LOCK_NOT_AVAILABLE => StorageError::Unavailable(text),
+        // 25006: read_only_sql_transaction. The server is a standby now (a demoted primary after
+        // a failover): the write must go to the new primary, on a new connection.
+        _ if *code == SqlState::READ_ONLY_SQL_TRANSACTION => StorageError::Unavailable(text),
         _ => StorageError::from(anyhow::Error::new(error)),
     }
 }
 
-fn describe(error: &tokio_postgres::Error) -> String {
+/// The error as one line: the server's message and SQLSTATE, or the client-side cause chain.
+pub fn describe(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => {

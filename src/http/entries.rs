@@ -248,15 +248,14 @@ pub async fn get_entry(
     let client_id = state.auth.authenticate(&request)?;
     let not_found = || ApiError::NotFound(format!("no entry {}", path.as_str()));
     let id = Uuid::parse_str(path.as_str()).map_err(|_| not_found())?;
-    let connection = state
-        .pool
-        .get()
-        .await
-        .map_err(crate::db::StorageError::from)?;
-    let row = connection
-        .query_opt(SELECT_ENTRY, &[&id, &&*client_id])
-        .await
-        .map_err(crate::db::StorageError::from)?
+    let row = state
+        .db
+        .run(async |connection| {
+            Ok(connection
+                .query_opt(SELECT_ENTRY, &[&id, &&*client_id])
+                .await?)
+        })
+        .await?
         .ok_or_else(not_found)?;
     let data_text: String = row.get(2);
     let data = serde_json::from_str(&data_text).map_err(|error| {

@@ -3,7 +3,7 @@
 use actix_web::HttpResponse;
 use serde::Serialize;
 
-use crate::db::{self, PgPool, StorageError};
+use crate::db::{self, Database, StorageError};
 use crate::http::SharedState;
 use crate::outbox::store;
 
@@ -35,16 +35,15 @@ pub struct Readiness {
     ),
 )]
 pub async fn readyz(state: SharedState) -> HttpResponse {
-    let check = tokio::time::timeout(state.probe_timeout, check_database(&state.pool)).await;
-    let (database, migrations, outbox_backlog) = match check {
-        Ok(Ok((true, backlog))) => ("up", "applied", Some(backlog)),
-        Ok(Ok((false, _))) => ("up", "pending", None),
-        Ok(Err(error)) => {
-            tracing::warn!(error = %error, "readiness check failed");
-            ("down", "unknown", None)
-        }
-        Err(_elapsed) => ("down", "unknown", None),
-    };
+    let (database, migrations, outbox_backlog) =
+        match check_database(&state.db, state.probe_timeout).await {
+            Ok((true, backlog)) => ("up", "applied", Some(backlog)),
+            Ok((false, _)) => ("up", "pending", None),
+            Err(error) => {
+                tracing::warn!(error = %error, "readiness check failed");
+                ("down", "unknown", None)
+            }
+        };
     let ready = database == "up" && migrations == "applied";
     let body = Readiness {
         status: if ready { "ready" } else { "unready" },
@@ -64,10 +63,15 @@ pub async fn readyz(state: SharedState) -> HttpResponse {
     }
 }
 
-async fn check_database(pool: &PgPool) -> Result<(bool, i64), StorageError> {
-    let connection = pool.get().await?;
-    if !db::migrations_applied(&connection).await? {
-        return Ok((false, 0));
-    }
-    Ok((true, store::totals(&**connection).await?.unsent))
+async fn check_database(
+    db: &Database,
+    limit: std::time::Duration,
+) -> Result<(bool, i64), StorageError> {
+    db.run_within(limit, async |connection| {
+        if !db::migrations_applied(connection).await? {
+            return Ok((false, 0));
+        }
+        Ok((true, store::totals(&**connection).await?.unsent))
+    })
+    .await
 }

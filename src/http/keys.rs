@@ -74,38 +74,48 @@ pub async fn get_key(
     let key = IdempotencyKey::parse(path.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
     let not_found =
         || ApiError::NotFound(format!("no record for Idempotency-Key {:?}", key.as_str()));
-    let connection = state.pool.get().await.map_err(StorageError::from)?;
-    let record = connection
-        .query_opt(SELECT_RECORD, &[&&*client_id, &key.as_str()])
-        .await
-        .map_err(StorageError::from)?
+    let client = &*client_id;
+    let (record, event_rows) = state
+        .db
+        .run(async |connection| {
+            let Some(record) = connection
+                .query_opt(SELECT_RECORD, &[&client, &key.as_str()])
+                .await?
+            else {
+                return Ok(None);
+            };
+            let events = match record.get::<_, Option<Uuid>>("entry_id") {
+                Some(entry_id) => {
+                    connection
+                        .query(
+                            SELECT_EVENTS,
+                            &[&client, &key.as_str(), &entry_id.to_string()],
+                        )
+                        .await?
+                }
+                None => Vec::new(),
+            };
+            Ok::<_, StorageError>(Some((record, events)))
+        })
+        .await?
         .ok_or_else(not_found)?;
     let entry_id: Option<Uuid> = record.get("entry_id");
-    let events = match entry_id {
-        Some(entry_id) => connection
-            .query(
-                SELECT_EVENTS,
-                &[&&*client_id, &key.as_str(), &entry_id.to_string()],
-            )
-            .await
-            .map_err(StorageError::from)?
-            .iter()
-            .map(|row| EventView {
-                event_id: row.get("event_id"),
-                event_type: row.get("event_type"),
-                attempts: row.get("attempts"),
-                sent_at: row
-                    .get::<_, Option<DateTime<Utc>>>("sent_at")
-                    .map(format_time),
-                failed_at: row
-                    .get::<_, Option<DateTime<Utc>>>("failed_at")
-                    .map(format_time),
-                next_attempt_at: format_time(row.get("next_attempt_at")),
-                last_error: row.get("last_error"),
-            })
-            .collect(),
-        None => Vec::new(),
-    };
+    let events = event_rows
+        .iter()
+        .map(|row| EventView {
+            event_id: row.get("event_id"),
+            event_type: row.get("event_type"),
+            attempts: row.get("attempts"),
+            sent_at: row
+                .get::<_, Option<DateTime<Utc>>>("sent_at")
+                .map(format_time),
+            failed_at: row
+                .get::<_, Option<DateTime<Utc>>>("failed_at")
+                .map(format_time),
+            next_attempt_at: format_time(row.get("next_attempt_at")),
+            last_error: row.get("last_error"),
+        })
+        .collect();
     let view = KeyView {
         key: key.as_str().to_owned(),
         status: record.get("status"),

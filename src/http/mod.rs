@@ -14,7 +14,7 @@ use std::time::Duration;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::config::Settings;
-use crate::db::PgPool;
+use crate::db::Database;
 use crate::idempotency::IdempotencyKey;
 use crate::outbox::Broker;
 use crate::shard::{shard_index, ShardHandle};
@@ -23,7 +23,7 @@ use problem::ApiError;
 
 /// What every handler shares.
 pub struct AppState {
-    pub pool: PgPool,
+    pub db: Database,
     pub shards: Vec<ShardHandle>,
     pub broker: Arc<Broker>,
     pub auth: Authenticator,
@@ -43,12 +43,12 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         settings: &Settings,
-        pool: PgPool,
+        db: Database,
         shards: Vec<ShardHandle>,
         broker: Arc<Broker>,
     ) -> Self {
         Self {
-            pool,
+            db,
             shards,
             broker,
             auth: Authenticator::new(&settings.auth),

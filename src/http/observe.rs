@@ -12,7 +12,7 @@ use actix_web::{Error, HttpResponse};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::db::{PgPool, StorageError};
+use crate::db::Database;
 use crate::http::SharedState;
 use crate::outbox::store;
 use crate::telemetry;
@@ -21,30 +21,23 @@ use crate::telemetry;
 const OUTBOX_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Refreshes the outbox backlog gauges every few seconds. If the database does not answer in
-/// `timeout`, they keep their last value.
-pub fn spawn_outbox_gauges(pool: PgPool, timeout: std::time::Duration) {
+/// time, they keep their last value.
+pub fn spawn_outbox_gauges(db: Database) {
     actix::spawn(async move {
         let mut ticks = tokio::time::interval(OUTBOX_GAUGES_INTERVAL);
         loop {
             ticks.tick().await;
-            let totals = tokio::time::timeout(timeout, async {
-                let connection = pool.get().await.map_err(StorageError::from)?;
-                store::totals(&**connection).await
-            })
-            .await;
+            let totals = db
+                .run(async |connection| store::totals(&**connection).await)
+                .await;
             match totals {
-                Ok(Ok(totals)) => {
+                Ok(totals) => {
                     metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
                     metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
                     metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)
                         .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
                 }
-                Ok(Err(error)) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
-                Err(_elapsed) => {
-                    tracing::debug!(
-                        "outbox gauges not refreshed: the database did not answer in time"
-                    )
-                }
+                Err(error) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
             }
         }
     });
@@ -173,7 +166,7 @@ fn record(route: &str, outcome: Outcome, elapsed: Duration) {
 /// background ([`spawn_outbox_gauges`]), so that scrapes cost no query.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub async fn metrics(state: SharedState) -> HttpResponse {
-    let pool_state = state.pool.state();
+    let pool_state = state.db.state();
     metrics::gauge!(telemetry::POOL_CONNECTIONS).set(pool_state.connections as f64);
     metrics::gauge!(telemetry::POOL_IDLE).set(pool_state.idle_connections as f64);
     metrics::gauge!(telemetry::POOL_MAX).set(f64::from(state.pool_size));

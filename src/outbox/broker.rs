@@ -1,8 +1,10 @@
 //! The daemon's connection to RabbitMQ: one connection, a confirm-mode channel per relay.
 //!
-//! lapin's automatic recovery stays off: a lost connection is noticed (through its events, or a
-//! failed publish), marked down, and opened again by the next relay that needs a channel, with
-//! the relay's own backoff between attempts.
+//! `amqp.url` may list several brokers (the nodes of a cluster). The daemon connects to the
+//! first that answers; when that connection is lost it moves on to the next, round robin.
+//! lapin's automatic recovery stays off: a lost connection is noticed (through its events, a
+//! failed publish, or a confirm that never came), dropped, and opened again by the next relay
+//! that needs a channel, with the relay's own backoff between attempts.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties, Event, ExchangeKind};
 
-use crate::config::AmqpSettings;
+use crate::config::{redact_url, AmqpSettings};
 
 /// Heartbeat asked for when the URL sets none: a silently dead peer is noticed within about
 /// two heartbeats instead of RabbitMQ's default of two minutes.
@@ -28,36 +30,72 @@ pub enum BrokerError {
     Protocol(#[from] lapin::Error),
 }
 
-pub struct Broker {
+/// A broker of `amqp.url`: where to connect, and how to name it in logs.
+struct Endpoint {
     uri: AMQPUri,
+    /// The URL without its password.
+    display: String,
+}
+
+pub struct Broker {
+    endpoints: Vec<Endpoint>,
     exchange: String,
+    /// Bound on connecting to one broker, and on opening a channel.
     connect_timeout: Duration,
-    connection: tokio::sync::Mutex<Option<Connection>>,
+    state: tokio::sync::Mutex<ConnectionState>,
     connected: Arc<AtomicBool>,
     /// Set by `close`, so that the connection's end is not reported as a loss.
     closing: Arc<AtomicBool>,
 }
 
+struct ConnectionState {
+    connection: Option<Connection>,
+    /// The endpoint to try first: the one connected to, or after a loss the next one.
+    next_endpoint: usize,
+    /// Counts connections, so that a relay reporting a loss drops only the connection its
+    /// channel was on, not a newer one another relay opened since.
+    generation: u64,
+}
+
+/// A confirm-mode channel and the connection generation it belongs to.
+pub struct BrokerChannel {
+    pub channel: Channel,
+    pub generation: u64,
+}
+
 impl Broker {
     pub fn new(settings: &AmqpSettings, connect_timeout: Duration) -> Result<Self, BrokerError> {
-        let mut uri: AMQPUri = settings.url.parse().map_err(|error| {
-            BrokerError::Connect(format!("amqp.url is not a valid AMQP URL: {error}"))
-        })?;
-        if uri.query.heartbeat.is_none() {
-            uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECONDS);
-        }
+        let endpoints = settings
+            .url
+            .iter()
+            .map(|url| {
+                let mut uri: AMQPUri = url.parse().map_err(|error| {
+                    BrokerError::Connect(format!(
+                        "amqp.url {} is not a valid AMQP URL: {error}",
+                        redact_url(url)
+                    ))
+                })?;
+                if uri.query.heartbeat.is_none() {
+                    uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECONDS);
+                }
+                Ok(Endpoint {
+                    uri,
+                    display: redact_url(url),
+                })
+            })
+            .collect::<Result<Vec<_>, BrokerError>>()?;
         Ok(Self {
-            uri,
+            endpoints,
             exchange: settings.exchange.clone(),
             connect_timeout,
-            connection: tokio::sync::Mutex::new(None),
+            state: tokio::sync::Mutex::new(ConnectionState {
+                connection: None,
+                next_endpoint: 0,
+                generation: 0,
+            }),
             connected: Arc::new(AtomicBool::new(false)),
             closing: Arc::new(AtomicBool::new(false)),
         })
-    }
-
-    pub fn exchange(&self) -> &str {
-        &self.exchange
     }
 
     /// Whether the connection is up, as far as the daemon knows.
@@ -66,77 +104,150 @@ impl Broker {
     }
 
     /// A new confirm-mode channel, connecting (and declaring the exchange) first if needed.
-    pub async fn open_channel(&self) -> Result<Channel, BrokerError> {
-        let mut connection = self.connection.lock().await;
-        if let Some(existing) = connection.as_ref() {
+    pub async fn open_channel(&self) -> Result<BrokerChannel, BrokerError> {
+        let mut state = self.state.lock().await;
+        if let Some(existing) = state.connection.as_ref() {
             if existing.status().connected() {
-                match confirm_channel(existing, &self.exchange).await {
-                    Ok(channel) => return Ok(channel),
+                match self.confirm_channel(existing).await {
+                    Ok(channel) => {
+                        return Ok(BrokerChannel {
+                            channel,
+                            generation: state.generation,
+                        })
+                    }
                     Err(error) => {
                         tracing::warn!(error = %error, "cannot open a channel; reconnecting")
                     }
                 }
             }
+            self.drop_connection(&mut state);
         }
         self.connected.store(false, Ordering::Relaxed);
-        *connection = None;
-        let fresh = self.connect().await?;
-        let channel = confirm_channel(&fresh, &self.exchange).await?;
-        *connection = Some(fresh);
+        let (connection, index) = self.connect_any(state.next_endpoint).await?;
+        let channel = match self.confirm_channel(&connection).await {
+            Ok(channel) => channel,
+            Err(error) => {
+                state.next_endpoint = (index + 1) % self.endpoints.len();
+                abandon(connection, self.connect_timeout);
+                return Err(error);
+            }
+        };
+        state.connection = Some(connection);
+        state.next_endpoint = index;
+        state.generation += 1;
         self.connected.store(true, Ordering::Relaxed);
-        Ok(channel)
+        Ok(BrokerChannel {
+            channel,
+            generation: state.generation,
+        })
     }
 
-    /// Marks the connection down after a publish showed it broken, so that the next
-    /// `open_channel` reconnects.
-    pub async fn connection_lost(&self) {
-        let mut connection = self.connection.lock().await;
-        if connection.as_ref().is_some_and(|c| !c.status().connected()) {
-            *connection = None;
-            self.connected.store(false, Ordering::Relaxed);
+    /// Drops the connection of `generation` after a channel on it failed (lost, or a confirm
+    /// that never came: a hung broker still looks connected), so that the next `open_channel`
+    /// connects again, starting with the next broker of the list.
+    pub async fn connection_lost(&self, generation: u64) {
+        let mut state = self.state.lock().await;
+        if state.generation == generation && state.connection.is_some() {
+            self.drop_connection(&mut state);
         }
     }
 
-    async fn connect(&self) -> Result<Connection, BrokerError> {
+    fn drop_connection(&self, state: &mut ConnectionState) {
+        if let Some(connection) = state.connection.take() {
+            abandon(connection, self.connect_timeout);
+        }
+        state.next_endpoint = (state.next_endpoint + 1) % self.endpoints.len();
+        self.connected.store(false, Ordering::Relaxed);
+    }
+
+    /// Connects to the first broker that answers, starting at `first`.
+    async fn connect_any(&self, first: usize) -> Result<(Connection, usize), BrokerError> {
+        let count = self.endpoints.len();
+        let mut failures = Vec::with_capacity(count);
+        for offset in 0..count {
+            let index = (first + offset) % count;
+            let endpoint = &self.endpoints[index];
+            match self.connect(endpoint).await {
+                Ok(connection) => return Ok((connection, index)),
+                Err(error) => failures.push(format!("{}: {error}", endpoint.display)),
+            }
+        }
+        Err(BrokerError::Connect(failures.join("; ")))
+    }
+
+    async fn connect(&self, endpoint: &Endpoint) -> Result<Connection, String> {
         let properties = ConnectionProperties::default().with_connection_name("retrysafe".into());
         let connection = tokio::time::timeout(
             self.connect_timeout,
-            Connection::connect_uri(self.uri.clone(), properties),
+            Connection::connect_uri(endpoint.uri.clone(), properties),
         )
         .await
-        .map_err(|_| BrokerError::Connect(format!("no answer within {:?}", self.connect_timeout)))?
-        .map_err(|error| BrokerError::Connect(error.to_string()))?;
+        .map_err(|_| {
+            format!(
+                "no answer within {}",
+                humantime::format_duration(self.connect_timeout)
+            )
+        })?
+        .map_err(|error| error.to_string())?;
         // Events reach only listeners that exist, so listen before anything can go wrong.
         let mut events = connection.events_listener();
         let connected = self.connected.clone();
         let closing = self.closing.clone();
+        let broker = endpoint.display.clone();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
                 if let Event::Error(error) = event {
                     connected.store(false, Ordering::Relaxed);
                     if closing.load(Ordering::Relaxed) {
-                        tracing::debug!(error = %error, "broker connection closed");
+                        tracing::debug!(error = %error, broker = %broker, "broker connection closed");
                     } else {
-                        tracing::warn!(error = %error, "broker connection lost");
+                        tracing::warn!(error = %error, broker = %broker, "broker connection lost");
                     }
                 }
             }
         });
-        tracing::info!(exchange = %self.exchange, "connected to the broker");
+        tracing::info!(broker = %endpoint.display, exchange = %self.exchange, "connected to the broker");
         Ok(connection)
+    }
+
+    /// A confirm-mode channel on `connection`, within the connect timeout: a broker that hangs
+    /// after the connection was made must not hold the relay that asked.
+    async fn confirm_channel(&self, connection: &Connection) -> Result<Channel, BrokerError> {
+        tokio::time::timeout(
+            self.connect_timeout,
+            confirm_channel(connection, &self.exchange),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(BrokerError::Connect(format!(
+                "no channel within {}",
+                humantime::format_duration(self.connect_timeout)
+            )))
+        })
     }
 
     /// Closes the connection, for shutdown.
     pub async fn close(&self) {
         self.closing.store(true, Ordering::Relaxed);
-        if let Some(connection) = self.connection.lock().await.take() {
-            // Closing a connection that already failed reports that failure; nothing to do.
-            let _ = connection
-                .close(200, "retrysafe shutting down".into())
-                .await;
+        if let Some(connection) = self.state.lock().await.connection.take() {
+            // Closing a connection that already failed reports that failure; a broker that
+            // does not answer the close is not waited for past the timeout.
+            let _ = tokio::time::timeout(
+                self.connect_timeout,
+                connection.close(200, "retrysafe shutting down".into()),
+            )
+            .await;
         }
         self.connected.store(false, Ordering::Relaxed);
     }
+}
+
+/// Closes a connection that is no longer used, in the background and within `limit`: its
+/// broker may be the one that stopped answering.
+fn abandon(connection: Connection, limit: Duration) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(limit, connection.close(320, "reconnecting".into())).await;
+    });
 }
 
 /// A confirm-mode channel, after declaring the exchange on it: declaring is idempotent and

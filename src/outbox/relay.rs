@@ -10,8 +10,8 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation};
 use tokio::sync::{watch, Notify};
 
-use crate::db::{PgPool, StorageError};
-use crate::outbox::broker::{Broker, BrokerError};
+use crate::db::{Database, PgClient, StorageError};
+use crate::outbox::broker::{Broker, BrokerChannel};
 use crate::outbox::store::{self, Failure, PendingEvent, RelayStatements};
 use crate::telemetry;
 
@@ -79,13 +79,28 @@ impl FailureKind {
 /// Claims up to `batch_size` due rows, publishes them all with confirms pipelined, awaits the
 /// confirms, and in the same transaction marks each row sent (acked, not returned) or failed.
 /// Other relays skip the rows this one holds, so no row is published by two at once.
+///
+/// The whole batch is bounded on the client's side by the database's operation deadline plus
+/// `outbox.confirm_timeout`: past it the batch is abandoned, nothing is marked, and its rows are
+/// claimed again (a resend, which consumers dedupe; never a loss).
 pub async fn relay_once(
-    pool: &PgPool,
+    db: &Database,
     channel: &Channel,
     config: &RelayConfig,
 ) -> Result<RelayReport, StorageError> {
-    let mut connection = pool.get().await.map_err(StorageError::from)?;
-    let statements = RelayStatements::prepare(&mut connection).await?;
+    let limit = db.operation_timeout() + config.confirm_timeout;
+    db.run_within(limit, async |connection| {
+        relay_batch(connection, channel, config).await
+    })
+    .await
+}
+
+async fn relay_batch(
+    connection: &mut PgClient,
+    channel: &Channel,
+    config: &RelayConfig,
+) -> Result<RelayReport, StorageError> {
+    let statements = RelayStatements::prepare(connection).await?;
     let transaction = connection.transaction().await.map_err(StorageError::from)?;
     let events = store::claim_due(&transaction, &statements, config.batch_size).await?;
     if events.is_empty() {
@@ -324,7 +339,7 @@ impl OutboxWaker {
 /// the poll interval, or shutdown. Shutdown is seen between batches, never inside one.
 pub struct OutboxRelay {
     pub index: usize,
-    pub pool: PgPool,
+    pub db: Database,
     pub broker: Arc<Broker>,
     pub config: RelayConfig,
     pub wake: Arc<Notify>,
@@ -339,7 +354,7 @@ impl Actor for OutboxRelay {
     fn started(&mut self, ctx: &mut Self::Context) {
         let run = run_relay(
             self.index,
-            self.pool.clone(),
+            self.db.clone(),
             self.broker.clone(),
             self.config.clone(),
             self.wake.clone(),
@@ -355,28 +370,22 @@ impl Actor for OutboxRelay {
 
 async fn run_relay(
     index: usize,
-    pool: PgPool,
+    db: Database,
     broker: Arc<Broker>,
     config: RelayConfig,
     wake: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut channel: Option<Channel> = None;
+    let mut channel: Option<BrokerChannel> = None;
     let mut reconnect_delay = FIRST_RECONNECT_DELAY;
     loop {
         if *shutdown.borrow() {
             break;
         }
         let current = match &channel {
-            Some(current) if current.status().connected() => current,
-            _ => match tokio::time::timeout(config.confirm_timeout, broker.open_channel())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(BrokerError::Connect(format!(
-                        "no channel within {:?}",
-                        config.confirm_timeout
-                    )))
-                }) {
+            Some(current) if current.channel.status().connected() => current,
+            // Bounded inside: each broker of the list within its connect timeout.
+            _ => match broker.open_channel().await {
                 Ok(opened) => {
                     reconnect_delay = FIRST_RECONNECT_DELAY;
                     channel.insert(opened)
@@ -392,18 +401,24 @@ async fn run_relay(
                 }
             },
         };
-        match relay_once(&pool, current, &config).await {
+        match relay_once(&db, &current.channel, &config).await {
             Ok(report) => {
                 if report.channel_broken {
+                    let generation = current.generation;
                     channel = None;
-                    broker.connection_lost().await;
+                    broker.connection_lost(generation).await;
                     continue;
                 }
                 if report.claimed == config.batch_size {
                     continue;
                 }
             }
-            Err(error) => tracing::warn!(relay = index, error = %error, "relay batch failed"),
+            Err(error) => {
+                tracing::warn!(relay = index, error = %error, "relay batch failed");
+                // The batch may have been abandoned between its publishes and their confirms:
+                // a fresh channel keeps late confirms and returns out of the next batch.
+                channel = None;
+            }
         }
         if wait(&mut shutdown, config.poll_interval, Some(&wake)).await {
             break;

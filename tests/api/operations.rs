@@ -20,7 +20,7 @@ async fn after_its_retention_a_key_is_new_again() {
         settings.idempotency.retention = ConfigDuration(Duration::from_secs(1))
     })
     .await;
-    let pool = retrysafe::db::build_pool(&app.settings.database).unwrap();
+    let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
     let body = entry_body(1);
     let first = app.post_entry("expiring", &body).await;
     assert_eq!(first.status, 201);
@@ -34,7 +34,7 @@ async fn after_its_retention_a_key_is_new_again() {
     app.get("/v1/idempotency-keys/expiring", None)
         .await
         .assert_problem(404, "not-found");
-    let report = purge_once(&pool, app.settings.outbox.retention.0)
+    let report = purge_once(&db, app.settings.outbox.retention.0)
         .await
         .unwrap();
     assert_eq!(report.records_deleted, 1);
@@ -125,8 +125,8 @@ async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_o
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let pool = retrysafe::db::build_pool(&app.settings.database).unwrap();
-    let report = purge_once(&pool, app.settings.outbox.retention.0)
+    let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
+    let report = purge_once(&db, app.settings.outbox.retention.0)
         .await
         .unwrap();
     assert_eq!(report.events_deleted, 1);

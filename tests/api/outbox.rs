@@ -276,7 +276,9 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
     let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
     let app = spawn_app_with(|settings| {
-        settings.amqp.url = AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}"));
+        settings.amqp.url = retrysafe::config::UrlList::one(
+            &AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}")),
+        );
     })
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;

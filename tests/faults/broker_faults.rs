@@ -35,7 +35,9 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
     let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
     let app = spawn_app_with(|settings| {
-        settings.amqp.url = AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}"));
+        settings.amqp.url = retrysafe::config::UrlList::one(
+            &AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}")),
+        );
         settings.outbox.workers = 2;
         settings.outbox.batch_size = 50;
     })

@@ -9,6 +9,7 @@ mod broker_faults;
 mod crash_under_load;
 mod database_faults;
 mod hostile_connections;
+mod hung_peers;
 mod many_daemons;
 mod secrets;
 mod support;

@@ -1,0 +1,317 @@
+//! Opening connections to PostgreSQL: every host of `database.url` in turn, each attempt
+//! bounded as a whole.
+//!
+//! tokio-postgres bounds only the TCP connect of an attempt. A server that accepts TCP but never
+//! answers (a hung or paused host: the kernel still completes the handshake) would hold the
+//! startup, authentication or read-write check forever, and with several hosts the later ones
+//! would never be tried. So the connector tries the hosts itself, one at a time, each within
+//! `database.connect_timeout`, starting with the host that answered last: after a failover, new
+//! connections go straight to the new primary instead of waiting on the old one first.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use tokio_postgres::config::{Host, LoadBalanceHosts};
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::db::sqlstate;
+
+/// Bound on the graceful end of a connection dropped while healthy: it sends Terminate and
+/// closes; a server that stopped answering meanwhile must not keep the task and socket.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Opens connections to the hosts of one configuration.
+pub struct Connector {
+    /// One configuration per host, in the order the URL lists them.
+    hosts: Vec<Config>,
+    /// Index of the host that answered last; tried first.
+    preferred: AtomicUsize,
+    /// `load_balance_hosts=random`: a random order for every connection instead.
+    random_order: bool,
+    /// Bound on one host's whole attempt: TCP, authentication, and the read-write check.
+    attempt_timeout: Duration,
+}
+
+/// A connection: the client, and the task that drives its socket.
+pub struct Connection {
+    pub client: Client,
+    io: tokio::task::JoinHandle<()>,
+}
+
+impl Connection {
+    /// Ends the connection. `healthy`: the server answered the last request, so the connection
+    /// may close gracefully; otherwise its task is stopped at once.
+    pub fn close(self, healthy: bool) {
+        let Connection { client, io } = self;
+        drop(client);
+        if !healthy {
+            io.abort();
+            return;
+        }
+        // Dropping the client lets the task send Terminate and finish; bound that.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let io = io.abort_handle();
+            runtime.spawn(async move {
+                tokio::time::sleep(CLOSE_GRACE).await;
+                io.abort();
+            });
+        }
+    }
+}
+
+/// Why no host gave a connection: each host's failure, in the order tried.
+#[derive(Debug)]
+pub struct ConnectError {
+    failures: Vec<(String, HostFailure)>,
+}
+
+#[derive(Debug)]
+enum HostFailure {
+    TimedOut(Duration),
+    Refused(tokio_postgres::Error),
+}
+
+impl ConnectError {
+    /// Whether a host said the database does not exist (SQLSTATE 3D000).
+    pub fn is_invalid_catalog_name(&self) -> bool {
+        self.failures.iter().any(|(_, failure)| {
+            matches!(failure, HostFailure::Refused(error) if sqlstate::is_invalid_catalog_name(error))
+        })
+    }
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let described: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(host, failure)| match failure {
+                HostFailure::TimedOut(limit) => {
+                    format!(
+                        "{host}: no answer within {}",
+                        humantime::format_duration(*limit)
+                    )
+                }
+                HostFailure::Refused(error) => format!("{host}: {}", sqlstate::describe(error)),
+            })
+            .collect();
+        write!(
+            f,
+            "cannot connect to the database ({})",
+            described.join("; ")
+        )
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+impl Connector {
+    /// A connector for `config`'s hosts; each attempt is bounded by `attempt_timeout`.
+    pub fn new(config: &Config, attempt_timeout: Duration) -> Self {
+        Self {
+            hosts: split_hosts(config),
+            preferred: AtomicUsize::new(0),
+            random_order: config.get_load_balance_hosts() == LoadBalanceHosts::Random,
+            attempt_timeout,
+        }
+    }
+
+    /// The same hosts and settings, connecting to another database (for `CREATE DATABASE`).
+    pub fn for_database(&self, dbname: &str) -> Self {
+        let hosts = self
+            .hosts
+            .iter()
+            .map(|config| {
+                let mut config = config.clone();
+                config.dbname(dbname);
+                config
+            })
+            .collect();
+        Self {
+            hosts,
+            preferred: AtomicUsize::new(self.preferred.load(Ordering::Relaxed)),
+            random_order: self.random_order,
+            attempt_timeout: self.attempt_timeout,
+        }
+    }
+
+    /// The database the configuration names (or, as libpq does, the user's name).
+    pub fn dbname(&self) -> Option<String> {
+        let first = self.hosts.first()?;
+        first
+            .get_dbname()
+            .or_else(|| first.get_user())
+            .map(str::to_owned)
+    }
+
+    /// Connects to the first host that answers, trying the one that answered last first.
+    pub async fn connect(&self) -> Result<Connection, ConnectError> {
+        let mut failures = Vec::new();
+        for index in self.order() {
+            let config = &self.hosts[index];
+            let attempt = tokio::time::timeout(self.attempt_timeout, config.connect(NoTls)).await;
+            match attempt {
+                Ok(Ok((client, connection))) => {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    let io = tokio::spawn(async move {
+                        // An error here (the server went away) shows up to the client as a
+                        // closed connection, which the pool then discards.
+                        let _ = connection.await;
+                    });
+                    return Ok(Connection { client, io });
+                }
+                Ok(Err(error)) => failures.push((host_name(config), HostFailure::Refused(error))),
+                Err(_elapsed) => failures.push((
+                    host_name(config),
+                    HostFailure::TimedOut(self.attempt_timeout),
+                )),
+            }
+        }
+        Err(ConnectError { failures })
+    }
+
+    fn order(&self) -> Vec<usize> {
+        let count = self.hosts.len();
+        if self.random_order {
+            let mut order: Vec<usize> = (0..count).collect();
+            order.shuffle(&mut rand::thread_rng());
+            return order;
+        }
+        let first = self.preferred.load(Ordering::Relaxed) % count.max(1);
+        (0..count).map(|offset| (first + offset) % count).collect()
+    }
+}
+
+/// `host:port` of a single-host configuration, for messages.
+fn host_name(config: &Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+/// One configuration per host of `config`, each with that host's address and port and every
+/// other setting of `config`. A configuration without hosts stays as it is (libpq's defaults).
+fn split_hosts(config: &Config) -> Vec<Config> {
+    let hosts = config.get_hosts();
+    if hosts.len() <= 1 {
+        return vec![config.clone()];
+    }
+    let ports = config.get_ports();
+    let addresses = config.get_hostaddrs();
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(index, host)| {
+            let mut single = copy_settings(config);
+            match host {
+                Host::Tcp(name) => single.host(name),
+                Host::Unix(path) => single.host_path(path),
+            };
+            if let Some(address) = addresses.get(index) {
+                single.hostaddr(*address);
+            }
+            // libpq: one port for every host, or one per host.
+            let port = match ports {
+                [single_port] => Some(*single_port),
+                _ => ports.get(index).copied(),
+            };
+            if let Some(port) = port {
+                single.port(port);
+            }
+            single
+        })
+        .collect()
+}
+
+/// Every setting of `config` but its hosts, addresses and ports.
+fn copy_settings(config: &Config) -> Config {
+    let mut copy = Config::new();
+    if let Some(user) = config.get_user() {
+        copy.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        copy.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        copy.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        copy.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        copy.application_name(name);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        copy.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        copy.tcp_user_timeout(*timeout);
+    }
+    copy.ssl_mode(config.get_ssl_mode())
+        .ssl_negotiation(config.get_ssl_negotiation())
+        .keepalives(config.get_keepalives())
+        .keepalives_idle(config.get_keepalives_idle())
+        .target_session_attrs(config.get_target_session_attrs())
+        .channel_binding(config.get_channel_binding());
+    if let Some(interval) = config.get_keepalives_interval() {
+        copy.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        copy.keepalives_retries(retries);
+    }
+    copy
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+    use tokio_postgres::config::TargetSessionAttrs;
+
+    #[test]
+    fn splits_hosts_keeping_every_other_setting() {
+        let config = Config::from_str(
+            "postgres://app:secret@db1:5433,db2:5434/billing?target_session_attrs=read-write&application_name=x",
+        )
+        .unwrap();
+        let hosts = split_hosts(&config);
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(host_name(&hosts[0]), "db1:5433");
+        assert_eq!(host_name(&hosts[1]), "db2:5434");
+        for host in &hosts {
+            assert_eq!(host.get_hosts().len(), 1);
+            assert_eq!(host.get_user(), Some("app"));
+            assert_eq!(host.get_password(), Some(&b"secret"[..]));
+            assert_eq!(host.get_dbname(), Some("billing"));
+            assert_eq!(host.get_application_name(), Some("x"));
+            assert_eq!(
+                host.get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite
+            );
+        }
+    }
+
+    #[test]
+    fn one_port_serves_every_host() {
+        let config = Config::from_str("host=a,b port=6000 dbname=x").unwrap();
+        let hosts = split_hosts(&config);
+        assert_eq!(host_name(&hosts[0]), "a:6000");
+        assert_eq!(host_name(&hosts[1]), "b:6000");
+    }
+
+    #[test]
+    fn tries_the_host_that_answered_last_first() {
+        let config = Config::from_str("host=a,b,c dbname=x").unwrap();
+        let connector = Connector::new(&config, Duration::from_secs(1));
+        assert_eq!(connector.order(), vec![0, 1, 2]);
+        connector.preferred.store(2, Ordering::Relaxed);
+        assert_eq!(connector.order(), vec![2, 0, 1]);
+    }
+}
