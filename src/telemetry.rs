@@ -63,10 +63,15 @@ const BATCH_BUCKETS: &[f64] = &[
 ];
 
 /// lapin's own logs repeat what the daemon reports itself (a lost connection, a returned
-/// message) at levels that do not fit: an ERROR for every clean shutdown, and a WARN carrying
-/// the whole body of every unroutable message. A `lapin` directive in `log.level` or
+/// message, a channel closed by the broker) at levels that do not fit: an ERROR for every clean
+/// shutdown and for the 404 that tells the daemon to declare a missing exchange, and a WARN
+/// carrying the whole body of every unroutable message. A `lapin` directive in `log.level` or
 /// `RUST_LOG` takes precedence.
-const QUIET_LAPIN: &[&str] = &["lapin::channels=off", "lapin::returned_messages=off"];
+const QUIET_LAPIN: &[&str] = &[
+    "lapin::channels=off",
+    "lapin::channel=off",
+    "lapin::returned_messages=off",
+];
 
 /// lapin's I/O loop at most at debug, whatever else the filter says.
 const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";

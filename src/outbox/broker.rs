@@ -196,7 +196,13 @@ impl Broker {
         let broker = endpoint.display.clone();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
+                // A channel's own error (a soft AMQP error: a passive declare of a missing
+                // exchange, a publish to one) closes that channel, not the connection.
                 if let Event::Error(error) = event {
+                    if error.is_amqp_soft_error() {
+                        tracing::debug!(error = %error, broker = %broker, "broker closed a channel");
+                        continue;
+                    }
                     connected.store(false, Ordering::Relaxed);
                     if closing.load(Ordering::Relaxed) {
                         tracing::debug!(error = %error, broker = %broker, "broker connection closed");
@@ -250,11 +256,45 @@ fn abandon(connection: Connection, limit: Duration) {
     });
 }
 
-/// A confirm-mode channel, after declaring the exchange on it: declaring is idempotent and
-/// cheap, and doing it for every channel re-creates an exchange deleted while the connection
-/// stayed up (publishing to a missing exchange fails and closes the channel).
+/// A confirm-mode channel on which the exchange is known to exist: declaring it for every
+/// channel re-creates an exchange deleted while the connection stayed up (publishing to a
+/// missing exchange fails and closes the channel).
+///
+/// A passive declare comes first: it only reads, where an active declare takes a write lock on
+/// the cluster's metadata, which waits for every node, a hung one included, until the cluster
+/// declares it down (`net_ticktime`, a minute by default). Only a missing exchange (the passive
+/// declare closes its channel with 404) is declared, on a fresh channel.
 async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Channel, BrokerError> {
     let channel = connection.create_channel().await?;
+    let exists = channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let channel = match exists {
+        Ok(()) => channel,
+        Err(error) if is_not_found(&error) => {
+            let channel = connection.create_channel().await?;
+            declare_exchange(&channel, exchange).await?;
+            channel
+        }
+        Err(error) => return Err(error.into()),
+    };
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Declares the daemon's exchange: a durable topic exchange. Consumers that bind queues before
+/// the daemon first connects declare it the same way.
+pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<(), lapin::Error> {
     channel
         .exchange_declare(
             exchange.into(),
@@ -265,9 +305,12 @@ async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Chan
             },
             FieldTable::default(),
         )
-        .await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    Ok(channel)
+        .await
+}
+
+/// The broker's 404 NOT_FOUND, closing the channel of a passive declare of a missing exchange.
+fn is_not_found(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp)
+        if amqp.kind() == &AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
 }

@@ -1,0 +1,165 @@
+//! A pg_auto_failover formation under load: a planned switchover, a crash of the primary (its
+//! keeper and PostgreSQL SIGKILLed, restarted later), and a hung primary (SIGSTOPped until the
+//! standby is promoted, then resumed).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::NoTls;
+
+use crate::common::consumer::{message_id, TestConsumer};
+use crate::common::daemon::Daemon;
+use crate::common::helpers::TestExchange;
+use crate::lab::Lab;
+use crate::load::{Load, Recovery};
+
+/// Injects a fault on the primary, waits until the other node is primary and writes flow again,
+/// then runs `afterwards` (restart or resume the old primary) and waits until the formation has
+/// a primary and a secondary again.
+async fn fault(
+    lab: &Lab,
+    load: &Load,
+    name: &str,
+    inject: &str,
+    afterwards: Option<&str>,
+) -> Recovery {
+    let old_primary = lab.pg_primary().await;
+    let at = Instant::now();
+    lab.act(&[inject, &old_primary]).await;
+    let promoted = loop {
+        let primary = lab.pg_primary().await;
+        if primary != old_primary {
+            break Instant::now();
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(180),
+            "{name}: no failover within 3 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let recovery = load.wait_for_recovery(at, promoted).await;
+    eprintln!(
+        "{name} of {old_primary}: new primary after {:.1}s; writes answered 201 again after {:.1}s; {} attempts failed (503 or no answer), {} answered 2xx meanwhile",
+        promoted.duration_since(at).as_secs_f64(),
+        recovery.writes_back_after.as_secs_f64(),
+        recovery.failed,
+        recovery.answered
+    );
+    if let Some(action) = afterwards {
+        lab.act(&[action, &old_primary]).await;
+    }
+    lab.act(&["pg-wait"]).await;
+    recovery
+}
+
+#[actix_web::test]
+async fn failovers_under_load_lose_no_acknowledged_write_duplicate_none_and_need_no_restart() {
+    let lab = Lab::start("pg");
+    let url = lab.var("HA_PG_URL").to_owned();
+    let exchange = TestExchange {
+        name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
+    };
+    let mut consumer = TestConsumer::bind(&exchange.name, "#").await;
+    let daemon = Daemon::start(&[
+        ("RETRYSAFE_DATABASE__URL", url.clone()),
+        ("RETRYSAFE_AMQP__EXCHANGE", exchange.name.clone()),
+        ("RETRYSAFE_DATABASE__STATEMENT_TIMEOUT", "2s".into()),
+        ("RETRYSAFE_DATABASE__CONNECT_TIMEOUT", "1s".into()),
+    ])
+    .await;
+    let load = Load::start(&daemon.address, "pg", 6);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    fault(&lab, &load, "switchover", "pg-switchover", None).await;
+    fault(&lab, &load, "crash", "pg-kill", Some("pg-start")).await;
+    fault(&lab, &load, "hang", "pg-freeze", Some("pg-thaw")).await;
+    let records = load.stop().await;
+    assert!(
+        records.unexpected.is_empty(),
+        "answers the contract does not allow: {:?}",
+        &records.unexpected[..records.unexpected.len().min(10)]
+    );
+
+    // What the clients were told is what the (new) primary holds, once each.
+    let (db, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    actix_web::rt::spawn(connection);
+    let rows = db
+        .query(
+            "SELECT idempotency_key, id FROM entries WHERE client_id = 'anonymous'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut held = std::collections::HashMap::new();
+    for row in &rows {
+        let key: String = row.get(0);
+        let id: uuid::Uuid = row.get(1);
+        assert!(held.insert(key.clone(), id).is_none(), "{key}: two entries");
+    }
+    for (key, id) in &records.acknowledged {
+        assert_eq!(
+            held.get(key),
+            Some(id),
+            "{key}: acknowledged with {id}, the database holds {:?}",
+            held.get(key)
+        );
+    }
+    assert_eq!(
+        held.len(),
+        records.acknowledged.len(),
+        "an entry no client was told about"
+    );
+    let records_count: i64 = db
+        .query_one("SELECT count(*) FROM idempotency_records", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(records_count as usize, held.len());
+
+    // Every committed event was published, and reached the queue.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let unsent: i64 = db
+            .query_one(
+                "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if unsent == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{unsent} events never sent");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let event_ids: HashSet<String> = db
+        .query("SELECT event_id::text FROM outbox_events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(event_ids.len(), held.len(), "one event per entry");
+    let mut delivered = HashSet::new();
+    while delivered.len() < event_ids.len() {
+        let delivery = consumer
+            .next(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} of {} events delivered",
+                    delivered.len(),
+                    event_ids.len()
+                )
+            });
+        delivered.insert(message_id(&delivery));
+    }
+    assert_eq!(delivered, event_ids);
+    eprintln!(
+        "{} keys acknowledged, {} attempts in all",
+        records.acknowledged.len(),
+        records.attempts.len()
+    );
+    drop(daemon);
+}
