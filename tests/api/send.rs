@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use retrysafe::client::key_for_intent;
@@ -643,4 +644,127 @@ async fn data_comes_from_a_file_or_standard_input() {
     .await;
     missing.assert_code(1);
     std::fs::remove_file(data_file).unwrap();
+}
+
+/// A CA of the test's own, and a certificate it signed for 127.0.0.1.
+struct TestPki {
+    ca_pem: String,
+    server_config: Arc<rustls::ServerConfig>,
+}
+
+fn test_ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    (params.self_signed(&key).unwrap(), key)
+}
+
+fn test_pki() -> TestPki {
+    let (ca, ca_key) = test_ca("retrysafe test CA");
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    let server_config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![server.der().clone()],
+        rustls_pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+    )
+    .unwrap();
+    TestPki {
+        ca_pem: ca.pem(),
+        server_config: Arc::new(server_config),
+    }
+}
+
+/// Terminates TLS on a port of its own and forwards the plain bytes to `daemon`, as a reverse
+/// proxy in front of the daemon would. Returns the port.
+async fn tls_front(daemon: SocketAddr, config: Arc<rustls::ServerConfig>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    actix_web::rt::spawn(async move {
+        loop {
+            let Ok((inbound, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            actix_web::rt::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(inbound).await else {
+                    return;
+                };
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(daemon).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut outbound).await;
+            });
+        }
+    });
+    port
+}
+
+#[actix_web::test]
+async fn https_works_with_a_private_ca_and_no_other_issuer_is_trusted() {
+    let app = spawn_app().await;
+    let pki = test_pki();
+    let daemon: SocketAddr = app.address.trim_start_matches("http://").parse().unwrap();
+    let port = tls_front(daemon, pki.server_config.clone()).await;
+    let url = format!("https://127.0.0.1:{port}");
+    let directory = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pki-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let ca_file = directory.join("ca.pem");
+    std::fs::write(&ca_file, &pki.ca_pem).unwrap();
+    // The "platform" roots: another CA, so that the result does not depend on this machine's.
+    let platform = directory.join("platform.pem");
+    std::fs::write(&platform, test_ca("another CA").0.pem()).unwrap();
+    let platform_env = ("SSL_CERT_FILE", platform.to_str().unwrap());
+    let intent = intent("https");
+    let args = [
+        "--intent",
+        &intent,
+        "--kind",
+        "invoice.paid",
+        "--data",
+        DATA,
+    ];
+
+    let with_ca: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--ca-file", ca_file.to_str().unwrap()])
+        .collect();
+    let trusted = run_send(&url, &with_ca, &[platform_env]).await;
+    trusted.assert_code(0);
+    assert!(trusted.attempts()[0].contains("created"), "{trusted}");
+    let from_env = run_send(
+        &url,
+        &args,
+        &[
+            platform_env,
+            ("RETRYSAFE_CA_FILE", ca_file.to_str().unwrap()),
+        ],
+    )
+    .await;
+    from_env.assert_code(0);
+    assert!(from_env.attempts()[0].contains("replayed"), "{from_env}");
+
+    let without: Vec<&str> = args.iter().copied().chain(["--max-time", "2s"]).collect();
+    let untrusted = run_send(&url, &without, &[platform_env]).await;
+    untrusted.assert_code(GAVE_UP);
+    assert!(
+        untrusted.attempts()[0].contains("invalid peer certificate: UnknownIssuer"),
+        "the line says why: {untrusted}"
+    );
+    assert_eq!(app.row_counts().await, (1, 1, 1));
+    std::fs::remove_dir_all(directory).unwrap();
 }
