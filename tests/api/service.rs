@@ -1,8 +1,21 @@
-//! The systemd unit: it verifies cleanly and its exposure stays at 2.0 or less.
+//! The systemd units: the daemon's verifies cleanly and its exposure stays at 2.0 or less; the
+//! example job and its timer verify, and the job's command writes once per day.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+
+use retrysafe::client::key_for_intent;
+
+use crate::common::helpers::{client, spawn_app_with};
 
 const UNIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/retrysafe.service");
+const JOB: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/systemd/retrysafe-example-job.service"
+);
+const JOB_TIMER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/systemd/retrysafe-example-job.timer"
+);
 
 fn systemd_analyze_available() -> bool {
     Command::new("systemd-analyze")
@@ -78,6 +91,164 @@ fn the_unit_verifies_and_is_hardened() {
         "exposure {exposure} is above 2.0:\n{report}"
     );
     std::fs::remove_dir_all(directory).unwrap();
+}
+
+#[test]
+fn the_example_job_and_its_timer_verify() {
+    if !systemd_analyze_available() {
+        eprintln!("skipped: systemd-analyze is not installed (.ci/run installs it)");
+        return;
+    }
+    let job = std::fs::read_to_string(JOB).unwrap();
+    let timer = std::fs::read_to_string(JOB_TIMER).unwrap();
+    for line in [
+        "Type=oneshot",
+        "LoadCredential=retrysafe-token:",
+        "StandardInput=data",
+        "DynamicUser=yes",
+    ] {
+        assert!(
+            job.lines().any(|l| l.starts_with(line)),
+            "the job lacks {line}"
+        );
+    }
+    let command = setting(&job, "ExecStart=");
+    assert!(
+        command.contains("retrysafe send") && command.contains("--intent"),
+        "{command}"
+    );
+    for line in ["OnCalendar=", "Persistent=true"] {
+        assert!(
+            timer.lines().any(|l| l.starts_with(line)),
+            "the timer lacks {line}"
+        );
+    }
+
+    let directory = tempdir();
+    for (name, text) in [
+        ("retrysafe-example-job.service", &job),
+        ("retrysafe-example-job.timer", &timer),
+    ] {
+        std::fs::write(
+            directory.join(name),
+            text.replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
+        )
+        .unwrap();
+    }
+    let verify = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(directory.join("retrysafe-example-job.timer"))
+        .arg(directory.join("retrysafe-example-job.service"))
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "systemd-analyze verify failed: {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    std::fs::remove_dir_all(directory).unwrap();
+}
+
+/// The job's ExecStart= run as systemd runs it: `$$` and `%%` unescaped, the token in
+/// $CREDENTIALS_DIRECTORY, StandardInputText= on standard input; twice, as a repeated run of the
+/// same day.
+#[actix_web::test]
+async fn the_example_jobs_command_writes_once_a_day() {
+    const TOKEN: &str = "rs_example-job-token";
+    let app =
+        spawn_app_with(|settings| settings.auth.clients = vec![client("nightly-invoices", TOKEN)])
+            .await;
+    let job = std::fs::read_to_string(JOB).unwrap();
+    let script = setting(&job, "ExecStart=")
+        .strip_prefix("/bin/sh -c '")
+        .and_then(|rest| rest.strip_suffix('\''))
+        .expect("the job runs one /bin/sh -c '...' command");
+    let script =
+        unescape(script).replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe"));
+    let input = format!("{}\n", setting(&job, "StandardInputText="));
+    let credentials = tempdir();
+    std::fs::write(credentials.join("retrysafe-token"), TOKEN).unwrap();
+
+    let day_before = chrono::Utc::now().format("%F").to_string();
+    let mut outputs = Vec::new();
+    for _ in 0..2 {
+        let mut child = tokio::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&script)
+            .env("CREDENTIALS_DIRECTORY", &credentials)
+            .env("RETRYSAFE_URL", &app.address)
+            .env("RETRYSAFE_CONFIG", "/nonexistent/retrysafe/config.toml")
+            .env_remove("RETRYSAFE_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, input.as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        let output = tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            child.wait_with_output(),
+        )
+        .await
+        .expect("the job finishes")
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        outputs.push((String::from_utf8_lossy(&output.stdout).into_owned(), stderr));
+    }
+    let day_after = chrono::Utc::now().format("%F").to_string();
+
+    let entry: serde_json::Value = serde_json::from_str(&outputs[0].0).unwrap();
+    assert_eq!(entry["kind"], "report.requested");
+    assert_eq!(entry["data"]["report"], "nightly-invoices");
+    assert!(outputs[1].1.contains("replayed"), "{}", outputs[1].1);
+    assert_eq!(outputs[0].0, outputs[1].0, "the same entry both times");
+    let key: String = app
+        .db
+        .query_one("SELECT key FROM idempotency_records", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let days = [day_before, day_after];
+    assert!(
+        days.iter().any(|day| key
+            == key_for_intent(&format!("nightly-invoices:{day}"))
+                .unwrap()
+                .as_str()),
+        "the key is the day's: {key}"
+    );
+    assert_eq!(app.row_counts().await, (1, 1, 1));
+    std::fs::remove_dir_all(credentials).unwrap();
+}
+
+/// The value of a unit's one `name` line.
+fn setting<'a>(unit: &'a str, name: &str) -> &'a str {
+    let mut values = unit.lines().filter_map(|line| line.strip_prefix(name));
+    let value = values.next().unwrap_or_else(|| panic!("no {name}"));
+    assert!(values.next().is_none(), "more than one {name}");
+    value
+}
+
+/// A unit's `$$` and `%%` as the command receives them; the job uses no other `$` or `%`,
+/// which systemd would expand.
+fn unescape(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '$' | '%' => match chars.next() {
+                Some(next) if next == c => out.push(c),
+                other => panic!("systemd would expand {c}{other:?} in {text}"),
+            },
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn tempdir() -> std::path::PathBuf {
