@@ -12,7 +12,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStderr};
 
 use crate::common::daemon::free_port;
-use crate::common::helpers::{client, spawn_app, spawn_app_with, TestApp, PG_HOST_PORT};
+use crate::common::helpers::{
+    client, reach_database_through, spawn_app, spawn_app_with, TestApp, PG_HOST_PORT,
+};
 use crate::common::proxy::TcpProxy;
 
 const REFUSED: i32 = 65;
@@ -22,6 +24,13 @@ const GAVE_UP: i32 = 75;
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 const DATA: &str = r#"{"invoice": 42, "amount": {"value": 1250, "currency": "EUR"}}"#;
+
+/// `--intent INTENT --kind invoice.paid --data DATA` and `extra`: the write most tests send.
+fn job_args<'a>(intent: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--intent", intent, "--kind", "invoice.paid", "--data", DATA];
+    args.extend_from_slice(extra);
+    args
+}
 
 /// A fresh intent, so that tests sharing nothing cannot share a key either.
 fn intent(name: &str) -> String {
@@ -185,6 +194,21 @@ async fn entry_ids(app: &TestApp) -> Vec<String> {
         .collect()
 }
 
+/// One entry, the one `run` printed, with its one record and one event.
+async fn assert_written_once(app: &TestApp, run: &SendRun) {
+    assert_eq!(entry_ids(app).await, [run.entry()["id"].as_str().unwrap()]);
+    assert_eq!(app.row_counts().await, (1, 1, 1));
+}
+
+/// A daemon on `port`, chosen before it starts so that a run can be pointed at it while it is
+/// down.
+async fn spawn_app_on(port: u16) -> TestApp {
+    spawn_app_with(|settings| {
+        settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
+    })
+    .await
+}
+
 #[actix_web::test]
 async fn a_lost_answer_is_retried_and_gets_the_saved_one() {
     let app = spawn_app().await;
@@ -194,19 +218,7 @@ async fn a_lost_answer_is_retried_and_gets_the_saved_one() {
     let url = format!("http://127.0.0.1:{}", proxy.port);
     let intent = intent("answer-lost");
 
-    let run = run_send(
-        &url,
-        &[
-            "--intent",
-            &intent,
-            "--kind",
-            "invoice.paid",
-            "--data",
-            DATA,
-        ],
-        &[],
-    )
-    .await;
+    let run = run_send(&url, &job_args(&intent, &[]), &[]).await;
 
     run.assert_code(0);
     assert_eq!(proxy.answers_lost(), 1, "the daemon answered once in vain");
@@ -222,8 +234,7 @@ async fn a_lost_answer_is_retried_and_gets_the_saved_one() {
         attempts[0].contains(key.as_str()),
         "lines name the key: {run}"
     );
-    assert_eq!(entry_ids(&app).await, [run.entry()["id"].as_str().unwrap()]);
-    assert_eq!(app.row_counts().await, (1, 1, 1));
+    assert_written_once(&app, &run).await;
 }
 
 #[actix_web::test]
@@ -231,25 +242,9 @@ async fn a_daemon_that_comes_up_late_gets_the_write_once() {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let intent = intent("late-daemon");
-    let running = RunningSend::spawn(
-        &url,
-        &[
-            "--intent",
-            &intent,
-            "--kind",
-            "invoice.paid",
-            "--data",
-            DATA,
-            "--max-time",
-            "60s",
-        ],
-        &[],
-    );
+    let running = RunningSend::spawn(&url, &job_args(&intent, &["--max-time", "60s"]), &[]);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let app = spawn_app_with(|settings| {
-        settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
-    })
-    .await;
+    let app = spawn_app_on(port).await;
 
     let run = running.finish().await;
     run.assert_code(0);
@@ -259,22 +254,14 @@ async fn a_daemon_that_comes_up_late_gets_the_write_once() {
         "it found the daemon down first: {run}"
     );
     assert!(attempts.last().unwrap().contains("created"), "{run}");
-    assert_eq!(entry_ids(&app).await, [run.entry()["id"].as_str().unwrap()]);
-    assert_eq!(app.row_counts().await, (1, 1, 1));
+    assert_written_once(&app, &run).await;
 }
 
 #[actix_web::test]
 async fn twenty_concurrent_sends_of_one_intent_write_once() {
     let app = spawn_app().await;
     let intent = intent("concurrent");
-    let args = [
-        "--intent",
-        &intent,
-        "--kind",
-        "invoice.paid",
-        "--data",
-        DATA,
-    ];
+    let args = job_args(&intent, &[]);
     let running: Vec<RunningSend> = (0..20)
         .map(|_| RunningSend::spawn(&app.address, &args, &[]))
         .collect();
@@ -305,19 +292,7 @@ async fn twenty_concurrent_sends_of_one_intent_write_once() {
 async fn a_reused_key_with_another_body_is_refused_at_once() {
     let app = spawn_app().await;
     let intent = intent("reused");
-    let first = run_send(
-        &app.address,
-        &[
-            "--intent",
-            &intent,
-            "--kind",
-            "invoice.paid",
-            "--data",
-            DATA,
-        ],
-        &[],
-    )
-    .await;
+    let first = run_send(&app.address, &job_args(&intent, &[]), &[]).await;
     first.assert_code(0);
 
     let other = run_send(
@@ -397,18 +372,7 @@ async fn request_in_progress_is_retried_after_the_advised_wait() {
     // flight and is told, after wait_timeout, to come back after Retry-After.
     let mut running = RunningSend::spawn(
         &app.address,
-        &[
-            "--intent",
-            &intent,
-            "--kind",
-            "invoice.paid",
-            "--data",
-            DATA,
-            "--timeout",
-            "1s",
-            "--max-time",
-            "60s",
-        ],
+        &job_args(&intent, &["--timeout", "1s", "--max-time", "60s"]),
         &[],
     );
     let in_progress = running.wait_for_line("409 request-in-progress").await;
@@ -431,36 +395,20 @@ async fn request_in_progress_is_retried_after_the_advised_wait() {
         attempts.last().unwrap().contains("replayed"),
         "the first attempt's write was completed by the daemon: {run}"
     );
-    assert_eq!(entry_ids(&app).await, [run.entry()["id"].as_str().unwrap()]);
-    assert_eq!(app.row_counts().await, (1, 1, 1));
+    assert_written_once(&app, &run).await;
 }
 
 #[actix_web::test]
 async fn storage_unavailable_is_retried_after_the_advised_wait() {
     let proxy = TcpProxy::start(PG_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
-    let app = spawn_app_with(|settings| {
-        settings.database.url = settings
-            .database
-            .url
-            .replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
-    })
-    .await;
+    let app = spawn_app_with(|settings| reach_database_through(settings, port)).await;
     proxy.cut();
 
     let intent = intent("storage-down");
     let mut running = RunningSend::spawn(
         &app.address,
-        &[
-            "--intent",
-            &intent,
-            "--kind",
-            "invoice.paid",
-            "--data",
-            DATA,
-            "--max-time",
-            "60s",
-        ],
+        &job_args(&intent, &["--max-time", "60s"]),
         &[],
     );
     let unavailable = running.wait_for_line("503 storage-unavailable").await;
@@ -475,8 +423,7 @@ async fn storage_unavailable_is_retried_after_the_advised_wait() {
     );
     assert!(run.elapsed >= Duration::from_secs(1), "{run}");
     assert!(run.attempts().last().unwrap().contains("created"), "{run}");
-    assert_eq!(entry_ids(&app).await, [run.entry()["id"].as_str().unwrap()]);
-    assert_eq!(app.row_counts().await, (1, 1, 1));
+    assert_written_once(&app, &run).await;
 }
 
 #[actix_web::test]
@@ -484,16 +431,7 @@ async fn giving_up_at_max_time_leaves_the_same_intent_safe_to_run_again() {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let intent = intent("gave-up");
-    let args = [
-        "--intent",
-        &intent,
-        "--kind",
-        "invoice.paid",
-        "--data",
-        DATA,
-        "--max-time",
-        "2s",
-    ];
+    let args = job_args(&intent, &["--max-time", "2s"]);
 
     let gave_up = run_send(&url, &args, &[]).await;
     gave_up.assert_code(GAVE_UP);
@@ -513,10 +451,7 @@ async fn giving_up_at_max_time_leaves_the_same_intent_safe_to_run_again() {
     );
     assert_eq!(gave_up.stdout, "");
 
-    let app = spawn_app_with(|settings| {
-        settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
-    })
-    .await;
+    let app = spawn_app_on(port).await;
     let later = run_send(&url, &args, &[]).await;
     later.assert_code(0);
     assert!(later.attempts()[0].contains("created"), "{later}");
@@ -535,21 +470,11 @@ async fn the_token_is_read_from_a_file_or_the_environment_and_never_shown() {
         .join(format!("token-{}", uuid::Uuid::new_v4()));
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let intent = intent("token");
-    let args = [
-        "--intent",
-        &intent,
-        "--kind",
-        "invoice.paid",
-        "--data",
-        DATA,
-    ];
-    let with_file: Vec<&str> = args
-        .iter()
-        .copied()
-        .chain(["--token-file", token_file.to_str().unwrap()])
-        .collect();
+    let args = job_args(&intent, &[]);
+    let token_path = token_file.to_str().unwrap();
+    let with_file = job_args(&intent, &["--token-file", token_path]);
 
-    let dry_run: Vec<&str> = with_file.iter().copied().chain(["--dry-run"]).collect();
+    let dry_run = job_args(&intent, &["--token-file", token_path, "--dry-run"]);
     let dry = run_send(&app.address, &dry_run, &[]).await;
     dry.assert_code(0);
     let key = key_for_intent(&intent).unwrap();
@@ -729,20 +654,9 @@ async fn https_works_with_a_private_ca_and_no_other_issuer_is_trusted() {
     std::fs::write(&platform, test_ca("another CA").0.pem()).unwrap();
     let platform_env = ("SSL_CERT_FILE", platform.to_str().unwrap());
     let intent = intent("https");
-    let args = [
-        "--intent",
-        &intent,
-        "--kind",
-        "invoice.paid",
-        "--data",
-        DATA,
-    ];
+    let args = job_args(&intent, &[]);
 
-    let with_ca: Vec<&str> = args
-        .iter()
-        .copied()
-        .chain(["--ca-file", ca_file.to_str().unwrap()])
-        .collect();
+    let with_ca = job_args(&intent, &["--ca-file", ca_file.to_str().unwrap()]);
     let trusted = run_send(&url, &with_ca, &[platform_env]).await;
     trusted.assert_code(0);
     assert!(trusted.attempts()[0].contains("created"), "{trusted}");
@@ -758,7 +672,7 @@ async fn https_works_with_a_private_ca_and_no_other_issuer_is_trusted() {
     from_env.assert_code(0);
     assert!(from_env.attempts()[0].contains("replayed"), "{from_env}");
 
-    let without: Vec<&str> = args.iter().copied().chain(["--max-time", "2s"]).collect();
+    let without = job_args(&intent, &["--max-time", "2s"]);
     let untrusted = run_send(&url, &without, &[platform_env]).await;
     untrusted.assert_code(GAVE_UP);
     assert!(

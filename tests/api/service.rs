@@ -17,58 +17,75 @@ const JOB_TIMER: &str = concat!(
     "/systemd/retrysafe-example-job.timer"
 );
 
+/// Whether systemd-analyze runs here; if not, says that the test is skipped.
 fn systemd_analyze_available() -> bool {
-    Command::new("systemd-analyze")
+    let available = Command::new("systemd-analyze")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success());
+    if !available {
+        eprintln!("skipped: systemd-analyze is not installed (.ci/run installs it)");
+    }
+    available
 }
 
-#[test]
-fn the_unit_verifies_and_is_hardened() {
-    if !systemd_analyze_available() {
-        eprintln!("skipped: systemd-analyze is not installed (.ci/run installs it)");
-        return;
-    }
-    let unit = std::fs::read_to_string(UNIT).unwrap();
-    for line in [
-        "Type=notify",
-        "ExecStartPre=/usr/local/bin/retrysafe check-config",
-        "Restart=on-failure",
-        "User=retrysafe",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "PrivateTmp=yes",
-        "SystemCallFilter=@system-service",
-    ] {
+fn assert_has_lines(unit: &str, name: &str, lines: &[&str]) {
+    for line in lines {
         assert!(
             unit.lines().any(|l| l.starts_with(line)),
-            "the unit lacks {line}"
+            "{name} lacks {line}"
         );
     }
-    assert!(
-        unit.lines().any(|l| l.starts_with("WatchdogSec=")),
-        "the unit sets no watchdog"
-    );
+}
 
-    // verify checks that the binaries exist: point the unit at the one just built.
+/// Copies `units` (file name, text) into a fresh directory and runs `systemd-analyze verify` on
+/// them. verify checks that the binaries exist: the copies run the one just built.
+fn assert_verify(units: &[(&str, &str)]) -> std::path::PathBuf {
     let directory = tempdir();
-    let copy = directory.join("retrysafe.service");
-    std::fs::write(
-        &copy,
-        unit.replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
-    )
-    .unwrap();
-    let verify = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&copy)
-        .output()
+    let mut verify = Command::new("systemd-analyze");
+    verify.arg("verify");
+    for (name, text) in units {
+        let copy = directory.join(name);
+        std::fs::write(
+            &copy,
+            text.replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
+        )
         .unwrap();
+        verify.arg(copy);
+    }
+    let verify = verify.output().unwrap();
     assert!(
         verify.status.success(),
         "systemd-analyze verify failed: {}",
         String::from_utf8_lossy(&verify.stderr)
     );
+    directory
+}
+
+#[test]
+fn the_unit_verifies_and_is_hardened() {
+    if !systemd_analyze_available() {
+        return;
+    }
+    let unit = std::fs::read_to_string(UNIT).unwrap();
+    assert_has_lines(
+        &unit,
+        "the unit",
+        &[
+            "Type=notify",
+            "ExecStartPre=/usr/local/bin/retrysafe check-config",
+            "Restart=on-failure",
+            "User=retrysafe",
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "PrivateTmp=yes",
+            "SystemCallFilter=@system-service",
+            "WatchdogSec=",
+        ],
+    );
+
+    let directory = assert_verify(&[("retrysafe.service", &unit)]);
+    let copy = directory.join("retrysafe.service");
 
     let security = Command::new("systemd-analyze")
         .args(["security", "--offline=yes", "--no-pager"])
@@ -96,56 +113,31 @@ fn the_unit_verifies_and_is_hardened() {
 #[test]
 fn the_example_job_and_its_timer_verify() {
     if !systemd_analyze_available() {
-        eprintln!("skipped: systemd-analyze is not installed (.ci/run installs it)");
         return;
     }
     let job = std::fs::read_to_string(JOB).unwrap();
     let timer = std::fs::read_to_string(JOB_TIMER).unwrap();
-    for line in [
-        "Type=oneshot",
-        "LoadCredential=retrysafe-token:",
-        "StandardInput=data",
-        "DynamicUser=yes",
-    ] {
-        assert!(
-            job.lines().any(|l| l.starts_with(line)),
-            "the job lacks {line}"
-        );
-    }
+    assert_has_lines(
+        &job,
+        "the job",
+        &[
+            "Type=oneshot",
+            "LoadCredential=retrysafe-token:",
+            "StandardInput=data",
+            "DynamicUser=yes",
+        ],
+    );
     let command = setting(&job, "ExecStart=");
     assert!(
         command.contains("retrysafe send") && command.contains("--intent"),
         "{command}"
     );
-    for line in ["OnCalendar=", "Persistent=true"] {
-        assert!(
-            timer.lines().any(|l| l.starts_with(line)),
-            "the timer lacks {line}"
-        );
-    }
+    assert_has_lines(&timer, "the timer", &["OnCalendar=", "Persistent=true"]);
 
-    let directory = tempdir();
-    for (name, text) in [
-        ("retrysafe-example-job.service", &job),
+    let directory = assert_verify(&[
         ("retrysafe-example-job.timer", &timer),
-    ] {
-        std::fs::write(
-            directory.join(name),
-            text.replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
-        )
-        .unwrap();
-    }
-    let verify = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(directory.join("retrysafe-example-job.timer"))
-        .arg(directory.join("retrysafe-example-job.service"))
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "systemd-analyze verify failed: {}",
-        String::from_utf8_lossy(&verify.stderr)
-    );
+        ("retrysafe-example-job.service", &job),
+    ]);
     std::fs::remove_dir_all(directory).unwrap();
 }
 
