@@ -54,8 +54,8 @@ use crate::entry::{EntryView, FieldError, ENTRIES_ROUTE};
 use crate::http::entries::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED};
 use crate::http::problem::PROBLEM_TYPE_PREFIX;
 
-/// Largest answer read; an entry is at most the daemon's body limit (64 KiB by default) and a
-/// little more.
+/// Largest answer read. An entry is about the size of the request (at most `http.max_body_bytes`,
+/// 64 KiB by default); this leaves room for a daemon configured with a larger limit.
 const MAX_ANSWER_BYTES: usize = 4 << 20;
 
 /// Why a client could not be built.
