@@ -1,7 +1,10 @@
 //! The command line: `serve`, `migrate`, `check-config`, `outbox status|retry`, `purge`,
-//! `token new`.
+//! `token new`, and the caller's side, `send` ([`send`]).
+
+mod send;
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgGroup, Parser, Subcommand};
@@ -50,6 +53,10 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Send one write to a daemon, retrying it safely with one stable key (for scripts, cron and
+    /// systemd timers)
+    #[command(after_help = send::EXIT_STATUS_HELP)]
+    Send(send::SendArgs),
 }
 
 #[derive(Subcommand)]
@@ -100,15 +107,21 @@ impl Cli {
     }
 }
 
-/// Runs the command line; the process exit code is 0 on success, 1 on error.
-pub fn run() -> anyhow::Result<()> {
+/// Runs the command line; the process exit code is 0 on success, 1 on error, and for `send` the
+/// statuses its help documents.
+pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    if let Command::Token {
-        command: TokenCommand::New { client },
-    } = &cli.command
-    {
-        return token_new(client);
+    match &cli.command {
+        // These read no configuration file: a job's machine may have none.
+        Command::Send(args) => send::run(args),
+        Command::Token {
+            command: TokenCommand::New { client },
+        } => token_new(client).map(|()| ExitCode::SUCCESS),
+        _ => run_with_settings(&cli).map(|()| ExitCode::SUCCESS),
     }
+}
+
+fn run_with_settings(cli: &Cli) -> anyhow::Result<()> {
     let path = cli.config_path();
     let settings = cli.settings()?;
     let stray = crate::config::stray_environment();
@@ -152,7 +165,9 @@ pub fn run() -> anyhow::Result<()> {
             );
             Ok(())
         }),
-        Command::Token { .. } => unreachable!("handled before the configuration is loaded"),
+        Command::Token { .. } | Command::Send(_) => {
+            unreachable!("handled before the configuration is loaded")
+        }
     }
 }
 

@@ -29,8 +29,8 @@ pub struct EntryView {
     pub created_at: String,
 }
 
-/// A field-level problem in a request body.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+/// A field-level problem in a request body (read back by [`crate::client`] from refusals).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     /// JSON pointer to the offending value (`/kind`, `/data/name`), or `/` for the body.
     pub pointer: String,

@@ -16,11 +16,15 @@
 //! - [`inbox`]: for consumers; dedupes deliveries on the event id in PostgreSQL.
 //! - [`janitor`]: deletes expired idempotency records and old sent outbox rows.
 //!
+//! The caller's side: [`client`] sends a write with one stable key and retries it safely;
+//! `retrysafe send` is its command line.
+//!
 //! Beside them: [`config`] (layered configuration), [`idempotency`] (key parsing, canonical
 //! JSON, the request hash), [`entry`] (the business write and its validation), [`events`] (the
 //! CloudEvents a write emits), [`startup`] (wiring), [`cli`] and [`telemetry`].
 
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod db;
 pub mod entry;

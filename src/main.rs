@@ -4,7 +4,7 @@ fn main() -> std::process::ExitCode {
     let _failpoints = fail::FailScenario::setup();
 
     match retrysafe::cli::run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("retrysafe: {error:#}");
             std::process::ExitCode::FAILURE

@@ -11,6 +11,9 @@ use crate::entry::{DecodeError, FieldError};
 use crate::http::observe::Outcome;
 use crate::idempotency::KeyError;
 
+/// Every problem type is this prefix and a slug (`/problems/request-in-progress`).
+pub const PROBLEM_TYPE_PREFIX: &str = "/problems/";
+
 /// Seconds a client is told to wait before retrying a 503 or a 409 `request-in-progress`.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
 
@@ -186,7 +189,7 @@ impl ResponseError for ApiError {
             _ => None,
         };
         let problem = Problem {
-            problem_type: format!("/problems/{slug}"),
+            problem_type: format!("{PROBLEM_TYPE_PREFIX}{slug}"),
             title,
             status: status.as_u16(),
             detail: self.detail(),

@@ -12,6 +12,7 @@ fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("RETRYSAFE_CONFIG")
+        .env_remove("RETRYSAFE_URL")
         .env("RETRYSAFE_LOG__LEVEL", "warn");
     for (name, value) in env {
         command.env(name, value);
@@ -45,11 +46,58 @@ fn every_command_has_help() {
         &["outbox", "retry", "--help"],
         &["purge", "--help"],
         &["token", "new", "--help"],
+        &["send", "--help"],
     ] {
         let output = retrysafe(args, &[]);
         assert!(output.status.success(), "{args:?}: {}", stderr(&output));
         assert!(stdout(&output).contains("Usage"), "{args:?}");
     }
+}
+
+#[test]
+fn send_documents_its_exit_statuses_and_refuses_bad_usage() {
+    let help = stdout(&retrysafe(&["send", "--help"], &[]));
+    for status in ["  65  refused", "  75  gave up"] {
+        assert!(help.contains(status), "{help}");
+    }
+    let base = [
+        "send",
+        "--url",
+        "http://127.0.0.1:1",
+        "--kind",
+        "k",
+        "--data",
+        "{}",
+    ];
+    let neither = retrysafe(&base, &[]);
+    assert_eq!(
+        neither.status.code(),
+        Some(2),
+        "--key or --intent is required"
+    );
+    let both: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--key", "k", "--intent", "i"])
+        .collect();
+    assert_eq!(retrysafe(&both, &[]).status.code(), Some(2), "not both");
+    let no_url = retrysafe(&["send", "--kind", "k", "--data", "{}", "--key", "k"], &[]);
+    assert_eq!(
+        no_url.status.code(),
+        Some(2),
+        "--url or RETRYSAFE_URL is required"
+    );
+    let bad_url: Vec<&str> = ["send", "--url", "ftp://host", "--kind", "k", "--data", "{}"]
+        .into_iter()
+        .chain(["--key", "k"])
+        .collect();
+    let output = retrysafe(&bad_url, &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("http or https"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]

@@ -11,5 +11,6 @@ mod entries;
 mod operations;
 mod outbox;
 mod refusals;
+mod send;
 mod service;
 mod storage_outage;

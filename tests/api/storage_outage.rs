@@ -2,20 +2,14 @@
 
 use std::net::SocketAddr;
 
-use crate::common::helpers::{entry_body, spawn_app_with, PG_HOST_PORT};
+use crate::common::helpers::{entry_body, reach_database_through, spawn_app_with, PG_HOST_PORT};
 use crate::common::proxy::TcpProxy;
 
 #[actix_web::test]
 async fn an_unreachable_database_gives_503_and_the_same_key_succeeds_once_it_is_back() {
     let proxy = TcpProxy::start(PG_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
-    let app = spawn_app_with(|settings| {
-        // The daemon reaches PostgreSQL through the proxy; the test's own connection does not.
-        let direct = settings.database.url.clone();
-        settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
-        assert_ne!(settings.database.url, direct);
-    })
-    .await;
+    let app = spawn_app_with(|settings| reach_database_through(settings, port)).await;
     assert_eq!(
         app.post_entry("before-outage", &entry_body(0)).await.status,
         201

@@ -167,6 +167,14 @@ pub fn test_settings() -> Settings {
     settings
 }
 
+/// Points the daemon at its database through a proxy on `port` (the test's own connection stays
+/// direct).
+pub fn reach_database_through(settings: &mut Settings, port: u16) {
+    let direct = settings.database.url.clone();
+    settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
+    assert_ne!(settings.database.url, direct);
+}
+
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }

@@ -13,7 +13,9 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::common::consumer::TestConsumer;
-use crate::common::helpers::{entry_body, spawn_app_with, TestApp, PG_HOST_PORT};
+use crate::common::helpers::{
+    entry_body, reach_database_through, spawn_app_with, TestApp, PG_HOST_PORT,
+};
 use crate::common::proxy::TcpProxy;
 use crate::support::{
     assert_nothing_half_written, connect, count, http_client, knob, post_raw, Reply,
@@ -49,10 +51,7 @@ async fn cutting_the_database_under_load_gives_201_or_503_and_leaves_nothing_hal
     let proxy = TcpProxy::start(PG_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
     let app = spawn_app_with(|settings| {
-        settings.database.url = settings
-            .database
-            .url
-            .replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
+        reach_database_through(settings, port);
         settings.database.pool_size = 8;
         settings.events.audit = true;
     })
@@ -418,13 +417,7 @@ impl Drop for CommitAckDropper {
 async fn app_behind_commit_ack_dropper() -> (TestApp, CommitAckDropper) {
     let dropper = CommitAckDropper::start(PG_HOST_PORT).await;
     let port = dropper.port;
-    let app = spawn_app_with(|settings| {
-        settings.database.url = settings
-            .database
-            .url
-            .replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
-    })
-    .await;
+    let app = spawn_app_with(|settings| reach_database_through(settings, port)).await;
     (app, dropper)
 }
 
