@@ -20,7 +20,9 @@ fn the_unit_verifies_and_is_hardened() {
     let unit = std::fs::read_to_string(UNIT).unwrap();
     for line in [
         "Type=notify",
-        "ExecStartPre=/usr/local/bin/retrysafe check-config",
+        "ExecStartPre=/usr/bin/retrysafe check-config",
+        // Where the Debian package installs the binary (Cargo.toml, package.metadata.deb).
+        "ExecStart=/usr/bin/retrysafe serve",
         "Restart=on-failure",
         "User=retrysafe",
         "NoNewPrivileges=yes",
@@ -43,7 +45,7 @@ fn the_unit_verifies_and_is_hardened() {
     let copy = directory.join("retrysafe.service");
     std::fs::write(
         &copy,
-        unit.replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
+        unit.replace("/usr/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
     )
     .unwrap();
     let verify = Command::new("systemd-analyze")
