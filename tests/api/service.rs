@@ -48,7 +48,7 @@ fn assert_verify(units: &[(&str, &str)]) -> std::path::PathBuf {
         let copy = directory.join(name);
         std::fs::write(
             &copy,
-            text.replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
+            text.replace("/usr/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe")),
         )
         .unwrap();
         verify.arg(copy);
@@ -73,7 +73,9 @@ fn the_unit_verifies_and_is_hardened() {
         "the unit",
         &[
             "Type=notify",
-            "ExecStartPre=/usr/local/bin/retrysafe check-config",
+            "ExecStartPre=/usr/bin/retrysafe check-config",
+            // Where the Debian package installs the binary (Cargo.toml, package.metadata.deb).
+            "ExecStart=/usr/bin/retrysafe serve",
             "Restart=on-failure",
             "User=retrysafe",
             "NoNewPrivileges=yes",
@@ -156,7 +158,7 @@ async fn the_example_jobs_command_writes_once_a_day() {
         .and_then(|rest| rest.strip_suffix('\''))
         .expect("the job runs one /bin/sh -c '...' command");
     let script =
-        unescape(script).replace("/usr/local/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe"));
+        unescape(script).replace("/usr/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe"));
     let input = format!("{}\n", setting(&job, "StandardInputText="));
     let credentials = tempdir();
     std::fs::write(credentials.join("retrysafe-token"), TOKEN).unwrap();
