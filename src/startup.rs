@@ -103,13 +103,20 @@ impl Application {
             })
             .collect();
         Janitor::new(db.clone(), settings.outbox.retention.0).start();
-        http::observe::spawn_outbox_gauges(db.clone());
+        // A readiness check is bounded like a connection attempt plus a second: a probe must
+        // answer quickly, and the check is one small query.
+        let readiness = Arc::new(http::health::ReadinessMonitor::new(
+            db.clone(),
+            settings.database.connect_timeout.0 + std::time::Duration::from_secs(1),
+        ));
+        http::observe::spawn_outbox_gauges(db.clone(), readiness.clone());
 
         let state = web::Data::new(Arc::new(AppState::new(
             &settings,
             db.clone(),
             shards.clone(),
             broker.clone(),
+            readiness,
         )));
         let listener = TcpListener::bind(settings.http.listen).map_err(|error| {
             anyhow::anyhow!("cannot listen on {}: {error}", settings.http.listen)

@@ -45,6 +45,8 @@ pub const OUTBOX_PUBLISHES: &str = "retrysafe_outbox_publishes_total";
 pub const OUTBOX_CONFIRM: &str = "retrysafe_outbox_confirm_seconds";
 /// Events claimed per relay batch.
 pub const OUTBOX_BATCH_SIZE: &str = "retrysafe_outbox_batch_size";
+/// 1 while the database answers and has every migration this build needs (what /readyz says).
+pub const READY: &str = "retrysafe_ready";
 /// 1 while the broker connection is up.
 pub const BROKER_CONNECTED: &str = "retrysafe_broker_connected";
 /// Database pool: open connections, idle ones, and the configured maximum.
@@ -179,6 +181,10 @@ fn describe_metrics() {
         OUTBOX_BATCH_SIZE,
         Unit::Count,
         "events claimed per relay batch"
+    );
+    describe_gauge!(
+        READY,
+        "1 while the database answers and migrations are applied (readiness)"
     );
     describe_gauge!(BROKER_CONNECTED, "1 while the broker connection is up");
     describe_gauge!(POOL_CONNECTIONS, "open database connections");

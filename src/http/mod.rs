@@ -34,8 +34,8 @@ pub struct AppState {
     pub wait_timeout: Duration,
     /// Status for a reused key with another request (409, or 422).
     pub mismatch_status: actix_web::http::StatusCode,
-    /// Bound on a readiness probe's database check.
-    pub probe_timeout: Duration,
+    /// The database's readiness, shared by every probe.
+    pub readiness: Arc<health::ReadinessMonitor>,
     /// `database.pool_size`, for the pool metric.
     pub pool_size: u32,
 }
@@ -46,6 +46,7 @@ impl AppState {
         db: Database,
         shards: Vec<ShardHandle>,
         broker: Arc<Broker>,
+        readiness: Arc<health::ReadinessMonitor>,
     ) -> Self {
         Self {
             db,
@@ -59,7 +60,7 @@ impl AppState {
                 settings.idempotency.mismatch_status,
             )
             .expect("mismatch_status is validated as 409 or 422"),
-            probe_timeout: settings.database.connect_timeout.0 + Duration::from_secs(1),
+            readiness,
             pool_size: settings.database.pool_size,
         }
     }

@@ -12,7 +12,10 @@ use actix_web::{Error, HttpResponse};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use std::sync::Arc;
+
 use crate::db::Database;
+use crate::http::health::ReadinessMonitor;
 use crate::http::SharedState;
 use crate::outbox::store;
 use crate::telemetry;
@@ -20,18 +23,20 @@ use crate::telemetry;
 /// How often the outbox gauges are read from the database.
 const OUTBOX_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Refreshes the outbox backlog gauges every few seconds. If the database does not answer in
-/// time, they keep their last value.
-pub fn spawn_outbox_gauges(db: Database) {
+/// Refreshes the readiness gauge and the outbox backlog gauges every few seconds. If the
+/// database does not answer in time, the backlog gauges keep their last value.
+pub fn spawn_outbox_gauges(db: Database, readiness: Arc<ReadinessMonitor>) {
     actix::spawn(async move {
         let mut ticks = tokio::time::interval(OUTBOX_GAUGES_INTERVAL);
         loop {
             ticks.tick().await;
+            readiness.current().await;
             let totals = db
                 .run(async |connection| store::totals(&**connection).await)
                 .await;
             match totals {
                 Ok(totals) => {
+                    readiness.set_backlog(totals.unsent);
                     metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
                     metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
                     metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)

@@ -41,6 +41,10 @@ pub struct RelayReport {
     pub failed: usize,
     /// The channel failed during the batch and must be replaced.
     pub channel_broken: bool,
+    /// The broker nacked a publish: the next batch uses a fresh channel on the same connection.
+    /// (A channel opened while a quorum queue had no leader may go on nacking every publish
+    /// routed to it after a new leader is elected; a fresh channel does not.)
+    pub renew_channel: bool,
 }
 
 /// How the broker answered one publish.
@@ -137,6 +141,7 @@ async fn relay_batch(
             PublishResult::Acked => sent.push(event.id),
             PublishResult::Failed { kind, error } => {
                 report.channel_broken |= kind.breaks_channel();
+                report.renew_channel |= kind == FailureKind::Nacked;
                 tracing::debug!(event_id = %event.event_id, event_type = %event.event_type, error = %error, "publish failed");
                 failures.push(Failure { event, error });
             }
@@ -408,6 +413,9 @@ async fn run_relay(
                     channel = None;
                     broker.connection_lost(generation).await;
                     continue;
+                }
+                if report.renew_channel {
+                    channel = None;
                 }
                 if report.claimed == config.batch_size {
                     continue;

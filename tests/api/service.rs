@@ -157,8 +157,7 @@ async fn the_example_jobs_command_writes_once_a_day() {
         .strip_prefix("/bin/sh -c '")
         .and_then(|rest| rest.strip_suffix('\''))
         .expect("the job runs one /bin/sh -c '...' command");
-    let script =
-        unescape(script).replace("/usr/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe"));
+    let script = unescape(script).replace("/usr/bin/retrysafe", env!("CARGO_BIN_EXE_retrysafe"));
     let input = format!("{}\n", setting(&job, "StandardInputText="));
     let credentials = tempdir();
     std::fs::write(credentials.join("retrysafe-token"), TOKEN).unwrap();

@@ -299,6 +299,25 @@ impl TestApp {
         self.send(request, Vec::new()).await
     }
 
+    /// `/readyz` once it satisfies `wanted` (readiness is re-checked at most once a second, and
+    /// the backlog it reports is refreshed every few seconds), within a generous bound.
+    pub async fn readyz_once(&self, wanted: impl Fn(&TestResponse) -> bool) -> TestResponse {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = self.get("/readyz", None).await;
+            if wanted(&ready) {
+                return ready;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "/readyz never got there: {} {}",
+                ready.status,
+                String::from_utf8_lossy(&ready.body)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         self.db.query_one(sql, &[]).await.unwrap().get(0)
     }
