@@ -75,6 +75,8 @@ pub struct DatabaseSettings {
     pub connect_timeout: ConfigDuration,
     /// Server-side bound on any one statement, including time spent waiting for locks.
     pub statement_timeout: ConfigDuration,
+    /// Bound on the bytes held by writes queued or being committed; past it, 503 at once.
+    pub max_pending_bytes: usize,
 }
 
 impl fmt::Debug for DatabaseSettings {
@@ -85,6 +87,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("pool_size", &self.pool_size)
             .field("writers", &self.writers)
             .field("max_batch", &self.max_batch)
+            .field("max_pending_bytes", &self.max_pending_bytes)
             .field("connect_timeout", &self.connect_timeout)
             .field("statement_timeout", &self.statement_timeout)
             .finish()
@@ -241,6 +244,7 @@ impl Default for DatabaseSettings {
             max_batch: 256,
             connect_timeout: ConfigDuration::from_secs(2),
             statement_timeout: ConfigDuration::from_secs(5),
+            max_pending_bytes: 64 * 1024 * 1024,
         }
     }
 }

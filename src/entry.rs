@@ -1,12 +1,14 @@
 //! The business write: an entry, how a request for one is decoded, and the events it emits.
 
+use std::cell::RefCell;
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::idempotency::canonical::normalize_number;
-use crate::idempotency::{request_hash, RequestHash};
+use crate::idempotency::{canonical_object, request_hash, RequestHash};
 
 /// The route whose requests are hashed; part of every request hash.
 pub const ENTRIES_ROUTE: &str = "/v1/entries";
@@ -46,10 +48,38 @@ pub enum DecodeError {
     Invalid(Vec<FieldError>),
 }
 
+/// A decoded `POST /v1/entries` body, in the compact form a pending write keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedWrite {
+    pub kind: String,
+    /// `data` as canonical JSON text.
+    pub data_json: String,
+    pub request_hash: RequestHash,
+}
+
+/// [`decode_new_entry`], then the data in canonical form: the decoded tree is dropped here.
+pub fn decode_write(body: &[u8]) -> Result<DecodedWrite, DecodeError> {
+    let (entry, request_hash) = decode_new_entry(body)?;
+    Ok(DecodedWrite {
+        data_json: canonical_object(&entry.data),
+        kind: entry.kind,
+        request_hash,
+    })
+}
+
 /// Decodes and validates a `POST /v1/entries` body, returning the entry and the request hash.
 pub fn decode_new_entry(body: &[u8]) -> Result<(NewEntry, RequestHash), DecodeError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|error| DecodeError::Malformed(format!("the body is not valid JSON: {error}")))?;
+    // The parser keeps the last of two members with one name; another parser in front of the
+    // daemon (a proxy, a firewall, the client's own log) may keep the first. Such a body means
+    // two things, so it is refused.
+    if let Some(pointer) = find_duplicate_member(body) {
+        return Err(DecodeError::Invalid(vec![field_error(
+            &pointer,
+            "this member name appears twice in one object; each may appear once",
+        )]));
+    }
     let hash = request_hash("POST", ENTRIES_ROUTE, &value);
     let Value::Object(mut fields) = value else {
         return Err(DecodeError::Invalid(vec![field_error(
@@ -142,6 +172,107 @@ fn find_unstorable_in_value(value: &Value, pointer: &str, errors: &mut Vec<Field
     }
 }
 
+/// The JSON pointer of the first member whose name its object already had, at any depth. Only
+/// called on a body that parsed as JSON.
+fn find_duplicate_member(body: &[u8]) -> Option<String> {
+    let path = RefCell::new(Vec::new());
+    let found = RefCell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let scan = DuplicateScan {
+        path: &path,
+        found: &found,
+    };
+    // An error here is the scan stopping at a duplicate (recorded in `found`): the body itself
+    // parsed before.
+    let _ = serde::de::DeserializeSeed::deserialize(scan, &mut deserializer);
+    found.into_inner()
+}
+
+/// A pass over a JSON document that keeps nothing but the path to where it is.
+struct DuplicateScan<'a> {
+    path: &'a RefCell<Vec<String>>,
+    found: &'a RefCell<Option<String>>,
+}
+
+impl DuplicateScan<'_> {
+    fn child(&self) -> Self {
+        DuplicateScan {
+            path: self.path,
+            found: self.found,
+        }
+    }
+
+    fn pointer(&self) -> String {
+        self.path
+            .borrow()
+            .iter()
+            .map(|segment| format!("/{}", escape_pointer(segment)))
+            .collect()
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DuplicateScan<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DuplicateScan<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        let mut index = 0usize;
+        loop {
+            self.path.borrow_mut().push(index.to_string());
+            let more = items.next_element_seed(self.child())?.is_some();
+            self.path.borrow_mut().pop();
+            if !more {
+                return Ok(());
+            }
+            index += 1;
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut members: A) -> Result<(), A::Error> {
+        let mut names = std::collections::HashSet::new();
+        while let Some(name) = members.next_key::<String>()? {
+            self.path.borrow_mut().push(name.clone());
+            if !names.insert(name) {
+                *self.found.borrow_mut() = Some(self.pointer());
+                return Err(serde::de::Error::custom("duplicate member name"));
+            }
+            members.next_value_seed(self.child())?;
+            self.path.borrow_mut().pop();
+        }
+        Ok(())
+    }
+}
+
 fn escape_pointer(name: &str) -> String {
     name.replace('~', "~0")
         .replace('/', "~1")
@@ -207,6 +338,25 @@ mod tests {
             invalid_pointers(r#"{"kind":"a","data":{"n":[1e100000]}}"#),
             vec!["/data/n/0"]
         );
+    }
+
+    #[test]
+    fn refuses_duplicate_member_names_at_any_depth() {
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","kind":"b","data":{}}"#),
+            vec!["/kind"]
+        );
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","data":{"x":[1,{"y":1,"z":2,"y":3}]}}"#),
+            vec!["/data/x/1/y"]
+        );
+        assert_eq!(
+            invalid_pointers(r#"{"kind":"a","data":{"a/b":{"c":1,"c":1}}}"#),
+            vec!["/data/a~1b/c"]
+        );
+        // The same name in two different objects is fine, and so are numbers of every form.
+        decode_new_entry(br#"{"kind":"a","data":{"x":{"n":1},"y":{"n":1.5e3},"z":[{"n":-0.0}]}}"#)
+            .unwrap();
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! KeyShard actors: where duplicates of one idempotency key meet.
+//! KeyShard actors: where requests for one idempotency key meet.
 //!
 //! Keys are spread over shards by a hash of (client, key). A shard holds the keys now in flight
-//! and a bounded cache of completed responses. A duplicate of an in-flight key with the same
-//! request hash waits for the first one's result; with another hash it is refused at once. A
+//! and a bounded cache of completed responses. A request is judged only against a committed
+//! record, never against another request still in flight: any request for a key in flight
+//! (the same body or not) waits for that write's outcome, and is then answered as a replay or a
+//! conflict against the saved record, or, if nothing was saved, its own write runs next. A
 //! cached completed key is answered from memory. The database's unique key stays the final
 //! guard: another daemon on the same database is answered through the writer's read-back.
 
@@ -47,10 +49,10 @@ pub enum Answer {
 /// How a shard admits a request.
 #[derive(Debug)]
 pub enum Admission {
-    /// Answered at once: from the cache, or refused.
+    /// Answered at once, from the cache.
     Ready(Answer),
-    /// The answer comes later. `leader` is true for the request that performs the write and false
-    /// for a duplicate waiting on it (whose wait is bounded by `idempotency.wait_timeout`).
+    /// The answer comes later. `leader` is true for the request whose write was sent to a writer
+    /// and false for one waiting for another write of its key to finish first.
     Pending {
         leader: bool,
         answer: oneshot::Receiver<Answer>,
@@ -62,10 +64,18 @@ pub enum Admission {
 pub struct Submit(pub WriteRequest);
 
 struct InFlight {
+    /// The hash of the request whose write is being committed.
     request_hash: RequestHash,
-    /// The leader's channel, then the duplicates'.
-    leader: oneshot::Sender<Answer>,
-    waiters: Vec<oneshot::Sender<Answer>>,
+    /// Who gets that write's answer.
+    reply: oneshot::Sender<Answer>,
+    /// Requests for the key that arrived meanwhile, in order, each with its own write: the next
+    /// one runs if the write in flight saves nothing.
+    waiting: VecDeque<Waiting>,
+}
+
+struct Waiting {
+    request: WriteRequest,
+    reply: oneshot::Sender<Answer>,
 }
 
 pub struct KeyShard {
@@ -150,20 +160,55 @@ impl KeyShard {
         self.writers[self.next_writer].clone()
     }
 
-    fn complete(&mut self, key: ScopedKey, result: Result<WriteResult, oneshot::error::RecvError>) {
+    /// Sends `request` to a writer and records it as the key's write in flight.
+    fn start_write(
+        &mut self,
+        key: ScopedKey,
+        request: WriteRequest,
+        reply: oneshot::Sender<Answer>,
+        waiting: VecDeque<Waiting>,
+        ctx: &mut Context<Self>,
+    ) {
+        metrics::gauge!(telemetry::SHARD_IN_FLIGHT).increment(1.0);
+        self.in_flight.insert(
+            key.clone(),
+            InFlight {
+                request_hash: request.request_hash,
+                reply,
+                waiting,
+            },
+        );
+        let (write_reply, result) = oneshot::channel();
+        self.pick_writer().do_send(Write {
+            request,
+            reply: write_reply,
+        });
+        ctx.spawn(
+            result
+                .into_actor(self)
+                .map(move |result, shard, ctx| shard.complete(key, result, ctx)),
+        );
+    }
+
+    fn complete(
+        &mut self,
+        key: ScopedKey,
+        result: Result<WriteResult, oneshot::error::RecvError>,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(in_flight) = self.in_flight.remove(&key) else {
             return;
         };
         metrics::gauge!(telemetry::SHARD_IN_FLIGHT).decrement(1.0);
-        metrics::gauge!(telemetry::SHARD_WAITERS).decrement(in_flight.waiters.len() as f64);
-        let hash = in_flight.request_hash;
-        let (for_leader, for_waiters) = match result {
+        metrics::gauge!(telemetry::SHARD_WAITERS).decrement(in_flight.waiting.len() as f64);
+        // A receiver that is gone belongs to a client that gave up; nothing to tell it.
+        let saved = match result {
             Ok(Ok(WriteOutcome::Created(response))) => {
-                self.cache.lock().insert(key, hash, response.clone());
-                (
-                    Answer::Created(response.clone()),
-                    Answer::Replayed(response),
-                )
+                self.cache
+                    .lock()
+                    .insert(key, in_flight.request_hash, response.clone());
+                let _ = in_flight.reply.send(Answer::Created(response.clone()));
+                (in_flight.request_hash, response)
             }
             Ok(Ok(WriteOutcome::Existing {
                 request_hash,
@@ -172,24 +217,57 @@ impl KeyShard {
                 self.cache
                     .lock()
                     .insert(key, request_hash, response.clone());
-                let answer = if request_hash == hash {
-                    Answer::Replayed(response)
-                } else {
-                    Answer::Conflict
-                };
-                (answer.clone(), answer)
+                let _ =
+                    in_flight
+                        .reply
+                        .send(judge(in_flight.request_hash, request_hash, &response));
+                (request_hash, response)
             }
-            Ok(Err(error)) => (Answer::Failed(error.clone()), Answer::Failed(error)),
-            Err(_) => {
-                let error = StorageError::Unavailable("the writer stopped before answering".into());
-                (Answer::Failed(error.clone()), Answer::Failed(error))
+            failed => {
+                let error = match failed {
+                    Ok(Err(error)) => error,
+                    _ => StorageError::Unavailable("the writer stopped before answering".into()),
+                };
+                let _ = in_flight.reply.send(Answer::Failed(error));
+                self.run_next(key, in_flight.waiting, ctx);
+                return;
             }
         };
-        // A receiver that is gone belongs to a client that disconnected; nothing to tell it.
-        let _ = in_flight.leader.send(for_leader);
-        for waiter in in_flight.waiters {
-            let _ = waiter.send(for_waiters.clone());
+        // Every request that waited is judged against the record now saved.
+        let (saved_hash, response) = saved;
+        for waiting in in_flight.waiting {
+            let _ = waiting
+                .reply
+                .send(judge(waiting.request.request_hash, saved_hash, &response));
         }
+    }
+
+    /// Nothing was saved for the key: the first request still waiting runs its own write, and
+    /// the others wait on it. Requests whose clients gave up are dropped, not written.
+    fn run_next(
+        &mut self,
+        key: ScopedKey,
+        mut waiting: VecDeque<Waiting>,
+        ctx: &mut Context<Self>,
+    ) {
+        while let Some(next) = waiting.pop_front() {
+            if next.reply.is_closed() {
+                continue;
+            }
+            // The rest wait on, now for `next`.
+            metrics::gauge!(telemetry::SHARD_WAITERS).increment(waiting.len() as f64);
+            self.start_write(key, next.request, next.reply, waiting, ctx);
+            return;
+        }
+    }
+}
+
+/// The answer to a request with `request_hash` for a key whose saved record has `saved_hash`.
+fn judge(request_hash: RequestHash, saved_hash: RequestHash, response: &StoredResponse) -> Answer {
+    if request_hash == saved_hash {
+        Answer::Replayed(response.clone())
+    } else {
+        Answer::Conflict
     }
 }
 
@@ -206,36 +284,16 @@ impl Handler<Submit> for KeyShard {
         if let Some(answer) = self.cache.lookup(&key, request.request_hash) {
             return MessageResult(Admission::Ready(answer));
         }
+        let (reply, answer) = oneshot::channel();
         if let Some(in_flight) = self.in_flight.get_mut(&key) {
-            if in_flight.request_hash != request.request_hash {
-                return MessageResult(Admission::Ready(Answer::Conflict));
-            }
-            let (sender, receiver) = oneshot::channel();
-            in_flight.waiters.push(sender);
+            in_flight.waiting.push_back(Waiting { request, reply });
             metrics::gauge!(telemetry::SHARD_WAITERS).increment(1.0);
             return MessageResult(Admission::Pending {
                 leader: false,
-                answer: receiver,
+                answer,
             });
         }
-
-        let (leader, answer) = oneshot::channel();
-        self.in_flight.insert(
-            key.clone(),
-            InFlight {
-                request_hash: request.request_hash,
-                leader,
-                waiters: Vec::new(),
-            },
-        );
-        metrics::gauge!(telemetry::SHARD_IN_FLIGHT).increment(1.0);
-        let (reply, result) = oneshot::channel();
-        self.pick_writer().do_send(Write { request, reply });
-        ctx.spawn(
-            result
-                .into_actor(self)
-                .map(move |result, shard, _| shard.complete(key, result)),
-        );
+        self.start_write(key, request, reply, VecDeque::new(), ctx);
         MessageResult(Admission::Pending {
             leader: true,
             answer,

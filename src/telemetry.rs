@@ -25,6 +25,11 @@ pub const WRITER_TRANSACTION: &str = "retrysafe_writer_transaction_seconds";
 pub const WRITER_BATCHES: &str = "retrysafe_writer_batches_total";
 /// Writes queued in writers, waiting for the next batch.
 pub const WRITER_QUEUE_DEPTH: &str = "retrysafe_writer_queue_depth";
+/// Bytes held by writes queued, being committed, or waiting for another write of their key
+/// (bounded by `database.max_pending_bytes`).
+pub const PENDING_WRITE_BYTES: &str = "retrysafe_pending_write_bytes";
+/// Writes refused at once with 503 to shed load, by reason (pending_bytes, queue_full, busy).
+pub const WRITES_SHED: &str = "retrysafe_writes_shed_total";
 /// Keys in flight across the shards (a write of theirs is being committed).
 pub const SHARD_IN_FLIGHT: &str = "retrysafe_shard_in_flight_keys";
 /// Duplicates waiting on an in-flight key.
@@ -160,6 +165,15 @@ fn describe_metrics() {
         "writer batch transaction attempts by result"
     );
     describe_gauge!(WRITER_QUEUE_DEPTH, "writes queued for the next batch");
+    describe_gauge!(
+        PENDING_WRITE_BYTES,
+        Unit::Bytes,
+        "bytes held by pending writes (database.max_pending_bytes bounds them)"
+    );
+    describe_counter!(
+        WRITES_SHED,
+        "writes refused at once with 503 to shed load, by reason"
+    );
     describe_gauge!(SHARD_IN_FLIGHT, "idempotency keys whose write is in flight");
     describe_gauge!(SHARD_WAITERS, "duplicates waiting for an in-flight key");
     describe_counter!(SHARD_CACHE_LOOKUPS, "replay cache lookups by result");

@@ -9,6 +9,7 @@
 //! process holds or completed it) is read back and answered as a replay or a conflict.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,10 +20,10 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::db::{Database, PgClient, StorageError};
-use crate::entry::{format_time, now_micros, NewEntry};
+use crate::entry::{format_time, now_micros};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
 use crate::idempotency::canonical::write_string;
-use crate::idempotency::{canonical_json, canonical_object, IdempotencyKey, RequestHash};
+use crate::idempotency::{canonical_json, IdempotencyKey, RequestHash};
 use crate::telemetry;
 
 /// Writes a writer queues at most, in batches' worth: past that it refuses new writes with
@@ -32,14 +33,97 @@ const MAX_QUEUED_BATCHES: usize = 8;
 /// How often a batch aborted by a deadlock or serialization failure is run again.
 const MAX_CONFLICT_RETRIES: u32 = 5;
 
-/// One write a client asked for, validated and hashed.
-#[derive(Debug, Clone)]
+/// Bound on the request bytes one batch carries, whatever `database.max_batch` says: 256 writes
+/// of 32 KiB each take longer to insert than a statement timeout allows, and every write of the
+/// batch, other clients' small ones included, would fail with it.
+pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
+
+/// One write a client asked for, validated and hashed, in compact form: the canonical text of
+/// its data, not the decoded tree (which takes many times the body's size in memory).
+#[derive(Debug)]
 pub struct WriteRequest {
     pub client_id: Arc<str>,
     pub key: IdempotencyKey,
     pub request_hash: RequestHash,
-    pub entry: NewEntry,
+    pub kind: String,
+    /// `data`, as canonical JSON text.
+    pub data_json: String,
     pub remote_addr: Option<String>,
+    /// Its share of the bytes all pending writes may hold; given back when the write is done.
+    pub pending: PendingPermit,
+}
+
+/// Bounds the bytes held by writes that are queued or being committed (or waiting in a shard
+/// for another write of their key): past the limit a new write is refused at once with 503,
+/// rather than letting memory grow while the database is slow or stalled.
+#[derive(Debug, Clone)]
+pub struct PendingBytes {
+    limit: usize,
+    used: Arc<AtomicUsize>,
+}
+
+/// A write's share of [`PendingBytes`], returned when dropped.
+#[derive(Debug)]
+pub struct PendingPermit {
+    bytes: usize,
+    used: Arc<AtomicUsize>,
+}
+
+/// What a pending write is counted as: its canonical data, kind and key, and the bookkeeping
+/// around them. (While its batch commits, the statement's copies take a few times that.)
+pub fn pending_size(kind: &str, data_json: &str, key: &IdempotencyKey) -> usize {
+    data_json.len() + kind.len() + key.as_str().len() + 512
+}
+
+impl PendingBytes {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            used: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// A permit for `bytes`, or None when that would pass the limit.
+    pub fn try_acquire(&self, bytes: usize) -> Option<PendingPermit> {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let wanted = used.checked_add(bytes)?;
+            if wanted > self.limit {
+                return None;
+            }
+            match self
+                .used
+                .compare_exchange_weak(used, wanted, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    metrics::gauge!(telemetry::PENDING_WRITE_BYTES).increment(bytes as f64);
+                    return Some(PendingPermit {
+                        bytes,
+                        used: self.used.clone(),
+                    });
+                }
+                Err(actual) => used = actual,
+            }
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+impl PendingPermit {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for PendingPermit {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        metrics::gauge!(telemetry::PENDING_WRITE_BYTES).decrement(self.bytes as f64);
+    }
 }
 
 /// A completed response as it is saved with its idempotency record and replayed.
@@ -127,19 +211,27 @@ impl Writer {
         }));
     }
 
-    /// Takes up to `max_batch` queued writes, never two of one key: `ON CONFLICT DO UPDATE`
-    /// cannot touch a row twice in one statement. (Shards keep one write per key in flight, so
-    /// this is a guard, not a path taken in practice.)
+    /// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one),
+    /// never two of one key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement.
+    /// (Shards keep one write per key in flight, so that is a guard, not a path taken in
+    /// practice.)
     fn take_batch(&mut self) -> Vec<Write> {
         let mut batch = Vec::with_capacity(self.queue.len().min(self.config.max_batch));
+        let mut bytes = 0;
         let mut keys = HashSet::new();
         let mut deferred = VecDeque::new();
         while batch.len() < self.config.max_batch {
             let Some(write) = self.queue.pop_front() else {
                 break;
             };
+            let size = write.request.pending.bytes();
+            if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
+                self.queue.push_front(write);
+                break;
+            }
             let key = (write.request.client_id.clone(), write.request.key.clone());
             if keys.insert(key) {
+                bytes += size;
                 batch.push(write);
             } else {
                 deferred.push_back(write);
@@ -164,6 +256,7 @@ impl Handler<Write> for Writer {
             let _ = write.reply.send(Err(StorageError::Unavailable(
                 "the writers are saturated: too many writes queued".into(),
             )));
+            metrics::counter!(telemetry::WRITES_SHED, "reason" => "queue_full").increment(1);
             return;
         }
         self.queue.push_back(write);
@@ -191,8 +284,12 @@ fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
     let created_at_text = format_time(created_at);
     let retention = chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::MAX);
     let entry_id = Uuid::now_v7();
-    let data_json = canonical_object(&request.entry.data);
-    let response_body = entry_json(entry_id, &request.entry.kind, &data_json, &created_at_text);
+    let response_body = entry_json(
+        entry_id,
+        &request.kind,
+        &request.data_json,
+        &created_at_text,
+    );
     let audit = config.audit.then(|| AuditFacts {
         client_id: &request.client_id,
         idempotency_key: request.key.as_str(),
@@ -210,8 +307,8 @@ fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
         key: request.key.clone(),
         request_hash: request.request_hash,
         entry_id,
-        kind: request.entry.kind.clone(),
-        data_json,
+        kind: request.kind.clone(),
+        data_json: request.data_json.clone(),
         created_at,
         expires_at: created_at
             .checked_add_signed(retention)
@@ -261,7 +358,8 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Write>) 
 }
 
 /// Commits the batch; if it fails for a reason one item can cause, commits each item alone so
-/// that only the bad one fails.
+/// that only the bad one fails; if it ran past the statement timeout, commits each half on its
+/// own (a large batch may take too long where its halves do not).
 async fn commit_isolating_bad_items(db: &Database, prepared: &[PreparedWrite]) -> Vec<WriteResult> {
     match commit_with_retries(db, prepared).await {
         Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
@@ -274,6 +372,13 @@ async fn commit_isolating_bad_items(db: &Database, prepared: &[PreparedWrite]) -
                     .map(|mut outcomes| outcomes.remove(0));
                 results.push(result);
             }
+            results
+        }
+        Err(StorageError::StatementTimeout(reason)) if prepared.len() > 1 => {
+            tracing::warn!(reason = %reason, size = prepared.len(), "batch ran past the statement timeout; committing it in halves");
+            let (first, second) = prepared.split_at(prepared.len() / 2);
+            let mut results = Box::pin(commit_isolating_bad_items(db, first)).await;
+            results.extend(Box::pin(commit_isolating_bad_items(db, second)).await);
             results
         }
         Err(error) => {
@@ -495,6 +600,69 @@ fn stored_record_from_row(
 mod tests {
     use super::*;
     use crate::entry::EntryView;
+    use crate::idempotency::canonical_object;
+
+    fn queued_write(key: &str, data_bytes: usize, pending: &PendingBytes) -> Write {
+        let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
+        let data_json = format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes));
+        let size = pending_size("k", &data_json, &key);
+        Write {
+            request: WriteRequest {
+                client_id: Arc::from("c"),
+                key,
+                request_hash: RequestHash([0; 32]),
+                kind: "k".into(),
+                data_json,
+                remote_addr: None,
+                pending: pending.try_acquire(size).unwrap(),
+            },
+            reply: oneshot::channel().0,
+        }
+    }
+
+    #[actix_web::test]
+    async fn a_batch_is_bounded_in_bytes_as_well_as_in_writes() {
+        let db = Database::new(&crate::config::DatabaseSettings::default()).unwrap();
+        let config = WriterConfig {
+            max_batch: 256,
+            retention: Duration::from_secs(60),
+            audit: false,
+        };
+        let mut writer = Writer::new(db, config, None);
+        let pending = PendingBytes::new(usize::MAX);
+        for n in 0..10 {
+            writer
+                .queue
+                .push_back(queued_write(&format!("k{n}"), 512 * 1024, &pending));
+        }
+        let first = writer.take_batch();
+        assert_eq!(
+            first.len(),
+            3,
+            "three of 512 KiB fit in MAX_BATCH_BYTES, a fourth does not"
+        );
+        assert_eq!(writer.queue.len(), 7);
+        let huge = queued_write("huge", MAX_BATCH_BYTES * 2, &pending);
+        writer.queue.push_front(huge);
+        assert_eq!(
+            writer.take_batch().len(),
+            1,
+            "an oversized write still goes, alone"
+        );
+    }
+
+    #[test]
+    fn pending_bytes_are_bounded_and_given_back() {
+        let pending = PendingBytes::new(1000);
+        let first = pending.try_acquire(600).unwrap();
+        assert!(pending.try_acquire(600).is_none(), "past the limit");
+        let second = pending.try_acquire(400).unwrap();
+        assert_eq!(pending.used(), 1000);
+        drop(first);
+        assert_eq!(pending.used(), 400);
+        drop(second);
+        assert_eq!(pending.used(), 0);
+    }
 
     #[test]
     fn the_entry_json_is_the_canonical_entry_view() {

@@ -11,6 +11,10 @@ pub enum StorageError {
     /// written (or, if a commit's outcome was lost, the record guards a retry); retry later.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The server cancelled a statement that ran past `statement_timeout` (57014). The connection
+    /// is fine; a smaller batch may succeed where a large one did not.
+    #[error("statement timeout: {0}")]
+    StatementTimeout(String),
     /// A deadlock or serialization failure: the transaction may simply be run again.
     #[error("transaction conflict: {0}")]
     Retryable(String),
@@ -59,11 +63,14 @@ fn classify(error: tokio_postgres::Error) -> StorageError {
     if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED {
         return StorageError::Retryable(text);
     }
+    if *code == SqlState::QUERY_CANCELED {
+        return StorageError::StatementTimeout(text);
+    }
     let class = &code.code()[..2];
     match class {
         "22" | "23" => StorageError::DataRejected(text),
         // 08: connection exception; 53: insufficient resources; 57: operator intervention
-        // (57014 is a statement timeout, 57P01 an admin shutdown); 58: system error.
+        // (57P01 is an admin shutdown); 58: system error.
         "08" | "53" | "57" | "58" => StorageError::Unavailable(text),
         // 55P03: lock_not_available (lock_timeout).
         _ if *code == SqlState::LOCK_NOT_AVAILABLE => StorageError::Unavailable(text),

@@ -55,8 +55,14 @@ impl Authenticator {
     }
 }
 
+/// The bearer token of the request's one `Authorization` header. Two headers are refused: each
+/// party in front of the daemon may pick a different one.
 fn bearer_token(request: &HttpRequest) -> Option<&[u8]> {
-    let value = request.headers().get(header::AUTHORIZATION)?.as_bytes();
+    let mut values = request.headers().get_all(header::AUTHORIZATION);
+    let value = values.next()?.as_bytes();
+    if values.next().is_some() {
+        return None;
+    }
     let (scheme, token) = value.split_at(value.iter().position(|b| *b == b' ')?);
     if !scheme.eq_ignore_ascii_case(b"bearer") {
         return None;

@@ -9,14 +9,15 @@ use actix_web::{HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use crate::entry::{decode_new_entry, format_time, EntryView, ENTRIES_ROUTE};
+use crate::entry::{decode_write, format_time, DecodedWrite, EntryView, ENTRIES_ROUTE};
 use crate::http::observe::Outcome;
 use crate::http::openapi::{NewEntryRequest, Problem};
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 use crate::shard::{Admission, Answer, ShardHandle, Submit};
-use crate::writer::{StoredResponse, WriteRequest};
+use crate::telemetry;
+use crate::writer::{pending_size, StoredResponse, WriteRequest};
 
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
 
@@ -63,20 +64,29 @@ pub async fn create_entry(
     )
     .await
     .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
-    let (entry, request_hash) = decode_new_entry(&body)?;
+    let decoded = decode(&state, body).await?;
 
     let shard = state.shard_for(&client_id, &key);
     let scoped_key = (client_id, key);
-    let answer = match shard.cache.answer(&scoped_key, request_hash) {
+    let answer = match shard.cache.answer(&scoped_key, decoded.request_hash) {
         Some(answer) => answer,
         None => {
             let (client_id, key) = scoped_key;
+            let size = pending_size(&decoded.kind, &decoded.data_json, &key);
+            let Some(pending) = state.pending.try_acquire(size) else {
+                metrics::counter!(telemetry::WRITES_SHED, "reason" => "pending_bytes").increment(1);
+                return Err(ApiError::StorageUnavailable(
+                    "too many writes are pending (database.max_pending_bytes); the database is slow or stalled".into(),
+                ));
+            };
             let write = WriteRequest {
                 client_id,
                 key,
-                request_hash,
-                entry,
+                request_hash: decoded.request_hash,
+                kind: decoded.kind,
+                data_json: decoded.data_json,
                 remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
+                pending,
             };
             submit(shard, write, state.wait_timeout).await?
         }
@@ -91,8 +101,34 @@ pub async fn create_entry(
     }
 }
 
-/// Hands the write to its shard and waits for the answer: without a bound if this request is
-/// the one writing (the database bounds it), up to `wait_timeout` if it duplicates one in flight.
+/// Bodies up to this size are decoded on the HTTP worker; larger ones on the blocking pool, so
+/// that a flood of large, costly bodies cannot keep the workers from reading other requests.
+const INLINE_DECODE_BYTES: usize = 16 * 1024;
+
+/// Decodes, validates, hashes and canonicalizes the body. A large one goes to the blocking
+/// pool, at most `decoders` at a time; waiting for a turn is bounded by `wait_timeout`.
+async fn decode(state: &SharedState, body: Bytes) -> Result<DecodedWrite, ApiError> {
+    if body.len() <= INLINE_DECODE_BYTES {
+        return Ok(decode_write(&body)?);
+    }
+    let Ok(Ok(_turn)) =
+        tokio::time::timeout(state.wait_timeout, state.decoders.clone().acquire_owned()).await
+    else {
+        metrics::counter!(telemetry::WRITES_SHED, "reason" => "busy").increment(1);
+        return Err(ApiError::StorageUnavailable(
+            "too many large requests are being decoded".into(),
+        ));
+    };
+    let decoded = web::block(move || decode_write(&body))
+        .await
+        .map_err(|error| ApiError::Internal(anyhow::anyhow!("decoding stopped: {error}")))?;
+    Ok(decoded?)
+}
+
+/// Hands the write to its shard and waits for the answer, at most `wait_timeout`. Past it, a
+/// request whose write was sent to a writer gets 503 (the write may still commit: a retry with
+/// the same key then gets its answer), and one that waits for another write of its key gets
+/// 409 `request-in-progress`.
 async fn submit(
     shard: &ShardHandle,
     write: WriteRequest,
@@ -102,20 +138,20 @@ async fn submit(
         shard.addr.send(Submit(write)).await.map_err(|error| {
             ApiError::Internal(anyhow::anyhow!("key shard unreachable: {error}"))
         })?;
-    let dropped = || ApiError::Internal(anyhow::anyhow!("key shard dropped a request"));
-    match admission {
-        Admission::Ready(answer) => Ok(answer),
-        Admission::Pending {
-            leader: true,
-            answer,
-        } => answer.await.map_err(|_| dropped()),
-        Admission::Pending {
-            leader: false,
-            answer,
-        } => match tokio::time::timeout(wait_timeout, answer).await {
-            Ok(answer) => answer.map_err(|_| dropped()),
-            Err(_elapsed) => Err(ApiError::RequestInProgress),
-        },
+    let (leader, answer) = match admission {
+        Admission::Ready(answer) => return Ok(answer),
+        Admission::Pending { leader, answer } => (leader, answer),
+    };
+    match tokio::time::timeout(wait_timeout, answer).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(_dropped)) => Err(ApiError::Internal(anyhow::anyhow!(
+            "key shard dropped a request"
+        ))),
+        Err(_elapsed) if leader => Err(ApiError::StorageUnavailable(format!(
+            "the write was not confirmed within idempotency.wait_timeout ({})",
+            humantime::format_duration(wait_timeout)
+        ))),
+        Err(_elapsed) => Err(ApiError::RequestInProgress),
     }
 }
 

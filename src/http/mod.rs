@@ -34,6 +34,10 @@ pub struct AppState {
     pub wait_timeout: Duration,
     /// Status for a reused key with another request (409, or 422).
     pub mismatch_status: actix_web::http::StatusCode,
+    /// Bounds the bytes held by pending writes (`database.max_pending_bytes`).
+    pub pending: crate::writer::PendingBytes,
+    /// Turns for decoding large bodies off the HTTP workers.
+    pub decoders: Arc<tokio::sync::Semaphore>,
     /// The database's readiness, shared by every probe.
     pub readiness: Arc<health::ReadinessMonitor>,
     /// `database.pool_size`, for the pool metric.
@@ -61,6 +65,14 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
+            pending: crate::writer::PendingBytes::new(settings.database.max_pending_bytes),
+            // As many at once as there are cores to run them, and never fewer than two.
+            decoders: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism()
+                    .map(usize::from)
+                    .unwrap_or(2)
+                    .max(2),
+            )),
             pool_size: settings.database.pool_size,
         }
     }

@@ -140,9 +140,9 @@ impl From<DecodeError> for ApiError {
 impl From<StorageError> for ApiError {
     fn from(error: StorageError) -> Self {
         match error {
-            StorageError::Unavailable(reason) | StorageError::Retryable(reason) => {
-                ApiError::StorageUnavailable(reason)
-            }
+            StorageError::Unavailable(reason)
+            | StorageError::StatementTimeout(reason)
+            | StorageError::Retryable(reason) => ApiError::StorageUnavailable(reason),
             StorageError::DataRejected(reason) => ApiError::Internal(anyhow::anyhow!(
                 "the database rejected data that passed validation: {reason}"
             )),

@@ -19,16 +19,19 @@ pub enum KeyError {
     NotVisibleAscii,
     #[error("the key is a malformed structured-field string")]
     MalformedString,
+    #[error("the key carries structured-field parameters (`;name=value` after the quoted string); send the key alone")]
+    Parameters,
 }
 
 impl IdempotencyKey {
     /// Parses a header value. A structured-field string (`"abc"`, the IETF draft's form) is
-    /// unquoted first; what remains must be 1 to 255 visible ASCII characters.
+    /// unquoted first; what remains must be 1 to 255 visible ASCII characters. Parameters after
+    /// the string (`"abc";p=1`) are refused: taken as part of the key they would make one
+    /// logical key into several, and ignored they would hide what the client meant.
     pub fn parse_header(raw: &[u8]) -> Result<Self, KeyError> {
-        let unquoted = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
-            unquote_sf_string(&raw[1..raw.len() - 1])?
-        } else {
-            raw.to_vec()
+        let unquoted = match raw.first() {
+            Some(b'"') => unquote_sf_string(&raw[1..])?,
+            _ => raw.to_vec(),
         };
         Self::parse(&unquoted)
     }
@@ -59,22 +62,30 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
-/// RFC 8941 sf-string body: printable ASCII, with `\"` and `\\` the only escapes.
-fn unquote_sf_string(inner: &[u8]) -> Result<Vec<u8>, KeyError> {
-    let mut out = Vec::with_capacity(inner.len());
-    let mut bytes = inner.iter();
+/// An RFC 8941 sf-string after its opening quote: printable ASCII, with `\"` and `\\` the only
+/// escapes, up to the closing quote, which must end the value.
+fn unquote_sf_string(after_quote: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let mut out = Vec::with_capacity(after_quote.len());
+    let mut bytes = after_quote.iter();
     while let Some(&byte) = bytes.next() {
         match byte {
             b'\\' => match bytes.next() {
                 Some(&escaped @ (b'"' | b'\\')) => out.push(escaped),
                 _ => return Err(KeyError::MalformedString),
             },
-            b'"' => return Err(KeyError::MalformedString),
+            b'"' => {
+                return match bytes.as_slice() {
+                    [] => Ok(out),
+                    [b';', ..] => Err(KeyError::Parameters),
+                    _ => Err(KeyError::MalformedString),
+                };
+            }
             0x20..=0x7e => out.push(byte),
             _ => return Err(KeyError::NotVisibleAscii),
         }
     }
-    Ok(out)
+    // No closing quote.
+    Err(KeyError::MalformedString)
 }
 
 #[cfg(test)]
@@ -129,6 +140,22 @@ mod tests {
         );
         assert_eq!(
             IdempotencyKey::parse_header(br#""a\nb""#),
+            Err(KeyError::MalformedString)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(br#""k1";p=1"#),
+            Err(KeyError::Parameters)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(br#""k1""#).unwrap().as_str(),
+            "k1"
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(br#""k1"x"#),
+            Err(KeyError::MalformedString)
+        );
+        assert_eq!(
+            IdempotencyKey::parse_header(br#""k1"#),
             Err(KeyError::MalformedString)
         );
     }

@@ -39,6 +39,20 @@ async fn missing_or_wrong_credentials_are_refused_and_write_nothing() {
     )
     .await
     .assert_problem(401, "unauthorized");
+    // Two Authorization headers: a proxy in front may read one, the daemon the other.
+    for second in ["Bearer s3cret-token", "Bearer wrong-token"] {
+        app.send(
+            app.http
+                .post(format!("{}/v1/entries", app.address))
+                .insert_header(("Idempotency-Key", "auth-1"))
+                .insert_header(("Content-Type", "application/json"))
+                .append_header(("Authorization", "Bearer s3cret-token"))
+                .append_header(("Authorization", second)),
+            body.to_string(),
+        )
+        .await
+        .assert_problem(401, "unauthorized");
+    }
     assert_eq!(app.row_counts().await, (0, 0, 0));
 
     let created = app

@@ -60,6 +60,16 @@ async fn bad_idempotency_keys_are_refused() {
     post_raw(&app, Some(b"\"a\"b\""), json, body.clone())
         .await
         .assert_problem(400, "invalid-idempotency-key");
+    // Structured-field parameters would make one logical key into several.
+    let with_parameters = post_raw(&app, Some(b"\"k1\";p=1"), json, body.clone()).await;
+    with_parameters.assert_problem(400, "invalid-idempotency-key");
+    assert!(
+        with_parameters.json()["detail"]
+            .as_str()
+            .is_some_and(|detail| detail.contains("parameters")),
+        "{}",
+        with_parameters.json()
+    );
     assert_nothing_written(&app).await;
 
     // The longest key, and a structured-field string, are fine.
@@ -136,8 +146,21 @@ async fn malformed_and_invalid_bodies_are_refused() {
             "/data/list/0/deep",
         ),
     ];
+    // Two members with one name: another parser may read the other one.
+    let duplicates = [
+        (r#"{"kind":"a","kind":"b","data":{}}"#, "/kind"),
+        (r#"{"kind":"a","data":{"n":1,"n":2}}"#, "/data/n"),
+        (
+            r#"{"kind":"a","data":{"x":[{"y":1},{"y":1,"y":2}]}}"#,
+            "/data/x/1/y",
+        ),
+    ];
+    let invalid = invalid
+        .into_iter()
+        .map(|(body, pointer)| (body.to_string(), pointer))
+        .chain(duplicates.map(|(body, pointer)| (body.to_owned(), pointer)));
     for (body, pointer) in invalid {
-        let response = post_raw(&app, Some(&next_key()), json, body.to_string()).await;
+        let response = post_raw(&app, Some(&next_key()), json, body.clone()).await;
         response.assert_problem(400, "invalid-request");
         let errors = response.json()["errors"]
             .as_array()

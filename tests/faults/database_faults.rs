@@ -18,7 +18,7 @@ use crate::common::helpers::{
 };
 use crate::common::proxy::TcpProxy;
 use crate::support::{
-    assert_nothing_half_written, connect, count, http_client, knob, post_raw, Reply,
+    assert_nothing_half_written, count, http_client, knob, post_raw, LockHolder, Reply,
 };
 
 /// Hang guard for one request: far above the daemon's own bounds (connect 1s, statements 5s).
@@ -194,27 +194,6 @@ async fn cutting_the_database_under_load_gives_201_or_503_and_leaves_nothing_hal
     );
 }
 
-/// A session that holds a lock and does not let go (a stuck migration, a long report, an
-/// operator's open transaction).
-struct LockHolder {
-    session: tokio_postgres::Client,
-}
-
-impl LockHolder {
-    async fn take(app: &TestApp, statements: &str) -> Self {
-        let session = connect(&app.database.name).await;
-        session
-            .batch_execute(&format!("BEGIN; {statements}"))
-            .await
-            .unwrap();
-        Self { session }
-    }
-
-    async fn release(self) {
-        self.session.batch_execute("ROLLBACK").await.unwrap();
-    }
-}
-
 async fn app_with_short_statement_timeout() -> TestApp {
     spawn_app_with(|settings| {
         settings.database.statement_timeout =
@@ -241,7 +220,7 @@ async fn a_write_blocked_by_a_table_lock_gives_503_and_succeeds_once_the_lock_is
     assert_eq!(post_bounded(&app, "before-lock", 0).await.status, 201);
 
     let lock = LockHolder::take(
-        &app,
+        &app.database.name,
         "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
     )
     .await;
@@ -270,7 +249,7 @@ async fn a_write_waiting_on_another_sessions_uncommitted_claim_of_its_key_gives_
     // Another process has claimed the key and is stuck before its commit: its record is an
     // uncommitted row that the daemon's INSERT ... ON CONFLICT must wait for.
     let lock = LockHolder::take(
-        &app,
+        &app.database.name,
         "INSERT INTO idempotency_records
             (client_id, key, request_hash, status, response_status, response_json, expires_at)
          VALUES ('anonymous', 'row-locked', '\\x00', 'completed', 201, '{}', now() + interval '1 day')",

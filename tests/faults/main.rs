@@ -8,6 +8,7 @@ mod common;
 mod broker_faults;
 mod crash_under_load;
 mod database_faults;
+mod exactness;
 mod hostile_connections;
 mod hung_peers;
 mod many_daemons;

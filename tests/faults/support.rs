@@ -310,3 +310,25 @@ impl Drop for RestartableDaemon {
         }
     }
 }
+
+/// A session that holds a lock and does not let go (a stuck migration, a long report, an
+/// operator's open transaction).
+pub struct LockHolder {
+    session: Client,
+}
+
+impl LockHolder {
+    /// Opens a transaction on `database` and runs `statements` in it, keeping it open.
+    pub async fn take(database: &str, statements: &str) -> Self {
+        let session = connect(database).await;
+        session
+            .batch_execute(&format!("BEGIN; {statements}"))
+            .await
+            .unwrap();
+        Self { session }
+    }
+
+    pub async fn release(self) {
+        self.session.batch_execute("ROLLBACK").await.unwrap();
+    }
+}
