@@ -58,6 +58,9 @@ pub struct HttpSettings {
     pub shutdown_timeout: ConfigDuration,
     /// How long a client may take to send a request body; slower ones get 408.
     pub body_timeout: ConfigDuration,
+    /// How long a client may take to send a request's head (request line and headers); slower
+    /// ones get 408 and the connection is closed.
+    pub head_timeout: ConfigDuration,
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -231,6 +234,7 @@ impl Default for HttpSettings {
             max_body_bytes: 64 * 1024,
             shutdown_timeout: ConfigDuration::from_secs(30),
             body_timeout: ConfigDuration::from_secs(30),
+            head_timeout: ConfigDuration::from_secs(5),
         }
     }
 }
@@ -325,9 +329,7 @@ impl Settings {
 
     /// Checks what the types alone do not: ranges, and that an open listener has credentials.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.http.max_body_bytes < 64 {
-            return Err(invalid("http.max_body_bytes", "must be at least 64"));
-        }
+        self.validate_ranges()?;
         let database = tokio_postgres::Config::from_str(&self.database.url).map_err(|error| {
             invalid(
                 "database.url",
@@ -352,21 +354,6 @@ impl Settings {
                 ),
             ));
         }
-        if self.database.pool_size < 2 {
-            return Err(invalid("database.pool_size", "must be at least 2"));
-        }
-        if self.database.writers == 0 {
-            return Err(invalid("database.writers", "must be at least 1"));
-        }
-        if self.database.max_batch == 0 {
-            return Err(invalid("database.max_batch", "must be at least 1"));
-        }
-        positive(self.http.body_timeout, "http.body_timeout")?;
-        positive(self.database.connect_timeout, "database.connect_timeout")?;
-        positive(
-            self.database.statement_timeout,
-            "database.statement_timeout",
-        )?;
         if self.amqp.url.0.is_empty() || self.amqp.url.iter().any(str::is_empty) {
             return Err(invalid(
                 "amqp.url",
@@ -392,29 +379,120 @@ impl Settings {
         if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
             return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
         }
-        positive(self.idempotency.retention, "idempotency.retention")?;
-        positive(self.idempotency.wait_timeout, "idempotency.wait_timeout")?;
         if !matches!(self.idempotency.mismatch_status, 409 | 422) {
             return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
-        }
-        if self.idempotency.shards == 0 {
-            return Err(invalid("idempotency.shards", "must be at least 1"));
-        }
-        if self.outbox.workers == 0 {
-            return Err(invalid("outbox.workers", "must be at least 1"));
-        }
-        if self.outbox.batch_size == 0 {
-            return Err(invalid("outbox.batch_size", "must be at least 1"));
-        }
-        positive(self.outbox.poll_interval, "outbox.poll_interval")?;
-        positive(self.outbox.confirm_timeout, "outbox.confirm_timeout")?;
-        positive(self.outbox.retention, "outbox.retention")?;
-        if self.outbox.max_attempts < 1 {
-            return Err(invalid("outbox.max_attempts", "must be at least 1"));
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| invalid("log.level", error.to_string()))?;
         self.validate_clients()
+    }
+
+    /// Every count and duration within its range: a value past what the daemon or the systems
+    /// it talks to can take would otherwise fail only at start (a 30-day statement timeout
+    /// overflows the TCP user timeout) or later, far from the key that caused it.
+    fn validate_ranges(&self) -> Result<(), ConfigError> {
+        const MINUTE: u64 = 60;
+        const HOUR: u64 = 60 * MINUTE;
+        const TEN_YEARS: u64 = 3650 * 24 * HOUR;
+        let durations = [
+            ("http.shutdown_timeout", self.http.shutdown_timeout, HOUR),
+            ("http.body_timeout", self.http.body_timeout, HOUR),
+            ("http.head_timeout", self.http.head_timeout, HOUR),
+            (
+                "database.connect_timeout",
+                self.database.connect_timeout,
+                5 * MINUTE,
+            ),
+            (
+                "database.statement_timeout",
+                self.database.statement_timeout,
+                HOUR,
+            ),
+            (
+                "idempotency.retention",
+                self.idempotency.retention,
+                TEN_YEARS,
+            ),
+            (
+                "idempotency.wait_timeout",
+                self.idempotency.wait_timeout,
+                10 * MINUTE,
+            ),
+            ("outbox.poll_interval", self.outbox.poll_interval, HOUR),
+            (
+                "outbox.confirm_timeout",
+                self.outbox.confirm_timeout,
+                10 * MINUTE,
+            ),
+            ("outbox.retention", self.outbox.retention, TEN_YEARS),
+        ];
+        for (key, value, max_seconds) in durations {
+            if value.0.is_zero() {
+                return Err(invalid(key, "must be longer than zero"));
+            }
+            let max = Duration::from_secs(max_seconds);
+            if value.0 > max {
+                return Err(invalid(
+                    key,
+                    format!("must be at most {}", humantime::format_duration(max)),
+                ));
+            }
+        }
+        let max_body = self.http.max_body_bytes as u64;
+        let counts = [
+            ("http.max_body_bytes", max_body, 64, 64 << 20),
+            (
+                "database.pool_size",
+                u64::from(self.database.pool_size),
+                2,
+                1000,
+            ),
+            ("database.writers", self.database.writers as u64, 1, 64),
+            (
+                "database.max_batch",
+                self.database.max_batch as u64,
+                1,
+                10_000,
+            ),
+            // At least one write of the largest body must fit.
+            (
+                "database.max_pending_bytes",
+                self.database.max_pending_bytes as u64,
+                max_body + 1024,
+                16 << 30,
+            ),
+            (
+                "idempotency.shards",
+                self.idempotency.shards as u64,
+                1,
+                1024,
+            ),
+            (
+                "idempotency.cache_entries",
+                self.idempotency.cache_entries as u64,
+                0,
+                100_000_000,
+            ),
+            ("outbox.workers", self.outbox.workers as u64, 1, 64),
+            (
+                "outbox.batch_size",
+                self.outbox.batch_size as u64,
+                1,
+                10_000,
+            ),
+            (
+                "outbox.max_attempts",
+                u64::try_from(self.outbox.max_attempts).unwrap_or(0),
+                1,
+                1000,
+            ),
+        ];
+        for (key, value, min, max) in counts {
+            if value < min || value > max {
+                return Err(invalid(key, format!("must be between {min} and {max}")));
+            }
+        }
+        Ok(())
     }
 
     fn validate_clients(&self) -> Result<(), ConfigError> {
@@ -464,32 +542,45 @@ pub fn is_valid_client_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-fn positive(value: ConfigDuration, key: &'static str) -> Result<(), ConfigError> {
-    if value.0.is_zero() {
-        return Err(invalid(key, "must be longer than zero"));
-    }
-    Ok(())
-}
-
-/// `RETRYSAFE_*` variables that are not configuration keys (they lack the `__` between section
-/// and key), other than `RETRYSAFE_CONFIG`: most likely a mistyped key, such as
-/// `RETRYSAFE_HTTP_LISTEN`. They are ignored; the daemon warns about each.
+/// `RETRYSAFE_*` variables that are not configuration keys, other than `RETRYSAFE_CONFIG`:
+/// without the `__` between section and key (`RETRYSAFE_HTTP_LISTEN`), or with an empty or
+/// extra part (`RETRYSAFE_HTTP____LISTEN`, `RETRYSAFE_HTTP__LISTEN__`, `RETRYSAFE___LISTEN`).
+/// Most likely mistyped keys: they are ignored, and the daemon warns about each.
 pub fn stray_environment() -> Vec<String> {
     let mut names: Vec<String> = std::env::vars_os()
         .filter_map(|(name, _)| name.into_string().ok())
         .filter(|name| {
-            name.starts_with(ENV_PREFIX) && !name.contains("__") && name != "RETRYSAFE_CONFIG"
+            name.starts_with(ENV_PREFIX)
+                && !OTHER_VARIABLES.contains(&name.as_str())
+                && !is_key_variable(name)
         })
         .collect();
     names.sort();
     names
 }
 
-/// Only variables with a `__` separator are configuration keys, so that other `RETRYSAFE_*`
-/// variables (such as `RETRYSAFE_CONFIG`) are not mistaken for unknown keys.
+/// `RETRYSAFE_*` variables that are not configuration keys and mean something: the
+/// configuration file's path, and what `retrysafe send` reads.
+const OTHER_VARIABLES: [&str; 4] = [
+    "RETRYSAFE_CONFIG",
+    "RETRYSAFE_URL",
+    "RETRYSAFE_TOKEN",
+    "RETRYSAFE_CA_FILE",
+];
+
+/// `RETRYSAFE_<SECTION>__<KEY>`, both parts present. Other `RETRYSAFE_*` variables (such as
+/// `RETRYSAFE_CONFIG`, or `RETRYSAFE_URL` for `retrysafe send`) are not mistaken for keys.
+fn is_key_variable(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split("__").collect();
+    parts.len() == 2 && parts.iter().all(|part| !part.is_empty())
+}
+
 fn environment() -> Env {
     Env::prefixed(ENV_PREFIX)
-        .filter(|key| key.as_str().contains("__"))
+        .filter(|key| is_key_variable(&format!("{ENV_PREFIX}{}", key.as_str())))
         .split("__")
 }
 
@@ -596,6 +687,42 @@ mod tests {
             redact_url("postgres://db/x?password=hunter2"),
             "postgres://db/x"
         );
+    }
+
+    #[test]
+    fn only_well_formed_variables_are_keys() {
+        for name in [
+            "RETRYSAFE_HTTP__LISTEN",
+            "RETRYSAFE_DATABASE__MAX_PENDING_BYTES",
+        ] {
+            assert!(is_key_variable(name), "{name}");
+        }
+        for name in [
+            "RETRYSAFE_HTTP_LISTEN",
+            "RETRYSAFE_HTTP____LISTEN",
+            "RETRYSAFE_HTTP__LISTEN__",
+            "RETRYSAFE___LISTEN",
+            "RETRYSAFE_HTTP__LISTEN__X",
+            "RETRYSAFE_CONFIG",
+        ] {
+            assert!(!is_key_variable(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn durations_and_counts_have_upper_bounds() {
+        let mut settings = Settings::default();
+        settings.database.statement_timeout = ConfigDuration::from_secs(30 * 24 * 3600);
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("database.statement_timeout"), "{error}");
+        let mut settings = Settings::default();
+        settings.idempotency.shards = 100_000_000;
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("idempotency.shards"), "{error}");
+        let mut settings = Settings::default();
+        settings.database.max_pending_bytes = 1000;
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("database.max_pending_bytes"), "{error}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ impl Application {
         db::migrate(&settings.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
-        let db = db::Database::new(&settings.database)?;
+        let (db, reads) = db::Database::split(&settings.database)?;
         let broker = Arc::new(Broker::new(
             &settings.amqp,
             settings.outbox.confirm_timeout.0,
@@ -106,14 +106,15 @@ impl Application {
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let readiness = Arc::new(http::health::ReadinessMonitor::new(
-            db.clone(),
+            reads.clone(),
             settings.database.connect_timeout.0 + std::time::Duration::from_secs(1),
         ));
-        http::observe::spawn_outbox_gauges(db.clone(), readiness.clone());
+        http::observe::spawn_outbox_gauges(reads.clone(), readiness.clone());
 
         let state = web::Data::new(Arc::new(AppState::new(
             &settings,
             db.clone(),
+            reads,
             shards.clone(),
             broker.clone(),
             readiness,
@@ -129,6 +130,7 @@ impl Application {
                 .configure(http::routes)
                 .default_service(web::to(http::not_found))
         })
+        .client_request_timeout(settings.http.head_timeout.0)
         .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
         // The process's signal handling (serve) stops the server; embedded, its owner does.
         .disable_signals()

@@ -54,12 +54,15 @@ pub const OUTBOX_BATCH_SIZE: &str = "retrysafe_outbox_batch_size";
 pub const READY: &str = "retrysafe_ready";
 /// 1 while the broker connection is up.
 pub const BROKER_CONNECTED: &str = "retrysafe_broker_connected";
-/// Database pool: open connections, idle ones, and the configured maximum.
+/// Database pools (label `pool`: writes, reads): open connections, idle ones, and the maximum.
 pub const POOL_CONNECTIONS: &str = "retrysafe_db_pool_connections";
 pub const POOL_IDLE: &str = "retrysafe_db_pool_idle_connections";
 pub const POOL_MAX: &str = "retrysafe_db_pool_max_connections";
 /// Rows the janitor deleted, by table.
 pub const JANITOR_DELETED: &str = "retrysafe_janitor_deleted_rows_total";
+
+/// Answers actix-http gave itself before a request reached a route, by status (400, 408, 431).
+pub const HTTP_PROTOCOL_ERRORS: &str = "retrysafe_http_protocol_errors_total";
 
 /// Latency buckets, in seconds: 0.5 ms to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -83,33 +86,120 @@ const QUIET_LAPIN: &[&str] = &[
 /// lapin's I/O loop at most at debug, whatever else the filter says.
 const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";
 
+/// At debug, tokio-postgres logs every statement with its parameters: idempotency keys, entry
+/// data, client addresses. Kept at info unless the level asked for is trace somewhere or a
+/// `tokio_postgres` directive says otherwise.
+const QUIET_TOKIO_POSTGRES: &str = "tokio_postgres=info";
+
+/// The target of actix-http's HTTP/1 connection handling, which answers some requests itself
+/// (see [`ActixOwnAnswers`]).
+const ACTIX_DISPATCHER: &str = "actix_http::h1::dispatcher";
+
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
 pub fn init_logging(settings: &LogSettings) {
-    let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
-    let directives = if directives.contains("lapin") {
-        directives
-    } else {
-        format!("{},{directives}", QUIET_LAPIN.join(","))
-    };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let requested = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
+    let mut defaults = Vec::new();
+    if !requested.contains("lapin") {
+        defaults.extend_from_slice(QUIET_LAPIN);
+    }
+    if !requested.contains("tokio_postgres") && !requested.contains("trace") {
+        defaults.push(QUIET_TOKIO_POSTGRES);
+    }
+    if !requested.contains("actix_http") {
+        // Its ERROR for a client's malformed request is replaced by ActixOwnAnswers's WARN.
+        defaults.push("actix_http::h1::dispatcher=off");
+    }
+    defaults.push(&requested);
     // Always last, so that it wins over any other directive: at trace, lapin's I/O loop logs
     // every frame it writes, the SASL response with the broker password among them.
-    let directives = format!("{directives},{NO_SECRETS_FROM_LAPIN}");
+    defaults.push(NO_SECRETS_FROM_LAPIN);
+    let directives = defaults.join(",");
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let result = match settings.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let output = match settings.format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .try_init(),
+            .with_writer(std::io::stderr)
+            .boxed(),
     };
+    let own_answers = ActixOwnAnswers.with_filter(
+        tracing_subscriber::filter::Targets::new()
+            .with_target(ACTIX_DISPATCHER, tracing::Level::TRACE),
+    );
+    let result = tracing_subscriber::registry()
+        .with(output.with_filter(filter))
+        .with(own_answers)
+        .try_init();
     // A subscriber is already installed when the library is embedded (tests); keep that one.
     let _ = result;
+}
+
+/// actix-http answers some requests itself, before any route or middleware sees them: a request
+/// head that does not arrive within its time (408), one too large (431), or one it cannot parse
+/// (400: a NUL byte in a header, a header line without a colon). It says so only in its own
+/// trace logs, and logs a client's malformed request at ERROR. This layer, fed those events,
+/// counts each answer in [`HTTP_PROTOCOL_ERRORS`] and logs it at WARN: the client's fault, not
+/// one an operator must act on.
+struct ActixOwnAnswers;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ActixOwnAnswers {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _context: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut message = MessageText(String::new());
+        event.record(&mut message);
+        let message = message.0;
+        let answer = if message.starts_with("timed out on slow request") {
+            Some(("408", "the request head did not arrive in time"))
+        } else if message.starts_with("request head was too big") {
+            Some(("431", "the request head is too large"))
+        } else if message.starts_with("parse error") {
+            Some(("400", "the request could not be parsed"))
+        } else {
+            None
+        };
+        if let Some((status, reason)) = answer {
+            metrics::counter!(HTTP_PROTOCOL_ERRORS, "status" => status).increment(1);
+            tracing::warn!(status, detail = %message, "refused a request before routing: {reason}");
+            return;
+        }
+        // Errors of the connection other than the malformed requests counted above.
+        if *event.metadata().level() == tracing::Level::ERROR
+            && !message.starts_with("stream error: request parse error")
+        {
+            tracing::error!(detail = %message, "http connection error");
+        }
+    }
+}
+
+/// The `message` of an event, as text.
+struct MessageText(String);
+
+impl tracing::field::Visit for MessageText {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.0 = value.to_owned();
+        }
+    }
 }
 
 /// The process-wide Prometheus recorder, installed on first use.
@@ -149,6 +239,10 @@ pub fn spawn_metrics_upkeep() {
 fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(HTTP_REQUESTS, "HTTP requests by route and outcome");
+    describe_counter!(
+        HTTP_PROTOCOL_ERRORS,
+        "answers given before routing (malformed, too large or too slow request heads), by status"
+    );
     describe_histogram!(
         HTTP_DURATION,
         Unit::Seconds,
@@ -203,6 +297,6 @@ fn describe_metrics() {
     describe_gauge!(BROKER_CONNECTED, "1 while the broker connection is up");
     describe_gauge!(POOL_CONNECTIONS, "open database connections");
     describe_gauge!(POOL_IDLE, "idle database connections");
-    describe_gauge!(POOL_MAX, "database.pool_size");
+    describe_gauge!(POOL_MAX, "the pool's share of database.pool_size");
     describe_counter!(JANITOR_DELETED, "rows deleted by the janitor, by table");
 }

@@ -141,6 +141,7 @@ impl bb8::ErrorSink<ConnectError> for LastConnectError {
 #[derive(Clone)]
 pub struct Database {
     pool: PgPool,
+    max_size: u32,
     /// Client-side deadline of one operation once it has its connection.
     operation_timeout: Duration,
     /// Bound on waiting for a pooled connection (and on opening one, per host).
@@ -149,13 +150,43 @@ pub struct Database {
 }
 
 impl Database {
+    /// A pool of `database.pool_size` connections, for a command that runs alone.
+    pub fn new(settings: &DatabaseSettings) -> Result<Self, StorageError> {
+        Self::build(settings, settings.pool_size, None)
+    }
+
+    /// The daemon's two pools, which share `database.pool_size`: one for writers, relays and the
+    /// janitor, and a quarter of it (at least one connection) for reads, readiness checks and
+    /// the gauges, so that no flood of reads or probes can take the connections writes need.
+    /// The reads' connections are named `<application_name> (reads)` in `pg_stat_activity`.
+    pub fn split(settings: &DatabaseSettings) -> Result<(Self, Self), StorageError> {
+        let reads = (settings.pool_size / 4).max(1);
+        let writes = settings.pool_size - reads;
+        Ok((
+            Self::build(settings, writes, None)?,
+            Self::build(settings, reads, Some(" (reads)"))?,
+        ))
+    }
+
     /// Builds the pool without connecting: connections are opened on demand, so a database that
     /// is down at this moment makes requests fail with 503 until it is back, not the daemon exit.
-    pub fn new(settings: &DatabaseSettings) -> Result<Self, StorageError> {
-        let connector = Connector::new(&pg_config(settings)?, settings.connect_timeout.0);
+    fn build(
+        settings: &DatabaseSettings,
+        size: u32,
+        name_suffix: Option<&str>,
+    ) -> Result<Self, StorageError> {
+        let mut config = pg_config(settings)?;
+        if let Some(suffix) = name_suffix {
+            let name = format!(
+                "{}{suffix}",
+                config.get_application_name().unwrap_or_default()
+            );
+            config.application_name(name);
+        }
+        let connector = Connector::new(&config, settings.connect_timeout.0);
         let last_connect_error = LastConnectError::default();
         let pool = bb8::Pool::builder()
-            .max_size(settings.pool_size)
+            .max_size(size)
             .min_idle(Some(1))
             .connection_timeout(settings.connect_timeout.0)
             .idle_timeout(Some(Duration::from_secs(600)))
@@ -164,10 +195,16 @@ impl Database {
             .build_unchecked(Manager { connector });
         Ok(Self {
             pool,
+            max_size: size,
             operation_timeout: operation_timeout(settings),
             connect_timeout: settings.connect_timeout.0,
             last_connect_error,
         })
+    }
+
+    /// The most connections this pool opens.
+    pub fn max_size(&self) -> u32 {
+        self.max_size
     }
 
     /// The client-side deadline of one operation: `database.statement_timeout` plus a margin.

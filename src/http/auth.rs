@@ -37,6 +37,11 @@ impl Authenticator {
         }
     }
 
+    /// Whether every request is the anonymous client (no clients configured).
+    pub fn is_anonymous(&self) -> bool {
+        self.clients.is_empty()
+    }
+
     pub fn authenticate(&self, request: &HttpRequest) -> Result<Arc<str>, ApiError> {
         if self.clients.is_empty() {
             return Ok(self.anonymous.clone());

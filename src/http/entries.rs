@@ -75,8 +75,8 @@ pub async fn create_entry(
             let size = pending_size(&decoded.kind, &decoded.data_json, &key);
             let Some(pending) = state.pending.try_acquire(size) else {
                 metrics::counter!(telemetry::WRITES_SHED, "reason" => "pending_bytes").increment(1);
-                return Err(ApiError::StorageUnavailable(
-                    "too many writes are pending (database.max_pending_bytes); the database is slow or stalled".into(),
+                return Err(ApiError::Overloaded(
+                    "too many writes are pending (database.max_pending_bytes): the database is slow or stalled".into(),
                 ));
             };
             let write = WriteRequest {
@@ -115,7 +115,7 @@ async fn decode(state: &SharedState, body: Bytes) -> Result<DecodedWrite, ApiErr
         tokio::time::timeout(state.wait_timeout, state.decoders.clone().acquire_owned()).await
     else {
         metrics::counter!(telemetry::WRITES_SHED, "reason" => "busy").increment(1);
-        return Err(ApiError::StorageUnavailable(
+        return Err(ApiError::Overloaded(
             "too many large requests are being decoded".into(),
         ));
     };

@@ -23,6 +23,9 @@ use problem::ApiError;
 
 /// What every handler shares.
 pub struct AppState {
+    /// The pool of writers, relays and the janitor: only its metrics are read here.
+    pub writes: Database,
+    /// The pool for reads, readiness checks and the gauges.
     pub db: Database,
     pub shards: Vec<ShardHandle>,
     pub broker: Arc<Broker>,
@@ -40,19 +43,19 @@ pub struct AppState {
     pub decoders: Arc<tokio::sync::Semaphore>,
     /// The database's readiness, shared by every probe.
     pub readiness: Arc<health::ReadinessMonitor>,
-    /// `database.pool_size`, for the pool metric.
-    pub pool_size: u32,
 }
 
 impl AppState {
     pub fn new(
         settings: &Settings,
+        writes: Database,
         db: Database,
         shards: Vec<ShardHandle>,
         broker: Arc<Broker>,
         readiness: Arc<health::ReadinessMonitor>,
     ) -> Self {
         Self {
+            writes,
             db,
             shards,
             broker,
@@ -73,7 +76,6 @@ impl AppState {
                     .unwrap_or(2)
                     .max(2),
             )),
-            pool_size: settings.database.pool_size,
         }
     }
 
@@ -85,30 +87,78 @@ impl AppState {
 /// Registers every route.
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .service(only(
-            entries::ENTRIES_PATH,
-            web::post().to(entries::create_entry),
-        ))
-        .service(only("/v1/entries/{id}", web::get().to(entries::get_entry)))
-        .service(only(
-            "/v1/idempotency-keys/{key}",
-            web::get().to(keys::get_key),
-        ))
         .service(
-            only("/healthz", web::get().to(health::healthz)).route(web::head().to(health::healthz)),
+            Methods::on(entries::ENTRIES_PATH)
+                .post(entries::create_entry)
+                .finish(),
         )
         .service(
-            only("/readyz", web::get().to(health::readyz)).route(web::head().to(health::readyz)),
+            Methods::on("/v1/entries/{id}")
+                .get(entries::get_entry)
+                .finish(),
         )
-        .service(only("/metrics", web::get().to(observe::metrics)))
-        .service(only("/openapi.json", web::get().to(openapi::openapi_json)));
+        .service(
+            Methods::on("/v1/idempotency-keys/{key}")
+                .get(keys::get_key)
+                .finish(),
+        )
+        .service(Methods::on("/healthz").get(health::healthz).finish())
+        .service(Methods::on("/readyz").get(health::readyz).finish())
+        .service(Methods::on("/metrics").get(observe::metrics).finish())
+        .service(
+            Methods::on("/openapi.json")
+                .get(openapi::openapi_json)
+                .finish(),
+        );
 }
 
-/// A resource with one route; any other method gets a `method-not-allowed` problem.
-fn only(path: &str, route: actix_web::Route) -> actix_web::Resource {
-    web::resource(path)
-        .route(route)
-        .default_service(web::to(method_not_allowed))
+/// A resource and the methods it answers: every GET route answers HEAD too (RFC 9110), and any
+/// other method gets a `method-not-allowed` problem with an `Allow` header listing them.
+struct Methods {
+    resource: actix_web::Resource,
+    allow: Vec<&'static str>,
+}
+
+impl Methods {
+    fn on(path: &str) -> Self {
+        Self {
+            resource: web::resource(path),
+            allow: Vec::new(),
+        }
+    }
+
+    fn get<F, Args>(mut self, handler: F) -> Self
+    where
+        F: actix_web::Handler<Args> + Clone,
+        Args: actix_web::FromRequest + 'static,
+        F::Output: actix_web::Responder + 'static,
+    {
+        self.resource = self
+            .resource
+            .route(web::get().to(handler.clone()))
+            .route(web::head().to(handler));
+        self.allow.extend(["GET", "HEAD"]);
+        self
+    }
+
+    fn post<F, Args>(mut self, handler: F) -> Self
+    where
+        F: actix_web::Handler<Args>,
+        Args: actix_web::FromRequest + 'static,
+        F::Output: actix_web::Responder + 'static,
+    {
+        self.resource = self.resource.route(web::post().to(handler));
+        self.allow.push("POST");
+        self
+    }
+
+    fn finish(self) -> actix_web::Resource {
+        let allow = self.allow.join(", ");
+        self.resource
+            .default_service(web::to(move |request: HttpRequest| {
+                method_not_allowed(request, allow.clone())
+            }))
+    }
 }
 
 pub async fn not_found(request: HttpRequest) -> Result<HttpResponse, ApiError> {
@@ -119,12 +169,15 @@ pub async fn not_found(request: HttpRequest) -> Result<HttpResponse, ApiError> {
     )))
 }
 
-async fn method_not_allowed(request: HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(ApiError::MethodNotAllowed(format!(
-        "{} is not allowed on {}",
-        request.method(),
-        request.path()
-    )))
+async fn method_not_allowed(request: HttpRequest, allow: String) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed {
+        detail: format!(
+            "{} is not allowed on {}; allowed: {allow}",
+            request.method(),
+            request.path()
+        ),
+        allow,
+    })
 }
 
 pub type SharedState = web::Data<Arc<AppState>>;

@@ -167,14 +167,18 @@ fn record(route: &str, outcome: Outcome, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// `GET /metrics`: Prometheus text. The outbox gauges come from the database, refreshed in the
-/// background ([`spawn_outbox_gauges`]), so that scrapes cost no query.
+/// Prometheus text exposition. The outbox gauges are refreshed in the background every few
+/// seconds, so a scrape costs the database nothing.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub async fn metrics(state: SharedState) -> HttpResponse {
-    let pool_state = state.db.state();
-    metrics::gauge!(telemetry::POOL_CONNECTIONS).set(pool_state.connections as f64);
-    metrics::gauge!(telemetry::POOL_IDLE).set(pool_state.idle_connections as f64);
-    metrics::gauge!(telemetry::POOL_MAX).set(f64::from(state.pool_size));
+    for (pool, db) in [("writes", &state.writes), ("reads", &state.db)] {
+        let pool_state = db.state();
+        metrics::gauge!(telemetry::POOL_CONNECTIONS, "pool" => pool)
+            .set(pool_state.connections as f64);
+        metrics::gauge!(telemetry::POOL_IDLE, "pool" => pool)
+            .set(pool_state.idle_connections as f64);
+        metrics::gauge!(telemetry::POOL_MAX, "pool" => pool).set(f64::from(db.max_size()));
+    }
     metrics::gauge!(telemetry::BROKER_CONNECTED).set(if state.broker.is_connected() {
         1.0
     } else {

@@ -3,11 +3,16 @@
 use actix_web::HttpResponse;
 use serde::Serialize;
 use serde_json::{Map, Value};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::response::{Response, ResponseBuilder};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::entry::{EntryView, FieldError};
-use crate::http::{entries, health, keys, observe};
+use crate::http::{entries, health, keys, observe, SharedState};
+use crate::idempotency::key::{KEY_PATTERN, MAX_KEY_LEN};
 
 /// Body of `POST /v1/entries`. Unknown fields are refused.
 #[derive(Serialize, ToSchema)]
@@ -85,7 +90,7 @@ pub struct Problem {
         openapi_json,
     ),
     components(schemas(NewEntryRequest, EntryView, FieldError, Problem, ProblemType, keys::KeyView, keys::EventView, health::Readiness)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &MethodsAndKeys),
     tags(
         (name = "entries", description = "Idempotent writes and their results"),
         (name = "operations", description = "Probes, metrics and this description"),
@@ -112,13 +117,109 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The OpenAPI 3.1 description of every route.
+/// What the routes share and the handlers' annotations do not say, added to every path: `HEAD`
+/// wherever `GET` is (the same answer without its body), the 405 problem with its `Allow`
+/// header on every operation, and the `Idempotency-Key` rule on the header and the `{key}` path
+/// parameter.
+struct MethodsAndKeys;
+
+impl Modify for MethodsAndKeys {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            if let Some(get) = &item.get {
+                let mut head = get.clone();
+                head.operation_id = head.operation_id.map(|id| format!("{id}_head"));
+                head.summary = head
+                    .summary
+                    .map(|summary| format!("{summary} (headers only)"));
+                for response in head.responses.responses.values_mut() {
+                    if let RefOr::T(response) = response {
+                        response.content.clear();
+                    }
+                }
+                item.head = Some(head);
+            }
+            let methods = [
+                ("GET", item.get.is_some()),
+                ("HEAD", item.head.is_some()),
+                ("POST", item.post.is_some()),
+            ];
+            let allow: Vec<&str> = methods
+                .iter()
+                .filter(|(_, present)| *present)
+                .map(|(method, _)| *method)
+                .collect();
+            let not_allowed = method_not_allowed(&allow.join(", "));
+            for operation in [&mut item.get, &mut item.head, &mut item.post]
+                .into_iter()
+                .flatten()
+            {
+                operation
+                    .responses
+                    .responses
+                    .insert("405".into(), RefOr::T(not_allowed.clone()));
+                for parameter in operation.parameters.iter_mut().flatten() {
+                    if parameter.name == "Idempotency-Key" || parameter.name == "key" {
+                        parameter.schema = Some(idempotency_key_schema());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn method_not_allowed(allow: &str) -> Response {
+    ResponseBuilder::new()
+        .description(format!(
+            "The method is not one of this path's (`method-not-allowed`); `Allow` lists them: {allow}"
+        ))
+        .header(
+            "Allow",
+            HeaderBuilder::new()
+                .schema(ObjectBuilder::new().schema_type(Type::String))
+                .description(Some(format!("`{allow}`")))
+                .build(),
+        )
+        .content(
+            "application/problem+json",
+            Content::new(Some(Ref::from_schema_name("Problem"))),
+        )
+        .build()
+}
+
+fn idempotency_key_schema() -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(MAX_KEY_LEN))
+        .pattern(Some(KEY_PATTERN))
+        .description(Some(
+            "1 to 255 visible ASCII characters (0x21 to 0x7E). In the header, a structured-field string (\"abc\") is unquoted first; parameters after it (\"abc\";p=1) are refused.",
+        ))
+        .into()
+}
+
+/// The OpenAPI 3.1 description of every route. Bearer authentication is marked optional when
+/// no clients are configured (every request is then the anonymous client).
 #[utoipa::path(
     get,
     path = "/openapi.json",
     tag = "operations",
     responses((status = 200, description = "This description", content_type = "application/json", body = Object)),
 )]
-pub async fn openapi_json() -> HttpResponse {
-    HttpResponse::Ok().json(ApiDoc::openapi())
+pub async fn openapi_json(state: SharedState) -> HttpResponse {
+    let mut openapi = ApiDoc::openapi();
+    if state.auth.is_anonymous() {
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [&mut item.get, &mut item.head, &mut item.post]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(security) = operation.security.as_mut() {
+                    security.push(SecurityRequirement::default());
+                }
+            }
+        }
+    }
+    HttpResponse::Ok().json(openapi)
 }

@@ -41,10 +41,19 @@ pub enum ApiError {
     RequestInProgress,
     #[error("storage unavailable: {0}")]
     StorageUnavailable(String),
+    /// Load shed before anything was sent to the database (pending writes over their bound,
+    /// too many large bodies being decoded): answered as `storage-unavailable`, with its own
+    /// detail, since nothing was written.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     #[error("{0}")]
     NotFound(String),
-    #[error("{0}")]
-    MethodNotAllowed(String),
+    #[error("{detail}")]
+    MethodNotAllowed {
+        detail: String,
+        /// The methods the resource answers, for the `Allow` header.
+        allow: String,
+    },
     #[error("internal error: {0:#}")]
     Internal(anyhow::Error),
 }
@@ -82,9 +91,11 @@ impl ApiError {
                 ("idempotency-key-reused", "Idempotency-Key reused")
             }
             ApiError::RequestInProgress => ("request-in-progress", "Request in progress"),
-            ApiError::StorageUnavailable(_) => ("storage-unavailable", "Storage unavailable"),
+            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) => {
+                ("storage-unavailable", "Storage unavailable")
+            }
             ApiError::NotFound(_) => ("not-found", "Not found"),
-            ApiError::MethodNotAllowed(_) => ("method-not-allowed", "Method not allowed"),
+            ApiError::MethodNotAllowed { .. } => ("method-not-allowed", "Method not allowed"),
             ApiError::Internal(_) => ("internal-error", "Internal server error"),
         }
     }
@@ -94,7 +105,7 @@ impl ApiError {
             ApiError::Unauthorized => Outcome::Unauthorized,
             ApiError::IdempotencyKeyReused { .. } => Outcome::Conflict,
             ApiError::RequestInProgress => Outcome::InProgress,
-            ApiError::StorageUnavailable(_) => Outcome::Unavailable,
+            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) => Outcome::Unavailable,
             ApiError::NotFound(_) => Outcome::NotFound,
             ApiError::Internal(_) => Outcome::Error,
             ApiError::MissingIdempotencyKey
@@ -104,7 +115,7 @@ impl ApiError {
             | ApiError::RequestTimeout(_)
             | ApiError::MalformedJson(_)
             | ApiError::InvalidRequest(_)
-            | ApiError::MethodNotAllowed(_) => Outcome::Invalid,
+            | ApiError::MethodNotAllowed { .. } => Outcome::Invalid,
         }
     }
 
@@ -122,6 +133,9 @@ impl ApiError {
             ApiError::RequestInProgress => {
                 "a request with this Idempotency-Key is still being processed; retry after the time in Retry-After".into()
             }
+            ApiError::Overloaded(reason) => format!(
+                "{reason}; nothing was written for this request: retry it with the same Idempotency-Key after the time in Retry-After"
+            ),
             ApiError::Internal(_) => "an unexpected error occurred; it has been logged".into(),
             other => other.to_string(),
         }
@@ -164,9 +178,11 @@ impl ResponseError for ApiError {
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::IdempotencyKeyReused { status } => *status,
             ApiError::RequestInProgress => StatusCode::CONFLICT,
-            ApiError::StorageUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -181,6 +197,7 @@ impl ResponseError for ApiError {
             ApiError::StorageUnavailable(reason) => {
                 tracing::warn!(reason = %reason, "storage unavailable")
             }
+            ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
             _ => {}
         }
         let (slug, title) = self.slug_and_title();
@@ -199,12 +216,17 @@ impl ResponseError for ApiError {
         response.content_type("application/problem+json");
         if matches!(
             self,
-            ApiError::StorageUnavailable(_) | ApiError::RequestInProgress
+            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) | ApiError::RequestInProgress
         ) {
             response.insert_header((header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS)));
         }
         if matches!(self, ApiError::Unauthorized) {
             response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+        }
+        if let ApiError::MethodNotAllowed { allow, .. } = self {
+            if let Ok(allow) = HeaderValue::from_str(allow) {
+                response.insert_header((header::ALLOW, allow));
+            }
         }
         let mut response = response.json(problem);
         response.extensions_mut().insert(outcome);

@@ -5,6 +5,9 @@ use std::fmt;
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 255;
 
+/// What a key is, as a regular expression (for the OpenAPI description): visible ASCII only.
+pub const KEY_PATTERN: &str = "^[!-~]{1,255}$";
+
 /// A validated idempotency key: 1 to 255 visible ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IdempotencyKey(String);

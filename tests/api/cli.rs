@@ -152,6 +152,44 @@ fn check_config_accepts_the_shipped_config_and_names_bad_keys() {
         stderr(&output)
     );
 
+    // Malformed variable names are not silently ignored.
+    for name in [
+        "RETRYSAFE_HTTP_LISTEN",
+        "RETRYSAFE_HTTP____LISTEN",
+        "RETRYSAFE_HTTP__LISTEN__",
+        "RETRYSAFE___LISTEN",
+    ] {
+        let output = retrysafe(&["check-config"], &[(name, "0.0.0.0:1")]);
+        assert!(output.status.success(), "{name}: {}", stderr(&output));
+        assert!(
+            stderr(&output).contains(&format!("warning: {name} is ignored")),
+            "{name}: {}",
+            stderr(&output)
+        );
+    }
+    // Values past what the daemon or its dependencies can take are refused up front.
+    for (name, value, key) in [
+        (
+            "RETRYSAFE_DATABASE__STATEMENT_TIMEOUT",
+            "30d",
+            "database.statement_timeout",
+        ),
+        (
+            "RETRYSAFE_IDEMPOTENCY__SHARDS",
+            "100000000",
+            "idempotency.shards",
+        ),
+        ("RETRYSAFE_HTTP__HEAD_TIMEOUT", "0s", "http.head_timeout"),
+    ] {
+        let output = retrysafe(&["check-config"], &[(name, value)]);
+        assert_eq!(output.status.code(), Some(1), "{name}={value}");
+        assert!(
+            stderr(&output).contains(key),
+            "{name}={value}: {}",
+            stderr(&output)
+        );
+    }
+
     let output = retrysafe(
         &["check-config", "--config", "/nonexistent/retrysafe.toml"],
         &[],

@@ -186,12 +186,71 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         "request-in-progress",
         "storage-unavailable",
         "not-found",
+        "method-not-allowed",
+        "request-timeout",
+        "internal-error",
     ] {
         assert!(
             text.contains(&format!("/problems/{slug}")),
             "{slug} is not described"
         );
     }
+    // Every GET has its HEAD, every operation its 405 with Allow.
+    for (path, item) in document["paths"].as_object().unwrap() {
+        let item = item.as_object().unwrap();
+        assert_eq!(
+            item.contains_key("get"),
+            item.contains_key("head"),
+            "{path}: GET and HEAD go together"
+        );
+        for (method, operation) in item {
+            let not_allowed = &operation["responses"]["405"];
+            assert!(
+                not_allowed["headers"]["Allow"].is_object(),
+                "{method} {path} documents no 405 with Allow"
+            );
+        }
+    }
+    // The key's rule, on the header and on the path parameter.
+    let parameters = document["paths"]["/v1/entries"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(
+            document["paths"]["/v1/idempotency-keys/{key}"]["get"]["parameters"]
+                .as_array()
+                .unwrap(),
+        )
+        .filter(|parameter| parameter["name"] == "Idempotency-Key" || parameter["name"] == "key")
+        .collect::<Vec<_>>();
+    assert_eq!(parameters.len(), 2);
+    for parameter in parameters {
+        assert_eq!(parameter["schema"]["minLength"], 1, "{parameter}");
+        assert_eq!(parameter["schema"]["maxLength"], 255, "{parameter}");
+        assert_eq!(
+            parameter["schema"]["pattern"], "^[!-~]{1,255}$",
+            "{parameter}"
+        );
+    }
+    // No clients configured: bearer authentication is optional.
+    let security = document["paths"]["/v1/entries"]["post"]["security"]
+        .as_array()
+        .unwrap();
+    assert!(security.contains(&serde_json::json!({})), "{security:?}");
+    assert!(!text.contains("spawn_outbox_gauges"), "no rustdoc links");
+}
+
+#[actix_web::test]
+async fn openapi_json_requires_bearer_authentication_when_clients_are_configured() {
+    let app = spawn_app_with(|settings| {
+        settings.auth.clients = vec![crate::common::helpers::client("c", "t")];
+    })
+    .await;
+    let document = app.get("/openapi.json", None).await.json();
+    let security = document["paths"]["/v1/entries"]["post"]["security"]
+        .as_array()
+        .unwrap();
+    assert_eq!(security, &vec![serde_json::json!({"bearer": []})]);
 }
 
 /// Reads one sample's value from Prometheus text (0 when absent).
@@ -286,8 +345,19 @@ async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
             r#"retrysafe_http_request_duration_seconds_count{route="/v1/entries"}"#
         ) >= 4.0
     );
-    assert_eq!(sample(&after, "retrysafe_db_pool_max_connections"), 16.0);
-    assert!(sample(&after, "retrysafe_db_pool_connections") >= 1.0);
+    // database.pool_size = 16: a quarter for reads, the rest for writes.
+    assert_eq!(
+        sample(
+            &after,
+            r#"retrysafe_db_pool_max_connections{pool="writes"}"#
+        ),
+        12.0
+    );
+    assert_eq!(
+        sample(&after, r#"retrysafe_db_pool_max_connections{pool="reads"}"#),
+        4.0
+    );
+    assert!(sample(&after, r#"retrysafe_db_pool_connections{pool="writes"}"#) >= 1.0);
     assert!(after.contains("retrysafe_outbox_unsent_events"), "{after}");
     assert!(
         sample(

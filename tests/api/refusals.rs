@@ -231,9 +231,18 @@ async fn unknown_routes_and_methods_are_problems() {
     app.get("/v1/nothing-here", None)
         .await
         .assert_problem(404, "not-found");
-    app.get("/v1/entries", None)
-        .await
-        .assert_problem(405, "method-not-allowed");
+    let not_allowed = app.get("/v1/entries", None).await;
+    not_allowed.assert_problem(405, "method-not-allowed");
+    assert_eq!(not_allowed.header("allow").as_deref(), Some("POST"));
+    let delete = app
+        .send(
+            app.http
+                .delete(format!("{}/v1/idempotency-keys/k", app.address)),
+            Vec::new(),
+        )
+        .await;
+    delete.assert_problem(405, "method-not-allowed");
+    assert_eq!(delete.header("allow").as_deref(), Some("GET, HEAD"));
     app.get("/v1/entries/not-a-uuid", None)
         .await
         .assert_problem(404, "not-found");
@@ -286,12 +295,29 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
 }
 
 #[actix_web::test]
-async fn probes_answer_head_requests() {
+async fn every_get_route_answers_head_with_the_same_status_and_no_body() {
     let app = spawn_app().await;
-    for path in ["/healthz", "/readyz"] {
-        let response = app
+    let created = app.post_entry("head-key", &entry_body(1)).await;
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    for path in [
+        "/healthz".to_owned(),
+        "/readyz".to_owned(),
+        "/metrics".to_owned(),
+        "/openapi.json".to_owned(),
+        format!("/v1/entries/{id}"),
+        "/v1/idempotency-keys/head-key".to_owned(),
+        "/v1/idempotency-keys/no-such-key".to_owned(),
+    ] {
+        let get = app.get(&path, None).await;
+        let head = app
             .send(app.http.head(format!("{}{path}", app.address)), Vec::new())
             .await;
-        assert_eq!(response.status, 200, "HEAD {path}");
+        assert_eq!(head.status, get.status, "HEAD {path}");
+        assert!(head.body.is_empty(), "HEAD {path} has no body");
+        assert_eq!(
+            head.header("content-type"),
+            get.header("content-type"),
+            "HEAD {path}"
+        );
     }
 }

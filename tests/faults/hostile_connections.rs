@@ -18,6 +18,10 @@ const HANG_GUARD: Duration = Duration::from_secs(30);
 
 /// The daemon comes last so that it is dropped (killed) first, before its database goes.
 async fn start_daemon() -> (TestDatabase, TestExchange, Daemon) {
+    start_daemon_with(&[]).await
+}
+
+async fn start_daemon_with(env: &[(&str, String)]) -> (TestDatabase, TestExchange, Daemon) {
     let settings = test_settings();
     let database = TestDatabase {
         name: database_name(&settings.database.url),
@@ -25,11 +29,10 @@ async fn start_daemon() -> (TestDatabase, TestExchange, Daemon) {
     let exchange = TestExchange {
         name: settings.amqp.exchange.clone(),
     };
-    let daemon = Daemon::start(&[
-        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-    ])
-    .await;
+    let mut env = env.to_vec();
+    env.push(("RETRYSAFE_DATABASE__URL", settings.database.url.clone()));
+    env.push(("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()));
+    let daemon = Daemon::start(&env).await;
     (database, exchange, daemon)
 }
 
@@ -250,5 +253,160 @@ async fn slowloris_and_an_idle_flood_do_not_stop_normal_requests() {
         daemon.child.try_wait().unwrap().is_none(),
         "the daemon survived: {}",
         daemon.log_text()
+    );
+}
+
+/// The value of the counter `name` with `labels` in a Prometheus text exposition, 0 if absent.
+fn counter(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}{{{labels}}} ")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[actix_web::test]
+async fn requests_refused_before_routing_are_counted_and_logged_as_the_clients_fault() {
+    let (_database, _exchange, daemon) = start_daemon_with(&[
+        // A request head must arrive within this (actix's client_request_timeout).
+        ("RETRYSAFE_HTTP__HEAD_TIMEOUT", "1s".into()),
+    ])
+    .await;
+    let address = host_port(&daemon);
+    // A NUL byte in a header value, and a header line without a colon.
+    for head in [
+        request_head("X-Bad: a\0b\r\n"),
+        request_head("bad header y\r\n"),
+    ] {
+        assert_eq!(raw_exchange(&address, &head).await, Some(400));
+    }
+    // A head that never ends.
+    let mut slow = TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"POST /v1/entries HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(HANG_GUARD, slow.read_to_end(&mut answer))
+        .await
+        .expect("the daemon answers a slow head")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    let metrics = http_client(HANG_GUARD)
+        .get(format!("{}/metrics", daemon.address))
+        .send()
+        .await
+        .unwrap()
+        .body()
+        .limit(1 << 22)
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    let name = "retrysafe_http_protocol_errors_total";
+    assert_eq!(counter(&metrics, name, "status=\"400\""), 2.0, "{metrics}");
+    assert_eq!(counter(&metrics, name, "status=\"408\""), 1.0, "{metrics}");
+    let log = daemon.log_text();
+    assert!(
+        log.lines()
+            .filter(|line| line.contains("refused a request before routing"))
+            .all(|line| line.contains("WARN")),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("refused a request before routing").count(),
+        3,
+        "{log}"
+    );
+    assert!(
+        !log.lines().any(|line| line.contains("ERROR")),
+        "a client's malformed request is not an operator's error: {log}"
+    );
+}
+
+#[actix_web::test]
+async fn a_flood_of_large_costly_bodies_does_not_keep_small_writes_from_being_answered() {
+    let (_database, _exchange, daemon) = start_daemon().await;
+    // 64 KiB of nested empty arrays: cheap to send, costly to parse, hash and canonicalize.
+    let costly = format!(
+        r#"{{"kind":"flood","data":{{"x":[{}]}}}}"#,
+        vec!["[[[[[[[[[[]]]]]]]]]]"; 3000].join(",")
+    );
+    assert!(costly.len() > 60_000);
+    let flooding = Rc::new(Cell::new(true));
+    let sent = Rc::new(Cell::new(0usize));
+    let flood = futures_util::future::join_all((0..32).map(|client| {
+        let (flooding, sent, costly, address) = (
+            flooding.clone(),
+            sent.clone(),
+            costly.clone(),
+            daemon.address.clone(),
+        );
+        async move {
+            let http = http_client(HANG_GUARD);
+            let mut n = 0;
+            while flooding.get() {
+                // Its answer does not matter (201, or 503 when decoding turns run out); that the
+                // daemon answers does.
+                let _ = post_raw(
+                    &http,
+                    &address,
+                    &format!("flood-{client}-{n}"),
+                    &costly,
+                    HANG_GUARD,
+                )
+                .await
+                .expect("a flooded daemon still answers");
+                sent.set(sent.get() + 1);
+                n += 1;
+            }
+        }
+    }));
+    let small = async {
+        let http = http_client(HANG_GUARD);
+        let mut statuses = Vec::new();
+        for n in 0..20 {
+            let reply = post_raw(
+                &http,
+                &daemon.address,
+                &format!("small-{n}"),
+                &entry_body(n).to_string(),
+                HANG_GUARD,
+            )
+            .await
+            .expect("a small write is answered during the flood");
+            statuses.push(reply.status);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        flooding.set(false);
+        statuses
+    };
+    let (_, statuses) = tokio::join!(flood, small);
+    assert!(
+        statuses.iter().all(|status| *status == 201),
+        "small writes during the flood: {statuses:?}"
+    );
+    assert!(sent.get() > 32, "the flood ran: {} bodies", sent.get());
+    let metrics = http_client(HANG_GUARD)
+        .get(format!("{}/metrics", daemon.address))
+        .send()
+        .await
+        .unwrap()
+        .body()
+        .limit(1 << 22)
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert_eq!(
+        counter(
+            &metrics,
+            "retrysafe_http_protocol_errors_total",
+            "status=\"408\""
+        ),
+        0.0,
+        "no request head timed out: {metrics}"
     );
 }

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bounds;
 mod broker_faults;
 mod crash_under_load;
 mod database_faults;

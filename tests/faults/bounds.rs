@@ -1,0 +1,264 @@
+//! Every resource a client or a slow database can hold is bounded: probe floods, read floods,
+//! writes queued behind a stalled database (in bytes and in time), and batches too large for
+//! the statement timeout.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::common::helpers::{client, entry_body, insert_backlog, spawn_app_with, TestApp};
+use crate::support::{count, http_client, post_raw, LockHolder, Reply};
+
+use retrysafe::config::ConfigDuration;
+
+const REQUEST_LIMIT: Duration = Duration::from_secs(60);
+
+async fn post(app: &TestApp, key: &str, body: &str) -> Reply {
+    post_raw(
+        &http_client(REQUEST_LIMIT),
+        &app.address,
+        key,
+        body,
+        REQUEST_LIMIT,
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{key}: {error}"))
+}
+
+/// Transactions committed in the test's database so far, as PostgreSQL's statistics count them
+/// (every query the daemon runs outside a transaction block is one).
+async fn commits(app: &TestApp) -> i64 {
+    app.db
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    count(
+        &app.db,
+        &format!(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = '{}'",
+            app.database.name
+        ),
+    )
+    .await
+}
+
+#[actix_web::test]
+async fn a_flood_of_readiness_probes_costs_the_database_one_query_a_second_and_no_write_fails() {
+    let app = spawn_app_with(|_| {}).await;
+    // A large backlog: a probe that counted it would cost a scan each time.
+    insert_backlog(&app.db, 20_000).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = commits(&app).await;
+    let probing = std::rc::Rc::new(std::cell::Cell::new(true));
+    let probes = join_all((0..200).map(|_| {
+        let (probing, app) = (probing.clone(), &app);
+        async move {
+            let mut answered = 0;
+            while probing.get() {
+                let ready = app.get("/readyz", None).await;
+                assert!(matches!(ready.status, 200 | 503));
+                answered += 1;
+            }
+            answered
+        }
+    }));
+    let writes = async {
+        let mut statuses = Vec::new();
+        for n in 0..20 {
+            statuses.push(
+                post(
+                    &app,
+                    &format!("during-probes-{n}"),
+                    &entry_body(n).to_string(),
+                )
+                .await
+                .status,
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        probing.set(false);
+        statuses
+    };
+    let (answered, statuses) = tokio::join!(probes, writes);
+    let answered: usize = answered.iter().sum();
+    assert!(statuses.iter().all(|status| *status == 201), "{statuses:?}");
+    // Let the backends report their statistics.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let queries = commits(&app).await - before;
+    eprintln!("{answered} probes answered with {queries} transactions in the database, 20 writes included");
+    assert!(answered > 200, "the probes ran: {answered}");
+    // About one readiness check a second, the gauges every 5 s, and the 20 writes: far fewer
+    // than one per probe.
+    assert!(
+        queries < 150,
+        "{queries} transactions for {answered} probes and 20 writes"
+    );
+}
+
+#[actix_web::test]
+async fn a_flood_of_reads_cannot_take_the_connections_writes_need() {
+    let app = spawn_app_with(|settings| {
+        settings.auth.clients = vec![
+            client("reader", "reader-token"),
+            client("writer", "writer-token"),
+        ];
+    })
+    .await;
+    let created = app
+        .post_entry_as(Some("reader-token"), "read-me", &entry_body(0))
+        .await;
+    assert_eq!(created.status, 201);
+    let reading = std::rc::Rc::new(std::cell::Cell::new(true));
+    let reads = join_all((0..100).map(|_| {
+        let (reading, app) = (reading.clone(), &app);
+        async move {
+            while reading.get() {
+                let read = app
+                    .get("/v1/idempotency-keys/read-me", Some("reader-token"))
+                    .await;
+                assert!(matches!(read.status, 200 | 503), "{}", read.status);
+            }
+        }
+    }));
+    let pool_size = app.settings.database.pool_size as i64;
+    let writes = async {
+        let mut statuses = Vec::new();
+        let mut most_read_connections = 0;
+        for n in 0..30 {
+            let response = app
+                .post_entry_as(Some("writer-token"), &format!("write-{n}"), &entry_body(n))
+                .await;
+            statuses.push(response.status);
+            let read_connections = count(
+                &app.db,
+                &format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND application_name = 'retrysafe (reads)'",
+                    app.database.name
+                ),
+            )
+            .await;
+            most_read_connections = most_read_connections.max(read_connections);
+        }
+        reading.set(false);
+        (statuses, most_read_connections)
+    };
+    let (_, (statuses, most_read_connections)) = tokio::join!(reads, writes);
+    assert!(
+        statuses.iter().all(|status| *status == 201),
+        "writes failed under a flood of reads: {statuses:?}"
+    );
+    assert!(
+        most_read_connections >= 1 && most_read_connections <= (pool_size / 4).max(1),
+        "reads held {most_read_connections} connections of {pool_size}"
+    );
+}
+
+#[actix_web::test]
+async fn writes_queued_behind_a_stalled_database_are_bounded_in_bytes_and_answered_in_time() {
+    let app = spawn_app_with(|settings| {
+        settings.database.max_pending_bytes = 1024 * 1024;
+        settings.idempotency.wait_timeout = ConfigDuration(Duration::from_secs(1));
+        // The server would give up on the lock only after this: the daemon's own bound is what
+        // answers the clients.
+        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(30));
+    })
+    .await;
+    let body = |n: usize| {
+        serde_json::json!({"kind": "bulk", "data": {"n": n, "pad": "x".repeat(60 * 1024)}})
+            .to_string()
+    };
+    let stall = LockHolder::take(
+        &app.database.name,
+        "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let stalled_at = std::time::Instant::now();
+    let answers = join_all((0..40).map(|n| {
+        let (app, body) = (&app, body(n));
+        async move { (n, post(app, &format!("bulk-{n}"), &body).await) }
+    }))
+    .await;
+    let answered_while_stalled = stalled_at.elapsed();
+    let pending_bytes_metric = app.get("/metrics", None).await;
+    stall.release().await;
+
+    // Every one was answered while the database was still stalled: none waited for it.
+    assert!(
+        answered_while_stalled < Duration::from_secs(30),
+        "answers took {answered_while_stalled:?}"
+    );
+    let mut shed = 0;
+    for (n, answer) in &answers {
+        assert!(
+            answer.is_storage_unavailable(),
+            "bulk-{n}: {}",
+            answer.describe()
+        );
+        if answer.json()["detail"]
+            .as_str()
+            .is_some_and(|detail| detail.contains("pending"))
+        {
+            shed += 1;
+        }
+    }
+    assert!(
+        shed > 0,
+        "with 40 writes of 60 KiB and a 1 MiB bound, some must be refused at once"
+    );
+    let metrics = String::from_utf8_lossy(&pending_bytes_metric.body).into_owned();
+    let pending: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("retrysafe_pending_write_bytes "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("the pending bytes gauge is exported");
+    assert!(pending <= 1024.0 * 1024.0, "{pending} bytes pending");
+
+    // The 503s said "retry with the same key": every key retried gets exactly one entry.
+    for (n, _) in &answers {
+        let key = format!("bulk-{n}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = post(&app, &key, &body(*n)).await;
+            if answer.status == 201 {
+                break;
+            }
+            assert!(
+                answer.is_storage_unavailable(),
+                "{key}: {}",
+                answer.describe()
+            );
+            assert!(std::time::Instant::now() < deadline, "{key} never written");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(app.row_counts().await, (40, 40, 40));
+}
+
+#[actix_web::test]
+async fn a_batch_cancelled_by_the_statement_timeout_is_committed_in_smaller_parts() {
+    let app = spawn_app_with(|settings| {
+        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(1));
+        settings.idempotency.wait_timeout = ConfigDuration(Duration::from_secs(60));
+        settings.database.writers = 1;
+    })
+    .await;
+    // Every entry takes 100 ms to insert: a batch of more than about 9 runs past the timeout.
+    app.db
+        .batch_execute(
+            "CREATE FUNCTION slow_entry() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(0.1); RETURN NEW; END $$;
+             CREATE TRIGGER slow_entry BEFORE INSERT ON entries
+                 FOR EACH ROW EXECUTE FUNCTION slow_entry();",
+        )
+        .await
+        .unwrap();
+    let answers = join_all((0..30).map(|n| {
+        let app = &app;
+        async move { post(app, &format!("slow-{n}"), &entry_body(n).to_string()).await }
+    }))
+    .await;
+    for answer in &answers {
+        assert_eq!(answer.status, 201, "{}", answer.describe());
+    }
+    assert_eq!(app.row_counts().await, (30, 30, 30));
+}
