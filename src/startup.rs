@@ -14,6 +14,7 @@ use crate::http::{self, AppState};
 use crate::janitor::Janitor;
 use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::shard::{KeyShard, ShardHandle};
+use crate::tls::server::ServerCertificate;
 use crate::writer::{CommitHook, Writer, WriterConfig};
 
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
@@ -23,6 +24,8 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub struct Application {
     port: u16,
     server: Server,
+    /// The HTTPS listener's certificate, which SIGHUP reloads; `None` for plain HTTP.
+    certificate: Option<Arc<ServerCertificate>>,
     broker: Arc<Broker>,
     settings: Settings,
     /// Tells relays to stop after their current batch.
@@ -39,6 +42,14 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
         crate::telemetry::spawn_metrics_upkeep();
+        // Read before anything else: a certificate that cannot be used stops the start at once.
+        let certificate = match settings.http.tls_files() {
+            Some((certificate_file, key_file)) => Some(
+                ServerCertificate::load(certificate_file, key_file)
+                    .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?,
+            ),
+            None => None,
+        };
         db::migrate(&settings.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
@@ -131,13 +142,33 @@ impl Application {
         })
         .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
         // The process's signal handling (serve) stops the server; embedded, its owner does.
-        .disable_signals()
-        .listen(listener)?
+        .disable_signals();
+        let server = match &certificate {
+            Some(certificate) => {
+                server.listen_rustls_0_23(listener, certificate.server_config()?)?
+            }
+            None => server.listen(listener)?,
+        }
         .run();
-        tracing::info!(address = %settings.http.listen.ip(), port, "listening");
+        let scheme = if certificate.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
+        if certificate.is_none()
+            && !settings.auth.clients.is_empty()
+            && !settings.http.listen.ip().is_loopback()
+        {
+            tracing::warn!(
+                address = %settings.http.listen,
+                "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
+            );
+        }
         Ok(Self {
             port,
             server,
+            certificate,
             broker,
             settings,
             shutdown,
@@ -148,6 +179,11 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The HTTPS listener's certificate, to reload (SIGHUP); `None` for plain HTTP.
+    pub fn certificate(&self) -> Option<Arc<ServerCertificate>> {
+        self.certificate.clone()
     }
 
     /// A handle that stops the server gracefully.
