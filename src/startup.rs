@@ -156,10 +156,7 @@ impl Application {
             "http"
         };
         tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
-        if certificate.is_none()
-            && !settings.auth.clients.is_empty()
-            && !settings.http.listen.ip().is_loopback()
-        {
+        if tokens_travel_in_clear(&settings) {
             tracing::warn!(
                 address = %settings.http.listen,
                 "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
@@ -210,5 +207,35 @@ impl Application {
         self.broker.close().await;
         self.relay_arbiter.stop();
         served
+    }
+}
+
+/// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,
+/// the address is not loopback, and the listener is plain HTTP. (A TLS-terminating proxy in
+/// front may make this fine; the daemon cannot tell, so it only warns.)
+fn tokens_travel_in_clear(settings: &Settings) -> bool {
+    settings.http.tls_files().is_none()
+        && !settings.auth.clients.is_empty()
+        && !settings.http.listen.ip().is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClientSettings;
+
+    #[test]
+    fn tokens_travel_in_clear_only_to_a_plain_listener_off_loopback_with_clients() {
+        let mut settings = Settings::default();
+        settings.auth.clients = vec![ClientSettings {
+            id: "jobs".into(),
+            token_sha256: "0".repeat(64),
+        }];
+        assert!(!tokens_travel_in_clear(&settings), "loopback");
+        settings.http.listen = "10.1.2.3:8080".parse().unwrap();
+        assert!(tokens_travel_in_clear(&settings));
+        settings.http.tls_cert_file = Some("/etc/retrysafe/cert.pem".into());
+        settings.http.tls_key_file = Some("/etc/retrysafe/key.pem".into());
+        assert!(!tokens_travel_in_clear(&settings), "https");
     }
 }
