@@ -222,11 +222,13 @@ pub fn client_config(
         .with_safe_default_protocol_versions()
         .map_err(|error| TlsError::Config(error.to_string()))?;
     let verifier: Arc<dyn ServerCertVerifier> = match verification {
-        ServerVerification::None => Arc::new(AcceptAnyCertificate {
+        ServerVerification::None => Arc::new(WithoutNameCheck {
+            chain: None,
             algorithms: provider.signature_verification_algorithms,
         }),
-        ServerVerification::Chain(roots) => Arc::new(ChainOnly {
-            inner: webpki_verifier(roots, &provider)?,
+        ServerVerification::Chain(roots) => Arc::new(WithoutNameCheck {
+            chain: Some(webpki_verifier(roots, &provider)?),
+            algorithms: provider.signature_verification_algorithms,
         }),
         ServerVerification::ChainAndName(roots) => webpki_verifier(roots, &provider)?,
     };
@@ -250,23 +252,35 @@ fn webpki_verifier(
         .map_err(|error| TlsError::Config(error.to_string()))
 }
 
-/// Accepts any certificate, but still checks that the server holds its key (the handshake's
-/// signatures), as libpq does in `sslmode=require`.
+/// The weaker checks of libpq's modes. With `chain`, the full check less the host name:
+/// webpki checks the chain and the dates first and the name last, so a name mismatch is
+/// reported only for a certificate whose chain is valid (`verify-ca`). Without it, any
+/// certificate (`require` without a root file, `prefer`). Either way the handshake's signatures
+/// are checked, so the server must hold the key of the certificate it shows.
 #[derive(Debug)]
-struct AcceptAnyCertificate {
+struct WithoutNameCheck {
+    chain: Option<Arc<WebPkiServerVerifier>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for AcceptAnyCertificate {
+impl ServerCertVerifier for WithoutNameCheck {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
     }
 
     fn verify_tls12_signature(
@@ -289,61 +303,6 @@ impl ServerCertVerifier for AcceptAnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()
-    }
-}
-
-/// The full check, less the host name: webpki checks the chain and the dates first and the name
-/// last, so a name mismatch is reported only for a certificate whose chain is valid.
-#[derive(Debug)]
-struct ChainOnly {
-    inner: Arc<WebPkiServerVerifier>,
-}
-
-impl ServerCertVerifier for ChainOnly {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        certificate: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner
-            .verify_tls12_signature(message, certificate, signature)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        certificate: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner
-            .verify_tls13_signature(message, certificate, signature)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
     }
 }
 

@@ -3,7 +3,7 @@
 //! no request; a broken rotation keeps the previous certificate.
 
 use std::cell::RefCell;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,7 +13,9 @@ use retrysafe::tls::{CertificateInfo, ServerVerification};
 use rustls_pki_types::{CertificateDer, ServerName};
 
 use crate::common::daemon::Daemon;
-use crate::common::helpers::{entry_body, pg_url, spawn_app_with, TestDatabase, TestExchange};
+use crate::common::helpers::{
+    entry_body, pg_url, spawn_app_with, TestApp, TestDatabase, TestExchange,
+};
 use crate::pki::{Issued, Request, TestCa, TestDir};
 
 /// An HTTP client that trusts only the certificates of `ca_file`.
@@ -67,17 +69,16 @@ fn port_of(address: &str) -> u16 {
     address.rsplit(':').next().unwrap().parse().unwrap()
 }
 
-#[actix_web::test]
-async fn only_a_client_that_verifies_the_certificate_gets_answers() {
+/// A daemon whose listener serves a certificate for 127.0.0.1 that the test CA issued as
+/// `request` says; with the directory of the files and the CA's file.
+async fn https_app(request: Request<'_>) -> (TestDir, PathBuf, TestApp) {
     let dir = TestDir::new("tls-https");
     let ca = TestCa::new("retrysafe test CA");
     let ca_file = ca.write(&dir, "ca.pem");
-    let other_ca_file = TestCa::new("another CA").write(&dir, "other-ca.pem");
     let (certificate, key) = ca
         .issue(Request {
             names: &["127.0.0.1"],
-            serial: 20,
-            ..Request::default()
+            ..request
         })
         .write(&dir, "server");
     let app = spawn_app_with(|settings| {
@@ -85,6 +86,17 @@ async fn only_a_client_that_verifies_the_certificate_gets_answers() {
         settings.http.tls_key_file = Some(key);
     })
     .await;
+    (dir, ca_file, app)
+}
+
+#[actix_web::test]
+async fn only_a_client_that_verifies_the_certificate_gets_answers() {
+    let (dir, ca_file, app) = https_app(Request {
+        serial: 20,
+        ..Request::default()
+    })
+    .await;
+    let other_ca_file = TestCa::new("another CA").write(&dir, "other-ca.pem");
     let port = port_of(&app.address);
     let https = format!("https://127.0.0.1:{port}");
 
@@ -115,20 +127,10 @@ async fn only_a_client_that_verifies_the_certificate_gets_answers() {
 
 #[actix_web::test]
 async fn an_expired_listener_certificate_is_refused_by_clients() {
-    let dir = TestDir::new("tls-https-expired");
-    let ca = TestCa::new("retrysafe test CA");
-    let ca_file = ca.write(&dir, "ca.pem");
-    let (certificate, key) = ca
-        .issue(Request {
-            names: &["127.0.0.1"],
-            serial: 21,
-            expired: true,
-            ..Request::default()
-        })
-        .write(&dir, "server");
-    let app = spawn_app_with(|settings| {
-        settings.http.tls_cert_file = Some(certificate);
-        settings.http.tls_key_file = Some(key);
+    let (_dir, ca_file, app) = https_app(Request {
+        serial: 21,
+        expired: true,
+        ..Request::default()
     })
     .await;
     let https = format!("https://127.0.0.1:{}", port_of(&app.address));

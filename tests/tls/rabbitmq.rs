@@ -4,11 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
 use retrysafe::config::{AmqpSettings, UrlList};
 
+use crate::common::consumer::TestConsumer;
 use crate::common::daemon::Daemon;
 use crate::common::helpers::{entry_body, pg_url, TestDatabase};
 use crate::lab::Lab;
@@ -90,44 +88,7 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
         "amqp://guest:guest@127.0.0.1:{}/%2f",
         lab.var("HA_AMQP_PORT1")
     );
-    let consumer_connection =
-        lapin::Connection::connect(&plain, lapin::ConnectionProperties::default())
-            .await
-            .unwrap();
-    let channel = consumer_connection.create_channel().await.unwrap();
-    retrysafe::outbox::broker::declare_exchange(&channel, &exchange)
-        .await
-        .unwrap();
-    let queue = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions::exclusive(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            queue.name().clone(),
-            exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let mut deliveries = channel
-        .basic_consume(
-            queue.name().clone(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = TestConsumer::bind_at(&plain, &exchange, "#").await;
 
     let database = TestDatabase {
         name: format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()),
@@ -155,17 +116,14 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 201);
-    let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+    let delivery = consumer
+        .next(Duration::from_secs(30))
         .await
-        .unwrap_or_else(|_| panic!("no event within 30 s: {}", daemon.log_text()))
-        .expect("the consumer is open")
-        .unwrap();
+        .unwrap_or_else(|| panic!("no event within 30 s: {}", daemon.log_text()));
     assert_eq!(delivery.routing_key.as_str(), "entry.created");
     let log = daemon.log_text();
     assert!(
         log.contains("connected to the broker") && log.contains("amqps://guest:***@localhost"),
         "{log}"
     );
-    drop(daemon);
-    let _ = consumer_connection.close(200, "done".into()).await;
 }
