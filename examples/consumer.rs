@@ -10,8 +10,9 @@
 //! cargo run --example consumer -- [--config config.toml] [--queue retrysafe.example]
 //! ```
 //!
-//! It reads `database.url`, `amqp.url` and `amqp.exchange` from the daemon's configuration
-//! (file and `RETRYSAFE_*` environment), and stops after `--max-events N` when given.
+//! It reads `database.url`, `amqp.url`, `amqp.exchange` and `amqp.tls_*` from the daemon's
+//! configuration (file and `RETRYSAFE_*` environment), connects as the daemon does (TLS
+//! included), and stops after `--max-events N` when given.
 
 use std::path::PathBuf;
 
@@ -21,10 +22,9 @@ use lapin::options::{
     QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use retrysafe::config::Settings;
+use lapin::{Connection, ExchangeKind};
+use retrysafe::config::{AmqpSettings, Settings};
 use retrysafe::inbox::Inbox;
-use tokio_postgres::NoTls;
 use uuid::Uuid;
 
 const CONSUMER_NAME: &str = "example-consumer";
@@ -67,13 +67,14 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(args)
 }
 
-/// The first broker of `amqp.url` (one URL, or a cluster's nodes) that answers.
-async fn connect_to_any(urls: &retrysafe::config::UrlList) -> anyhow::Result<Connection> {
+/// The first broker of `amqp.url` (one URL, or a cluster's nodes) that answers, with the
+/// daemon's TLS settings for `amqps://` ones.
+async fn connect_to_any(settings: &AmqpSettings) -> anyhow::Result<Connection> {
     let mut failures = Vec::new();
-    for url in urls.iter() {
-        match Connection::connect(url, ConnectionProperties::default()).await {
+    for url in settings.url.iter() {
+        match retrysafe::outbox::broker::connect(url, settings).await {
             Ok(connection) => return Ok(connection),
-            Err(error) => failures.push(format!("{}: {error}", retrysafe::config::redact_url(url))),
+            Err(error) => failures.push(error.to_string()),
         }
     }
     anyhow::bail!("no broker answered: {}", failures.join("; "))
@@ -84,11 +85,11 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let settings = Settings::load(&args.config)?;
 
-    let (mut db, connection) = tokio_postgres::connect(&settings.database.url, NoTls).await?;
-    tokio::spawn(connection);
+    // As the daemon connects: each host of database.url in turn, with its sslmode.
+    let mut db = retrysafe::db::connect(&settings.database).await?.client;
     db.batch_execute(CREATE_EFFECT_TABLE).await?;
 
-    let broker = connect_to_any(&settings.amqp.url).await?;
+    let broker = connect_to_any(&settings.amqp).await?;
     let channel = broker.create_channel().await?;
     channel
         .exchange_declare(

@@ -130,6 +130,7 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<()> {
             for name in &stray {
                 eprintln!("warning: {name} is ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
             }
+            check_tls_files(&settings)?;
             println!("{}: configuration is valid", path.display());
             Ok(())
         }
@@ -169,6 +170,31 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<()> {
             unreachable!("handled before the configuration is loaded")
         }
     }
+}
+
+/// Reads every TLS file the configuration names, as `serve` would at start, without
+/// connecting: each is readable, PEM, with a certificate or a key as expected, and each key
+/// matches its certificate. An error names the key and the file.
+fn check_tls_files(settings: &Settings) -> anyhow::Result<()> {
+    if let Some((certificate_file, key_file)) = settings.http.tls_files() {
+        let info = crate::tls::server::ServerCertificate::check(certificate_file, key_file)
+            .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
+        if info.has_expired() {
+            eprintln!(
+                "warning: http.tls_cert_file: {}: the certificate expired on {}",
+                certificate_file.display(),
+                info.not_after_text()
+            );
+        }
+    }
+    let database = db::tls::split(&settings.database.url)
+        .map_err(|error| anyhow::anyhow!("invalid configuration: database.url: {error}"))?;
+    database
+        .tls
+        .connector()
+        .map_err(|error| anyhow::anyhow!("invalid configuration: database.url: {error}"))?;
+    outbox::broker::tls_config(&settings.amqp)?;
+    Ok(())
 }
 
 fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
@@ -233,6 +259,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     );
     let application = Application::build(settings).await?;
     let server = application.server_handle();
+    spawn_reload_on_hangup(application.certificate());
     // Migrations are applied and the listener is bound: tell systemd (Type=notify).
     notify_systemd(&[sd_notify::NotifyState::Ready]);
     spawn_watchdog();
@@ -260,6 +287,32 @@ async fn wait_for_signal() {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
     }
+}
+
+/// SIGHUP reloads the HTTPS listener's certificate and key (after certbot or cert-manager
+/// renewed them). Handled even without HTTPS, where it only logs: SIGHUP's default action
+/// would end the process.
+fn spawn_reload_on_hangup(
+    certificate: Option<std::sync::Arc<crate::tls::server::ServerCertificate>>,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::error!(
+            "cannot listen for SIGHUP; the tls certificate cannot be reloaded without a restart"
+        );
+        return;
+    };
+    actix::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match &certificate {
+                // The outcome is logged by reload itself, an error included.
+                Some(certificate) => {
+                    let _ = certificate.reload();
+                }
+                None => tracing::info!("sighup: nothing to reload (the listener is plain http)"),
+            }
+        }
+    });
 }
 
 /// Outside systemd (no NOTIFY_SOCKET) this does nothing.

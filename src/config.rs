@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -61,6 +61,21 @@ pub struct HttpSettings {
     /// How long a client may take to send a request's head (request line and headers); slower
     /// ones get 408 and the connection is closed.
     pub head_timeout: ConfigDuration,
+    /// PEM certificate (and its chain) of the HTTPS listener; with `tls_key_file`, the listener
+    /// speaks HTTPS only. Reloaded on SIGHUP.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl HttpSettings {
+    /// The certificate and key files, when the listener is HTTPS.
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        Some((
+            self.tls_cert_file.as_deref()?,
+            self.tls_key_file.as_deref()?,
+        ))
+    }
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -104,6 +119,20 @@ pub struct AmqpSettings {
     pub url: UrlList,
     /// Durable topic exchange the daemon declares and publishes to.
     pub exchange: String,
+    /// PEM CA certificates that an `amqps://` broker's certificate must chain to; without it,
+    /// the platform's roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for brokers that authenticate with one (with `tls_key_file`).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl AmqpSettings {
+    /// Whether any broker of `amqp.url` is reached over TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.url.iter().any(|url| url.starts_with("amqps://"))
+    }
 }
 
 impl fmt::Debug for AmqpSettings {
@@ -111,6 +140,9 @@ impl fmt::Debug for AmqpSettings {
         f.debug_struct("AmqpSettings")
             .field("url", &self.url.redacted())
             .field("exchange", &self.exchange)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .finish()
     }
 }
@@ -235,6 +267,8 @@ impl Default for HttpSettings {
             shutdown_timeout: ConfigDuration::from_secs(30),
             body_timeout: ConfigDuration::from_secs(30),
             head_timeout: ConfigDuration::from_secs(5),
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -258,6 +292,9 @@ impl Default for AmqpSettings {
         Self {
             url: UrlList::one("amqp://guest:guest@127.0.0.1:5672/%2f"),
             exchange: "retrysafe.events".into(),
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -330,18 +367,20 @@ impl Settings {
     /// Checks what the types alone do not: ranges, and that an open listener has credentials.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_ranges()?;
-        let database = tokio_postgres::Config::from_str(&self.database.url).map_err(|error| {
+        both_or_neither(
+            ("http.tls_cert_file", &self.http.tls_cert_file),
+            ("http.tls_key_file", &self.http.tls_key_file),
+        )?;
+        // The TLS parameters (libpq's) are checked here and taken out: tokio-postgres knows
+        // only a few of them. Their files are read by check-config and at start.
+        let database = crate::db::tls::split(&self.database.url)
+            .map_err(|error| invalid("database.url", error))?;
+        let database = tokio_postgres::Config::from_str(&database.rest).map_err(|error| {
             invalid(
                 "database.url",
                 format!("not a valid PostgreSQL URL: {error}"),
             )
         })?;
-        if database.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(invalid(
-                "database.url",
-                "sslmode=require is not supported by this build (it connects without TLS)",
-            ));
-        }
         let hosts = database.get_hosts().len();
         if hosts > 1
             && database.get_target_session_attrs()
@@ -361,12 +400,10 @@ impl Settings {
             ));
         }
         for url in self.amqp.url.iter() {
-            // This build has no TLS backend for lapin: an amqps:// URL would silently connect
-            // in plain text, so it is refused rather than trusted.
-            if !url.starts_with("amqp://") {
+            if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
                 return Err(invalid(
                     "amqp.url",
-                    format!("{}: must start with amqp:// (TLS to the broker, amqps://, is not supported by this build)", redact_url(url)),
+                    format!("{}: must start with amqp:// or amqps://", redact_url(url)),
                 ));
             }
             url.parse::<lapin::uri::AMQPUri>().map_err(|error| {
@@ -376,6 +413,10 @@ impl Settings {
                 )
             })?;
         }
+        both_or_neither(
+            ("amqp.tls_cert_file", &self.amqp.tls_cert_file),
+            ("amqp.tls_key_file", &self.amqp.tls_key_file),
+        )?;
         if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
             return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
         }
@@ -540,6 +581,24 @@ pub fn is_valid_client_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A certificate and its key are given together: the error names the one missing.
+fn both_or_neither(
+    (certificate_key, certificate): (&'static str, &Option<PathBuf>),
+    (key_key, key): (&'static str, &Option<PathBuf>),
+) -> Result<(), ConfigError> {
+    match (certificate, key) {
+        (Some(_), None) => Err(invalid(
+            key_key,
+            format!("must be set when {certificate_key} is (the certificate's private key)"),
+        )),
+        (None, Some(_)) => Err(invalid(
+            certificate_key,
+            format!("must be set when {key_key} is (the key's certificate)"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `RETRYSAFE_*` variables that are not configuration keys, other than `RETRYSAFE_CONFIG`:
@@ -768,6 +827,42 @@ mod tests {
             error.contains("amqp.url") && error.contains("http://b"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn database_tls_parameters_are_checked_by_name() {
+        let mut settings = Settings::default();
+        for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+            settings.database.url = format!("postgres://app:pw@db/x?sslmode={mode}");
+            settings.validate().unwrap();
+        }
+        settings.database.url = "postgres://app:hunter2@db/x?sslmode=verify-everything".into();
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("database.url") && error.contains("\"verify-everything\""),
+            "{error}"
+        );
+        assert!(!error.contains("hunter2"), "{error}");
+    }
+
+    #[test]
+    fn amqps_urls_and_tls_file_pairs() {
+        let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
+            "[amqp]\nurl = [\"amqps://a/%2f\", \"amqp://b/%2f\"]\ntls_ca_file = \"/ca.pem\"\n",
+        ));
+        let settings = Settings::from_figment(figment).unwrap();
+        assert!(settings.amqp.uses_tls());
+        for (section, given, missing) in [
+            ("http", "tls_cert_file", "tls_key_file"),
+            ("http", "tls_key_file", "tls_cert_file"),
+            ("amqp", "tls_cert_file", "tls_key_file"),
+        ] {
+            let figment = Figment::from(Serialized::defaults(Settings::default())).merge(
+                Toml::string(&format!("[{section}]\n{given} = \"/x.pem\"\n")),
+            );
+            let error = Settings::from_figment(figment).unwrap_err().to_string();
+            assert!(error.contains(&format!("{section}.{missing}")), "{error}");
+        }
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //!
 //! Beside them: [`config`] (layered configuration), [`idempotency`] (key parsing, canonical
 //! JSON, the request hash), [`entry`] (the business write and its validation), [`events`] (the
-//! CloudEvents a write emits), [`startup`] (wiring), [`cli`] and [`telemetry`].
+//! CloudEvents a write emits), [`startup`] (wiring), [`cli`], [`telemetry`], and [`tls`] (TLS
+//! for the database, the broker and the HTTPS listener, with rustls).
 
 pub mod cli;
 pub mod client;
@@ -37,4 +38,5 @@ pub mod outbox;
 pub mod shard;
 pub mod startup;
 pub mod telemetry;
+pub mod tls;
 pub mod writer;

@@ -14,6 +14,7 @@ use crate::http::{self, AppState};
 use crate::janitor::Janitor;
 use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::shard::{KeyShard, ShardHandle};
+use crate::tls::server::ServerCertificate;
 use crate::writer::{CommitHook, Writer, WriterConfig};
 
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
@@ -23,6 +24,8 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub struct Application {
     port: u16,
     server: Server,
+    /// The HTTPS listener's certificate, which SIGHUP reloads; `None` for plain HTTP.
+    certificate: Option<Arc<ServerCertificate>>,
     broker: Arc<Broker>,
     settings: Settings,
     /// Tells relays to stop after their current batch.
@@ -39,6 +42,14 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
         crate::telemetry::spawn_metrics_upkeep();
+        // Read before anything else: a certificate that cannot be used stops the start at once.
+        let certificate = match settings.http.tls_files() {
+            Some((certificate_file, key_file)) => Some(
+                ServerCertificate::load(certificate_file, key_file)
+                    .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?,
+            ),
+            None => None,
+        };
         db::migrate(&settings.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
@@ -133,13 +144,30 @@ impl Application {
         .client_request_timeout(settings.http.head_timeout.0)
         .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
         // The process's signal handling (serve) stops the server; embedded, its owner does.
-        .disable_signals()
-        .listen(listener)?
+        .disable_signals();
+        let server = match &certificate {
+            Some(certificate) => {
+                server.listen_rustls_0_23(listener, certificate.server_config()?)?
+            }
+            None => server.listen(listener)?,
+        }
         .run();
-        tracing::info!(address = %settings.http.listen.ip(), port, "listening");
+        let scheme = if certificate.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
+        if tokens_travel_in_clear(&settings) {
+            tracing::warn!(
+                address = %settings.http.listen,
+                "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
+            );
+        }
         Ok(Self {
             port,
             server,
+            certificate,
             broker,
             settings,
             shutdown,
@@ -150,6 +178,11 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The HTTPS listener's certificate, to reload (SIGHUP); `None` for plain HTTP.
+    pub fn certificate(&self) -> Option<Arc<ServerCertificate>> {
+        self.certificate.clone()
     }
 
     /// A handle that stops the server gracefully.
@@ -176,5 +209,35 @@ impl Application {
         self.broker.close().await;
         self.relay_arbiter.stop();
         served
+    }
+}
+
+/// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,
+/// the address is not loopback, and the listener is plain HTTP. (A TLS-terminating proxy in
+/// front may make this fine; the daemon cannot tell, so it only warns.)
+fn tokens_travel_in_clear(settings: &Settings) -> bool {
+    settings.http.tls_files().is_none()
+        && !settings.auth.clients.is_empty()
+        && !settings.http.listen.ip().is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClientSettings;
+
+    #[test]
+    fn tokens_travel_in_clear_only_to_a_plain_listener_off_loopback_with_clients() {
+        let mut settings = Settings::default();
+        settings.auth.clients = vec![ClientSettings {
+            id: "jobs".into(),
+            token_sha256: "0".repeat(64),
+        }];
+        assert!(!tokens_travel_in_clear(&settings), "loopback");
+        settings.http.listen = "10.1.2.3:8080".parse().unwrap();
+        assert!(tokens_travel_in_clear(&settings));
+        settings.http.tls_cert_file = Some("/etc/retrysafe/cert.pem".into());
+        settings.http.tls_key_file = Some("/etc/retrysafe/key.pem".into());
+        assert!(!tokens_travel_in_clear(&settings), "https");
     }
 }

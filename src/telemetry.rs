@@ -60,6 +60,9 @@ pub const POOL_IDLE: &str = "retrysafe_db_pool_idle_connections";
 pub const POOL_MAX: &str = "retrysafe_db_pool_max_connections";
 /// Rows the janitor deleted, by table.
 pub const JANITOR_DELETED: &str = "retrysafe_janitor_deleted_rows_total";
+/// When the HTTPS listener's certificate expires, in seconds since the Unix epoch; set at start
+/// and on every successful reload (SIGHUP). Absent without `http.tls_cert_file`.
+pub const TLS_CERTIFICATE_EXPIRY: &str = "retrysafe_tls_certificate_expiry_timestamp_seconds";
 
 /// Answers actix-http gave itself before a request reached a route, by status (400, 408, 431).
 pub const HTTP_PROTOCOL_ERRORS: &str = "retrysafe_http_protocol_errors_total";
@@ -299,4 +302,9 @@ fn describe_metrics() {
     describe_gauge!(POOL_IDLE, "idle database connections");
     describe_gauge!(POOL_MAX, "the pool's share of database.pool_size");
     describe_counter!(JANITOR_DELETED, "rows deleted by the janitor, by table");
+    describe_gauge!(
+        TLS_CERTIFICATE_EXPIRY,
+        Unit::Seconds,
+        "expiry of the https listener's certificate, in seconds since the unix epoch"
+    );
 }

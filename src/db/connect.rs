@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::db::sqlstate;
 
@@ -30,8 +31,11 @@ pub struct Connector {
     preferred: AtomicUsize,
     /// `load_balance_hosts=random`: a random order for every connection instead.
     random_order: bool,
-    /// Bound on one host's whole attempt: TCP, authentication, and the read-write check.
+    /// Bound on one host's whole attempt: TCP, TLS, authentication, and the read-write check.
     attempt_timeout: Duration,
+    /// TLS as `database.url` asks (its `sslmode` is in each host's configuration). tokio-postgres
+    /// gives it each host's own name, which `verify-full` checks.
+    tls: MakeRustlsConnect,
 }
 
 /// A connection: the client, and the task that drives its socket.
@@ -94,7 +98,7 @@ impl fmt::Display for ConnectError {
                         humantime::format_duration(*limit)
                     )
                 }
-                HostFailure::Refused(error) => format!("{host}: {}", sqlstate::describe(error)),
+                HostFailure::Refused(error) => format!("{host}: {}", describe_refusal(error)),
             })
             .collect();
         write!(
@@ -107,14 +111,34 @@ impl fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
+/// What tokio-postgres returns when the server answers the TLS request with "no".
+const NO_TLS_ON_SERVER: &str = "server does not support TLS";
+
+/// A host's refusal in an operator's words; a TLS failure says which check failed.
+fn describe_refusal(error: &tokio_postgres::Error) -> String {
+    if let Some(tls) = crate::tls::describe_handshake_failure(error) {
+        return format!("TLS: {tls}");
+    }
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        if inner.to_string() == NO_TLS_ON_SERVER {
+            return "TLS: the server does not support SSL, and sslmode requires it (require, verify-ca or verify-full)".into();
+        }
+        cause = inner.source();
+    }
+    sqlstate::describe(error)
+}
+
 impl Connector {
-    /// A connector for `config`'s hosts; each attempt is bounded by `attempt_timeout`.
-    pub fn new(config: &Config, attempt_timeout: Duration) -> Self {
+    /// A connector for `config`'s hosts with `tls`; each attempt is bounded by
+    /// `attempt_timeout`.
+    pub fn new(config: &Config, tls: MakeRustlsConnect, attempt_timeout: Duration) -> Self {
         Self {
             hosts: split_hosts(config),
             preferred: AtomicUsize::new(0),
             random_order: config.get_load_balance_hosts() == LoadBalanceHosts::Random,
             attempt_timeout,
+            tls,
         }
     }
 
@@ -134,6 +158,7 @@ impl Connector {
             preferred: AtomicUsize::new(self.preferred.load(Ordering::Relaxed)),
             random_order: self.random_order,
             attempt_timeout: self.attempt_timeout,
+            tls: self.tls.clone(),
         }
     }
 
@@ -151,7 +176,8 @@ impl Connector {
         let mut failures = Vec::new();
         for index in self.order() {
             let config = &self.hosts[index];
-            let attempt = tokio::time::timeout(self.attempt_timeout, config.connect(NoTls)).await;
+            let attempt =
+                tokio::time::timeout(self.attempt_timeout, config.connect(self.tls.clone())).await;
             match attempt {
                 Ok(Ok((client, connection))) => {
                     self.preferred.store(index, Ordering::Relaxed);
@@ -309,7 +335,9 @@ mod tests {
     #[test]
     fn tries_the_host_that_answered_last_first() {
         let config = Config::from_str("host=a,b,c dbname=x").unwrap();
-        let connector = Connector::new(&config, Duration::from_secs(1));
+        let tls = crate::tls::client_config(crate::tls::ServerVerification::None, None).unwrap();
+        let connector =
+            Connector::new(&config, MakeRustlsConnect::new(tls), Duration::from_secs(1));
         assert_eq!(connector.order(), vec![0, 1, 2]);
         connector.preferred.store(2, Ordering::Relaxed);
         assert_eq!(connector.order(), vec![2, 0, 1]);

@@ -8,6 +8,7 @@
 
 pub mod connect;
 pub mod sqlstate;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -175,7 +176,7 @@ impl Database {
         size: u32,
         name_suffix: Option<&str>,
     ) -> Result<Self, StorageError> {
-        let mut config = pg_config(settings)?;
+        let (mut config, tls) = pg_config(settings)?;
         if let Some(suffix) = name_suffix {
             let name = format!(
                 "{}{suffix}",
@@ -183,7 +184,7 @@ impl Database {
             );
             config.application_name(name);
         }
-        let connector = Connector::new(&config, settings.connect_timeout.0);
+        let connector = connector(settings, (config, tls))?;
         let last_connect_error = LastConnectError::default();
         let pool = bb8::Pool::builder()
             .max_size(size)
@@ -286,16 +287,43 @@ const MIGRATION_LOCK_ID: i64 = 0x7265_7472_7973_6166; // "retrysaf"
 
 /// Parses `database.url` and applies what every connection needs: a connect timeout, an
 /// application name, and TCP keepalives so that dead peers behind a cut network are noticed.
-fn base_pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StorageError> {
-    let mut config = tokio_postgres::Config::from_str(&settings.url)
+/// The URL's TLS parameters (libpq's) are taken out first: tokio-postgres knows only a few.
+fn base_pg_config(
+    settings: &DatabaseSettings,
+) -> Result<(tokio_postgres::Config, tls::PgTls), StorageError> {
+    let split = tls::split(&settings.url)
         .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
+    let mut config = tokio_postgres::Config::from_str(&split.rest)
+        .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
+    config.ssl_mode(split.tls.tokio_ssl_mode());
     config.connect_timeout(settings.connect_timeout.0);
     if config.get_application_name().is_none() {
         config.application_name("retrysafe");
     }
     config.keepalives_idle(Duration::from_secs(30));
     config.tcp_user_timeout(settings.statement_timeout.0 + settings.connect_timeout.0);
-    Ok(config)
+    Ok((config, split.tls))
+}
+
+/// A connector for `config` with the TLS that `database.url` asks for. Fails when a TLS file
+/// cannot be used, naming the parameter and the file.
+fn connector(
+    settings: &DatabaseSettings,
+    (config, tls): (tokio_postgres::Config, tls::PgTls),
+) -> Result<Connector, StorageError> {
+    let tls = tls
+        .connector()
+        .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
+    Ok(Connector::new(&config, tls, settings.connect_timeout.0))
+}
+
+/// One connection to the database of `database.url`, as the daemon makes them (each host in
+/// turn, TLS as the URL says), without the pool's statement bounds: for programs beside the
+/// daemon, such as consumers using [`crate::inbox`].
+pub async fn connect(settings: &DatabaseSettings) -> Result<Connection, StorageError> {
+    Ok(connector(settings, base_pg_config(settings)?)?
+        .connect()
+        .await?)
 }
 
 /// A transaction left open this long (a stuck relay, say) is ended by the server, so that it
@@ -303,8 +331,10 @@ fn base_pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config,
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The pool's connections: the base settings, and server-side bounds on every statement.
-pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StorageError> {
-    let mut config = base_pg_config(settings)?;
+fn pg_config(
+    settings: &DatabaseSettings,
+) -> Result<(tokio_postgres::Config, tls::PgTls), StorageError> {
+    let (mut config, tls) = base_pg_config(settings)?;
     // A statement that waits past this (for a lock held by a stuck session, say) is cancelled,
     // so that a request fails with 503 instead of hanging.
     let timeout_ms = settings.statement_timeout.0.as_millis();
@@ -317,7 +347,7 @@ pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, 
         None => options,
     };
     config.options(&options);
-    Ok(config)
+    Ok((config, tls))
 }
 
 /// Creates the database named in the URL, connecting to the `postgres` maintenance database as
@@ -346,7 +376,7 @@ async fn create_database(connector: &Connector) -> Result<(), StorageError> {
 /// migration, may take longer (systemd's start timeout bounds a start that hangs here).
 /// Connecting is bounded as everywhere: each host within `database.connect_timeout`.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError> {
-    let connector = Connector::new(&base_pg_config(settings)?, settings.connect_timeout.0);
+    let connector = connector(settings, base_pg_config(settings)?)?;
     let mut connection = match connector.connect().await {
         Ok(connection) => connection,
         Err(error) if error.is_invalid_catalog_name() => {

@@ -5,6 +5,11 @@
 //! lapin's automatic recovery stays off: a lost connection is noticed (through its events, a
 //! failed publish, or a confirm that never came), dropped, and opened again by the next relay
 //! that needs a channel, with the relay's own backoff between attempts.
+//!
+//! An `amqps://` broker is reached over TLS with the daemon's own rustls configuration (the
+//! roots of `amqp.tls_ca_file`, else the platform's; the host name checked; the client
+//! certificate of `amqp.tls_cert_file`), handed to lapin through its connector hook rather than
+//! lapin's own TLS setup, which would always trust the platform's roots besides the CA file.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,11 +17,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::{AMQPUriTcpExt, RustlsConnector};
 use lapin::types::FieldTable;
-use lapin::uri::AMQPUri;
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Channel, Connection, ConnectionProperties, Event, ExchangeKind};
+use rustls::ClientConfig;
 
 use crate::config::{redact_url, AmqpSettings};
+use crate::tls::{self, ServerVerification, TlsError};
 
 /// Heartbeat asked for when the URL sets none: a silently dead peer is noticed within about
 /// two heartbeats instead of RabbitMQ's default of two minutes.
@@ -26,6 +34,8 @@ const DEFAULT_HEARTBEAT_SECONDS: u16 = 10;
 pub enum BrokerError {
     #[error("cannot connect to the broker: {0}")]
     Connect(String),
+    #[error("invalid configuration: {key}: {message}")]
+    Tls { key: &'static str, message: String },
     #[error("broker error: {0}")]
     Protocol(#[from] lapin::Error),
 }
@@ -39,6 +49,8 @@ struct Endpoint {
 
 pub struct Broker {
     endpoints: Vec<Endpoint>,
+    /// For the `amqps://` endpoints; `None` when every one is `amqp://`.
+    tls: Option<Arc<ClientConfig>>,
     exchange: String,
     /// Bound on connecting to one broker, and on opening a channel.
     connect_timeout: Duration,
@@ -86,6 +98,7 @@ impl Broker {
             .collect::<Result<Vec<_>, BrokerError>>()?;
         Ok(Self {
             endpoints,
+            tls: tls_config(settings)?,
             exchange: settings.exchange.clone(),
             connect_timeout,
             state: tokio::sync::Mutex::new(ConnectionState {
@@ -179,7 +192,7 @@ impl Broker {
         let properties = ConnectionProperties::default().with_connection_name("retrysafe".into());
         let connection = tokio::time::timeout(
             self.connect_timeout,
-            Connection::connect_uri(endpoint.uri.clone(), properties),
+            open(endpoint.uri.clone(), self.tls.clone(), properties),
         )
         .await
         .map_err(|_| {
@@ -187,8 +200,7 @@ impl Broker {
                 "no answer within {}",
                 humantime::format_duration(self.connect_timeout)
             )
-        })?
-        .map_err(|error| error.to_string())?;
+        })??;
         // Events reach only listeners that exist, so listen before anything can go wrong.
         let mut events = connection.events_listener();
         let connected = self.connected.clone();
@@ -246,6 +258,91 @@ impl Broker {
         }
         self.connected.store(false, Ordering::Relaxed);
     }
+}
+
+/// The TLS configuration of the `amqps://` brokers: their certificate checked against
+/// `amqp.tls_ca_file` (else the platform's roots) and their host name, and the client
+/// certificate of `amqp.tls_cert_file` presented to a broker that asks for one. `None` when no
+/// broker is `amqps://` and no TLS file is set; with files set, they are read and checked
+/// either way. Errors name the key and the file.
+pub fn tls_config(settings: &AmqpSettings) -> Result<Option<Arc<ClientConfig>>, BrokerError> {
+    let files_set = settings.tls_ca_file.is_some() || settings.tls_cert_file.is_some();
+    if !settings.uses_tls() && !files_set {
+        return Ok(None);
+    }
+    let keyed = |key: &'static str| {
+        move |error: TlsError| BrokerError::Tls {
+            key,
+            message: error.to_string(),
+        }
+    };
+    let roots = match &settings.tls_ca_file {
+        Some(path) => tls::roots_from_file(path).map_err(keyed("amqp.tls_ca_file"))?,
+        // Read only when a broker needs them: a machine without a CA store may still use
+        // amqp:// with a client certificate configured for later.
+        None if settings.uses_tls() => tls::platform_roots().map_err(keyed("amqp.tls_ca_file"))?,
+        None => rustls::RootCertStore::empty(),
+    };
+    let identity = tls::load_configured_identity(
+        ("amqp.tls_cert_file", settings.tls_cert_file.as_deref()),
+        ("amqp.tls_key_file", settings.tls_key_file.as_deref()),
+    )
+    .map_err(|error| BrokerError::Tls {
+        key: error.key,
+        message: error.error.to_string(),
+    })?;
+    let config = tls::client_config(ServerVerification::ChainAndName(roots), identity.as_ref())
+        .map_err(keyed("amqp.url"))?;
+    Ok(Some(Arc::new(config)))
+}
+
+/// One connection to the broker of `url`, over TLS for `amqps://` with the daemon's TLS
+/// settings: for programs beside the daemon, such as consumers.
+pub async fn connect(url: &str, settings: &AmqpSettings) -> Result<Connection, BrokerError> {
+    let uri: AMQPUri = url.parse().map_err(|error| {
+        BrokerError::Connect(format!(
+            "{} is not a valid AMQP URL: {error}",
+            redact_url(url)
+        ))
+    })?;
+    open(uri, tls_config(settings)?, ConnectionProperties::default())
+        .await
+        .map_err(|error| BrokerError::Connect(format!("{}: {error}", redact_url(url))))
+}
+
+/// Opens an AMQP connection to `uri`: TCP, then for `amqps://` a TLS handshake with `tls`
+/// (the host name is the URL's), then AMQP. A failed handshake says which check failed.
+async fn open(
+    uri: AMQPUri,
+    tls: Option<Arc<ClientConfig>>,
+    properties: ConnectionProperties,
+) -> Result<Connection, String> {
+    let runtime = lapin::runtime::default_runtime().map_err(|error| error.to_string())?;
+    let connect = async move |uri: AMQPUri, runtime| {
+        let mut tcp = uri.clone();
+        tcp.scheme = AMQPScheme::AMQP;
+        let stream = tcp.connect_async(&runtime).await?;
+        if uri.scheme != AMQPScheme::AMQPS {
+            return Ok(stream);
+        }
+        let Some(config) = tls.clone() else {
+            // tls_config builds one whenever a URL is amqps://.
+            return Err(std::io::Error::other("no TLS configuration for an amqps:// URL").into());
+        };
+        let connector = RustlsConnector::from(config);
+        stream
+            .into_rustls(&connector, &uri.authority.host)
+            .await
+            .map_err(|error| {
+                let described = tls::describe_handshake_failure(&error)
+                    .map(|reason| format!("TLS: {reason}"))
+                    .unwrap_or_else(|| format!("TLS: {error}"));
+                lapin::Error::from(std::io::Error::other(described))
+            })
+    };
+    Connection::connector(uri, runtime, connect, properties)
+        .await
+        .map_err(|error| error.to_string())
 }
 
 /// Closes a connection that is no longer used, in the background and within `limit`: its

@@ -76,6 +76,8 @@ fn the_unit_verifies_and_is_hardened() {
             "ExecStartPre=/usr/bin/retrysafe check-config",
             // Where the Debian package installs the binary (Cargo.toml, package.metadata.deb).
             "ExecStart=/usr/bin/retrysafe serve",
+            // SIGHUP reloads the HTTPS certificate.
+            "ExecReload=/bin/kill -HUP $MAINPID",
             "Restart=on-failure",
             "User=retrysafe",
             "NoNewPrivileges=yes",

@@ -21,7 +21,12 @@ pub struct TestConsumer {
 /// A connection of the test's own and a channel on it, with `exchange` declared as the daemon
 /// declares it (so that queues can be bound before the daemon connects).
 pub async fn connect_and_declare(exchange: &str) -> (Connection, lapin::Channel) {
-    let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+    connect_and_declare_at(AMQP_URL, exchange).await
+}
+
+/// [`connect_and_declare`] on the broker at `url`.
+pub async fn connect_and_declare_at(url: &str, exchange: &str) -> (Connection, lapin::Channel) {
+    let connection = Connection::connect(url, ConnectionProperties::default())
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
@@ -44,7 +49,12 @@ impl TestConsumer {
     /// Declares `exchange` as the daemon does (so binding works before the daemon connects),
     /// and binds a fresh exclusive queue to it with `pattern`.
     pub async fn bind(exchange: &str, pattern: &str) -> Self {
-        let (connection, channel) = connect_and_declare(exchange).await;
+        Self::bind_at(AMQP_URL, exchange, pattern).await
+    }
+
+    /// [`bind`](Self::bind) on the broker at `url`.
+    pub async fn bind_at(url: &str, exchange: &str, pattern: &str) -> Self {
+        let (connection, channel) = connect_and_declare_at(url, exchange).await;
         let queue = channel
             .queue_declare(
                 "".into(),

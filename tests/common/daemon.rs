@@ -43,6 +43,12 @@ impl Daemon {
     /// Starts `retrysafe serve` with the repository's config.toml and `env` overrides, and waits
     /// until it answers `/healthz`.
     pub async fn start(env: &[(&str, String)]) -> Self {
+        Self::start_with(env, "http", awc::Client::default()).await
+    }
+
+    /// [`start`](Self::start) for a listener of `scheme` (`https` when `env` sets
+    /// `http.tls_cert_file`), asking `/healthz` with `client` (one that trusts the certificate).
+    pub async fn start_with(env: &[(&str, String)], scheme: &str, client: awc::Client) -> Self {
         let port = free_port();
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("daemon-{}.log", uuid::Uuid::new_v4()));
@@ -53,15 +59,14 @@ impl Daemon {
         let child = command.spawn().expect("the daemon binary starts");
         let mut daemon = Self {
             child,
-            address: format!("http://127.0.0.1:{port}"),
+            address: format!("{scheme}://127.0.0.1:{port}"),
             log,
         };
-        daemon.wait_until_healthy().await;
+        daemon.wait_until_healthy(&client).await;
         daemon
     }
 
-    async fn wait_until_healthy(&mut self) {
-        let client = awc::Client::default();
+    async fn wait_until_healthy(&mut self, client: &awc::Client) {
         for _ in 0..300 {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(

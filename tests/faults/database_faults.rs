@@ -396,7 +396,12 @@ impl Drop for CommitAckDropper {
 async fn app_behind_commit_ack_dropper() -> (TestApp, CommitAckDropper) {
     let dropper = CommitAckDropper::start(PG_HOST_PORT).await;
     let port = dropper.port;
-    let app = spawn_app_with(|settings| reach_database_through(settings, port)).await;
+    let app = spawn_app_with(|settings| {
+        reach_database_through(settings, port);
+        // The proxy reads the protocol to find the COMMIT: no TLS on this connection.
+        settings.database.url.push_str("?sslmode=disable");
+    })
+    .await;
     (app, dropper)
 }
 

@@ -16,12 +16,18 @@ pub struct Lab {
 impl Lab {
     /// Starts `what` (`pg` or `rabbit`) in a fresh directory.
     pub fn start(what: &str) -> Self {
+        Self::start_with(what, &[])
+    }
+
+    /// Starts `what` (`pg`, `rabbit` or `rabbit-tls`) in a fresh directory, with `env` for the
+    /// script (rabbit-tls takes its certificate files from it).
+    pub fn start_with(what: &str, env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!("retrysafe-ha-{}", uuid::Uuid::new_v4()));
         let mut lab = Self {
             dir,
             env: HashMap::new(),
         };
-        lab.run(&["start", what]);
+        lab.run_with(&["start", what], env);
         let text =
             std::fs::read_to_string(lab.dir.join("lab.env")).expect("the lab writes lab.env");
         lab.env = text
@@ -40,11 +46,16 @@ impl Lab {
 
     /// Runs `scripts/ha-lab COMMAND DIR ARGS...`, returning its standard output.
     pub fn run(&self, args: &[&str]) -> String {
+        self.run_with(args, &[])
+    }
+
+    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> String {
         let (command, rest) = args.split_first().expect("a command");
         let output = Command::new(SCRIPT)
             .arg(command)
             .arg(&self.dir)
             .args(rest)
+            .envs(env.iter().copied())
             .output()
             .expect("scripts/ha-lab runs");
         assert!(

@@ -1,0 +1,17 @@
+//! TLS on the three connections, against real servers made for each test: a PostgreSQL cluster
+//! with `ssl = on` and `hostssl` lines only, a RabbitMQ node with a TLS listener, and the
+//! daemon's own HTTPS listener; with a certificate authority and certificates made in the test.
+//! The machine's own PostgreSQL and RabbitMQ are left as they are.
+
+#[path = "../common/mod.rs"]
+mod common;
+// scripts/ha-lab as a guard; this binary starts only its rabbit-tls node.
+#[allow(dead_code)]
+#[path = "../ha/lab.rs"]
+mod lab;
+
+mod check_config;
+mod https;
+mod pki;
+mod postgres;
+mod rabbitmq;

@@ -1,0 +1,134 @@
+//! A certificate authority of the test's own, and certificates it issues, written to PEM files
+//! in a directory that is removed when the test ends.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    SerialNumber,
+};
+
+/// A directory for a test's files, readable by the `postgres` and `rabbitmq` users (their
+/// servers read copies the tests give them), removed on drop.
+pub struct TestDir(pub PathBuf);
+
+impl TestDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("retrysafe-{name}-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+
+    /// Writes `text` to `file` and returns its path.
+    pub fn write(&self, file: &str, text: &str) -> PathBuf {
+        let path = self.path(file);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct TestCa {
+    certificate: rcgen::Certificate,
+    key: KeyPair,
+}
+
+/// A certificate and its key, in PEM and DER.
+pub struct Issued {
+    pub certificate_pem: String,
+    pub key_pem: String,
+    pub der: Vec<u8>,
+}
+
+impl Issued {
+    /// Writes `NAME.crt` and `NAME.key` into `dir`; returns their paths.
+    pub fn write(&self, dir: &TestDir, name: &str) -> (PathBuf, PathBuf) {
+        (
+            dir.write(&format!("{name}.crt"), &self.certificate_pem),
+            dir.write(&format!("{name}.key"), &self.key_pem),
+        )
+    }
+}
+
+/// What to put in a certificate.
+#[derive(Default)]
+pub struct Request<'a> {
+    /// Subject alternative names: DNS names or IP addresses.
+    pub names: &'a [&'a str],
+    /// The subject's common name (PostgreSQL maps a client certificate to a role by it).
+    pub common_name: Option<&'a str>,
+    pub serial: u64,
+    pub expired: bool,
+    /// Days taken off the default expiry (4096-01-01), so that two certificates differ.
+    pub days_shorter: u64,
+    pub client: bool,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let certificate = params.self_signed(&key).unwrap();
+        Self { certificate, key }
+    }
+
+    pub fn pem(&self) -> String {
+        self.certificate.pem()
+    }
+
+    pub fn write(&self, dir: &TestDir, file: &str) -> PathBuf {
+        dir.write(file, &self.pem())
+    }
+
+    pub fn issue(&self, request: Request<'_>) -> Issued {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = request.names.iter().map(|name| name.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        if let Some(common_name) = request.common_name {
+            params
+                .distinguished_name
+                .push(DnType::CommonName, common_name);
+        }
+        params.serial_number = Some(SerialNumber::from(request.serial.max(1)));
+        if request.expired {
+            // Valid for a year from 1975 (rcgen's default start).
+            params.not_after = params.not_before + Duration::from_secs(365 * 24 * 3600);
+        } else {
+            params.not_after -= Duration::from_secs(request.days_shorter * 24 * 3600);
+        }
+        if request.client {
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        let certificate = params
+            .signed_by(&key, &self.certificate, &self.key)
+            .unwrap();
+        Issued {
+            certificate_pem: certificate.pem(),
+            key_pem: key.serialize_pem(),
+            der: certificate.der().to_vec(),
+        }
+    }
+}
+
+/// Gives `path` (a file or a directory) to `user`, for a server that runs as that user.
+pub fn give_to(user: &str, path: &Path) {
+    let status = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{user}:{user}"))
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "chown {user} {}", path.display());
+}
