@@ -1,6 +1,7 @@
 //! The outbox: events committed with their write, relayed to RabbitMQ at least once.
 
 pub mod broker;
+pub mod publish;
 pub mod relay;
 pub mod store;
 

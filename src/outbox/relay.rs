@@ -1,24 +1,17 @@
 //! Outbox relay actors: claim due rows, publish them with pipelined confirms, record the result.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use lapin::options::BasicPublishOptions;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::Channel;
 use tokio::sync::{watch, Notify};
 
 use crate::db::{Database, PgClient, StorageError};
 use crate::outbox::broker::{Broker, BrokerChannel};
-use crate::outbox::store::{self, Failure, PendingEvent, RelayStatements};
+use crate::outbox::publish::{publish_all, Destination, FailureKind, PublishResult};
+use crate::outbox::store::{self, Failure, RelayStatements};
 use crate::telemetry;
-
-/// The AMQP `content_type` of every event.
-pub const CONTENT_TYPE: &str = "application/cloudevents+json";
-/// The AMQP `app_id` of every event.
-pub const APP_ID: &str = "retrysafe";
 
 /// Longest wait between two attempts to reach the broker.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
@@ -45,39 +38,6 @@ pub struct RelayReport {
     /// (A channel opened while a quorum queue had no leader may go on nacking every publish
     /// routed to it after a new leader is elected; a fresh channel does not.)
     pub renew_channel: bool,
-}
-
-/// How the broker answered one publish.
-#[derive(Debug)]
-enum PublishResult {
-    Acked,
-    Failed { kind: FailureKind, error: String },
-}
-
-/// Why a publish failed, as the publish metric labels it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FailureKind {
-    Nacked,
-    Returned,
-    Timeout,
-    ConnectionLost,
-}
-
-impl FailureKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            FailureKind::Nacked => "nacked",
-            FailureKind::Returned => "returned",
-            FailureKind::Timeout => "timeout",
-            FailureKind::ConnectionLost => "connection_lost",
-        }
-    }
-
-    /// A channel that lost its connection, or left a confirm unanswered, is replaced: a late
-    /// confirm must not be taken for another message's.
-    fn breaks_channel(self) -> bool {
-        matches!(self, FailureKind::Timeout | FailureKind::ConnectionLost)
-    }
 }
 
 /// Claims up to `batch_size` due rows, publishes them all with confirms pipelined, awaits the
@@ -118,7 +78,8 @@ async fn relay_batch(
 
     metrics::histogram!(telemetry::OUTBOX_BATCH_SIZE).record(events.len() as f64);
     let started = std::time::Instant::now();
-    let results = publish_all(channel, config, &events).await;
+    let destination = Destination::Exchange(&config.exchange);
+    let results = publish_all(channel, destination, config.confirm_timeout, &events).await;
     metrics::histogram!(telemetry::OUTBOX_CONFIRM).record(started.elapsed().as_secs_f64());
     fail::fail_point!("outbox-after-publish", |_| {
         tracing::error!("failpoint outbox-after-publish: aborting");
@@ -165,153 +126,6 @@ async fn relay_batch(
         );
     }
     Ok(report)
-}
-
-/// Publishes every event before awaiting any confirm, then awaits them all; one deadline
-/// bounds the whole batch, the socket writes included (a blocked or half-open connection must
-/// not hold the claim transaction open).
-async fn publish_all(
-    channel: &Channel,
-    config: &RelayConfig,
-    events: &[PendingEvent],
-) -> Vec<PublishResult> {
-    let deadline = tokio::time::Instant::now() + config.confirm_timeout;
-    let mut confirms = Vec::with_capacity(events.len());
-    let mut broken: Option<(FailureKind, String)> = None;
-    for event in events {
-        if let Some(failure) = &broken {
-            confirms.push(Err(failure.clone()));
-            continue;
-        }
-        let publish = channel.basic_publish(
-            config.exchange.as_str().into(),
-            short_string(&event.event_type),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            event.payload.as_bytes(),
-            properties(event),
-        );
-        let failure = match tokio::time::timeout_at(deadline, publish).await {
-            Ok(Ok(confirm)) => {
-                confirms.push(Ok(confirm));
-                continue;
-            }
-            Ok(Err(error)) => (
-                FailureKind::ConnectionLost,
-                format!("publish failed: {error}"),
-            ),
-            Err(_elapsed) => (
-                FailureKind::Timeout,
-                format!("publish not written within {:?}", config.confirm_timeout),
-            ),
-        };
-        broken = Some(failure.clone());
-        confirms.push(Err(failure));
-    }
-
-    // lapin hands a returned message to whichever confirm completes next, not to its own
-    // publish's: a return is attributed by its message_id, never by where it arrived.
-    let mut returned: HashSet<String> = HashSet::new();
-    let mut outcomes = Vec::with_capacity(events.len());
-    for confirm in confirms {
-        let outcome = match confirm {
-            Err(failure) => Err(failure),
-            Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                Ok(Ok(confirmation)) => {
-                    let acked = confirmation.is_ack();
-                    let requested = !matches!(confirmation, Confirmation::NotRequested);
-                    if let Some(message) = confirmation.take_message() {
-                        if let Some(id) = message.delivery.properties.message_id() {
-                            returned.insert(id.to_string());
-                        }
-                    }
-                    match (requested, acked) {
-                        (false, _) => Err((
-                            FailureKind::ConnectionLost,
-                            "the channel is not in confirm mode".to_owned(),
-                        )),
-                        (true, true) => Ok(()),
-                        (true, false) => {
-                            Err((FailureKind::Nacked, "nacked by the broker".to_owned()))
-                        }
-                    }
-                }
-                Ok(Err(error)) => Err((
-                    FailureKind::ConnectionLost,
-                    format!("connection lost before the confirm: {error}"),
-                )),
-                // A late confirm would arrive on a channel that is about to be replaced.
-                Err(_elapsed) => Err((
-                    FailureKind::Timeout,
-                    format!("no confirm within {:?}", config.confirm_timeout),
-                )),
-            },
-        };
-        outcomes.push(outcome);
-    }
-
-    // Without every confirm, a return may sit on one that never completed: no ack in this
-    // batch can then be trusted to mean "routed", so none is marked sent (a resend is safe, a
-    // loss is not).
-    let incomplete = outcomes.iter().find_map(|outcome| match outcome {
-        Err((kind, error)) if kind.breaks_channel() => Some((*kind, error.clone())),
-        _ => None,
-    });
-    events
-        .iter()
-        .zip(outcomes)
-        .map(|(event, outcome)| {
-            if returned.contains(&event.event_id.to_string()) {
-                return PublishResult::Failed {
-                    kind: FailureKind::Returned,
-                    error: format!(
-                        "returned by the broker: NO_ROUTE (no queue bound to exchange {:?} for routing key {:?})",
-                        config.exchange, event.event_type
-                    ),
-                };
-            }
-            match (outcome, &incomplete) {
-                (Ok(()), None) => PublishResult::Acked,
-                (Ok(()), Some((kind, error))) => PublishResult::Failed {
-                    kind: *kind,
-                    error: format!("acked, but the batch's confirms are incomplete: {error}"),
-                },
-                (Err((kind, error)), _) => PublishResult::Failed { kind, error },
-            }
-        })
-        .collect()
-}
-
-/// Names and ids here are short (event types are at most 64 characters, ids are UUIDs), but
-/// `ShortString` panics past 255 bytes, so truncate rather than trust that.
-fn short_string(text: &str) -> ShortString {
-    let mut end = text.len().min(255);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].into()
-}
-
-fn properties(event: &PendingEvent) -> BasicProperties {
-    let mut headers = FieldTable::default();
-    headers.insert(
-        "idempotency-key".into(),
-        AMQPValue::LongString(event.idempotency_key.as_str().into()),
-    );
-    headers.insert(
-        "client-id".into(),
-        AMQPValue::LongString(event.client_id.as_str().into()),
-    );
-    BasicProperties::default()
-        .with_message_id(event.event_id.to_string().into())
-        .with_type(short_string(&event.event_type))
-        .with_timestamp(event.created_at.timestamp().max(0) as u64)
-        .with_app_id(APP_ID.into())
-        .with_content_type(CONTENT_TYPE.into())
-        .with_delivery_mode(2)
-        .with_headers(headers)
 }
 
 /// Wakes the relays of this process right after a writer commits.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::Rng;
-use tokio_postgres::{GenericClient, Statement};
+use tokio_postgres::{GenericClient, Row, Statement};
 use uuid::Uuid;
 
 use crate::db::{PgClient, StorageError};
@@ -71,19 +71,21 @@ pub async fn claim_due(
 ) -> Result<Vec<PendingEvent>, StorageError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = client.query(&statements.claim_due, &[&limit]).await?;
-    Ok(rows
-        .iter()
-        .map(|row| PendingEvent {
-            id: row.get(0),
-            event_id: row.get(1),
-            event_type: row.get(2),
-            client_id: row.get(3),
-            idempotency_key: row.get(4),
-            payload: row.get(5),
-            attempts: row.get(6),
-            created_at: row.get(7),
-        })
-        .collect())
+    Ok(rows.iter().map(pending_event).collect())
+}
+
+/// An event from a row whose first columns are those `CLAIM_DUE` selects, in its order.
+pub fn pending_event(row: &Row) -> PendingEvent {
+    PendingEvent {
+        id: row.get(0),
+        event_id: row.get(1),
+        event_type: row.get(2),
+        client_id: row.get(3),
+        idempotency_key: row.get(4),
+        payload: row.get(5),
+        attempts: row.get(6),
+        created_at: row.get(7),
+    }
 }
 
 pub async fn mark_sent(

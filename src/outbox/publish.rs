@@ -1,0 +1,238 @@
+//! Publishing a batch of outbox events with pipelined publisher confirms: what the relay does
+//! for due events and `retrysafe outbox replay` for past ones, with the same messages.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation};
+
+use crate::outbox::store::PendingEvent;
+
+/// The AMQP `content_type` of every event.
+pub const CONTENT_TYPE: &str = "application/cloudevents+json";
+/// The AMQP `app_id` of every event.
+pub const APP_ID: &str = "retrysafe";
+
+/// Where a batch is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination<'a> {
+    /// The daemon's topic exchange, with the event type as routing key: every queue bound for
+    /// that type gets the event.
+    Exchange(&'a str),
+    /// One queue, through the default exchange (`""`, which routes by queue name): no other
+    /// queue gets a copy.
+    Queue(&'a str),
+}
+
+impl Destination<'_> {
+    fn exchange(&self) -> &str {
+        match self {
+            Destination::Exchange(exchange) => exchange,
+            Destination::Queue(_) => "",
+        }
+    }
+
+    fn routing_key<'e>(&'e self, event: &'e PendingEvent) -> &'e str {
+        match self {
+            Destination::Exchange(_) => &event.event_type,
+            Destination::Queue(queue) => queue,
+        }
+    }
+
+    /// Why a returned (mandatory, unroutable) message was returned.
+    fn no_route(&self, event: &PendingEvent) -> String {
+        match self {
+            Destination::Exchange(exchange) => format!(
+                "returned by the broker: NO_ROUTE (no queue bound to exchange {exchange:?} for routing key {:?})",
+                event.event_type
+            ),
+            Destination::Queue(queue) => {
+                format!("returned by the broker: NO_ROUTE (no queue named {queue:?})")
+            }
+        }
+    }
+}
+
+/// How the broker answered one publish.
+#[derive(Debug)]
+pub enum PublishResult {
+    Acked,
+    Failed { kind: FailureKind, error: String },
+}
+
+/// Why a publish failed, as the publish metric labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    Nacked,
+    Returned,
+    Timeout,
+    ConnectionLost,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Nacked => "nacked",
+            FailureKind::Returned => "returned",
+            FailureKind::Timeout => "timeout",
+            FailureKind::ConnectionLost => "connection_lost",
+        }
+    }
+
+    /// A channel that lost its connection, or left a confirm unanswered, is replaced: a late
+    /// confirm must not be taken for another message's.
+    pub fn breaks_channel(self) -> bool {
+        matches!(self, FailureKind::Timeout | FailureKind::ConnectionLost)
+    }
+}
+
+/// Publishes every event before awaiting any confirm, then awaits them all; one deadline,
+/// `confirm_timeout` from now, bounds the whole batch, the socket writes included (a blocked or
+/// half-open connection must not hold the caller's transaction open). Every message is
+/// `mandatory` and persistent: an event that reaches no queue is returned, and a failure.
+pub async fn publish_all(
+    channel: &Channel,
+    destination: Destination<'_>,
+    confirm_timeout: Duration,
+    events: &[PendingEvent],
+) -> Vec<PublishResult> {
+    let deadline = tokio::time::Instant::now() + confirm_timeout;
+    let mut confirms = Vec::with_capacity(events.len());
+    let mut broken: Option<(FailureKind, String)> = None;
+    for event in events {
+        if let Some(failure) = &broken {
+            confirms.push(Err(failure.clone()));
+            continue;
+        }
+        let publish = channel.basic_publish(
+            short_string(destination.exchange()),
+            short_string(destination.routing_key(event)),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            event.payload.as_bytes(),
+            properties(event),
+        );
+        let failure = match tokio::time::timeout_at(deadline, publish).await {
+            Ok(Ok(confirm)) => {
+                confirms.push(Ok(confirm));
+                continue;
+            }
+            Ok(Err(error)) => (
+                FailureKind::ConnectionLost,
+                format!("publish failed: {error}"),
+            ),
+            Err(_elapsed) => (
+                FailureKind::Timeout,
+                format!("publish not written within {confirm_timeout:?}"),
+            ),
+        };
+        broken = Some(failure.clone());
+        confirms.push(Err(failure));
+    }
+
+    // lapin hands a returned message to whichever confirm completes next, not to its own
+    // publish's: a return is attributed by its message_id, never by where it arrived.
+    let mut returned: HashSet<String> = HashSet::new();
+    let mut outcomes = Vec::with_capacity(events.len());
+    for confirm in confirms {
+        let outcome = match confirm {
+            Err(failure) => Err(failure),
+            Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                Ok(Ok(confirmation)) => {
+                    let acked = confirmation.is_ack();
+                    let requested = !matches!(confirmation, Confirmation::NotRequested);
+                    if let Some(message) = confirmation.take_message() {
+                        if let Some(id) = message.delivery.properties.message_id() {
+                            returned.insert(id.to_string());
+                        }
+                    }
+                    match (requested, acked) {
+                        (false, _) => Err((
+                            FailureKind::ConnectionLost,
+                            "the channel is not in confirm mode".to_owned(),
+                        )),
+                        (true, true) => Ok(()),
+                        (true, false) => {
+                            Err((FailureKind::Nacked, "nacked by the broker".to_owned()))
+                        }
+                    }
+                }
+                Ok(Err(error)) => Err((
+                    FailureKind::ConnectionLost,
+                    format!("connection lost before the confirm: {error}"),
+                )),
+                // A late confirm would arrive on a channel that is about to be replaced.
+                Err(_elapsed) => Err((
+                    FailureKind::Timeout,
+                    format!("no confirm within {confirm_timeout:?}"),
+                )),
+            },
+        };
+        outcomes.push(outcome);
+    }
+
+    // Without every confirm, a return may sit on one that never completed: no ack in this
+    // batch can then be trusted to mean "routed", so none counts as sent (a resend is safe, a
+    // loss is not).
+    let incomplete = outcomes.iter().find_map(|outcome| match outcome {
+        Err((kind, error)) if kind.breaks_channel() => Some((*kind, error.clone())),
+        _ => None,
+    });
+    events
+        .iter()
+        .zip(outcomes)
+        .map(|(event, outcome)| {
+            if returned.contains(&event.event_id.to_string()) {
+                return PublishResult::Failed {
+                    kind: FailureKind::Returned,
+                    error: destination.no_route(event),
+                };
+            }
+            match (outcome, &incomplete) {
+                (Ok(()), None) => PublishResult::Acked,
+                (Ok(()), Some((kind, error))) => PublishResult::Failed {
+                    kind: *kind,
+                    error: format!("acked, but the batch's confirms are incomplete: {error}"),
+                },
+                (Err((kind, error)), _) => PublishResult::Failed { kind, error },
+            }
+        })
+        .collect()
+}
+
+/// Names and ids here are short (event types are at most 64 characters, ids are UUIDs, queue
+/// and exchange names at most 255 bytes by AMQP's rules), but `ShortString` panics past 255
+/// bytes, so truncate rather than trust that.
+fn short_string(text: &str) -> ShortString {
+    let mut end = text.len().min(255);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].into()
+}
+
+/// The same properties on every publication of an event, replays included: consumers dedupe
+/// on `message_id`, the event id.
+fn properties(event: &PendingEvent) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "idempotency-key".into(),
+        AMQPValue::LongString(event.idempotency_key.as_str().into()),
+    );
+    headers.insert(
+        "client-id".into(),
+        AMQPValue::LongString(event.client_id.as_str().into()),
+    );
+    BasicProperties::default()
+        .with_message_id(event.event_id.to_string().into())
+        .with_type(short_string(&event.event_type))
+        .with_timestamp(event.created_at.timestamp().max(0) as u64)
+        .with_app_id(APP_ID.into())
+        .with_content_type(CONTENT_TYPE.into())
+        .with_delivery_mode(2)
+        .with_headers(headers)
+}
