@@ -1,6 +1,8 @@
-//! The command line: `serve`, `migrate`, `check-config`, `outbox status|retry`, `purge`,
-//! `token new`, and the caller's side, `send` ([`send`]).
+//! The command line: `serve`, `migrate`, `check-config`, `outbox status|retry|replay`
+//! (`outbox replay` is the module `replay`), `purge`, `token new`, and the caller's side, `send`
+//! ([`send`]).
 
+mod replay;
 mod send;
 
 use std::path::{Path, PathBuf};
@@ -41,7 +43,7 @@ enum Command {
     Migrate,
     /// Validate the configuration (file and environment) without starting
     CheckConfig,
-    /// Inspect and requeue outbox events
+    /// Inspect, requeue and replay outbox events
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,
@@ -61,7 +63,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum OutboxCommand {
-    /// Unsent and parked events per event type, and the age of the oldest unsent one
+    /// Unsent and parked events per event type, the age of the oldest unsent one, and the
+    /// recent replays
     Status {
         /// Print JSON instead of a table
         #[arg(long)]
@@ -77,6 +80,10 @@ enum OutboxCommand {
         #[arg(long, value_name = "ID")]
         event: Option<Uuid>,
     },
+    /// Publish past events again, with their original event ids: to the exchange, or to one
+    /// queue (--to-queue); paced, resumable, recorded
+    #[command(after_help = replay::EXIT_STATUS_HELP)]
+    Replay(replay::ReplayArgs),
 }
 
 #[derive(Subcommand)]
@@ -107,8 +114,8 @@ impl Cli {
     }
 }
 
-/// Runs the command line; the process exit code is 0 on success, 1 on error, and for `send` the
-/// statuses its help documents.
+/// Runs the command line; the process exit code is 0 on success, 1 on error, and for `send` and
+/// `outbox replay` the statuses their help documents.
 pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match &cli.command {
@@ -117,15 +124,15 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Command::Token {
             command: TokenCommand::New { client },
         } => token_new(client).map(|()| ExitCode::SUCCESS),
-        _ => run_with_settings(&cli).map(|()| ExitCode::SUCCESS),
+        _ => run_with_settings(&cli),
     }
 }
 
-fn run_with_settings(cli: &Cli) -> anyhow::Result<()> {
+fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
     let path = cli.config_path();
     let settings = cli.settings()?;
     let stray = crate::config::stray_environment();
-    match &cli.command {
+    let done = match &cli.command {
         Command::CheckConfig => {
             for name in &stray {
                 eprintln!("warning: {name} is ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
@@ -154,7 +161,9 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Outbox { command } => block_on(outbox_command(&settings, command)),
+        Command::Outbox { command } => {
+            return block_on(outbox_command(&settings, cli.config.as_deref(), command));
+        }
         Command::Purge => block_on(async {
             let db = db::Database::new(&settings.database)?;
             let report = janitor::purge_once(&db, settings.outbox.retention.0).await?;
@@ -169,7 +178,8 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<()> {
         Command::Token { .. } | Command::Send(_) => {
             unreachable!("handled before the configuration is loaded")
         }
-    }
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 /// Reads every TLS file the configuration names, as `serve` would at start, without
@@ -204,38 +214,26 @@ fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> 
         .block_on(future)
 }
 
-async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow::Result<()> {
+async fn outbox_command(
+    settings: &Settings,
+    config: Option<&Path>,
+    command: &OutboxCommand,
+) -> anyhow::Result<ExitCode> {
     let db = db::Database::new(&settings.database)?;
     match command {
+        OutboxCommand::Replay(args) => return replay::run(settings, &db, config, args).await,
         OutboxCommand::Status { json } => {
             let rows = db
                 .run(async |connection| outbox::store::status(&**connection).await)
                 .await?;
+            let replays = outbox::replay::recent(&db, replay::RECENT_REPLAYS).await?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-                return Ok(());
+                let status = serde_json::json!({"backlog": rows, "replays": replays});
+                println!("{}", serde_json::to_string_pretty(&status)?);
+                return Ok(ExitCode::SUCCESS);
             }
-            println!(
-                "{:<32} {:>10} {:>10} {:>14}",
-                "event type", "unsent", "parked", "oldest unsent"
-            );
-            let (mut unsent, mut parked) = (0, 0);
-            for row in &rows {
-                let oldest = row
-                    .oldest_unsent_age_seconds
-                    .map(|age| {
-                        humantime::format_duration(Duration::from_secs(age.max(0.0) as u64))
-                            .to_string()
-                    })
-                    .unwrap_or_else(|| "-".into());
-                println!(
-                    "{:<32} {:>10} {:>10} {:>14}",
-                    row.event_type, row.unsent, row.parked, oldest
-                );
-                unsent += row.unsent;
-                parked += row.parked;
-            }
-            println!("{:<32} {:>10} {:>10}", "total", unsent, parked);
+            print_backlog(&rows);
+            print_replays(&replays);
         }
         OutboxCommand::Retry { event, .. } => {
             let requeued = db
@@ -247,7 +245,61 @@ async fn outbox_command(settings: &Settings, command: &OutboxCommand) -> anyhow:
             println!("requeued {requeued} event(s)");
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_backlog(rows: &[outbox::store::TypeStatus]) {
+    println!(
+        "{:<32} {:>10} {:>10} {:>14}",
+        "event type", "unsent", "parked", "oldest unsent"
+    );
+    let (mut unsent, mut parked) = (0, 0);
+    for row in rows {
+        let oldest = row
+            .oldest_unsent_age_seconds
+            .map(|age| {
+                humantime::format_duration(Duration::from_secs(age.max(0.0) as u64)).to_string()
+            })
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<32} {:>10} {:>10} {:>14}",
+            row.event_type, row.unsent, row.parked, oldest
+        );
+        unsent += row.unsent;
+        parked += row.parked;
+    }
+    println!("{:<32} {:>10} {:>10}", "total", unsent, parked);
+}
+
+/// The recent replays, newest first: who asked for what, and how far each got.
+fn print_replays(replays: &[outbox::replay::ReplayRecord]) {
+    println!();
+    if replays.is_empty() {
+        println!("no replays");
+        return;
+    }
+    println!(
+        "{:>6}  {:<20}  {:<11}  {:>15}  {:<24}  {:<28}  selection",
+        "replay", "started", "status", "sent/total", "requested by", "target"
+    );
+    for replay in replays {
+        let selection = match replay.parsed_selection() {
+            Some(selection) => selection.arguments().join(" "),
+            None => replay.selection.to_string(),
+        };
+        println!(
+            "{:>6}  {:<20}  {:<11}  {:>15}  {:<24}  {:<28}  {selection}",
+            replay.id,
+            replay.started_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            replay.status,
+            format!("{}/{}", replay.events_sent, replay.events_total),
+            replay.requested_by,
+            replay.target,
+        );
+        if let Some(error) = &replay.last_error {
+            println!("{:>6}  last error: {error}", "");
+        }
+    }
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {

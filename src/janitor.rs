@@ -29,16 +29,25 @@ WHERE r.client_id = expired.client_id AND r.key = expired.key";
 
 /// Only sent rows: unsent and parked rows stay whatever their age. Walked in id order (the
 /// primary key), which is roughly the order they were sent in: the oldest come first, so each
-/// pass stops after a few pages instead of needing an index on sent_at.
+/// pass stops after a few pages instead of needing an index on sent_at. The events' replay
+/// records go with them (found through event_replays' primary key): once an event is gone, how
+/// often it was replayed is of no use, and the record would grow with every replay for ever.
 const DELETE_OLD_SENT_EVENTS: &str = "
-DELETE FROM outbox_events
-WHERE id IN (
-    SELECT id FROM outbox_events
-    WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1)
-    ORDER BY id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)";
+WITH deleted AS (
+    DELETE FROM outbox_events
+    WHERE id IN (
+        SELECT id FROM outbox_events
+        WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1)
+        ORDER BY id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING event_id
+),
+replays_deleted AS (
+    DELETE FROM event_replays WHERE event_id IN (SELECT event_id FROM deleted)
+)
+SELECT count(*) FROM deleted";
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PurgeReport {
@@ -72,9 +81,10 @@ pub async fn purge_once(
     loop {
         let deleted = db
             .run(async |connection| {
-                Ok(connection
-                    .execute(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
-                    .await?)
+                let row = connection
+                    .query_one(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
+                    .await?;
+                Ok(row.get::<_, i64>(0) as u64)
             })
             .await?;
         report.events_deleted += deleted;

@@ -12,7 +12,9 @@
 //!   `INSERT ... ON CONFLICT` as the final guard against duplicates.
 //! - [`db`]: the PostgreSQL pool, database creation, migrations, and the SQLSTATE mapping.
 //! - [`outbox`]: relay actors that publish committed events to RabbitMQ with publisher
-//!   confirms ([`outbox::relay`]), over the daemon's broker connection ([`outbox::broker`]).
+//!   confirms ([`outbox::relay`], [`outbox::publish`]), over the daemon's broker connection
+//!   ([`outbox::broker`]); `retrysafe outbox replay` publishes past events again
+//!   ([`outbox::replay`]).
 //! - [`inbox`]: for consumers; dedupes deliveries on the event id in PostgreSQL.
 //! - [`janitor`]: deletes expired idempotency records and old sent outbox rows.
 //!

@@ -34,6 +34,11 @@ pub struct EventView {
     failed_at: Option<String>,
     next_attempt_at: String,
     last_error: Option<String>,
+    /// How many replays (`retrysafe outbox replay`) have published this event again; the
+    /// relay's own delivery is not one.
+    replay_count: i64,
+    /// When a replay last published it; null when never.
+    last_replayed_at: Option<String>,
 }
 
 /// An expired record is gone for clients even before the janitor deletes it.
@@ -43,12 +48,19 @@ FROM idempotency_records
 WHERE client_id = $1 AND key = $2 AND expires_at > now()";
 
 /// The events of the record's entry; a key that expired and was reused has older events under
-/// the same key, which belong to the older entry.
+/// the same key, which belong to the older entry. Replays are counted through event_replays'
+/// primary key (event_id first).
 const SELECT_EVENTS: &str = "
-SELECT event_id, event_type, attempts, sent_at, failed_at, next_attempt_at, last_error
-FROM outbox_events
-WHERE client_id = $1 AND idempotency_key = $2 AND event_key LIKE $3 || '/%'
-ORDER BY id";
+SELECT o.event_id, o.event_type, o.attempts, o.sent_at, o.failed_at, o.next_attempt_at,
+       o.last_error, r.replay_count, r.last_replayed_at
+FROM outbox_events o
+     CROSS JOIN LATERAL (
+         SELECT count(*) AS replay_count, max(replayed_at) AS last_replayed_at
+         FROM event_replays
+         WHERE event_id = o.event_id
+     ) r
+WHERE o.client_id = $1 AND o.idempotency_key = $2 AND o.event_key LIKE $3 || '/%'
+ORDER BY o.id";
 
 /// What became of an idempotency key: its record and its events' delivery state.
 #[utoipa::path(
@@ -114,6 +126,10 @@ pub async fn get_key(
                 .map(format_time),
             next_attempt_at: format_time(row.get("next_attempt_at")),
             last_error: row.get("last_error"),
+            replay_count: row.get("replay_count"),
+            last_replayed_at: row
+                .get::<_, Option<DateTime<Utc>>>("last_replayed_at")
+                .map(format_time),
         })
         .collect();
     let view = KeyView {

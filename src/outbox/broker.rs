@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::protocol::AMQPSoftError;
 use lapin::tcp::{AMQPUriTcpExt, RustlsConnector};
 use lapin::types::FieldTable;
 use lapin::uri::{AMQPScheme, AMQPUri};
@@ -244,6 +245,44 @@ impl Broker {
         })
     }
 
+    /// Whether a queue named `queue` exists on the broker, asked with a passive declare (which
+    /// only reads) on a channel of its own: the broker closes a channel whose passive declare
+    /// names a missing queue. Bounded like opening a channel.
+    pub async fn queue_exists(&self, queue: &str) -> Result<bool, BrokerError> {
+        let probe = self.open_channel().await?.channel;
+        let declared = tokio::time::timeout(
+            self.connect_timeout,
+            probe.queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .map_err(|_| {
+            BrokerError::Connect(format!(
+                "no answer to a queue declare within {}",
+                humantime::format_duration(self.connect_timeout)
+            ))
+        })?;
+        match declared {
+            Ok(_) => {
+                // The channel was only for this question; a broker that does not answer the
+                // close is not waited for past the timeout.
+                let _ =
+                    tokio::time::timeout(self.connect_timeout, probe.close(200, "".into())).await;
+                Ok(true)
+            }
+            Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => Ok(false),
+            // An exclusive queue of another connection: it exists, and messages reach it.
+            Err(error) if is_soft_error(&error, AMQPSoftError::RESOURCELOCKED) => Ok(true),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Closes the connection, for shutdown.
     pub async fn close(&self) {
         self.closing.store(true, Ordering::Relaxed);
@@ -376,7 +415,7 @@ async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Chan
         .await;
     let channel = match exists {
         Ok(()) => channel,
-        Err(error) if is_not_found(&error) => {
+        Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => {
             let channel = connection.create_channel().await?;
             declare_exchange(&channel, exchange).await?;
             channel
@@ -405,9 +444,10 @@ pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<(), l
         .await
 }
 
-/// The broker's 404 NOT_FOUND, closing the channel of a passive declare of a missing exchange.
-fn is_not_found(error: &lapin::Error) -> bool {
-    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+/// A channel closed by the broker with `kind`: 404 NOT_FOUND for a passive declare of a missing
+/// exchange or queue, 405 RESOURCE_LOCKED for one of another connection's exclusive queue.
+fn is_soft_error(error: &lapin::Error, kind: AMQPSoftError) -> bool {
+    use lapin::protocol::AMQPErrorKind;
     matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp)
-        if amqp.kind() == &AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+        if amqp.kind() == &AMQPErrorKind::Soft(kind))
 }

@@ -1,8 +1,10 @@
-//! The outbox: events committed with their write, relayed to RabbitMQ at least once.
+//! The outbox: events committed with their write, relayed to RabbitMQ at least once, and
+//! replayed on an operator's request.
 
 pub mod broker;
 pub mod publish;
 pub mod relay;
+pub mod replay;
 pub mod store;
 
 pub use broker::{Broker, BrokerError};

@@ -6,7 +6,9 @@ use sha2::Digest;
 
 use crate::common::helpers::{entry_body, spawn_app_with, test_settings, TestDatabase};
 
-fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
+/// The built binary with `args`, run from the repository (so `./config.toml` is its default
+/// configuration), with `env` on top.
+pub fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
     command
         .args(args)
@@ -20,11 +22,11 @@ fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
     command.output().expect("the binary runs")
 }
 
-fn stdout(output: &Output) -> String {
+pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn stderr(output: &Output) -> String {
+pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
@@ -44,6 +46,7 @@ fn every_command_has_help() {
         &["check-config", "--help"],
         &["outbox", "status", "--help"],
         &["outbox", "retry", "--help"],
+        &["outbox", "replay", "--help"],
         &["purge", "--help"],
         &["token", "new", "--help"],
         &["send", "--help"],
@@ -321,10 +324,12 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
 
     let status = retrysafe(&["outbox", "status", "--json"], &env);
     assert!(status.status.success(), "{}", stderr(&status));
-    let rows: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let rows = &status["backlog"];
     assert_eq!(rows[0]["event_type"], "entry.created");
     assert_eq!(rows[0]["parked"], 3);
     assert_eq!(rows[0]["unsent"], 0);
+    assert_eq!(status["replays"], serde_json::json!([]));
     let table = retrysafe(&["outbox", "status"], &env);
     assert!(
         stdout(&table).contains("entry.created"),

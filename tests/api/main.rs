@@ -12,6 +12,7 @@ mod entries;
 mod operations;
 mod outbox;
 mod refusals;
+mod replay;
 mod send;
 mod service;
 mod storage_outage;

@@ -124,12 +124,40 @@ async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_o
         )
         .await
         .unwrap();
+    // Each of the three replayed once: the record of a deleted event goes with it.
+    app.db
+        .batch_execute(
+            "WITH replay AS (
+                 INSERT INTO replays (selection, selection_hash, target, requested_by, status,
+                                      max_event_id, events_total)
+                 VALUES ('{\"all\": true}', '\\x00', 'queue:rebuild', 'test@host', 'completed', 3, 3)
+                 RETURNING id
+             )
+             INSERT INTO event_replays (event_id, replay_id)
+             SELECT event_id, replay.id FROM outbox_events, replay",
+        )
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
     let report = purge_once(&db, app.settings.outbox.retention.0)
         .await
         .unwrap();
     assert_eq!(report.events_deleted, 1);
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM event_replays r
+             WHERE EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = r.event_id)"
+        )
+        .await,
+        2
+    );
+    assert_eq!(app.count("SELECT count(*) FROM event_replays").await, 2);
+    assert_eq!(
+        app.count("SELECT count(*) FROM replays").await,
+        1,
+        "the replay itself stays on record"
+    );
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
             .await,

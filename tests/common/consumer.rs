@@ -14,8 +14,9 @@ use lapin::{Connection, ConnectionProperties, Consumer, ExchangeKind};
 use crate::common::helpers::AMQP_URL;
 
 pub struct TestConsumer {
-    _connection: Connection,
+    connection: Connection,
     consumer: Consumer,
+    queue: String,
 }
 
 /// A connection of the test's own and a channel on it, with `exchange` declared as the daemon
@@ -54,25 +55,37 @@ impl TestConsumer {
 
     /// [`bind`](Self::bind) on the broker at `url`.
     pub async fn bind_at(url: &str, exchange: &str, pattern: &str) -> Self {
+        Self::declare_at(url, exchange, "", Some(pattern)).await
+    }
+
+    /// An exclusive queue named `queue` (a server-made name when empty), bound to `exchange`
+    /// with `pattern` if one is given; gone with the test's connection.
+    pub async fn declare(exchange: &str, queue: &str, pattern: Option<&str>) -> Self {
+        Self::declare_at(AMQP_URL, exchange, queue, pattern).await
+    }
+
+    async fn declare_at(url: &str, exchange: &str, queue: &str, pattern: Option<&str>) -> Self {
         let (connection, channel) = connect_and_declare_at(url, exchange).await;
         let queue = channel
             .queue_declare(
-                "".into(),
+                queue.into(),
                 QueueDeclareOptions::exclusive(),
                 FieldTable::default(),
             )
             .await
             .unwrap();
-        channel
-            .queue_bind(
-                queue.name().clone(),
-                exchange.into(),
-                pattern.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        if let Some(pattern) = pattern {
+            channel
+                .queue_bind(
+                    queue.name().clone(),
+                    exchange.into(),
+                    pattern.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
         let consumer = channel
             .basic_consume(
                 queue.name().clone(),
@@ -83,9 +96,31 @@ impl TestConsumer {
             .await
             .unwrap();
         Self {
-            _connection: connection,
+            connection,
             consumer,
+            queue: queue.name().to_string(),
         }
+    }
+
+    /// Closes the connection, and with it the exclusive queue.
+    pub async fn close(self) {
+        self.connection
+            .close(200, "done".into())
+            .await
+            .expect("the test's connection closes");
+    }
+
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Every delivery until none arrives within `quiet`.
+    pub async fn drain(&mut self, quiet: Duration) -> Vec<Delivery> {
+        let mut deliveries = Vec::new();
+        while let Some(delivery) = self.next(quiet).await {
+            deliveries.push(delivery);
+        }
+        deliveries
     }
 
     /// The next delivery, acked, or None if none arrives within `wait`.
