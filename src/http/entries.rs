@@ -1,4 +1,5 @@
-//! `POST /v1/entries` and `GET /v1/entries/{id}`.
+//! `POST /v1/entries` and `GET /v1/entries/{id}`; the listing, `GET /v1/entries`, is
+//! [`crate::http::listing`].
 
 use std::time::Duration;
 
@@ -7,6 +8,7 @@ use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpRequest, HttpResponse};
 use futures_util::StreamExt;
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::entry::{decode_write, format_time, DecodedWrite, EntryView, ENTRIES_ROUTE};
@@ -259,6 +261,15 @@ async fn read_body(
     Ok(body.freeze())
 }
 
+/// An entry's `data` as stored (`data::text`), read back with its numbers digit for digit.
+pub fn entry_data(stored: String) -> Result<Map<String, Value>, ApiError> {
+    serde_json::from_str(&stored).map_err(|error| {
+        ApiError::Internal(anyhow::anyhow!(
+            "stored entry data is not a JSON object: {error}"
+        ))
+    })
+}
+
 const SELECT_ENTRY: &str =
     "SELECT id, kind, data::text, created_at FROM entries WHERE id = $1 AND client_id = $2";
 
@@ -293,16 +304,10 @@ pub async fn get_entry(
         })
         .await?
         .ok_or_else(not_found)?;
-    let data_text: String = row.get(2);
-    let data = serde_json::from_str(&data_text).map_err(|error| {
-        ApiError::Internal(anyhow::anyhow!(
-            "stored entry data is not a JSON object: {error}"
-        ))
-    })?;
     let view = EntryView {
         id: row.get(0),
         kind: row.get(1),
-        data,
+        data: entry_data(row.get(2))?,
         created_at: format_time(row.get(3)),
     };
     let body = crate::idempotency::canonical_json(

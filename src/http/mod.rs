@@ -4,6 +4,7 @@ pub mod auth;
 pub mod entries;
 pub mod health;
 pub mod keys;
+pub mod listing;
 pub mod observe;
 pub mod openapi;
 pub mod problem;
@@ -89,6 +90,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
     config
         .service(
             Methods::on(entries::ENTRIES_PATH)
+                .get(listing::list_entries)
                 .post(entries::create_entry)
                 .finish(),
         )

@@ -11,7 +11,7 @@ use utoipa::openapi::{Content, Ref, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::entry::{EntryView, FieldError};
-use crate::http::{entries, health, keys, observe, SharedState};
+use crate::http::{entries, health, keys, listing, observe, SharedState};
 use crate::idempotency::key::{KEY_PATTERN, MAX_KEY_LEN};
 
 /// Body of `POST /v1/entries`. Unknown fields are refused.
@@ -70,7 +70,8 @@ pub struct Problem {
     title: String,
     status: u16,
     detail: String,
-    /// Present for `invalid-request`: one item per offending field.
+    /// Present for `invalid-request` about a request body: one item per offending field. (For
+    /// query parameters, `detail` names each.)
     errors: Option<Vec<FieldError>>,
 }
 
@@ -82,6 +83,7 @@ pub struct Problem {
     ),
     paths(
         entries::create_entry,
+        listing::list_entries,
         entries::get_entry,
         keys::get_key,
         health::healthz,
@@ -89,7 +91,7 @@ pub struct Problem {
         observe::metrics,
         openapi_json,
     ),
-    components(schemas(NewEntryRequest, EntryView, FieldError, Problem, ProblemType, keys::KeyView, keys::EventView, health::Readiness)),
+    components(schemas(NewEntryRequest, EntryView, FieldError, Problem, ProblemType, listing::EntryPage, listing::ListedEntry, keys::KeyView, keys::EventView, health::Readiness)),
     modifiers(&BearerAuth, &MethodsAndKeys),
     tags(
         (name = "entries", description = "Idempotent writes and their results"),

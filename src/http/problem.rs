@@ -35,6 +35,9 @@ pub enum ApiError {
     MalformedJson(String),
     #[error("the request body is not a valid entry")]
     InvalidRequest(Vec<FieldError>),
+    /// Query parameters that are unknown, repeated or invalid; the text names each.
+    #[error("invalid query parameters: {0}")]
+    InvalidQuery(String),
     #[error("this Idempotency-Key was used with a different request")]
     IdempotencyKeyReused { status: StatusCode },
     #[error("a request with this Idempotency-Key is still being processed")]
@@ -86,7 +89,9 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => ("payload-too-large", "Payload too large"),
             ApiError::RequestTimeout(_) => ("request-timeout", "Request timeout"),
             ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
-            ApiError::InvalidRequest(_) => ("invalid-request", "Invalid request"),
+            ApiError::InvalidRequest(_) | ApiError::InvalidQuery(_) => {
+                ("invalid-request", "Invalid request")
+            }
             ApiError::IdempotencyKeyReused { .. } => {
                 ("idempotency-key-reused", "Idempotency-Key reused")
             }
@@ -115,6 +120,7 @@ impl ApiError {
             | ApiError::RequestTimeout(_)
             | ApiError::MalformedJson(_)
             | ApiError::InvalidRequest(_)
+            | ApiError::InvalidQuery(_)
             | ApiError::MethodNotAllowed { .. } => Outcome::Invalid,
         }
     }
@@ -172,7 +178,8 @@ impl ResponseError for ApiError {
             ApiError::MissingIdempotencyKey
             | ApiError::InvalidIdempotencyKey(_)
             | ApiError::MalformedJson(_)
-            | ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            | ApiError::InvalidRequest(_)
+            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,

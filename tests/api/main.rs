@@ -9,6 +9,7 @@ mod auth;
 mod cli;
 mod crash;
 mod entries;
+mod listing;
 mod operations;
 mod outbox;
 mod refusals;

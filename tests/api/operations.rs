@@ -194,6 +194,32 @@ async fn openapi_json_describes_every_route_and_problem_type() {
     ]
     .into();
     assert_eq!(paths, expected);
+    let list = &document["paths"]["/v1/entries"]["get"];
+    for status in ["200", "400", "401", "503"] {
+        assert!(
+            list["responses"].get(status).is_some(),
+            "GET /v1/entries documents no {status}"
+        );
+    }
+    let parameters: HashSet<&str> = list["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|parameter| parameter["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        parameters,
+        HashSet::from([
+            "kind",
+            "created_after",
+            "created_before",
+            "order",
+            "limit",
+            "cursor"
+        ])
+    );
+    let event = &document["components"]["schemas"]["EventView"]["properties"];
+    assert!(event.get("replay_count").is_some() && event.get("last_replayed_at").is_some());
     let post = &document["paths"]["/v1/entries"]["post"]["responses"];
     for status in ["201", "400", "401", "409", "413", "415", "422", "503"] {
         assert!(

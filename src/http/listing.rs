@@ -1,0 +1,470 @@
+//! `GET /v1/entries`: the calling client's entries, newest or oldest first, a page at a time.
+//!
+//! Pages are keyset pagination on `(created_at, id)`, the order of the index
+//! `entries_client_created`: each page starts strictly after the last entry of the one before,
+//! as an index condition, so a page costs the same however deep it is, and entries written
+//! meanwhile never make an entry that existed before repeat or go missing. The position travels
+//! in an opaque cursor (`Cursor`) that is tied to the query it was made for.
+
+use actix_web::{HttpRequest, HttpResponse};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::entry::{format_time, is_valid_kind};
+use crate::http::entries::entry_data;
+use crate::http::openapi::Problem;
+use crate::http::problem::ApiError;
+use crate::http::SharedState;
+use crate::idempotency::canonical_json;
+
+/// Entries per page unless `limit` says otherwise.
+pub const DEFAULT_LIMIT: i64 = 100;
+/// Most entries per page.
+pub const MAX_LIMIT: i64 = 1000;
+
+/// The query parameters this route knows; any other is refused, so that a misspelt filter
+/// (`created_since`) is an error, not a silently unfiltered listing.
+const PARAMETERS: [&str; 6] = [
+    "kind",
+    "created_after",
+    "created_before",
+    "order",
+    "limit",
+    "cursor",
+];
+
+/// One page in one direction: `$after` compares a row's `(created_at, id)` with the cursor's,
+/// `$start_time` and `$start_id` are where a walk without a cursor starts, `$order` the
+/// direction. Absent bounds and
+/// cursor become infinite ones (`coalesce` of parameters is computed once, before the scan), so
+/// that every bound stays an index condition on `entries_client_created`, also in the generic
+/// plan of the prepared statement. The kind, when given, is checked on the rows the walk meets.
+macro_rules! list_entries {
+    ($after:literal, $start_time:literal, $start_id:literal, $order:literal) => {
+        concat!(
+            "
+SELECT id, kind, data::text, created_at, idempotency_key
+FROM entries
+WHERE client_id = $1
+  AND ($2::text IS NULL OR kind = $2)
+  AND created_at > coalesce($3::timestamptz, '-infinity')
+  AND created_at < coalesce($4::timestamptz, 'infinity')
+  AND (created_at, id) ",
+            $after,
+            " (coalesce($5::timestamptz, '",
+            $start_time,
+            "'), coalesce($6::uuid, '",
+            $start_id,
+            "'))
+ORDER BY ",
+            $order,
+            "
+LIMIT $7"
+        )
+    };
+}
+
+/// Newest first: the index walked backwards from the cursor.
+pub const LIST_NEWEST_FIRST: &str = list_entries!(
+    "<",
+    "infinity",
+    "ffffffff-ffff-ffff-ffff-ffffffffffff",
+    "created_at DESC, id DESC"
+);
+
+/// Oldest first: the same walk, forwards.
+pub const LIST_OLDEST_FIRST: &str = list_entries!(
+    ">",
+    "-infinity",
+    "00000000-0000-0000-0000-000000000000",
+    "created_at, id"
+);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    NewestFirst,
+    OldestFirst,
+}
+
+impl Order {
+    fn as_str(self) -> &'static str {
+        match self {
+            Order::NewestFirst => "desc",
+            Order::OldestFirst => "asc",
+        }
+    }
+}
+
+/// A page request, validated.
+#[derive(Debug, Clone, PartialEq)]
+struct ListQuery {
+    kind: Option<String>,
+    created_after: Option<DateTime<Utc>>,
+    created_before: Option<DateTime<Utc>>,
+    order: Order,
+    limit: i64,
+    /// Where the previous page ended.
+    after: Option<Position>,
+}
+
+/// An entry's place in the listing's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Position {
+    created_at: DateTime<Utc>,
+    id: Uuid,
+}
+
+/// Parses the query string; every problem is reported, each naming its parameter.
+fn parse_query(query: &str, client_id: &str) -> Result<ListQuery, ApiError> {
+    let pairs: Vec<(String, String)> = query_pairs(query)?;
+    let mut problems = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for (name, _) in &pairs {
+        if !PARAMETERS.contains(&name.as_str()) {
+            problems.push(format!(
+                "{name}: unknown parameter (known: {})",
+                PARAMETERS.join(", ")
+            ));
+        } else if seen.contains(&name.as_str()) {
+            problems.push(format!("{name}: given more than once"));
+        } else {
+            seen.push(name);
+        }
+    }
+    let value = |name: &str| {
+        pairs
+            .iter()
+            .find(|(given, _)| given == name)
+            .map(|(_, value)| value.as_str())
+    };
+
+    let kind = value("kind").map(str::to_owned);
+    if kind.as_deref().is_some_and(|kind| !is_valid_kind(kind)) {
+        problems.push("kind: must be 1 to 64 of a-z 0-9 . _ -".into());
+    }
+    let mut time = |name: &str| {
+        let text = value(name)?;
+        match DateTime::parse_from_rfc3339(text) {
+            Ok(time) => Some(time.with_timezone(&Utc)),
+            Err(_) => {
+                problems.push(format!(
+                    "{name}: {text:?} is not an RFC 3339 time such as 2026-12-01T00:00:00Z (in a URL, write a + offset as %2B)"
+                ));
+                None
+            }
+        }
+    };
+    let created_after = time("created_after");
+    let created_before = time("created_before");
+    let order = match value("order") {
+        None | Some("desc") => Order::NewestFirst,
+        Some("asc") => Order::OldestFirst,
+        Some(other) => {
+            problems.push(format!("order: {other:?} is neither asc nor desc"));
+            Order::NewestFirst
+        }
+    };
+    let limit = match value("limit").map(str::parse::<i64>) {
+        None => DEFAULT_LIMIT,
+        Some(Ok(limit)) if (1..=MAX_LIMIT).contains(&limit) => limit,
+        Some(_) => {
+            problems.push(format!(
+                "limit: must be a whole number from 1 to {MAX_LIMIT}"
+            ));
+            DEFAULT_LIMIT
+        }
+    };
+    let mut query = ListQuery {
+        kind,
+        created_after,
+        created_before,
+        order,
+        limit,
+        after: None,
+    };
+    if let Some(text) = value("cursor") {
+        match Cursor::decode(text, &query.fingerprint(client_id)) {
+            Ok(position) => query.after = Some(position),
+            Err(problem) => problems.push(format!("cursor: {problem}")),
+        }
+    }
+    if problems.is_empty() {
+        Ok(query)
+    } else {
+        Err(ApiError::InvalidQuery(problems.join("; ")))
+    }
+}
+
+fn query_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
+    actix_web::web::Query::<Vec<(String, String)>>::from_query(query)
+        .map(|pairs| pairs.into_inner())
+        .map_err(|error| ApiError::InvalidQuery(format!("the query string is malformed: {error}")))
+}
+
+impl ListQuery {
+    /// What a cursor is tied to: the client and every parameter but `limit` and `cursor`. A
+    /// cursor used with other filters would start a page at a place that means nothing in
+    /// that listing, so it is refused.
+    fn fingerprint(&self, client_id: &str) -> [u8; FINGERPRINT_BYTES] {
+        let time = |time: Option<DateTime<Utc>>| time.map(format_time).unwrap_or_default();
+        let described = serde_json::json!([
+            client_id,
+            self.kind,
+            time(self.created_after),
+            time(self.created_before),
+            self.order.as_str(),
+        ]);
+        truncated_sha256(canonical_json(&described).as_bytes())
+    }
+}
+
+const CURSOR_VERSION: u8 = 1;
+const FINGERPRINT_BYTES: usize = 8;
+const CHECK_BYTES: usize = 8;
+/// version, created_at (microseconds since the epoch), id, the query's fingerprint, the check.
+const CURSOR_BYTES: usize = 1 + 8 + 16 + FINGERPRINT_BYTES + CHECK_BYTES;
+
+fn truncated_sha256<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let digest = Sha256::digest(bytes);
+    let mut out = [0u8; N];
+    out.copy_from_slice(&digest[..N]);
+    out
+}
+
+/// The opaque `next` cursor: base64url of the last entry's position, the fingerprint of the
+/// query it belongs to, and a check over both. The check catches a cursor that was cut or
+/// edited; it is not a signature, and need not be: the position is no secret, and every page
+/// is read within the calling client's own entries, so a forged cursor can show nothing that
+/// the client could not list anyway.
+struct Cursor;
+
+impl Cursor {
+    fn encode(position: Position, fingerprint: &[u8; FINGERPRINT_BYTES]) -> String {
+        let mut bytes = Vec::with_capacity(CURSOR_BYTES);
+        bytes.push(CURSOR_VERSION);
+        bytes.extend_from_slice(&position.created_at.timestamp_micros().to_be_bytes());
+        bytes.extend_from_slice(position.id.as_bytes());
+        bytes.extend_from_slice(fingerprint);
+        let check: [u8; CHECK_BYTES] = truncated_sha256(&bytes);
+        bytes.extend_from_slice(&check);
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    fn decode(text: &str, fingerprint: &[u8; FINGERPRINT_BYTES]) -> Result<Position, &'static str> {
+        let invalid = "not a cursor this listing made; start again without one";
+        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| invalid)?;
+        if bytes.len() != CURSOR_BYTES || bytes[0] != CURSOR_VERSION {
+            return Err(invalid);
+        }
+        let (body, check) = bytes.split_at(CURSOR_BYTES - CHECK_BYTES);
+        if truncated_sha256::<CHECK_BYTES>(body)[..] != *check {
+            return Err(invalid);
+        }
+        if body[25..] != fingerprint[..] {
+            return Err("it belongs to another query: give it with the same kind, created_after, created_before and order as the page it came with");
+        }
+        let micros = i64::from_be_bytes(body[1..9].try_into().map_err(|_| invalid)?);
+        let created_at = DateTime::from_timestamp_micros(micros).ok_or(invalid)?;
+        let id = Uuid::from_slice(&body[9..25]).map_err(|_| invalid)?;
+        Ok(Position { created_at, id })
+    }
+}
+
+/// An entry as listed: the entry and the idempotency key it was written with.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ListedEntry {
+    id: Uuid,
+    kind: String,
+    #[schema(value_type = Object)]
+    data: Map<String, Value>,
+    /// RFC 3339 with microseconds.
+    created_at: String,
+    idempotency_key: String,
+}
+
+/// One page of entries.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EntryPage {
+    /// In the order asked for.
+    entries: Vec<ListedEntry>,
+    /// Give it as `cursor`, with the same other parameters, for the next page; null after the
+    /// last page.
+    next: Option<String>,
+}
+
+/// The calling client's entries, newest first (or oldest first), a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/entries",
+    tag = "entries",
+    params(
+        ("kind" = Option<String>, Query, description = "Only entries of this kind (1 to 64 of `a-z 0-9 . _ -`)"),
+        ("created_after" = Option<String>, Query, description = "Only entries created after this RFC 3339 time (exclusive); percent-encode a `+` offset as `%2B`"),
+        ("created_before" = Option<String>, Query, description = "Only entries created before this RFC 3339 time (exclusive)"),
+        ("order" = Option<String>, Query, description = "`desc` (default): newest first; `asc`: oldest first"),
+        ("limit" = Option<i64>, Query, description = "Entries per page, 1 to 1000; default 100", minimum = 1, maximum = 1000),
+        ("cursor" = Option<String>, Query, description = "The `next` of the previous page, opaque; only with the same kind, created_after, created_before and order"),
+    ),
+    responses(
+        (status = 200, description = "A page of entries, in (created_at, id) order; an entry written while paging appears at most once, and every entry that existed when paging began appears exactly once", body = EntryPage, content_type = "application/json"),
+        (status = 400, description = "An unknown, repeated or invalid query parameter, or a cursor that was altered or belongs to another query (`invalid-request`; the detail names the parameter)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+    ),
+    security(("bearer" = [])),
+)]
+pub async fn list_entries(
+    request: HttpRequest,
+    state: SharedState,
+) -> Result<HttpResponse, ApiError> {
+    let client_id = state.auth.authenticate(&request)?;
+    let query = parse_query(request.query_string(), &client_id)?;
+    let statement = match query.order {
+        Order::NewestFirst => LIST_NEWEST_FIRST,
+        Order::OldestFirst => LIST_OLDEST_FIRST,
+    };
+    // One more than the page: whether there is a next page, without counting.
+    let fetch = query.limit + 1;
+    let (after_time, after_id) = match query.after {
+        Some(position) => (Some(position.created_at), Some(position.id)),
+        None => (None, None),
+    };
+    let rows = state
+        .db
+        .run(async |connection| {
+            let statement = connection.prepare_cached(statement).await?;
+            Ok(connection
+                .query(
+                    &statement,
+                    &[
+                        &&*client_id,
+                        &query.kind,
+                        &query.created_after,
+                        &query.created_before,
+                        &after_time,
+                        &after_id,
+                        &fetch,
+                    ],
+                )
+                .await?)
+        })
+        .await?;
+    let more = rows.len() as i64 > query.limit;
+    let mut entries = Vec::with_capacity(rows.len().min(query.limit as usize));
+    let mut last = None;
+    for row in rows.iter().take(query.limit as usize) {
+        let created_at: DateTime<Utc> = row.get(3);
+        let id: Uuid = row.get(0);
+        entries.push(ListedEntry {
+            id,
+            kind: row.get(1),
+            data: entry_data(row.get(2))?,
+            created_at: format_time(created_at),
+            idempotency_key: row.get(4),
+        });
+        last = Some(Position { created_at, id });
+    }
+    let next = match last {
+        Some(position) if more => Some(Cursor::encode(position, &query.fingerprint(&client_id))),
+        _ => None,
+    };
+    let page = EntryPage { entries, next };
+    let body = canonical_json(&serde_json::to_value(&page).map_err(|error| {
+        ApiError::Internal(anyhow::anyhow!(
+            "a page of entries did not serialize: {error}"
+        ))
+    })?);
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(query: &str) -> String {
+        match parse_query(query, "billing") {
+            Err(ApiError::InvalidQuery(detail)) => detail,
+            other => panic!("{query:?} was not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parameters_are_parsed_with_their_defaults() {
+        let query = parse_query("", "billing").unwrap();
+        assert_eq!(query.order, Order::NewestFirst);
+        assert_eq!(query.limit, DEFAULT_LIMIT);
+        assert_eq!(query.after, None);
+        let query = parse_query(
+            "kind=invoice.paid&created_after=2026-12-01T00:00:00%2B01:00&created_before=2026-12-02T00:00:00Z&order=asc&limit=1000",
+            "billing",
+        )
+        .unwrap();
+        assert_eq!(query.kind.as_deref(), Some("invoice.paid"));
+        assert_eq!(
+            query.created_after,
+            Some("2026-11-30T23:00:00Z".parse().unwrap())
+        );
+        assert_eq!(query.order, Order::OldestFirst);
+        assert_eq!(query.limit, 1000);
+    }
+
+    #[test]
+    fn every_bad_parameter_is_named() {
+        assert!(refusal("limit=0").starts_with("limit:"));
+        assert!(refusal("limit=1001").starts_with("limit:"));
+        assert!(refusal("limit=ten").starts_with("limit:"));
+        assert!(refusal("order=newest").starts_with("order:"));
+        assert!(refusal("kind=Not+Valid").starts_with("kind:"));
+        assert!(refusal("created_after=yesterday").starts_with("created_after:"));
+        // An unencoded + is a space: refused, with the hint.
+        assert!(refusal("created_before=2026-12-01T00:00:00+01:00").contains("%2B"));
+        assert!(refusal("created_since=2026-12-01T00:00:00Z").starts_with("created_since:"));
+        assert!(refusal("limit=5&limit=6").contains("more than once"));
+        assert!(refusal("cursor=abc").starts_with("cursor:"));
+        let both = refusal("order=up&limit=0");
+        assert!(both.contains("order:") && both.contains("limit:"), "{both}");
+    }
+
+    #[test]
+    fn a_cursor_round_trips_and_refuses_edits_and_other_queries() {
+        let query = parse_query("kind=a&order=asc", "billing").unwrap();
+        let position = Position {
+            created_at: "2026-12-01T10:00:00.123456Z".parse().unwrap(),
+            id: Uuid::now_v7(),
+        };
+        let cursor = Cursor::encode(position, &query.fingerprint("billing"));
+        let next = parse_query(
+            &format!("kind=a&order=asc&limit=7&cursor={cursor}"),
+            "billing",
+        )
+        .unwrap();
+        assert_eq!(next.after, Some(position), "limit may change between pages");
+
+        for other in [
+            "kind=b&order=asc",
+            "kind=a",
+            "kind=a&order=asc&created_after=2026-01-01T00:00:00Z",
+        ] {
+            let detail = refusal(&format!("{other}&cursor={cursor}"));
+            assert!(detail.contains("another query"), "{other}: {detail}");
+        }
+        let other_client = parse_query(&format!("kind=a&order=asc&cursor={cursor}"), "shipping");
+        assert!(other_client.is_err(), "a cursor is the client's own");
+
+        let mut bytes = URL_SAFE_NO_PAD.decode(&cursor).unwrap();
+        bytes[5] ^= 1;
+        let edited = URL_SAFE_NO_PAD.encode(&bytes);
+        let detail = refusal(&format!("kind=a&order=asc&cursor={edited}"));
+        assert!(detail.contains("not a cursor"), "{detail}");
+        let cut = &cursor[..cursor.len() - 2];
+        assert!(refusal(&format!("kind=a&order=asc&cursor={cut}")).contains("not a cursor"));
+    }
+}
