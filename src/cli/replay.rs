@@ -154,7 +154,7 @@ pub async fn run(
             let gone = horizon(&extent, None, settings.outbox.retention.0, now);
             anyhow::bail!("no event with id {event_id} in the outbox; {}", gone.holds);
         }
-        Err(error) => return Err(describe(error)),
+        Err(error) => return Err(error.into()),
     };
     let gone = horizon(
         &plan.extent,
@@ -191,9 +191,7 @@ pub async fn run(
     let stopped_by = Arc::new(AtomicI32::new(0));
     let terminal = std::io::stderr().is_terminal();
     let stop = watch_signals(stopped_by.clone(), terminal)?;
-    let replay = replay::start(db, &plan, &requested_by())
-        .await
-        .map_err(describe)?;
+    let replay = replay::start(db, &plan, &requested_by()).await?;
     print_start(&plan, &replay);
     let pace = Pace {
         batch_size: args.batch_size as usize,
@@ -213,18 +211,13 @@ pub async fn run(
     .await;
     progress.finish();
     broker.close().await;
-    let report = report.map_err(describe)?;
+    let report = report?;
     let resume = resume_command(config, &plan);
     Ok(print_summary(
         &report,
         &resume,
         stopped_by.load(Ordering::SeqCst),
     ))
-}
-
-/// The errors of a replay as the command reports them.
-fn describe(error: ReplayError) -> anyhow::Error {
-    anyhow::anyhow!("{error}")
 }
 
 /// What the command says about how far back the outbox goes: the janitor deletes events
