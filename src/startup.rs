@@ -20,6 +20,20 @@ use crate::writer::{CommitHook, Writer, WriterConfig};
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
+/// What an embedded daemon runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Start the outbox relays. Without them events stay in the outbox until something else
+    /// publishes them (another daemon, or [`crate::outbox::relay_until_empty`] in a test).
+    pub relays: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { relays: true }
+    }
+}
+
 /// A running daemon: its actors started and its listener bound.
 pub struct Application {
     port: u16,
@@ -40,6 +54,11 @@ impl Application {
     /// Migrates the database, starts the actors and binds `http.listen` (port 0 picks a free one).
     /// Must run inside an actix system.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        Self::build_with(settings, Options::default()).await
+    }
+
+    /// [`build`](Self::build), with parts left out as `options` say.
+    pub async fn build_with(settings: Settings, options: Options) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
         crate::telemetry::spawn_metrics_upkeep();
         // Read before anything else: a certificate that cannot be used stops the start at once.
@@ -62,17 +81,16 @@ impl Application {
         let waker = OutboxWaker::new(settings.outbox.workers);
         let (shutdown, shutdown_signal) = watch::channel(false);
         let (relay_token, relays_done) = mpsc::channel::<()>(1);
-        let relay_config = RelayConfig {
-            exchange: settings.amqp.exchange.clone(),
-            batch_size: settings.outbox.batch_size,
-            poll_interval: settings.outbox.poll_interval.0,
-            confirm_timeout: settings.outbox.confirm_timeout.0,
-            max_attempts: settings.outbox.max_attempts,
-        };
+        let relay_config = RelayConfig::from_settings(&settings);
         // Relays run on a thread of their own: publishing a large batch is a burst of work that
         // must not delay the shards and writers on the request path.
         let relay_arbiter = actix::Arbiter::new();
-        for index in 0..settings.outbox.workers {
+        let relays = if options.relays {
+            settings.outbox.workers
+        } else {
+            0
+        };
+        for index in 0..relays {
             let relay = OutboxRelay {
                 index,
                 db: db.clone(),

@@ -7,5 +7,8 @@ pub mod relay;
 pub mod replay;
 pub mod store;
 
+pub use broker::declare_exchange;
 pub use broker::{Broker, BrokerError};
-pub use relay::{relay_once, OutboxRelay, OutboxWaker, RelayConfig, RelayReport};
+pub use relay::{
+    relay_once, relay_until_empty, OutboxRelay, OutboxWaker, RelayConfig, RelayReport,
+};

@@ -26,6 +26,39 @@ pub struct RelayConfig {
     pub max_attempts: i32,
 }
 
+impl RelayConfig {
+    pub fn from_settings(settings: &crate::config::Settings) -> Self {
+        Self {
+            exchange: settings.amqp.exchange.clone(),
+            batch_size: settings.outbox.batch_size,
+            poll_interval: settings.outbox.poll_interval.0,
+            confirm_timeout: settings.outbox.confirm_timeout.0,
+            max_attempts: settings.outbox.max_attempts,
+        }
+    }
+}
+
+/// Publishes every due event of the outbox in `settings`' database, batch after batch, until a
+/// batch finds nothing due; returns how many were marked sent. What a relay does, once, without
+/// a relay running: for tests and tools that must not wait for a poll. Events that fail are
+/// scheduled for a later attempt as a relay would, and are not due again within this call.
+pub async fn relay_until_empty(settings: &crate::config::Settings) -> anyhow::Result<usize> {
+    let db = Database::new(&settings.database)?;
+    let config = RelayConfig::from_settings(settings);
+    let broker = Broker::new(&settings.amqp, config.confirm_timeout)?;
+    let channel = broker.open_channel().await?;
+    let mut sent = 0;
+    loop {
+        let report = relay_once(&db, &channel.channel, &config).await?;
+        sent += report.sent;
+        if report.claimed == 0 || report.channel_broken {
+            break;
+        }
+    }
+    broker.close().await;
+    Ok(sent)
+}
+
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
