@@ -13,7 +13,7 @@ use clap::{ArgGroup, Parser, Subcommand};
 use uuid::Uuid;
 
 use crate::config::{is_valid_client_id, Settings};
-use crate::startup::Application;
+use crate::startup::{notify_systemd, Application};
 use crate::{db, http, janitor, outbox, telemetry};
 
 /// Where the configuration is looked for when `--config` is not given: the working directory,
@@ -310,68 +310,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         "starting"
     );
     let application = Application::build(settings).await?;
-    let server = application.server_handle();
-    spawn_reload_on_hangup(application.certificate());
     // Migrations are applied and the listener is bound: tell systemd (Type=notify).
     notify_systemd(&[sd_notify::NotifyState::Ready]);
     spawn_watchdog();
-    actix::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutting down: finishing requests in flight");
-        notify_systemd(&[sd_notify::NotifyState::Stopping]);
-        server.stop(true).await;
-    });
-    application.run_until_stopped().await?;
+    application.run_until_signal().await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot listen for SIGTERM/SIGINT; stop the daemon with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
-    }
-}
-
-/// SIGHUP reloads the HTTPS listener's certificate and key (after certbot or cert-manager
-/// renewed them). Handled even without HTTPS, where it only logs: SIGHUP's default action
-/// would end the process.
-fn spawn_reload_on_hangup(
-    certificate: Option<std::sync::Arc<crate::tls::server::ServerCertificate>>,
-) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-        tracing::error!(
-            "cannot listen for SIGHUP; the tls certificate cannot be reloaded without a restart"
-        );
-        return;
-    };
-    actix::spawn(async move {
-        while hangup.recv().await.is_some() {
-            match &certificate {
-                // The outcome is logged by reload itself, an error included.
-                Some(certificate) => {
-                    let _ = certificate.reload();
-                }
-                None => tracing::info!("sighup: nothing to reload (the listener is plain http)"),
-            }
-        }
-    });
-}
-
-/// Outside systemd (no NOTIFY_SOCKET) this does nothing.
-fn notify_systemd(state: &[sd_notify::NotifyState]) {
-    if let Err(error) = sd_notify::notify(false, state) {
-        tracing::warn!(error = %error, "cannot notify systemd");
-    }
 }
 
 /// Pings the systemd watchdog at half its interval, from the actor system's own thread: if that

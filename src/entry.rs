@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::idempotency::canonical::normalize_number;
+use crate::idempotency::canonical::{normalize_number, write_string};
 use crate::idempotency::{canonical_object, request_hash, RequestHash};
 
 /// The route whose requests are hashed; part of every request hash.
@@ -286,6 +286,27 @@ fn field_error(pointer: &str, detail: &str) -> FieldError {
     }
 }
 
+/// The status of the answer to the request that creates an entry, saved with its record and
+/// replayed to every retry.
+pub const CREATED_STATUS: u16 = 201;
+
+/// The entry as the API shows it ([`EntryView`]), in canonical JSON, written from its parts:
+/// members in sorted order, `data` already canonical. The body of the answer that created it,
+/// and the data of its `entry.created` event.
+pub fn entry_json(id: Uuid, kind: &str, data_json: &str, created_at: &str) -> String {
+    let mut out = String::with_capacity(data_json.len() + kind.len() + 128);
+    out.push_str("{\"created_at\":");
+    write_string(created_at, &mut out);
+    out.push_str(",\"data\":");
+    out.push_str(data_json);
+    out.push_str(",\"id\":\"");
+    out.push_str(&id.to_string());
+    out.push_str("\",\"kind\":");
+    write_string(kind, &mut out);
+    out.push('}');
+    out
+}
+
 /// Formats a timestamp the one way the API shows timestamps.
 pub fn format_time(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Micros, true)
@@ -306,6 +327,29 @@ mod tests {
             Err(DecodeError::Invalid(errors)) => errors.into_iter().map(|e| e.pointer).collect(),
             other => panic!("expected invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_entry_json_is_the_canonical_entry_view() {
+        let data: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(r#"{"z":[1,{"b":"\u00e9\"","a":null}],"a":1.5}"#).unwrap();
+        let id = Uuid::now_v7();
+        let text = entry_json(
+            id,
+            "invoice.paid",
+            &canonical_object(&data),
+            "2026-12-02T11:00:00.000001Z",
+        );
+        let view = EntryView {
+            id,
+            kind: "invoice.paid".into(),
+            data,
+            created_at: "2026-12-02T11:00:00.000001Z".into(),
+        };
+        assert_eq!(
+            text,
+            crate::idempotency::canonical_json(&serde_json::to_value(&view).unwrap())
+        );
     }
 
     #[test]

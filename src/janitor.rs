@@ -97,20 +97,27 @@ pub async fn purge_once(
     Ok(report)
 }
 
-/// Runs [`purge_once`] every [`PURGE_INTERVAL`].
+/// Runs [`purge_once`] every [`PURGE_INTERVAL`], and at start.
 pub struct Janitor {
     db: Database,
     outbox_retention: Duration,
     pass_running: bool,
 }
 
+/// Stop: the pass in progress, if any, is abandoned (each of its deletes stands or not on its
+/// own; the next start deletes what is left).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
 impl Janitor {
-    pub fn new(db: Database, outbox_retention: Duration) -> Self {
+    pub fn start(db: Database, outbox_retention: Duration) -> Addr<Self> {
         Self {
             db,
             outbox_retention,
             pass_running: false,
         }
+        .start()
     }
 
     fn run_pass(&mut self, ctx: &mut Context<Self>) {
@@ -142,5 +149,13 @@ impl Actor for Janitor {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.run_pass(ctx);
         ctx.run_interval(PURGE_INTERVAL, |janitor, ctx| janitor.run_pass(ctx));
+    }
+}
+
+impl Handler<Stop> for Janitor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }

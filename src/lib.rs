@@ -6,10 +6,11 @@
 //!
 //! - [`http`]: actix-web routes; authenticates the client, validates the `Idempotency-Key` and
 //!   the body, hashes the request, and maps every error to problem+json ([`http::problem`]).
-//! - [`shard`]: `KeyShard` actors, one per shard of (client, key); duplicates meet here, and
-//!   completed responses are replayed from a bounded cache.
-//! - [`writer`]: `Writer` actors; commit writes in batches, one transaction each, with
-//!   `INSERT ... ON CONFLICT` as the final guard against duplicates.
+//! - [`write`]: the write path and its types ([`write::Write`], [`write::Answer`]): `KeyShard`
+//!   actors, one per shard of (client, key), where duplicates meet and completed responses are
+//!   replayed from a bounded cache ([`write::shard`], [`write::cache`]); `Writer` actors that
+//!   commit writes in batches, one transaction each, with `INSERT ... ON CONFLICT` as the final
+//!   guard against duplicates ([`write::writer`]).
 //! - [`db`]: the PostgreSQL pool, database creation, migrations, and the SQLSTATE mapping.
 //! - [`outbox`]: relay actors that publish committed events to RabbitMQ with publisher
 //!   confirms ([`outbox::relay`], [`outbox::publish`]), over the daemon's broker connection
@@ -37,8 +38,7 @@ pub mod idempotency;
 pub mod inbox;
 pub mod janitor;
 pub mod outbox;
-pub mod shard;
 pub mod startup;
 pub mod telemetry;
 pub mod tls;
-pub mod writer;
+pub mod write;

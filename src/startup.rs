@@ -1,21 +1,25 @@
-//! Wiring: migrations, the pool, the actors, and the HTTP server; and the shutdown protocol.
+//! Wiring and the shutdown protocol: the database and the broker, the write path (writers and
+//! key shards), the outbox (relays, the janitor, the gauges), and the HTTP server; then, when
+//! asked, every part stopped in order, in one place ([`Application::run_until_stopped`]).
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
-use actix::{Actor, Addr};
-use actix_web::dev::Server;
+use actix::Addr;
+use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
-use tokio::sync::{mpsc, watch};
 
 use crate::config::Settings;
-use crate::db;
+use crate::db::{self, Database};
+use crate::http::health::ReadinessMonitor;
+use crate::http::observe::{self, OutboxGauges};
 use crate::http::{self, AppState};
-use crate::janitor::Janitor;
-use crate::outbox::{Broker, OutboxRelay, OutboxWaker, RelayConfig};
-use crate::shard::{KeyShard, ShardHandle};
+use crate::janitor::{self, Janitor};
+use crate::outbox::{relay, Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::tls::server::ServerCertificate;
-use crate::writer::{CommitHook, Writer, WriterConfig};
+use crate::write::writer::{self, CommitHook};
+use crate::write::{KeyShard, PendingBytes, ShardHandle, Writer, WriterConfig};
 
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -38,16 +42,21 @@ impl Default for Options {
 pub struct Application {
     port: u16,
     server: Server,
-    /// The HTTPS listener's certificate, which SIGHUP reloads; `None` for plain HTTP.
     certificate: Option<Arc<ServerCertificate>>,
-    broker: Arc<Broker>,
     settings: Settings,
-    /// Tells relays to stop after their current batch.
-    shutdown: watch::Sender<bool>,
-    /// Each relay holds a sender; when all are dropped, every relay has finished.
-    relays_done: mpsc::Receiver<()>,
+    broker: Arc<Broker>,
+    writers: Vec<Addr<Writer>>,
+    relays: Vec<Addr<OutboxRelay>>,
     /// The relays' thread.
     relay_arbiter: actix::Arbiter,
+    janitor: Addr<Janitor>,
+    gauges: Addr<OutboxGauges>,
+}
+
+/// The write path: its writers, and the shards the HTTP layer submits writes to.
+struct WritePath {
+    writers: Vec<Addr<Writer>>,
+    shards: Vec<ShardHandle>,
 }
 
 impl Application {
@@ -72,125 +81,48 @@ impl Application {
         db::migrate(&settings.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
-        let (db, reads) = db::Database::split(&settings.database)?;
+        let (db, reads) = Database::split(&settings.database)?;
         let broker = Arc::new(Broker::new(
             &settings.amqp,
             settings.outbox.confirm_timeout.0,
         )?);
 
-        let waker = OutboxWaker::new(settings.outbox.workers);
-        let (shutdown, shutdown_signal) = watch::channel(false);
-        let (relay_token, relays_done) = mpsc::channel::<()>(1);
-        let relay_config = RelayConfig::from_settings(&settings);
-        // Relays run on a thread of their own: publishing a large batch is a burst of work that
-        // must not delay the shards and writers on the request path.
         let relay_arbiter = actix::Arbiter::new();
         let relays = if options.relays {
-            settings.outbox.workers
+            start_relays(&settings, &db, &broker, &relay_arbiter)
         } else {
-            0
+            Vec::new()
         };
-        for index in 0..relays {
-            let relay = OutboxRelay {
-                index,
-                db: db.clone(),
-                broker: broker.clone(),
-                config: relay_config.clone(),
-                wake: waker.notifier(index),
-                shutdown: shutdown_signal.clone(),
-                done: relay_token.clone(),
-            };
-            OutboxRelay::start_in_arbiter(&relay_arbiter.handle(), move |_| relay);
-        }
-        drop(relay_token);
-
-        let commit_hook: CommitHook = {
-            let waker = waker.clone();
-            Arc::new(move || waker.wake())
-        };
-        let writer_config = WriterConfig {
-            max_batch: settings.database.max_batch,
-            retention: settings.idempotency.retention.0,
-            audit: settings.events.audit,
-        };
-        let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
-            .map(|_| {
-                Writer::new(db.clone(), writer_config.clone(), Some(commit_hook.clone())).start()
-            })
-            .collect();
-        let cache_per_shard = settings
-            .idempotency
-            .cache_entries
-            .div_ceil(settings.idempotency.shards);
-        let shards: Vec<ShardHandle> = (0..settings.idempotency.shards)
-            .map(|_| {
-                KeyShard::spawn(
-                    writers.clone(),
-                    cache_per_shard,
-                    CACHE_BYTES / settings.idempotency.shards,
-                )
-            })
-            .collect();
-        Janitor::new(db.clone(), settings.outbox.retention.0).start();
+        let write_path = start_write_path(&settings, &db, OutboxWaker::new(relays.clone()));
+        let janitor = Janitor::start(db.clone(), settings.outbox.retention.0);
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
-        let readiness = Arc::new(http::health::ReadinessMonitor::new(
+        let readiness = Arc::new(ReadinessMonitor::new(
             reads.clone(),
-            settings.database.connect_timeout.0 + std::time::Duration::from_secs(1),
+            settings.database.connect_timeout.0 + Duration::from_secs(1),
         ));
-        http::observe::spawn_outbox_gauges(reads.clone(), readiness.clone());
+        let gauges = OutboxGauges::start(reads.clone(), readiness.clone());
 
-        let state = web::Data::new(Arc::new(AppState::new(
+        let state = AppState::new(
             &settings,
-            db.clone(),
+            db,
             reads,
-            shards.clone(),
+            write_path.shards,
             broker.clone(),
             readiness,
-        )));
-        let listener = TcpListener::bind(settings.http.listen).map_err(|error| {
-            anyhow::anyhow!("cannot listen on {}: {error}", settings.http.listen)
-        })?;
-        let port = listener.local_addr()?.port();
-        let server = HttpServer::new(move || {
-            App::new()
-                .wrap(actix_web::middleware::from_fn(http::observe::observe))
-                .app_data(state.clone())
-                .configure(http::routes)
-                .default_service(web::to(http::not_found))
-        })
-        .client_request_timeout(settings.http.head_timeout.0)
-        .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
-        // The process's signal handling (serve) stops the server; embedded, its owner does.
-        .disable_signals();
-        let server = match &certificate {
-            Some(certificate) => {
-                server.listen_rustls_0_23(listener, certificate.server_config()?)?
-            }
-            None => server.listen(listener)?,
-        }
-        .run();
-        let scheme = if certificate.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
-        if tokens_travel_in_clear(&settings) {
-            tracing::warn!(
-                address = %settings.http.listen,
-                "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
-            );
-        }
+        );
+        let (server, port) = start_http(&settings, state, certificate.as_ref())?;
         Ok(Self {
             port,
             server,
             certificate,
-            broker,
             settings,
-            shutdown,
-            relays_done,
+            broker,
+            writers: write_path.writers,
+            relays,
             relay_arbiter,
+            janitor,
+            gauges,
         })
     }
 
@@ -198,36 +130,150 @@ impl Application {
         self.port
     }
 
-    /// The HTTPS listener's certificate, to reload (SIGHUP); `None` for plain HTTP.
-    pub fn certificate(&self) -> Option<Arc<ServerCertificate>> {
-        self.certificate.clone()
-    }
-
-    /// A handle that stops the server gracefully.
-    pub fn server_handle(&self) -> actix_web::dev::ServerHandle {
+    /// A handle that stops the server gracefully, which then shuts the whole daemon down.
+    pub fn server_handle(&self) -> ServerHandle {
         self.server.handle()
     }
 
-    /// Serves until the server is stopped (by SIGTERM/SIGINT, or its handle), then shuts down:
-    /// the server has finished the requests in flight (and so their writes); relays finish their
-    /// batch; the broker connection is closed.
-    pub async fn run_until_stopped(mut self) -> std::io::Result<()> {
+    /// Serves until SIGTERM or SIGINT, then shuts down ([`run_until_stopped`](Self::run_until_stopped)).
+    /// SIGHUP meanwhile reloads the HTTPS listener's certificate. Tells systemd when it stops.
+    pub async fn run_until_signal(self) -> std::io::Result<()> {
+        let server = self.server_handle();
+        spawn_reload_on_hangup(self.certificate.clone());
+        actix::spawn(async move {
+            wait_for_termination().await;
+            tracing::info!("shutting down: finishing requests in flight");
+            notify_systemd(&[sd_notify::NotifyState::Stopping]);
+            server.stop(true).await;
+        });
+        self.run_until_stopped().await
+    }
+
+    /// Serves until the server is stopped (by a signal, or its handle), then shuts down, in
+    /// order, each step bounded by `http.shutdown_timeout`: the server has finished the
+    /// requests in flight; the writers commit what they have queued; the relays finish their
+    /// batch and stop; the janitor and the gauges stop; the broker connection is closed.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
-        tracing::info!("http server stopped; stopping relays");
-        // Relays that already stopped dropped their receivers; nothing else can fail here.
-        let _ = self.shutdown.send(true);
-        let relays = tokio::time::timeout(
-            self.settings.http.shutdown_timeout.0,
-            self.relays_done.recv(),
-        )
-        .await;
-        if relays.is_err() {
+        let limit = self.settings.http.shutdown_timeout.0;
+        tracing::info!("http server stopped; committing queued writes");
+        let drained = stop_all(&self.writers, writer::Drain, limit).await;
+        if !drained {
+            tracing::warn!("writers did not commit their queues within http.shutdown_timeout");
+        }
+        tracing::info!("stopping relays after their batch");
+        if !stop_all(&self.relays, relay::Stop, limit).await {
             tracing::warn!("relays did not finish within http.shutdown_timeout");
         }
+        // Neither holds anything that must be finished: a pass or a refresh is abandoned.
+        self.janitor.do_send(janitor::Stop);
+        self.gauges.do_send(observe::Stop);
         self.broker.close().await;
         self.relay_arbiter.stop();
         served
     }
+}
+
+/// Sends `message` to every actor and waits for all the answers, at most `limit`; false when
+/// the time ran out.
+async fn stop_all<A, M>(actors: &[Addr<A>], message: M, limit: Duration) -> bool
+where
+    A: actix::Actor + actix::Handler<M>,
+    A::Context: actix::dev::ToEnvelope<A, M>,
+    M: actix::Message + Send + Clone + 'static,
+    M::Result: Send,
+{
+    let answers =
+        futures_util::future::join_all(actors.iter().map(|actor| actor.send(message.clone())));
+    // An actor already stopped answers with a mailbox error: it has nothing left to do.
+    tokio::time::timeout(limit, answers).await.is_ok()
+}
+
+fn start_relays(
+    settings: &Settings,
+    db: &Database,
+    broker: &Arc<Broker>,
+    arbiter: &actix::Arbiter,
+) -> Vec<Addr<OutboxRelay>> {
+    let config = RelayConfig::from_settings(settings);
+    (0..settings.outbox.workers)
+        .map(|index| {
+            OutboxRelay::start(
+                &arbiter.handle(),
+                index,
+                db.clone(),
+                broker.clone(),
+                config.clone(),
+            )
+        })
+        .collect()
+}
+
+fn start_write_path(settings: &Settings, db: &Database, waker: OutboxWaker) -> WritePath {
+    let on_commit: CommitHook = Arc::new(move || waker.wake());
+    let config = WriterConfig {
+        max_batch: settings.database.max_batch,
+        retention: settings.idempotency.retention.0,
+        audit: settings.events.audit,
+    };
+    let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
+        .map(|_| Writer::start(db.clone(), config.clone(), on_commit.clone()))
+        .collect();
+    let pending = PendingBytes::new(settings.database.max_pending_bytes);
+    let shards = settings.idempotency.shards;
+    let shards = (0..shards)
+        .map(|_| {
+            KeyShard::start(
+                writers.clone(),
+                settings.idempotency.cache_entries.div_ceil(shards),
+                CACHE_BYTES / shards,
+                pending.clone(),
+                settings.idempotency.wait_timeout.0,
+            )
+        })
+        .collect();
+    WritePath { writers, shards }
+}
+
+/// Binds `http.listen` (HTTPS with `certificate`) and starts serving.
+fn start_http(
+    settings: &Settings,
+    state: AppState,
+    certificate: Option<&Arc<ServerCertificate>>,
+) -> anyhow::Result<(Server, u16)> {
+    let state = web::Data::new(state);
+    let listener = TcpListener::bind(settings.http.listen)
+        .map_err(|error| anyhow::anyhow!("cannot listen on {}: {error}", settings.http.listen))?;
+    let port = listener.local_addr()?.port();
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(actix_web::middleware::from_fn(http::observe::observe))
+            .app_data(state.clone())
+            .configure(http::routes)
+            .default_service(web::to(http::not_found))
+    })
+    .client_request_timeout(settings.http.head_timeout.0)
+    .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
+    // Signals are handled by `run_until_signal` (serve); embedded, the owner stops the server.
+    .disable_signals();
+    let server = match certificate {
+        Some(certificate) => server.listen_rustls_0_23(listener, certificate.server_config()?)?,
+        None => server.listen(listener)?,
+    }
+    .run();
+    let scheme = if certificate.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
+    if tokens_travel_in_clear(settings) {
+        tracing::warn!(
+            address = %settings.http.listen,
+            "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
+        );
+    }
+    Ok((server, port))
 }
 
 /// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,
@@ -237,6 +283,53 @@ fn tokens_travel_in_clear(settings: &Settings) -> bool {
     settings.http.tls_files().is_none()
         && !settings.auth.clients.is_empty()
         && !settings.http.listen.ip().is_loopback()
+}
+
+async fn wait_for_termination() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot listen for SIGTERM/SIGINT; stop the daemon with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+}
+
+/// SIGHUP reloads the HTTPS listener's certificate and key (after certbot or cert-manager
+/// renewed them). Handled even without HTTPS, where it only logs: SIGHUP's default action
+/// would end the process.
+fn spawn_reload_on_hangup(certificate: Option<Arc<ServerCertificate>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::error!(
+            "cannot listen for SIGHUP; the tls certificate cannot be reloaded without a restart"
+        );
+        return;
+    };
+    actix::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match &certificate {
+                // The outcome is logged by reload itself, an error included.
+                Some(certificate) => {
+                    let _ = certificate.reload();
+                }
+                None => tracing::info!("sighup: nothing to reload (the listener is plain http)"),
+            }
+        }
+    });
+}
+
+/// Tells systemd (`Type=notify`) what the daemon is doing. Outside systemd (no NOTIFY_SOCKET)
+/// this does nothing.
+pub fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(error) = sd_notify::notify(false, state) {
+        tracing::warn!(error = %error, "cannot notify systemd");
+    }
 }
 
 #[cfg(test)]

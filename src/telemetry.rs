@@ -35,9 +35,11 @@ pub const SHARD_IN_FLIGHT: &str = "retrysafe_shard_in_flight_keys";
 /// Duplicates waiting on an in-flight key.
 pub const SHARD_WAITERS: &str = "retrysafe_shard_waiting_duplicates";
 /// Lookups of the replay cache by result (hit, miss).
-pub const SHARD_CACHE_LOOKUPS: &str = "retrysafe_shard_cache_lookups_total";
-/// Responses held in the replay cache.
-pub const SHARD_CACHE_ENTRIES: &str = "retrysafe_shard_cache_entries";
+pub const REPLAY_CACHE_LOOKUPS: &str = "retrysafe_replay_cache_lookups_total";
+/// Responses held in the replay cache, across the shards.
+pub const REPLAY_CACHE_ENTRIES: &str = "retrysafe_replay_cache_entries";
+/// Bytes the replay cache holds (bodies, keys and bookkeeping), across the shards.
+pub const REPLAY_CACHE_BYTES: &str = "retrysafe_replay_cache_bytes";
 /// Events not yet delivered and not parked.
 pub const OUTBOX_UNSENT: &str = "retrysafe_outbox_unsent_events";
 /// Events parked after `outbox.max_attempts`.
@@ -273,8 +275,13 @@ fn describe_metrics() {
     );
     describe_gauge!(SHARD_IN_FLIGHT, "idempotency keys whose write is in flight");
     describe_gauge!(SHARD_WAITERS, "duplicates waiting for an in-flight key");
-    describe_counter!(SHARD_CACHE_LOOKUPS, "replay cache lookups by result");
-    describe_gauge!(SHARD_CACHE_ENTRIES, "responses in the replay cache");
+    describe_counter!(REPLAY_CACHE_LOOKUPS, "replay cache lookups by result");
+    describe_gauge!(REPLAY_CACHE_ENTRIES, "responses in the replay cache");
+    describe_gauge!(
+        REPLAY_CACHE_BYTES,
+        Unit::Bytes,
+        "bytes held by the replay cache"
+    );
     describe_gauge!(OUTBOX_UNSENT, "events not yet delivered and not parked");
     describe_gauge!(OUTBOX_PARKED, "events parked after outbox.max_attempts");
     describe_gauge!(

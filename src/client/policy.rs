@@ -7,7 +7,7 @@ use awc::http::header::HttpDate;
 use awc::http::StatusCode;
 use rand::Rng;
 
-use crate::http::problem::{ApiError, PROBLEM_TYPE_PREFIX};
+use crate::http::problem::REQUEST_IN_PROGRESS;
 
 /// How long a write is retried and how far apart the attempts are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,7 @@ pub fn is_retryable(status: StatusCode, problem_type: Option<&str>) -> bool {
 
 /// The one 409 worth retrying, named as the daemon names it.
 fn request_in_progress_type() -> String {
-    let (slug, _) = ApiError::RequestInProgress.slug_and_title();
-    format!("{PROBLEM_TYPE_PREFIX}{slug}")
+    REQUEST_IN_PROGRESS.type_uri()
 }
 
 /// A `Retry-After` value as a wait from `now`: delay-seconds or an HTTP date (a date already

@@ -1,8 +1,6 @@
 //! `POST /v1/entries` and `GET /v1/entries/{id}`; the listing, `GET /v1/entries`, is
 //! [`crate::http::listing`].
 
-use std::time::Duration;
-
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -13,13 +11,13 @@ use uuid::Uuid;
 
 use crate::entry::{decode_write, format_time, DecodedWrite, EntryView, ENTRIES_ROUTE};
 use crate::http::observe::Outcome;
-use crate::http::openapi::{NewEntryRequest, Problem};
+use crate::http::openapi::NewEntryRequest;
 use crate::http::problem::ApiError;
+use crate::http::problem::Problem;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
-use crate::shard::{Admission, Answer, ShardHandle, Submit};
 use crate::telemetry;
-use crate::writer::{pending_size, StoredResponse, WriteRequest};
+use crate::write::{Answer, SavedResponse, ScopedKey, Write};
 
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
 
@@ -68,37 +66,20 @@ pub async fn create_entry(
     .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
     let decoded = decode(&state, body).await?;
 
-    let shard = state.shard_for(&client_id, &key);
-    let scoped_key = (client_id, key);
-    let answer = match shard.cache.answer(&scoped_key, decoded.request_hash) {
-        Some(answer) => answer,
-        None => {
-            let (client_id, key) = scoped_key;
-            let size = pending_size(&decoded.kind, &decoded.data_json, &key);
-            let Some(pending) = state.pending.try_acquire(size) else {
-                metrics::counter!(telemetry::WRITES_SHED, "reason" => "pending_bytes").increment(1);
-                return Err(ApiError::Overloaded(
-                    "too many writes are pending (database.max_pending_bytes): the database is slow or stalled".into(),
-                ));
-            };
-            let write = WriteRequest {
-                client_id,
-                key,
-                request_hash: decoded.request_hash,
-                kind: decoded.kind,
-                data_json: decoded.data_json,
-                remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
-                pending,
-            };
-            submit(shard, write, state.wait_timeout).await?
-        }
+    let write = Write {
+        key: ScopedKey { client_id, key },
+        request_hash: decoded.request_hash,
+        kind: decoded.kind,
+        data_json: decoded.data_json,
+        remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
     };
-    match answer {
-        Answer::Created(response) => Ok(stored_response(&response, false)),
-        Answer::Replayed(response) => Ok(stored_response(&response, true)),
+    match state.shard_for(&write.key).submit(write).await {
+        Answer::Created(response) => Ok(saved_response(&response, false)),
+        Answer::Replayed(response) => Ok(saved_response(&response, true)),
         Answer::Conflict => Err(ApiError::IdempotencyKeyReused {
             status: state.mismatch_status,
         }),
+        Answer::InProgress => Err(ApiError::RequestInProgress),
         Answer::Failed(error) => Err(error.into()),
     }
 }
@@ -127,38 +108,8 @@ async fn decode(state: &SharedState, body: Bytes) -> Result<DecodedWrite, ApiErr
     Ok(decoded?)
 }
 
-/// Hands the write to its shard and waits for the answer, at most `wait_timeout`. Past it, a
-/// request whose write was sent to a writer gets 503 (the write may still commit: a retry with
-/// the same key then gets its answer), and one that waits for another write of its key gets
-/// 409 `request-in-progress`.
-async fn submit(
-    shard: &ShardHandle,
-    write: WriteRequest,
-    wait_timeout: Duration,
-) -> Result<Answer, ApiError> {
-    let admission =
-        shard.addr.send(Submit(write)).await.map_err(|error| {
-            ApiError::Internal(anyhow::anyhow!("key shard unreachable: {error}"))
-        })?;
-    let (leader, answer) = match admission {
-        Admission::Ready(answer) => return Ok(answer),
-        Admission::Pending { leader, answer } => (leader, answer),
-    };
-    match tokio::time::timeout(wait_timeout, answer).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(_dropped)) => Err(ApiError::Internal(anyhow::anyhow!(
-            "key shard dropped a request"
-        ))),
-        Err(_elapsed) if leader => Err(ApiError::StorageUnavailable(format!(
-            "the write was not confirmed within idempotency.wait_timeout ({})",
-            humantime::format_duration(wait_timeout)
-        ))),
-        Err(_elapsed) => Err(ApiError::RequestInProgress),
-    }
-}
-
 /// The response saved with a record, as first sent or replayed.
-fn stored_response(response: &StoredResponse, replayed: bool) -> HttpResponse {
+fn saved_response(response: &SavedResponse, replayed: bool) -> HttpResponse {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK);
     let mut builder = HttpResponse::build(status);
     builder.content_type("application/json");

@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use crate::db::StorageError;
 use crate::entry::format_time;
-use crate::http::openapi::Problem;
 use crate::http::problem::ApiError;
+use crate::http::problem::Problem;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 

@@ -17,8 +17,8 @@ use uuid::Uuid;
 
 use crate::entry::{format_time, is_valid_kind};
 use crate::http::entries::entry_data;
-use crate::http::openapi::Problem;
 use crate::http::problem::ApiError;
+use crate::http::problem::Problem;
 use crate::http::SharedState;
 use crate::idempotency::canonical_json;
 

@@ -16,9 +16,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::config::Settings;
 use crate::db::Database;
-use crate::idempotency::IdempotencyKey;
 use crate::outbox::Broker;
-use crate::shard::{shard_index, ShardHandle};
+use crate::write::{shard_index, ScopedKey, ShardHandle};
 use auth::Authenticator;
 use problem::ApiError;
 
@@ -38,8 +37,6 @@ pub struct AppState {
     pub wait_timeout: Duration,
     /// Status for a reused key with another request (409, or 422).
     pub mismatch_status: actix_web::http::StatusCode,
-    /// Bounds the bytes held by pending writes (`database.max_pending_bytes`).
-    pub pending: crate::writer::PendingBytes,
     /// Turns for decoding large bodies off the HTTP workers.
     pub decoders: Arc<tokio::sync::Semaphore>,
     /// The database's readiness, shared by every probe.
@@ -69,7 +66,6 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
-            pending: crate::writer::PendingBytes::new(settings.database.max_pending_bytes),
             // As many at once as there are cores to run them, and never fewer than two.
             decoders: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism()
@@ -80,8 +76,8 @@ impl AppState {
         }
     }
 
-    pub fn shard_for(&self, client_id: &str, key: &IdempotencyKey) -> &ShardHandle {
-        &self.shards[shard_index(client_id, key, self.shards.len())]
+    pub fn shard_for(&self, key: &ScopedKey) -> &ShardHandle {
+        &self.shards[shard_index(&key.client_id, &key.key, self.shards.len())]
     }
 }
 
@@ -182,4 +178,5 @@ async fn method_not_allowed(request: HttpRequest, allow: String) -> Result<HttpR
     })
 }
 
-pub type SharedState = web::Data<Arc<AppState>>;
+/// What handlers get: `web::Data` is already an `Arc`.
+pub type SharedState = web::Data<AppState>;

@@ -11,6 +11,7 @@ use utoipa::openapi::{Content, Ref, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::entry::{EntryView, FieldError};
+use crate::http::problem::Problem;
 use crate::http::{entries, health, keys, listing, observe, SharedState};
 use crate::idempotency::key::{KEY_PATTERN, MAX_KEY_LEN};
 
@@ -25,54 +26,6 @@ pub struct NewEntryRequest {
     /// Any JSON object; strings and member names may not contain U+0000.
     #[schema(value_type = Object)]
     data: Map<String, Value>,
-}
-
-/// Every problem type the API answers with (`/problems/<slug>`).
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub enum ProblemType {
-    #[serde(rename = "/problems/unauthorized")]
-    Unauthorized,
-    #[serde(rename = "/problems/missing-idempotency-key")]
-    MissingIdempotencyKey,
-    #[serde(rename = "/problems/invalid-idempotency-key")]
-    InvalidIdempotencyKey,
-    #[serde(rename = "/problems/unsupported-media-type")]
-    UnsupportedMediaType,
-    #[serde(rename = "/problems/payload-too-large")]
-    PayloadTooLarge,
-    #[serde(rename = "/problems/request-timeout")]
-    RequestTimeout,
-    #[serde(rename = "/problems/malformed-json")]
-    MalformedJson,
-    #[serde(rename = "/problems/invalid-request")]
-    InvalidRequest,
-    #[serde(rename = "/problems/idempotency-key-reused")]
-    IdempotencyKeyReused,
-    #[serde(rename = "/problems/request-in-progress")]
-    RequestInProgress,
-    #[serde(rename = "/problems/storage-unavailable")]
-    StorageUnavailable,
-    #[serde(rename = "/problems/not-found")]
-    NotFound,
-    #[serde(rename = "/problems/method-not-allowed")]
-    MethodNotAllowed,
-    #[serde(rename = "/problems/internal-error")]
-    InternalError,
-}
-
-/// An RFC 9457 problem (`application/problem+json`).
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct Problem {
-    #[serde(rename = "type")]
-    problem_type: ProblemType,
-    title: String,
-    status: u16,
-    detail: String,
-    /// Present for `invalid-request` about a request body: one item per offending field. (For
-    /// query parameters, `detail` names each.)
-    errors: Option<Vec<FieldError>>,
 }
 
 #[derive(OpenApi)]
@@ -91,7 +44,7 @@ pub struct Problem {
         observe::metrics,
         openapi_json,
     ),
-    components(schemas(NewEntryRequest, EntryView, FieldError, Problem, ProblemType, listing::EntryPage, listing::ListedEntry, keys::KeyView, keys::EventView, health::Readiness)),
+    components(schemas(NewEntryRequest, EntryView, FieldError, Problem, listing::EntryPage, listing::ListedEntry, keys::KeyView, keys::EventView, health::Readiness)),
     modifiers(&BearerAuth, &MethodsAndKeys),
     tags(
         (name = "entries", description = "Idempotent writes and their results"),

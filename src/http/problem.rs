@@ -1,5 +1,10 @@
 //! The closed set of errors the API answers with, and their one mapping to RFC 9457
 //! `application/problem+json`.
+//!
+//! Every problem type is one [`ProblemType`] in [`ALL`]: its status, slug, title, how the
+//! request is counted in the metrics, and whether the client is told when to retry. The
+//! responses, the OpenAPI description's enum of types and the tests' list are all derived from
+//! that table. [`ApiError`] says which type an error is, once, and what its detail says.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
@@ -10,12 +15,166 @@ use crate::db::StorageError;
 use crate::entry::{DecodeError, FieldError};
 use crate::http::observe::Outcome;
 use crate::idempotency::KeyError;
+use crate::write::WriteError;
 
 /// Every problem type is this prefix and a slug (`/problems/request-in-progress`).
 pub const PROBLEM_TYPE_PREFIX: &str = "/problems/";
 
 /// Seconds a client is told to wait before retrying a 503 or a 409 `request-in-progress`.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// One problem type: what the API answers for one kind of error.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ProblemType {
+    pub status: StatusCode,
+    pub slug: &'static str,
+    pub title: &'static str,
+    /// How the request is counted in `retrysafe_http_requests_total`.
+    pub outcome: Outcome,
+    /// Whether the answer carries `Retry-After` (the same request will do, later).
+    pub retry_after: bool,
+}
+
+impl ProblemType {
+    /// The `type` member: `/problems/<slug>`.
+    pub fn type_uri(&self) -> String {
+        format!("{PROBLEM_TYPE_PREFIX}{}", self.slug)
+    }
+}
+
+const fn problem(
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    outcome: Outcome,
+    retry_after: bool,
+) -> ProblemType {
+    ProblemType {
+        status,
+        slug,
+        title,
+        outcome,
+        retry_after,
+    }
+}
+
+pub const UNAUTHORIZED: ProblemType = problem(
+    StatusCode::UNAUTHORIZED,
+    "unauthorized",
+    "Unauthorized",
+    Outcome::Unauthorized,
+    false,
+);
+pub const MISSING_IDEMPOTENCY_KEY: ProblemType = problem(
+    StatusCode::BAD_REQUEST,
+    "missing-idempotency-key",
+    "Missing Idempotency-Key",
+    Outcome::Invalid,
+    false,
+);
+pub const INVALID_IDEMPOTENCY_KEY: ProblemType = problem(
+    StatusCode::BAD_REQUEST,
+    "invalid-idempotency-key",
+    "Invalid Idempotency-Key",
+    Outcome::Invalid,
+    false,
+);
+pub const UNSUPPORTED_MEDIA_TYPE: ProblemType = problem(
+    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    "unsupported-media-type",
+    "Unsupported media type",
+    Outcome::Invalid,
+    false,
+);
+pub const PAYLOAD_TOO_LARGE: ProblemType = problem(
+    StatusCode::PAYLOAD_TOO_LARGE,
+    "payload-too-large",
+    "Payload too large",
+    Outcome::Invalid,
+    false,
+);
+pub const REQUEST_TIMEOUT: ProblemType = problem(
+    StatusCode::REQUEST_TIMEOUT,
+    "request-timeout",
+    "Request timeout",
+    Outcome::Invalid,
+    false,
+);
+pub const MALFORMED_JSON: ProblemType = problem(
+    StatusCode::BAD_REQUEST,
+    "malformed-json",
+    "Malformed JSON",
+    Outcome::Invalid,
+    false,
+);
+pub const INVALID_REQUEST: ProblemType = problem(
+    StatusCode::BAD_REQUEST,
+    "invalid-request",
+    "Invalid request",
+    Outcome::Invalid,
+    false,
+);
+/// 409 by default; `idempotency.mismatch_status = 422` answers it with 422 instead.
+pub const IDEMPOTENCY_KEY_REUSED: ProblemType = problem(
+    StatusCode::CONFLICT,
+    "idempotency-key-reused",
+    "Idempotency-Key reused",
+    Outcome::Conflict,
+    false,
+);
+pub const REQUEST_IN_PROGRESS: ProblemType = problem(
+    StatusCode::CONFLICT,
+    "request-in-progress",
+    "Request in progress",
+    Outcome::InProgress,
+    true,
+);
+pub const STORAGE_UNAVAILABLE: ProblemType = problem(
+    StatusCode::SERVICE_UNAVAILABLE,
+    "storage-unavailable",
+    "Storage unavailable",
+    Outcome::Unavailable,
+    true,
+);
+pub const NOT_FOUND: ProblemType = problem(
+    StatusCode::NOT_FOUND,
+    "not-found",
+    "Not found",
+    Outcome::NotFound,
+    false,
+);
+pub const METHOD_NOT_ALLOWED: ProblemType = problem(
+    StatusCode::METHOD_NOT_ALLOWED,
+    "method-not-allowed",
+    "Method not allowed",
+    Outcome::Invalid,
+    false,
+);
+pub const INTERNAL_ERROR: ProblemType = problem(
+    StatusCode::INTERNAL_SERVER_ERROR,
+    "internal-error",
+    "Internal server error",
+    Outcome::Error,
+    false,
+);
+
+/// Every problem type the API answers with.
+pub const ALL: [&ProblemType; 14] = [
+    &UNAUTHORIZED,
+    &MISSING_IDEMPOTENCY_KEY,
+    &INVALID_IDEMPOTENCY_KEY,
+    &UNSUPPORTED_MEDIA_TYPE,
+    &PAYLOAD_TOO_LARGE,
+    &REQUEST_TIMEOUT,
+    &MALFORMED_JSON,
+    &INVALID_REQUEST,
+    &IDEMPOTENCY_KEY_REUSED,
+    &REQUEST_IN_PROGRESS,
+    &STORAGE_UNAVAILABLE,
+    &NOT_FOUND,
+    &METHOD_NOT_ALLOWED,
+    &INTERNAL_ERROR,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -42,11 +201,14 @@ pub enum ApiError {
     IdempotencyKeyReused { status: StatusCode },
     #[error("a request with this Idempotency-Key is still being processed")]
     RequestInProgress,
+    /// A write whose outcome the database did not confirm: it may have been saved.
+    #[error("write not confirmed: {0}")]
+    WriteNotConfirmed(String),
+    /// A read or a probe the database could not answer.
     #[error("storage unavailable: {0}")]
     StorageUnavailable(String),
     /// Load shed before anything was sent to the database (pending writes over their bound,
-    /// too many large bodies being decoded): answered as `storage-unavailable`, with its own
-    /// detail, since nothing was written.
+    /// writers saturated, too many large bodies being decoded): nothing was written.
     #[error("overloaded: {0}")]
     Overloaded(String),
     #[error("{0}")]
@@ -61,89 +223,89 @@ pub enum ApiError {
     Internal(anyhow::Error),
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
+/// An RFC 9457 problem (`application/problem+json`), as the API sends it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Problem<'a> {
+    /// `/problems/<slug>`.
     #[serde(rename = "type")]
-    problem_type: String,
-    title: &'a str,
-    status: u16,
-    detail: String,
+    #[schema(schema_with = problem_types)]
+    pub problem_type: String,
+    pub title: &'a str,
+    pub status: u16,
+    pub detail: String,
+    /// Present for `invalid-request` about a body: one item per offending field.
     #[serde(skip_serializing_if = "Option::is_none")]
-    errors: Option<&'a [FieldError]>,
+    pub errors: Option<&'a [FieldError]>,
+}
+
+/// The schema of `type`: one of [`ALL`].
+fn problem_types() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(ALL.iter().map(|problem| problem.type_uri())))
+        .build()
 }
 
 impl ApiError {
-    /// The problem type's slug (`/problems/<slug>`) and title.
-    pub fn slug_and_title(&self) -> (&'static str, &'static str) {
+    /// Which problem type this error is answered with.
+    pub fn problem_type(&self) -> &'static ProblemType {
         match self {
-            ApiError::Unauthorized => ("unauthorized", "Unauthorized"),
-            ApiError::MissingIdempotencyKey => {
-                ("missing-idempotency-key", "Missing Idempotency-Key")
-            }
-            ApiError::InvalidIdempotencyKey(_) => {
-                ("invalid-idempotency-key", "Invalid Idempotency-Key")
-            }
-            ApiError::UnsupportedMediaType(_) => {
-                ("unsupported-media-type", "Unsupported media type")
-            }
-            ApiError::PayloadTooLarge { .. } => ("payload-too-large", "Payload too large"),
-            ApiError::RequestTimeout(_) => ("request-timeout", "Request timeout"),
-            ApiError::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
-            ApiError::InvalidRequest(_) | ApiError::InvalidQuery(_) => {
-                ("invalid-request", "Invalid request")
-            }
-            ApiError::IdempotencyKeyReused { .. } => {
-                ("idempotency-key-reused", "Idempotency-Key reused")
-            }
-            ApiError::RequestInProgress => ("request-in-progress", "Request in progress"),
-            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) => {
-                ("storage-unavailable", "Storage unavailable")
-            }
-            ApiError::NotFound(_) => ("not-found", "Not found"),
-            ApiError::MethodNotAllowed { .. } => ("method-not-allowed", "Method not allowed"),
-            ApiError::Internal(_) => ("internal-error", "Internal server error"),
-        }
-    }
-
-    fn outcome(&self) -> Outcome {
-        match self {
-            ApiError::Unauthorized => Outcome::Unauthorized,
-            ApiError::IdempotencyKeyReused { .. } => Outcome::Conflict,
-            ApiError::RequestInProgress => Outcome::InProgress,
-            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) => Outcome::Unavailable,
-            ApiError::NotFound(_) => Outcome::NotFound,
-            ApiError::Internal(_) => Outcome::Error,
-            ApiError::MissingIdempotencyKey
-            | ApiError::InvalidIdempotencyKey(_)
-            | ApiError::UnsupportedMediaType(_)
-            | ApiError::PayloadTooLarge { .. }
-            | ApiError::RequestTimeout(_)
-            | ApiError::MalformedJson(_)
-            | ApiError::InvalidRequest(_)
-            | ApiError::InvalidQuery(_)
-            | ApiError::MethodNotAllowed { .. } => Outcome::Invalid,
+            ApiError::Unauthorized => &UNAUTHORIZED,
+            ApiError::MissingIdempotencyKey => &MISSING_IDEMPOTENCY_KEY,
+            ApiError::InvalidIdempotencyKey(_) => &INVALID_IDEMPOTENCY_KEY,
+            ApiError::UnsupportedMediaType(_) => &UNSUPPORTED_MEDIA_TYPE,
+            ApiError::PayloadTooLarge { .. } => &PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => &REQUEST_TIMEOUT,
+            ApiError::MalformedJson(_) => &MALFORMED_JSON,
+            ApiError::InvalidRequest(_) | ApiError::InvalidQuery(_) => &INVALID_REQUEST,
+            ApiError::IdempotencyKeyReused { .. } => &IDEMPOTENCY_KEY_REUSED,
+            ApiError::RequestInProgress => &REQUEST_IN_PROGRESS,
+            ApiError::WriteNotConfirmed(_)
+            | ApiError::StorageUnavailable(_)
+            | ApiError::Overloaded(_) => &STORAGE_UNAVAILABLE,
+            ApiError::NotFound(_) => &NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => &METHOD_NOT_ALLOWED,
+            ApiError::Internal(_) => &INTERNAL_ERROR,
         }
     }
 
     /// What the client is told. An internal error says nothing of its cause (which is logged).
     fn detail(&self) -> String {
         match self {
-            ApiError::StorageUnavailable(_) => {
+            ApiError::WriteNotConfirmed(_) => {
                 // Not "nothing was saved": when the connection fails during COMMIT the write may have
                 // been saved. Retrying the same key is safe either way; a new key is not.
                 "the database did not confirm the write; retry the request with the same Idempotency-Key: if the write was saved the retry returns its answer, otherwise it runs the write".into()
             }
+            ApiError::StorageUnavailable(_) => {
+                "the database is unavailable; retry after the time in Retry-After".into()
+            }
+            ApiError::Overloaded(reason) => format!(
+                "{reason}; nothing was written for this request: retry it with the same Idempotency-Key after the time in Retry-After"
+            ),
             ApiError::IdempotencyKeyReused { .. } => {
                 "this Idempotency-Key was already used with a different request (method, route or body); use a new key for a new request".into()
             }
             ApiError::RequestInProgress => {
                 "a request with this Idempotency-Key is still being processed; retry after the time in Retry-After".into()
             }
-            ApiError::Overloaded(reason) => format!(
-                "{reason}; nothing was written for this request: retry it with the same Idempotency-Key after the time in Retry-After"
-            ),
             ApiError::Internal(_) => "an unexpected error occurred; it has been logged".into(),
             other => other.to_string(),
+        }
+    }
+
+    /// Logs what an operator may need to know: the cause of a 500, and why storage failed.
+    fn log(&self) {
+        match self {
+            ApiError::Internal(error) => {
+                tracing::error!(error = format!("{error:#}"), "internal error")
+            }
+            ApiError::WriteNotConfirmed(reason) | ApiError::StorageUnavailable(reason) => {
+                tracing::warn!(reason = %reason, "storage unavailable")
+            }
+            ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
+            _ => {}
         }
     }
 }
@@ -157,6 +319,7 @@ impl From<DecodeError> for ApiError {
     }
 }
 
+/// A read or a probe that failed in the database.
 impl From<StorageError> for ApiError {
     fn from(error: StorageError) -> Self {
         match error {
@@ -171,72 +334,75 @@ impl From<StorageError> for ApiError {
     }
 }
 
+/// A write with no answer from its record.
+impl From<WriteError> for ApiError {
+    fn from(error: WriteError) -> Self {
+        match error {
+            // A bug, or a database in a state the daemon does not expect: a 500, logged.
+            WriteError::Storage(
+                storage @ (StorageError::DataRejected(_) | StorageError::Other(_)),
+            ) => storage.into(),
+            WriteError::Overloaded(reason) => ApiError::Overloaded(reason.to_owned()),
+            other => ApiError::WriteNotConfirmed(other.to_string()),
+        }
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::MissingIdempotencyKey
-            | ApiError::InvalidIdempotencyKey(_)
-            | ApiError::MalformedJson(_)
-            | ApiError::InvalidRequest(_)
-            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
-            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::IdempotencyKeyReused { status } => *status,
-            ApiError::RequestInProgress => StatusCode::CONFLICT,
-            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            other => other.problem_type().status,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
+        self.log();
+        let problem_type = self.problem_type();
         let status = self.status_code();
-        let outcome = self.outcome();
-        match self {
-            ApiError::Internal(error) => {
-                tracing::error!(error = format!("{error:#}"), "internal error")
-            }
-            ApiError::StorageUnavailable(reason) => {
-                tracing::warn!(reason = %reason, "storage unavailable")
-            }
-            ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
-            _ => {}
-        }
-        let (slug, title) = self.slug_and_title();
-        let errors = match self {
-            ApiError::InvalidRequest(errors) => Some(errors.as_slice()),
-            _ => None,
-        };
         let problem = Problem {
-            problem_type: format!("{PROBLEM_TYPE_PREFIX}{slug}"),
-            title,
+            problem_type: problem_type.type_uri(),
+            title: problem_type.title,
             status: status.as_u16(),
             detail: self.detail(),
-            errors,
+            errors: match self {
+                ApiError::InvalidRequest(errors) => Some(errors.as_slice()),
+                _ => None,
+            },
         };
         let mut response = HttpResponse::build(status);
         response.content_type("application/problem+json");
-        if matches!(
-            self,
-            ApiError::StorageUnavailable(_) | ApiError::Overloaded(_) | ApiError::RequestInProgress
-        ) {
+        if problem_type.retry_after {
             response.insert_header((header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS)));
         }
-        if matches!(self, ApiError::Unauthorized) {
-            response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
-        }
-        if let ApiError::MethodNotAllowed { allow, .. } = self {
-            if let Ok(allow) = HeaderValue::from_str(allow) {
-                response.insert_header((header::ALLOW, allow));
+        match self {
+            ApiError::Unauthorized => {
+                response
+                    .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
             }
+            ApiError::MethodNotAllowed { allow, .. } => {
+                if let Ok(allow) = HeaderValue::from_str(allow) {
+                    response.insert_header((header::ALLOW, allow));
+                }
+            }
+            _ => {}
         }
         let mut response = response.json(problem);
-        response.extensions_mut().insert(outcome);
+        response.extensions_mut().insert(problem_type.outcome);
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_type_has_its_own_slug_and_a_title() {
+        let mut slugs: Vec<&str> = ALL.iter().map(|problem| problem.slug).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), ALL.len());
+        assert!(ALL.iter().all(|problem| !problem.title.is_empty()));
     }
 }

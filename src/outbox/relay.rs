@@ -1,14 +1,16 @@
 //! Outbox relay actors: claim due rows, publish them with pipelined confirms, record the result.
+//!
+//! [`relay_once`] is one batch, in one transaction; [`OutboxRelay`] runs it again and again in
+//! the daemon; [`relay_until_empty`] runs it until nothing is due, for tests and tools.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use lapin::Channel;
-use tokio::sync::{watch, Notify};
 
 use crate::db::{Database, PgClient, StorageError};
-use crate::outbox::broker::{Broker, BrokerChannel};
+use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all, Destination, FailureKind, PublishResult};
 use crate::outbox::store::{self, Failure, RelayStatements};
 use crate::telemetry;
@@ -63,8 +65,8 @@ pub async fn relay_until_empty(settings: &crate::config::Settings) -> anyhow::Re
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
     pub claimed: usize,
+    /// Events the broker confirmed, now marked sent.
     pub sent: usize,
-    pub failed: usize,
     /// The channel failed during the batch and must be replaced.
     pub channel_broken: bool,
     /// The broker nacked a publish: the next batch uses a fresh channel on the same connection.
@@ -145,7 +147,6 @@ async fn relay_batch(
     store::mark_failed(&transaction, &statements, &failures, config.max_attempts).await?;
     transaction.commit().await.map_err(StorageError::from)?;
     report.sent = sent.len();
-    report.failed = failures.len();
     if !failures.is_empty() {
         let parked = failures
             .iter()
@@ -164,139 +165,223 @@ async fn relay_batch(
 /// Wakes the relays of this process right after a writer commits.
 #[derive(Clone, Default)]
 pub struct OutboxWaker {
-    relays: Vec<Arc<Notify>>,
+    relays: Vec<Addr<OutboxRelay>>,
 }
 
 impl OutboxWaker {
-    /// One notifier per relay: `notify_one` keeps a permit for a busy relay, so a commit during
-    /// its batch is not missed.
-    pub fn new(relays: usize) -> Self {
-        Self {
-            relays: (0..relays).map(|_| Arc::new(Notify::new())).collect(),
-        }
+    pub fn new(relays: Vec<Addr<OutboxRelay>>) -> Self {
+        Self { relays }
     }
 
     pub fn wake(&self) {
         for relay in &self.relays {
-            relay.notify_one();
+            // A full mailbox already holds a wake-up (or a stop): one more adds nothing.
+            let _ = relay.try_send(Wake);
         }
-    }
-
-    pub fn notifier(&self, relay: usize) -> Arc<Notify> {
-        self.relays[relay].clone()
     }
 }
 
-/// A relay: loops over [`relay_once`] while there is work, and otherwise waits for a wake-up,
-/// the poll interval, or shutdown. Shutdown is seen between batches, never inside one.
+/// Commits wrote events: relay now rather than at the next poll.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+/// Finish the batch in progress, then stop. Answered once the relay has stopped.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// What a relay has done, for tests and diagnostics.
+#[derive(Message)]
+#[rtype(result = "RelayState")]
+pub struct GetState;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelayState {
+    /// Batches relayed (a batch that found nothing due included).
+    pub batches: u64,
+    /// Events the broker confirmed.
+    pub events_sent: u64,
+    /// Whether the relay has a channel to the broker.
+    pub connected: bool,
+    /// The last failure: the broker unreachable, or a batch that failed.
+    pub last_error: Option<String>,
+}
+
+/// Why the relay's next batch waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    /// Until the poll interval or a wake-up.
+    Poll,
+    /// Until the reconnect delay: a wake-up must not cut a backoff short.
+    Reconnect,
+}
+
+/// An outbox relay: runs [`relay_once`] while there is work, and otherwise waits for a
+/// [`Wake`], the poll interval, or a [`Stop`]. A batch runs with the actor's mailbox held
+/// (`ctx.wait`), so a stop takes effect between batches, never inside one.
 pub struct OutboxRelay {
-    pub index: usize,
-    pub db: Database,
-    pub broker: Arc<Broker>,
-    pub config: RelayConfig,
-    pub wake: Arc<Notify>,
-    pub shutdown: watch::Receiver<bool>,
-    /// Dropped when the relay stops: the daemon's shutdown waits for every relay's token.
-    pub done: tokio::sync::mpsc::Sender<()>,
+    index: usize,
+    db: Database,
+    broker: Arc<Broker>,
+    config: RelayConfig,
+    channel: Option<BrokerChannel>,
+    reconnect_delay: Duration,
+    /// The next batch, when it is waiting; None while a batch runs.
+    next: Option<(SpawnHandle, Pause)>,
+    state: RelayState,
+}
+
+/// What one step of a relay found.
+enum Step {
+    Relayed {
+        channel: BrokerChannel,
+        report: Result<RelayReport, StorageError>,
+    },
+    BrokerUnreachable(BrokerError),
+}
+
+impl OutboxRelay {
+    /// Starts a relay on `arbiter` (relays run on a thread of their own: publishing a large
+    /// batch is a burst of work that must not delay the shards and writers on the request path).
+    pub fn start(
+        arbiter: &actix::ArbiterHandle,
+        index: usize,
+        db: Database,
+        broker: Arc<Broker>,
+        config: RelayConfig,
+    ) -> Addr<Self> {
+        OutboxRelay::start_in_arbiter(arbiter, move |_| OutboxRelay {
+            index,
+            db,
+            broker,
+            config,
+            channel: None,
+            reconnect_delay: FIRST_RECONNECT_DELAY,
+            next: None,
+            state: RelayState::default(),
+        })
+    }
+
+    fn schedule(&mut self, after: Duration, pause: Pause, ctx: &mut Context<Self>) {
+        if let Some((pending, _)) = self.next.take() {
+            ctx.cancel_future(pending);
+        }
+        let handle = ctx.run_later(after, |relay, ctx| {
+            relay.next = None;
+            relay.step(ctx);
+        });
+        self.next = Some((handle, pause));
+    }
+
+    /// One batch, with a channel opened first if needed; the mailbox waits meanwhile.
+    fn step(&mut self, ctx: &mut Context<Self>) {
+        let (db, broker, config) = (self.db.clone(), self.broker.clone(), self.config.clone());
+        let channel = self.channel.take();
+        let step = async move {
+            let channel = match channel {
+                Some(open) if open.channel.status().connected() => open,
+                // Bounded inside: each broker of the list within its connect timeout.
+                _ => match broker.open_channel().await {
+                    Ok(opened) => opened,
+                    Err(error) => return Step::BrokerUnreachable(error),
+                },
+            };
+            let report = relay_once(&db, &channel.channel, &config).await;
+            Step::Relayed { channel, report }
+        };
+        ctx.wait(
+            step.into_actor(self)
+                .map(|step, relay, ctx| relay.after(step, ctx)),
+        );
+    }
+
+    fn after(&mut self, step: Step, ctx: &mut Context<Self>) {
+        self.state.batches += 1;
+        let (channel, report) = match step {
+            Step::BrokerUnreachable(error) => {
+                tracing::warn!(relay = self.index, error = %error, retry_in = ?self.reconnect_delay, "broker unreachable");
+                self.state.connected = false;
+                self.state.last_error = Some(error.to_string());
+                self.schedule(self.reconnect_delay, Pause::Reconnect, ctx);
+                self.reconnect_delay = (self.reconnect_delay * 2).min(MAX_RECONNECT_DELAY);
+                return;
+            }
+            Step::Relayed { channel, report } => (channel, report),
+        };
+        self.reconnect_delay = FIRST_RECONNECT_DELAY;
+        self.state.connected = true;
+        let report = match report {
+            Ok(report) => report,
+            Err(error) => {
+                tracing::warn!(relay = self.index, error = %error, "relay batch failed");
+                self.state.last_error = Some(error.to_string());
+                // The batch may have been abandoned between its publishes and their confirms:
+                // a fresh channel keeps late confirms and returns out of the next batch.
+                self.schedule(self.config.poll_interval, Pause::Poll, ctx);
+                return;
+            }
+        };
+        self.state.events_sent += report.sent as u64;
+        if report.channel_broken {
+            self.state.connected = false;
+            let broker = self.broker.clone();
+            let generation = channel.generation;
+            ctx.wait(
+                async move { broker.connection_lost(generation).await }
+                    .into_actor(self)
+                    .map(|(), relay, ctx| relay.schedule(Duration::ZERO, Pause::Poll, ctx)),
+            );
+            return;
+        }
+        if !report.renew_channel {
+            self.channel = Some(channel);
+        }
+        if report.claimed == self.config.batch_size {
+            self.schedule(Duration::ZERO, Pause::Poll, ctx);
+        } else {
+            self.schedule(self.config.poll_interval, Pause::Poll, ctx);
+        }
+    }
 }
 
 impl Actor for OutboxRelay {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let run = run_relay(
-            self.index,
-            self.db.clone(),
-            self.broker.clone(),
-            self.config.clone(),
-            self.wake.clone(),
-            self.shutdown.clone(),
-        );
-        let done = self.done.clone();
-        ctx.spawn(run.into_actor(self).map(move |(), _, ctx| {
-            drop(done);
-            ctx.stop();
-        }));
+        self.schedule(Duration::ZERO, Pause::Poll, ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        tracing::debug!(relay = self.index, "relay stopped");
     }
 }
 
-async fn run_relay(
-    index: usize,
-    db: Database,
-    broker: Arc<Broker>,
-    config: RelayConfig,
-    wake: Arc<Notify>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut channel: Option<BrokerChannel> = None;
-    let mut reconnect_delay = FIRST_RECONNECT_DELAY;
-    loop {
-        if *shutdown.borrow() {
-            break;
-        }
-        let current = match &channel {
-            Some(current) if current.channel.status().connected() => current,
-            // Bounded inside: each broker of the list within its connect timeout.
-            _ => match broker.open_channel().await {
-                Ok(opened) => {
-                    reconnect_delay = FIRST_RECONNECT_DELAY;
-                    channel.insert(opened)
-                }
-                Err(error) => {
-                    tracing::warn!(relay = index, error = %error, retry_in = ?reconnect_delay, "broker unreachable");
-                    channel = None;
-                    if wait(&mut shutdown, reconnect_delay, None).await {
-                        break;
-                    }
-                    reconnect_delay = (reconnect_delay * 2).min(MAX_RECONNECT_DELAY);
-                    continue;
-                }
-            },
-        };
-        match relay_once(&db, &current.channel, &config).await {
-            Ok(report) => {
-                if report.channel_broken {
-                    let generation = current.generation;
-                    channel = None;
-                    broker.connection_lost(generation).await;
-                    continue;
-                }
-                if report.renew_channel {
-                    channel = None;
-                }
-                if report.claimed == config.batch_size {
-                    continue;
-                }
-            }
-            Err(error) => {
-                tracing::warn!(relay = index, error = %error, "relay batch failed");
-                // The batch may have been abandoned between its publishes and their confirms:
-                // a fresh channel keeps late confirms and returns out of the next batch.
-                channel = None;
-            }
-        }
-        if wait(&mut shutdown, config.poll_interval, Some(&wake)).await {
-            break;
+impl Handler<Wake> for OutboxRelay {
+    type Result = ();
+
+    fn handle(&mut self, _: Wake, ctx: &mut Self::Context) {
+        if matches!(self.next, Some((_, Pause::Poll))) {
+            self.schedule(Duration::ZERO, Pause::Poll, ctx);
         }
     }
-    tracing::debug!(relay = index, "relay stopped");
 }
 
-/// Sleeps for `period` or until woken; true when shutdown was asked for.
-async fn wait(
-    shutdown: &mut watch::Receiver<bool>,
-    period: Duration,
-    wake: Option<&Notify>,
-) -> bool {
-    let woken = async {
-        match wake {
-            Some(notify) => notify.notified().await,
-            None => std::future::pending().await,
+impl Handler<Stop> for OutboxRelay {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        if let Some((pending, _)) = self.next.take() {
+            ctx.cancel_future(pending);
         }
-    };
-    tokio::select! {
-        _ = shutdown.changed() => true,
-        _ = tokio::time::sleep(period) => *shutdown.borrow(),
-        _ = woken => *shutdown.borrow(),
+        ctx.stop();
+    }
+}
+
+impl Handler<GetState> for OutboxRelay {
+    type Result = MessageResult<GetState>;
+
+    fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.state.clone())
     }
 }

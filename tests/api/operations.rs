@@ -416,7 +416,7 @@ async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
     assert!(
         sample(
             &after,
-            r#"retrysafe_shard_cache_lookups_total{result="hit"}"#
+            r#"retrysafe_replay_cache_lookups_total{result="hit"}"#
         ) >= 2.0,
         "{after}"
     );

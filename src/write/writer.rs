@@ -1,15 +1,15 @@
 //! Writer actors: they commit writes to PostgreSQL, many at a time.
 //!
 //! A writer queues the writes sent to it. While one batch is in flight, new writes queue; when it
-//! finishes, the next batch takes everything that queued (up to `database.max_batch`). No timer
-//! delays a lone write: an idle writer starts a batch of one at once.
+//! finishes, the next batch takes everything that queued (up to `database.max_batch`, and
+//! [`MAX_BATCH_BYTES`]). No timer delays a lone write: an idle writer starts a batch of one at
+//! once.
 //!
 //! A batch is one transaction whose main statement claims every key with `INSERT ... ON CONFLICT`
 //! and inserts the entries and outbox rows of the keys it claimed. A key it did not claim (another
 //! process holds or completed it) is read back and answered as a replay or a conflict.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,11 +20,11 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::db::{Database, PgClient, StorageError};
-use crate::entry::{format_time, now_micros};
+use crate::entry::{entry_json, format_time, now_micros, CREATED_STATUS};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
-use crate::idempotency::canonical::write_string;
-use crate::idempotency::{canonical_json, IdempotencyKey, RequestHash};
+use crate::idempotency::{canonical_json, RequestHash};
 use crate::telemetry;
+use crate::write::{PendingPermit, SavedResponse, Write, WriteError};
 
 /// Writes a writer queues at most, in batches' worth: past that it refuses new writes with
 /// 503 at once (shedding load) rather than letting latency and memory grow without bound.
@@ -38,123 +38,45 @@ const MAX_CONFLICT_RETRIES: u32 = 5;
 /// batch, other clients' small ones included, would fail with it.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
-/// One write a client asked for, validated and hashed, in compact form: the canonical text of
-/// its data, not the decoded tree (which takes many times the body's size in memory).
-#[derive(Debug)]
-pub struct WriteRequest {
-    pub client_id: Arc<str>,
-    pub key: IdempotencyKey,
-    pub request_hash: RequestHash,
-    pub kind: String,
-    /// `data`, as canonical JSON text.
-    pub data_json: String,
-    pub remote_addr: Option<String>,
-    /// Its share of the bytes all pending writes may hold; given back when the write is done.
-    pub pending: PendingPermit,
+/// Asks a writer to commit one write; the outcome comes on `reply`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Commit {
+    pub write: Write,
+    /// Held until the write is answered.
+    pub permit: PendingPermit,
+    pub reply: oneshot::Sender<Result<Committed, WriteError>>,
 }
 
-/// Bounds the bytes held by writes that are queued or being committed (or waiting in a shard
-/// for another write of their key): past the limit a new write is refused at once with 503,
-/// rather than letting memory grow while the database is slow or stalled.
+/// What a committed batch did for one write.
 #[derive(Debug, Clone)]
-pub struct PendingBytes {
-    limit: usize,
-    used: Arc<AtomicUsize>,
-}
-
-/// A write's share of [`PendingBytes`], returned when dropped.
-#[derive(Debug)]
-pub struct PendingPermit {
-    bytes: usize,
-    used: Arc<AtomicUsize>,
-}
-
-/// What a pending write is counted as: its canonical data, kind and key, and the bookkeeping
-/// around them. (While its batch commits, the statement's copies take a few times that.)
-pub fn pending_size(kind: &str, data_json: &str, key: &IdempotencyKey) -> usize {
-    data_json.len() + kind.len() + key.as_str().len() + 512
-}
-
-impl PendingBytes {
-    pub fn new(limit: usize) -> Self {
-        Self {
-            limit,
-            used: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    /// A permit for `bytes`, or None when that would pass the limit.
-    pub fn try_acquire(&self, bytes: usize) -> Option<PendingPermit> {
-        let mut used = self.used.load(Ordering::Relaxed);
-        loop {
-            let wanted = used.checked_add(bytes)?;
-            if wanted > self.limit {
-                return None;
-            }
-            match self
-                .used
-                .compare_exchange_weak(used, wanted, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    metrics::gauge!(telemetry::PENDING_WRITE_BYTES).increment(bytes as f64);
-                    return Some(PendingPermit {
-                        bytes,
-                        used: self.used.clone(),
-                    });
-                }
-                Err(actual) => used = actual,
-            }
-        }
-    }
-
-    /// Bytes held now.
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
-    }
-}
-
-impl PendingPermit {
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for PendingPermit {
-    fn drop(&mut self) {
-        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
-        metrics::gauge!(telemetry::PENDING_WRITE_BYTES).decrement(self.bytes as f64);
-    }
-}
-
-/// A completed response as it is saved with its idempotency record and replayed.
-#[derive(Debug, Clone)]
-pub struct StoredResponse {
-    pub status: u16,
-    /// The JSON body, in canonical form so that a replay from the database is byte-identical.
-    pub body: Bytes,
-    pub entry_id: Option<Uuid>,
-    pub expires_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone)]
-pub enum WriteOutcome {
+pub enum Committed {
     /// This write claimed the key and committed the entry.
-    Created(StoredResponse),
+    Created(SavedResponse),
     /// The key was already completed (by another process, or before a restart).
     Existing {
         request_hash: RequestHash,
-        response: StoredResponse,
+        response: SavedResponse,
     },
 }
 
-pub type WriteResult = Result<WriteOutcome, StorageError>;
-
-/// Asks a writer to commit one write; the answer comes on `reply`.
-#[derive(Message)]
+/// Answers once the writer has committed everything queued before it (for shutdown).
+#[derive(Message, Clone)]
 #[rtype(result = "()")]
-pub struct Write {
-    pub request: WriteRequest,
-    pub reply: oneshot::Sender<WriteResult>,
+pub struct Drain;
+
+/// What a writer is doing, for tests and diagnostics.
+#[derive(Message)]
+#[rtype(result = "WriterState")]
+pub struct GetState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterState {
+    /// Writes waiting for the next batch.
+    pub queued: usize,
+    pub batch_in_flight: bool,
+    /// Batches committed or failed since the writer started.
+    pub batches: u64,
 }
 
 #[derive(Clone)]
@@ -172,24 +94,36 @@ pub type CommitHook = Arc<dyn Fn() + Send + Sync>;
 pub struct Writer {
     db: Database,
     config: WriterConfig,
-    queue: VecDeque<Write>,
+    queue: VecDeque<Commit>,
     batch_in_flight: bool,
-    on_commit: Option<CommitHook>,
+    batches: u64,
+    on_commit: CommitHook,
+    /// `Drain` requests waiting for the queue to empty.
+    drained: Vec<oneshot::Sender<()>>,
 }
 
 impl Writer {
-    pub fn new(db: Database, config: WriterConfig, on_commit: Option<CommitHook>) -> Self {
+    pub fn start(db: Database, config: WriterConfig, on_commit: CommitHook) -> Addr<Self> {
         Self {
             db,
             config,
             queue: VecDeque::new(),
             batch_in_flight: false,
+            batches: 0,
             on_commit,
+            drained: Vec::new(),
         }
+        .start()
     }
 
     fn start_batch(&mut self, ctx: &mut Context<Self>) {
-        if self.batch_in_flight || self.queue.is_empty() {
+        if self.batch_in_flight {
+            return;
+        }
+        if self.queue.is_empty() {
+            for drained in self.drained.drain(..) {
+                let _ = drained.send(());
+            }
             return;
         }
         let batch = self.take_batch();
@@ -200,13 +134,12 @@ impl Writer {
         let work = async move {
             let created = process_batch(&db, &config, batch).await;
             if created > 0 {
-                if let Some(hook) = on_commit {
-                    hook();
-                }
+                on_commit();
             }
         };
         ctx.spawn(work.into_actor(self).map(|(), writer, ctx| {
             writer.batch_in_flight = false;
+            writer.batches += 1;
             writer.start_batch(ctx);
         }));
     }
@@ -215,26 +148,25 @@ impl Writer {
     /// never two of one key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement.
     /// (Shards keep one write per key in flight, so that is a guard, not a path taken in
     /// practice.)
-    fn take_batch(&mut self) -> Vec<Write> {
+    fn take_batch(&mut self) -> Vec<Commit> {
         let mut batch = Vec::with_capacity(self.queue.len().min(self.config.max_batch));
         let mut bytes = 0;
         let mut keys = HashSet::new();
         let mut deferred = VecDeque::new();
         while batch.len() < self.config.max_batch {
-            let Some(write) = self.queue.pop_front() else {
+            let Some(commit) = self.queue.pop_front() else {
                 break;
             };
-            let size = write.request.pending.bytes();
+            let size = commit.permit.bytes();
             if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
-                self.queue.push_front(write);
+                self.queue.push_front(commit);
                 break;
             }
-            let key = (write.request.client_id.clone(), write.request.key.clone());
-            if keys.insert(key) {
+            if keys.insert(commit.write.key.clone()) {
                 bytes += size;
-                batch.push(write);
+                batch.push(commit);
             } else {
-                deferred.push_back(write);
+                deferred.push_back(commit);
             }
         }
         deferred.append(&mut self.queue);
@@ -248,53 +180,71 @@ impl Actor for Writer {
     type Context = Context<Self>;
 }
 
-impl Handler<Write> for Writer {
+impl Handler<Commit> for Writer {
     type Result = ();
 
-    fn handle(&mut self, write: Write, ctx: &mut Self::Context) {
+    fn handle(&mut self, commit: Commit, ctx: &mut Self::Context) {
         if self.queue.len() >= self.config.max_batch * MAX_QUEUED_BATCHES {
-            let _ = write.reply.send(Err(StorageError::Unavailable(
-                "the writers are saturated: too many writes queued".into(),
+            let _ = commit.reply.send(Err(WriteError::Overloaded(
+                "the writers are saturated: too many writes queued",
             )));
             metrics::counter!(telemetry::WRITES_SHED, "reason" => "queue_full").increment(1);
             return;
         }
-        self.queue.push_back(write);
+        self.queue.push_back(commit);
         metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).increment(1.0);
         self.start_batch(ctx);
     }
 }
 
+impl Handler<Drain> for Writer {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
+        let (drained, wait) = oneshot::channel();
+        self.drained.push(drained);
+        self.start_batch(ctx);
+        Box::pin(async move {
+            // Dropped only if the writer stops, which is also the end of its queue.
+            let _ = wait.await;
+        })
+    }
+}
+
+impl Handler<GetState> for Writer {
+    type Result = MessageResult<GetState>;
+
+    fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(WriterState {
+            queued: self.queue.len(),
+            batch_in_flight: self.batch_in_flight,
+            batches: self.batches,
+        })
+    }
+}
+
 /// A write with everything computed that its rows need.
-struct PreparedWrite {
-    client_id: Arc<str>,
-    key: IdempotencyKey,
-    request_hash: RequestHash,
+struct PreparedWrite<'a> {
+    write: &'a Write,
     entry_id: Uuid,
-    kind: String,
-    data_json: String,
     created_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
+    /// The entry as the API shows it: the saved response's body, and the data of its event.
     response_body: String,
     events: Vec<NewEvent>,
 }
 
-fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
+fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
     let created_at = now_micros();
     let created_at_text = format_time(created_at);
     let retention = chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::MAX);
     let entry_id = Uuid::now_v7();
-    let response_body = entry_json(
-        entry_id,
-        &request.kind,
-        &request.data_json,
-        &created_at_text,
-    );
+    let response_body = entry_json(entry_id, &write.kind, &write.data_json, &created_at_text);
     let audit = config.audit.then(|| AuditFacts {
-        client_id: &request.client_id,
-        idempotency_key: request.key.as_str(),
-        request_hash_hex: request.request_hash.to_hex(),
-        remote_addr: request.remote_addr.as_deref(),
+        client_id: &write.key.client_id,
+        idempotency_key: write.key.key.as_str(),
+        request_hash_hex: write.request_hash.to_hex(),
+        remote_addr: write.remote_addr.as_deref(),
     });
     let subject = EventSubject {
         entry_id,
@@ -303,12 +253,8 @@ fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
     };
     let events = events_for(&subject, audit);
     PreparedWrite {
-        client_id: request.client_id.clone(),
-        key: request.key.clone(),
-        request_hash: request.request_hash,
+        write,
         entry_id,
-        kind: request.kind.clone(),
-        data_json: request.data_json.clone(),
         created_at,
         expires_at: created_at
             .checked_add_signed(retention)
@@ -318,33 +264,29 @@ fn prepare(request: &WriteRequest, config: &WriterConfig) -> PreparedWrite {
     }
 }
 
-/// The entry as the API shows it ([`EntryView`]), in canonical JSON, written from its parts:
-/// members in sorted order, `data` already canonical.
-fn entry_json(id: Uuid, kind: &str, data_json: &str, created_at: &str) -> String {
-    let mut out = String::with_capacity(data_json.len() + kind.len() + 128);
-    out.push_str("{\"created_at\":");
-    write_string(created_at, &mut out);
-    out.push_str(",\"data\":");
-    out.push_str(data_json);
-    out.push_str(",\"id\":\"");
-    out.push_str(&id.to_string());
-    out.push_str("\",\"kind\":");
-    write_string(kind, &mut out);
-    out.push('}');
-    out
+impl PreparedWrite<'_> {
+    fn saved_response(&self) -> SavedResponse {
+        SavedResponse {
+            status: CREATED_STATUS,
+            body: Bytes::from(self.response_body.clone()),
+            entry_id: Some(self.entry_id),
+            expires_at: self.expires_at,
+        }
+    }
 }
 
 /// Commits `batch`, answers every write in it, and returns how many entries it created.
-async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Write>) -> usize {
+async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>) -> usize {
     let prepared: Vec<PreparedWrite> = batch
         .iter()
-        .map(|write| prepare(&write.request, config))
+        .map(|commit| prepare(&commit.write, config))
         .collect();
     metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
     let results = commit_isolating_bad_items(db, &prepared).await;
+    drop(prepared);
     let mut created = 0;
-    for (write, result) in batch.into_iter().zip(results) {
-        if matches!(result, Ok(WriteOutcome::Created(_))) {
+    for (commit, result) in batch.into_iter().zip(results) {
+        if matches!(result, Ok(Committed::Created(_))) {
             created += 1;
         }
         fail::fail_point!("writer-after-commit", |_| {
@@ -352,7 +294,7 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Write>) 
             std::process::abort();
         });
         // The requester may have gone (client disconnected); the write stands regardless.
-        let _ = write.reply.send(result);
+        let _ = commit.reply.send(result);
     }
     created
 }
@@ -360,16 +302,20 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Write>) 
 /// Commits the batch; if it fails for a reason one item can cause, commits each item alone so
 /// that only the bad one fails; if it ran past the statement timeout, commits each half on its
 /// own (a large batch may take too long where its halves do not).
-async fn commit_isolating_bad_items(db: &Database, prepared: &[PreparedWrite]) -> Vec<WriteResult> {
+async fn commit_isolating_bad_items(
+    db: &Database,
+    prepared: &[PreparedWrite<'_>],
+) -> Vec<Result<Committed, WriteError>> {
     match commit_with_retries(db, prepared).await {
-        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+        Ok(outcomes) => outcomes,
         Err(StorageError::DataRejected(reason)) if prepared.len() > 1 => {
             tracing::warn!(reason = %reason, size = prepared.len(), "batch rejected; committing its writes one by one");
             let mut results = Vec::with_capacity(prepared.len());
             for item in prepared {
-                let result = commit_with_retries(db, std::slice::from_ref(item))
-                    .await
-                    .map(|mut outcomes| outcomes.remove(0));
+                let result = match commit_with_retries(db, std::slice::from_ref(item)).await {
+                    Ok(mut outcomes) => outcomes.remove(0),
+                    Err(error) => Err(error.into()),
+                };
                 results.push(result);
             }
             results
@@ -383,15 +329,20 @@ async fn commit_isolating_bad_items(db: &Database, prepared: &[PreparedWrite]) -
         }
         Err(error) => {
             tracing::warn!(error = %error, size = prepared.len(), "batch failed");
-            prepared.iter().map(|_| Err(error.clone())).collect()
+            prepared
+                .iter()
+                .map(|_| Err(WriteError::Storage(error.clone())))
+                .collect()
         }
     }
 }
 
+/// Commits the batch, again after a deadlock or serialization failure; one outcome per write
+/// (a key whose record vanished during the batch is the only per-write failure).
 async fn commit_with_retries(
     db: &Database,
-    prepared: &[PreparedWrite],
-) -> Result<Vec<WriteOutcome>, StorageError> {
+    prepared: &[PreparedWrite<'_>],
+) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -432,8 +383,8 @@ claimed AS (
     INSERT INTO idempotency_records AS r
         (client_id, key, request_hash, status, response_status, response_json, entry_id,
          created_at, expires_at)
-    SELECT client_id, key, request_hash, 'completed', 201, response_json::jsonb, entry_id,
-           created_at, expires_at
+    SELECT client_id, key, request_hash, 'completed', $16::smallint, response_json::jsonb,
+           entry_id, created_at, expires_at
     FROM input
     ORDER BY client_id, key
     ON CONFLICT (client_id, key) DO UPDATE
@@ -472,110 +423,140 @@ FROM idempotency_records r
     JOIN unnest($1::text[], $2::text[]) AS u(client_id, key) USING (client_id, key)
 "#;
 
+/// The claim statement's parameters: one array per column, built from the prepared writes (the
+/// first nine: one element per write) and their events (the next six: one per event).
+struct Columns<'a> {
+    client_ids: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    hashes: Vec<&'a [u8]>,
+    entry_ids: Vec<Uuid>,
+    kinds: Vec<&'a str>,
+    data: Vec<&'a str>,
+    created: Vec<DateTime<Utc>>,
+    expires: Vec<DateTime<Utc>>,
+    responses: Vec<&'a str>,
+    event_ids: Vec<Uuid>,
+    event_keys: Vec<String>,
+    event_clients: Vec<&'a str>,
+    event_idempotency_keys: Vec<&'a str>,
+    event_types: Vec<&'a str>,
+    payloads: Vec<&'a str>,
+    response_status: i16,
+}
+
+impl<'a> Columns<'a> {
+    fn new(prepared: &'a [PreparedWrite<'a>]) -> Self {
+        let writes = || prepared.iter();
+        let events = || {
+            prepared
+                .iter()
+                .flat_map(|p| p.events.iter().map(move |event| (p, event)))
+        };
+        Self {
+            client_ids: writes().map(|p| &*p.write.key.client_id).collect(),
+            keys: writes().map(|p| p.write.key.key.as_str()).collect(),
+            hashes: writes().map(|p| &p.write.request_hash.0[..]).collect(),
+            entry_ids: writes().map(|p| p.entry_id).collect(),
+            kinds: writes().map(|p| p.write.kind.as_str()).collect(),
+            data: writes().map(|p| p.write.data_json.as_str()).collect(),
+            created: writes().map(|p| p.created_at).collect(),
+            expires: writes().map(|p| p.expires_at).collect(),
+            responses: writes().map(|p| p.response_body.as_str()).collect(),
+            event_ids: events().map(|(_, e)| e.event_id).collect(),
+            event_keys: events().map(|(p, e)| e.event_key(p.entry_id)).collect(),
+            event_clients: events().map(|(p, _)| &*p.write.key.client_id).collect(),
+            event_idempotency_keys: events().map(|(p, _)| p.write.key.key.as_str()).collect(),
+            event_types: events().map(|(_, e)| e.event_type).collect(),
+            payloads: events().map(|(_, e)| e.payload.as_str()).collect(),
+            response_status: CREATED_STATUS as i16,
+        }
+    }
+
+    /// In the order of `CLAIM_AND_INSERT`'s parameters.
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 16] {
+        [
+            &self.client_ids,
+            &self.keys,
+            &self.hashes,
+            &self.entry_ids,
+            &self.kinds,
+            &self.data,
+            &self.created,
+            &self.expires,
+            &self.responses,
+            &self.event_ids,
+            &self.event_keys,
+            &self.event_clients,
+            &self.event_idempotency_keys,
+            &self.event_types,
+            &self.payloads,
+            &self.response_status,
+        ]
+    }
+}
+
+/// One transaction: claims the batch's keys and writes the claimed ones' rows, reads back the
+/// records of the others, commits. One outcome per write, in the batch's order.
 async fn commit(
     connection: &mut PgClient,
-    prepared: &[PreparedWrite],
-) -> Result<Vec<WriteOutcome>, StorageError> {
+    prepared: &[PreparedWrite<'_>],
+) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
     let claim_and_insert = connection.prepare_cached(CLAIM_AND_INSERT).await?;
     let read_back = connection.prepare_cached(READ_BACK).await?;
     let transaction = connection.transaction().await?;
 
-    let client_ids: Vec<&str> = prepared.iter().map(|p| &*p.client_id).collect();
-    let keys: Vec<&str> = prepared.iter().map(|p| p.key.as_str()).collect();
-    let hashes: Vec<&[u8]> = prepared.iter().map(|p| &p.request_hash.0[..]).collect();
-    let entry_ids: Vec<Uuid> = prepared.iter().map(|p| p.entry_id).collect();
-    let kinds: Vec<&str> = prepared.iter().map(|p| p.kind.as_str()).collect();
-    let data: Vec<&str> = prepared.iter().map(|p| p.data_json.as_str()).collect();
-    let created: Vec<DateTime<Utc>> = prepared.iter().map(|p| p.created_at).collect();
-    let expires: Vec<DateTime<Utc>> = prepared.iter().map(|p| p.expires_at).collect();
-    let responses: Vec<&str> = prepared.iter().map(|p| p.response_body.as_str()).collect();
-
-    let events: Vec<(&PreparedWrite, &NewEvent)> = prepared
-        .iter()
-        .flat_map(|p| p.events.iter().map(move |event| (p, event)))
-        .collect();
-    let event_ids: Vec<Uuid> = events.iter().map(|(_, e)| e.event_id).collect();
-    let event_keys: Vec<String> = events
-        .iter()
-        .map(|(p, e)| e.event_key(p.entry_id))
-        .collect();
-    let event_clients: Vec<&str> = events.iter().map(|(p, _)| &*p.client_id).collect();
-    let event_idem_keys: Vec<&str> = events.iter().map(|(p, _)| p.key.as_str()).collect();
-    let event_types: Vec<&str> = events.iter().map(|(_, e)| e.event_type).collect();
-    let payloads: Vec<&str> = events.iter().map(|(_, e)| e.payload.as_str()).collect();
-
-    let claimed_rows = transaction
-        .query(
-            &claim_and_insert,
-            &[
-                &client_ids,
-                &keys,
-                &hashes,
-                &entry_ids,
-                &kinds,
-                &data,
-                &created,
-                &expires,
-                &responses,
-                &event_ids,
-                &event_keys,
-                &event_clients,
-                &event_idem_keys,
-                &event_types,
-                &payloads,
-            ],
-        )
-        .await?;
-    let claimed: HashSet<(String, String)> = claimed_rows
+    let columns = Columns::new(prepared);
+    let claimed: HashSet<(String, String)> = transaction
+        .query(&claim_and_insert, &columns.params())
+        .await?
         .iter()
         .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
         .collect();
+    let is_claimed = |p: &PreparedWrite| {
+        claimed.contains(&(
+            p.write.key.client_id.to_string(),
+            p.write.key.key.as_str().to_owned(),
+        ))
+    };
 
-    let unclaimed: Vec<&PreparedWrite> = prepared
-        .iter()
-        .filter(|p| !claimed.contains(&(p.client_id.to_string(), p.key.as_str().to_owned())))
-        .collect();
-    let mut existing: HashMap<(String, String), (RequestHash, StoredResponse)> = HashMap::new();
+    let unclaimed: Vec<&PreparedWrite> = prepared.iter().filter(|p| !is_claimed(p)).collect();
+    let mut existing: HashMap<(String, String), (RequestHash, SavedResponse)> = HashMap::new();
     if !unclaimed.is_empty() {
-        let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.client_id).collect();
-        let keys: Vec<&str> = unclaimed.iter().map(|p| p.key.as_str()).collect();
+        let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.write.key.client_id).collect();
+        let keys: Vec<&str> = unclaimed.iter().map(|p| p.write.key.key.as_str()).collect();
         for row in transaction.query(&read_back, &[&clients, &keys]).await? {
-            let record = stored_record_from_row(&row)?;
+            let record = saved_record_from_row(&row)?;
             existing.insert((row.get(0), row.get(1)), record);
         }
     }
     transaction.commit().await?;
 
-    prepared
+    Ok(prepared
         .iter()
         .map(|p| {
-            let id = (p.client_id.to_string(), p.key.as_str().to_owned());
-            if claimed.contains(&id) {
-                return Ok(WriteOutcome::Created(StoredResponse {
-                    status: 201,
-                    body: Bytes::from(p.response_body.clone()),
-                    entry_id: Some(p.entry_id),
-                    expires_at: p.expires_at,
-                }));
+            if is_claimed(p) {
+                return Ok(Committed::Created(p.saved_response()));
             }
+            let id = (
+                p.write.key.client_id.to_string(),
+                p.write.key.key.as_str().to_owned(),
+            );
             match existing.remove(&id) {
-                Some((request_hash, response)) => Ok(WriteOutcome::Existing {
+                Some((request_hash, response)) => Ok(Committed::Existing {
                     request_hash,
                     response,
                 }),
                 // Deleted by the janitor between the claim and the read: a retry starts afresh.
-                None => Err(StorageError::Unavailable(
-                    "the key's record changed during the write; retry".into(),
-                )),
+                None => Err(WriteError::RecordChanged),
             }
         })
-        .collect()
+        .collect())
 }
 
 /// Decodes an idempotency record row of the form `READ_BACK` selects.
-fn stored_record_from_row(
+fn saved_record_from_row(
     row: &tokio_postgres::Row,
-) -> Result<(RequestHash, StoredResponse), StorageError> {
+) -> Result<(RequestHash, SavedResponse), StorageError> {
     let hash_bytes: Vec<u8> = row.get("request_hash");
     let request_hash = RequestHash::from_slice(&hash_bytes).ok_or_else(|| {
         StorageError::from(anyhow::anyhow!("stored request hash is not 32 bytes"))
@@ -587,7 +568,7 @@ fn stored_record_from_row(
     })?;
     Ok((
         request_hash,
-        StoredResponse {
+        SavedResponse {
             status: status as u16,
             body: Bytes::from(canonical_json(&json)),
             entry_id: row.get("entry_id"),
@@ -599,23 +580,23 @@ fn stored_record_from_row(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::EntryView;
-    use crate::idempotency::canonical_object;
+    use crate::idempotency::IdempotencyKey;
+    use crate::write::{PendingBytes, ScopedKey};
 
-    fn queued_write(key: &str, data_bytes: usize, pending: &PendingBytes) -> Write {
-        let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
-        let data_json = format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes));
-        let size = pending_size("k", &data_json, &key);
-        Write {
-            request: WriteRequest {
+    fn queued(key: &str, data_bytes: usize, pending: &PendingBytes) -> Commit {
+        let write = Write {
+            key: ScopedKey {
                 client_id: Arc::from("c"),
-                key,
-                request_hash: RequestHash([0; 32]),
-                kind: "k".into(),
-                data_json,
-                remote_addr: None,
-                pending: pending.try_acquire(size).unwrap(),
+                key: IdempotencyKey::parse(key.as_bytes()).unwrap(),
             },
+            request_hash: RequestHash([0; 32]),
+            kind: "k".into(),
+            data_json: format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes)),
+            remote_addr: None,
+        };
+        Commit {
+            permit: pending.try_acquire(write.pending_size()).unwrap(),
+            write,
             reply: oneshot::channel().0,
         }
     }
@@ -628,12 +609,20 @@ mod tests {
             retention: Duration::from_secs(60),
             audit: false,
         };
-        let mut writer = Writer::new(db, config, None);
+        let mut writer = Writer {
+            db,
+            config,
+            queue: VecDeque::new(),
+            batch_in_flight: false,
+            batches: 0,
+            on_commit: Arc::new(|| {}),
+            drained: Vec::new(),
+        };
         let pending = PendingBytes::new(usize::MAX);
         for n in 0..10 {
             writer
                 .queue
-                .push_back(queued_write(&format!("k{n}"), 512 * 1024, &pending));
+                .push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
         }
         let first = writer.take_batch();
         assert_eq!(
@@ -642,45 +631,13 @@ mod tests {
             "three of 512 KiB fit in MAX_BATCH_BYTES, a fourth does not"
         );
         assert_eq!(writer.queue.len(), 7);
-        let huge = queued_write("huge", MAX_BATCH_BYTES * 2, &pending);
-        writer.queue.push_front(huge);
+        writer
+            .queue
+            .push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
         assert_eq!(
             writer.take_batch().len(),
             1,
             "an oversized write still goes, alone"
         );
-    }
-
-    #[test]
-    fn pending_bytes_are_bounded_and_given_back() {
-        let pending = PendingBytes::new(1000);
-        let first = pending.try_acquire(600).unwrap();
-        assert!(pending.try_acquire(600).is_none(), "past the limit");
-        let second = pending.try_acquire(400).unwrap();
-        assert_eq!(pending.used(), 1000);
-        drop(first);
-        assert_eq!(pending.used(), 400);
-        drop(second);
-        assert_eq!(pending.used(), 0);
-    }
-
-    #[test]
-    fn the_entry_json_is_the_canonical_entry_view() {
-        let data: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_str(r#"{"z":[1,{"b":"\u00e9\"","a":null}],"a":1.5}"#).unwrap();
-        let id = Uuid::now_v7();
-        let text = entry_json(
-            id,
-            "invoice.paid",
-            &canonical_object(&data),
-            "2026-12-02T11:00:00.000001Z",
-        );
-        let view = EntryView {
-            id,
-            kind: "invoice.paid".into(),
-            data,
-            created_at: "2026-12-02T11:00:00.000001Z".into(),
-        };
-        assert_eq!(text, canonical_json(&serde_json::to_value(&view).unwrap()));
     }
 }

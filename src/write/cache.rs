@@ -1,0 +1,226 @@
+//! The replay cache: each shard's completed responses, bounded in entries and in bytes.
+//!
+//! The shard owns its cache and is the only one to change it (inserts, and evictions, oldest
+//! first). HTTP workers read it directly, so that a replay of a completed key costs no message
+//! to the shard and no query: [`ReplayCache::answer`] only reads, and an entry past its
+//! record's `expires_at` is not served (after it the key is new again) but left for eviction.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+
+use chrono::Utc;
+
+use crate::idempotency::RequestHash;
+use crate::telemetry;
+use crate::write::{Answer, SavedResponse, ScopedKey};
+
+/// A shard's replay cache, shared by the shard (which writes it) and the HTTP workers (which
+/// read it).
+#[derive(Clone)]
+pub struct ReplayCache(Arc<RwLock<Entries>>);
+
+impl ReplayCache {
+    /// A cache of at most `capacity` responses and `capacity_bytes` bytes.
+    pub fn new(capacity: usize, capacity_bytes: usize) -> Self {
+        Self(Arc::new(RwLock::new(Entries {
+            capacity,
+            capacity_bytes,
+            bytes: 0,
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            next_generation: 0,
+        })))
+    }
+
+    /// The answer for a request whose key is completed and cached: a replay if the request is
+    /// the same, a conflict if not. None when the key is not cached (or its record expired).
+    pub fn answer(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
+        let answer = self.lookup(key, request_hash);
+        let result = if answer.is_some() { "hit" } else { "miss" };
+        metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => result).increment(1);
+        answer
+    }
+
+    /// [`answer`](Self::answer) without counting the lookup (the shard's second look).
+    pub(crate) fn lookup(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
+        let entries = self
+            .0
+            .read()
+            // A panic while holding the lock cannot leave the map half-updated in a way that
+            // matters (at worst an entry is missing), so a poisoned lock is used as it is.
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cached = entries.entries.get(key)?;
+        if cached.response.expires_at <= Utc::now() {
+            return None;
+        }
+        Some(if cached.request_hash == request_hash {
+            Answer::Replayed(cached.response.clone())
+        } else {
+            Answer::Conflict
+        })
+    }
+
+    /// Caches `response` for `key`, evicting the oldest entries past the bounds. Only the
+    /// shard calls it.
+    pub(crate) fn insert(
+        &self,
+        key: ScopedKey,
+        request_hash: RequestHash,
+        response: SavedResponse,
+    ) {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(key, request_hash, response);
+    }
+}
+
+/// Completed responses in insertion order, evicted oldest first past the bounds.
+struct Entries {
+    capacity: usize,
+    /// Bound on the bytes held (keys and bodies), whatever the entry count: bodies may be up to
+    /// `http.max_body_bytes` and more, and the count alone would not bound memory.
+    capacity_bytes: usize,
+    bytes: usize,
+    entries: HashMap<ScopedKey, Cached>,
+    /// Insertion order, with the generation each key had when inserted: a key re-inserted later
+    /// leaves a stale item here that eviction skips.
+    order: VecDeque<(ScopedKey, u64)>,
+    next_generation: u64,
+}
+
+struct Cached {
+    request_hash: RequestHash,
+    response: SavedResponse,
+    generation: u64,
+}
+
+/// What a cached response costs, roughly: its body, its key, and the bookkeeping around them.
+fn cached_size(key: &ScopedKey, response: &SavedResponse) -> usize {
+    response.body.len() + key.client_id.len() + key.key.as_str().len() + 160
+}
+
+impl Entries {
+    fn insert(&mut self, key: ScopedKey, request_hash: RequestHash, response: SavedResponse) {
+        let size = cached_size(&key, &response);
+        if self.capacity == 0 || size > self.capacity_bytes {
+            return;
+        }
+        self.remove(&key);
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.order.push_back((key.clone(), generation));
+        self.bytes += size;
+        self.entries.insert(
+            key,
+            Cached {
+                request_hash,
+                response,
+                generation,
+            },
+        );
+        metrics::gauge!(telemetry::REPLAY_CACHE_ENTRIES).increment(1.0);
+        metrics::gauge!(telemetry::REPLAY_CACHE_BYTES).increment(size as f64);
+        while self.entries.len() > self.capacity
+            || self.bytes > self.capacity_bytes
+            || self.order.len() > self.capacity * 2
+        {
+            let Some((oldest, generation)) = self.order.pop_front() else {
+                break;
+            };
+            if self
+                .entries
+                .get(&oldest)
+                .is_some_and(|cached| cached.generation == generation)
+            {
+                self.remove(&oldest);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &ScopedKey) {
+        if let Some(cached) = self.entries.remove(key) {
+            let size = cached_size(key, &cached.response);
+            self.bytes -= size;
+            metrics::gauge!(telemetry::REPLAY_CACHE_ENTRIES).decrement(1.0);
+            metrics::gauge!(telemetry::REPLAY_CACHE_BYTES).decrement(size as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::IdempotencyKey;
+    use actix_web::web::Bytes;
+
+    fn response(expires_in: chrono::Duration) -> SavedResponse {
+        SavedResponse {
+            status: 201,
+            body: Bytes::from_static(b"{}"),
+            entry_id: None,
+            expires_at: Utc::now() + expires_in,
+        }
+    }
+
+    fn key(name: &str) -> ScopedKey {
+        ScopedKey {
+            client_id: Arc::from("c"),
+            key: IdempotencyKey::parse(name.as_bytes()).unwrap(),
+        }
+    }
+
+    fn cached(cache: &ReplayCache, name: &str) -> bool {
+        cache.lookup(&key(name), RequestHash([0; 32])).is_some()
+    }
+
+    #[test]
+    fn cache_is_bounded_and_honors_expiry() {
+        let cache = ReplayCache::new(2, 1 << 20);
+        let hash = RequestHash([0; 32]);
+        cache.insert(key("a"), hash, response(chrono::Duration::hours(1)));
+        cache.insert(key("b"), hash, response(chrono::Duration::hours(1)));
+        cache.insert(key("c"), hash, response(chrono::Duration::hours(1)));
+        assert!(!cached(&cache, "a"), "oldest evicted");
+        assert!(cached(&cache, "b"));
+        assert!(cached(&cache, "c"));
+        cache.insert(key("d"), hash, response(chrono::Duration::seconds(-1)));
+        assert!(!cached(&cache, "d"), "expired entries are not served");
+        assert!(matches!(
+            cache.lookup(&key("c"), RequestHash([1; 32])),
+            Some(Answer::Conflict)
+        ));
+    }
+
+    #[test]
+    fn cache_is_bounded_in_bytes() {
+        let big = |expires_in| SavedResponse {
+            body: Bytes::from(vec![b'x'; 1000]),
+            ..response(expires_in)
+        };
+        let hash = RequestHash([0; 32]);
+        let cache = ReplayCache::new(100, 2500);
+        for name in ["a", "b", "c"] {
+            cache.insert(key(name), hash, big(chrono::Duration::hours(1)));
+        }
+        let bytes = |cache: &ReplayCache| cache.0.read().unwrap().bytes;
+        let len = |cache: &ReplayCache| cache.0.read().unwrap().entries.len();
+        assert!(bytes(&cache) <= 2500);
+        assert!(!cached(&cache, "a"), "the oldest is evicted by size");
+        assert!(cached(&cache, "c"));
+        cache.insert(key("c"), hash, big(chrono::Duration::hours(1)));
+        assert_eq!(len(&cache), 2, "re-inserting a key replaces it");
+        cache.insert(
+            key("huge"),
+            hash,
+            SavedResponse {
+                body: Bytes::from(vec![b'x'; 5000]),
+                ..response(chrono::Duration::hours(1))
+            },
+        );
+        assert!(
+            !cached(&cache, "huge"),
+            "a response larger than the budget is not cached"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! The write path: from a validated request to its committed record, entry and events.
+//!
+//! - [`shard`]: `KeyShard` actors, one per shard of (client, key), where requests for one key
+//!   meet; [`ShardHandle::submit`] is the one call the HTTP layer makes.
+//! - [`cache`]: each shard's bounded cache of completed responses, read by the HTTP workers.
+//! - [`writer`]: `Writer` actors, which commit writes in batches, one transaction each.
+//! - [`pending`]: the bound on the bytes pending writes hold.
+//!
+//! The types here are the write path's vocabulary: a [`Write`] (what a client asked for) goes
+//! in, an [`Answer`] comes out, and between them a writer saves a [`SavedResponse`].
+
+pub mod cache;
+pub mod pending;
+pub mod shard;
+pub mod writer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::db::StorageError;
+use crate::idempotency::{IdempotencyKey, RequestHash};
+
+pub use cache::ReplayCache;
+pub use pending::{PendingBytes, PendingPermit};
+pub use shard::{shard_index, KeyShard, ShardHandle};
+pub use writer::{Writer, WriterConfig};
+
+/// An idempotency key as the write path knows it: keys are scoped by client.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopedKey {
+    pub client_id: Arc<str>,
+    pub key: IdempotencyKey,
+}
+
+/// One write a client asked for, validated and hashed, in compact form: the canonical text of
+/// its data, not the decoded tree (which takes many times the body's size in memory).
+#[derive(Debug)]
+pub struct Write {
+    pub key: ScopedKey,
+    pub request_hash: RequestHash,
+    pub kind: String,
+    /// `data`, as canonical JSON text.
+    pub data_json: String,
+    /// The client's address, for the audit event.
+    pub remote_addr: Option<String>,
+}
+
+impl Write {
+    /// What the write is counted as against `database.max_pending_bytes`: its canonical data,
+    /// kind and key, and the bookkeeping around them. (While its batch commits, the statement's
+    /// copies take a few times that.)
+    pub fn pending_size(&self) -> usize {
+        self.data_json.len() + self.kind.len() + self.key.key.as_str().len() + 512
+    }
+}
+
+/// The answer saved with a key's record: what the request that made the entry got, given again
+/// to every request with the same key and body.
+#[derive(Debug, Clone)]
+pub struct SavedResponse {
+    pub status: u16,
+    /// The JSON body, in canonical form so that a replay from the database is byte-identical.
+    pub body: Bytes,
+    pub entry_id: Option<Uuid>,
+    /// After this the record is gone for clients, and the key new again.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// What became of a request.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// This request made the entry.
+    Created(SavedResponse),
+    /// The key was completed before, by this same request.
+    Replayed(SavedResponse),
+    /// The key was completed before, by another request.
+    Conflict,
+    /// Another request for the key was still being written when this one's wait ended.
+    InProgress,
+    /// The write failed, or its outcome is not known.
+    Failed(WriteError),
+}
+
+/// Why a write has no answer from its record. Every one of them is safe to retry with the same
+/// key: either nothing was saved, or what was saved is then replayed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    /// The database failed the batch or did not confirm its commit.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The writer did not answer within `idempotency.wait_timeout` (the write may still
+    /// commit).
+    #[error("the write was not confirmed within idempotency.wait_timeout ({})", humantime::format_duration(*.0))]
+    NotConfirmed(Duration),
+    /// Refused before anything was sent to the database, to shed load.
+    #[error("{0}")]
+    Overloaded(&'static str),
+    /// The key's record was deleted (it had expired) between the claim and the read-back.
+    #[error("the key's record changed during the write")]
+    RecordChanged,
+    /// The writer stopped before answering (the daemon is shutting down).
+    #[error("the writer stopped before answering")]
+    WriterGone,
+}
