@@ -1306,4 +1306,190 @@ mod tests {
             "database.pool_size=16, database.writers=2, outbox.workers=2, outbox.poll_interval=\"1s\", events.audit=false"
         );
     }
+
+    fn writes_slot<'a>(r: &'a mut WritesRun, name: &str) -> &'a mut Option<Num> {
+        match name {
+            "cpu_cores" => &mut r.cpu_cores,
+            "rss_mb" => &mut r.rss_mb,
+            "rps" => &mut r.wrk.rps,
+            "p50_ms" => &mut r.wrk.p50_ms,
+            "p99_ms" => &mut r.wrk.p99_ms,
+            "requests" => &mut r.wrk.requests,
+            "errors" => &mut r.wrk.errors,
+            "status_errors" => &mut r.wrk.status_errors,
+            "backlog_at_end" => &mut r.backlog_at_end,
+            "entries" => &mut r.entries,
+            "entries_minus_2xx" => &mut r.entries_minus_2xx,
+            "rows_consistent" => &mut r.rows_consistent,
+            "payload_bytes" => &mut r.payload_bytes,
+            "log_problems" => &mut r.log.under_load,
+            "shutdown_log_problems" => &mut r.log.after_sigterm,
+            "pg_tps" => &mut r.pg_tps,
+            "pg_latency_ms" => &mut r.pg_latency_ms,
+            "pg_failed" => &mut r.pg_failed,
+            other => panic!("writes metric {other}"),
+        }
+    }
+
+    fn replays_slot<'a>(r: &'a mut ReplaysRun, name: &str) -> &'a mut Option<Num> {
+        match name {
+            "cpu_cores" => &mut r.cpu_cores,
+            "rss_mb" => &mut r.rss_mb,
+            "rps" => &mut r.wrk.rps,
+            "p50_ms" => &mut r.wrk.p50_ms,
+            "p99_ms" => &mut r.wrk.p99_ms,
+            "requests" => &mut r.wrk.requests,
+            "errors" => &mut r.wrk.errors,
+            "status_errors" => &mut r.wrk.status_errors,
+            "healthz_rps" => &mut r.healthz.rps,
+            "healthz_p50_ms" => &mut r.healthz.p50_ms,
+            "healthz_p99_ms" => &mut r.healthz.p99_ms,
+            "healthz_requests" => &mut r.healthz.requests,
+            "healthz_errors" => &mut r.healthz.errors,
+            "healthz_status_errors" => &mut r.healthz.status_errors,
+            "pg_tps" => &mut r.pg_tps,
+            "pg_latency_ms" => &mut r.pg_latency_ms,
+            "rss_mb_after_all" => &mut r.rss_mb_after_all,
+            "entries" => &mut r.entries,
+            "log_problems" => &mut r.log.under_load,
+            "shutdown_log_problems" => &mut r.log.after_sigterm,
+            other => panic!("replays metric {other}"),
+        }
+    }
+
+    fn storm_slot<'a>(r: &'a mut StormRun, name: &str) -> &'a mut Option<Num> {
+        match name {
+            "cpu_cores" => &mut r.cpu_cores,
+            "rss_mb" => &mut r.rss_mb,
+            "rps" => &mut r.wrk.rps,
+            "p50_ms" => &mut r.wrk.p50_ms,
+            "p99_ms" => &mut r.wrk.p99_ms,
+            "requests" => &mut r.wrk.requests,
+            "errors" => &mut r.wrk.errors,
+            "status_errors" => &mut r.wrk.status_errors,
+            "entries" => &mut r.entries,
+            "records" => &mut r.records,
+            "events" => &mut r.events,
+            "count_ok" => &mut r.count_ok,
+            "log_problems" => &mut r.log.under_load,
+            "shutdown_log_problems" => &mut r.log.after_sigterm,
+            other => panic!("storm metric {other}"),
+        }
+    }
+
+    fn drain_slot<'a>(r: &'a mut DrainRun, name: &str) -> &'a mut Option<Num> {
+        match name {
+            "payload_bytes" => &mut r.payload_bytes,
+            "cpu_cores" => &mut r.cpu_cores,
+            "rss_mb" => &mut r.rss_mb,
+            "seconds" => &mut r.seconds,
+            "events_per_s" => &mut r.events_per_s,
+            "queued" => &mut r.queued,
+            "queued_ok" => &mut r.queued_ok,
+            "log_problems" => &mut r.log.under_load,
+            "shutdown_log_problems" => &mut r.log.after_sigterm,
+            "pub_events_per_s" => &mut r.pub_events_per_s,
+            "pub_queued" => &mut r.pub_queued,
+            other => panic!("drain metric {other}"),
+        }
+    }
+
+    fn e2e_slot<'a>(r: &'a mut E2eRun, name: &str) -> &'a mut Option<Num> {
+        match name {
+            "cpu_cores" => &mut r.cpu_cores,
+            "rss_mb" => &mut r.rss_mb,
+            "log_problems" => &mut r.log.under_load,
+            "shutdown_log_problems" => &mut r.log.after_sigterm,
+            other => r
+                .field_mut(other)
+                .unwrap_or_else(|| panic!("e2e metric {other}")),
+        }
+    }
+
+    /// The lines of `file` from the first that starts with `from` up to (not including) the
+    /// first after it that starts with `to`.
+    fn section<'a>(file: &'a str, from: &str, to: &str) -> Vec<&'a str> {
+        file.lines()
+            .skip_while(|l| !l.starts_with(from))
+            .skip(1)
+            .take_while(|l| !l.starts_with(to))
+            .collect()
+    }
+
+    fn table_lines<'a>(lines: &[&'a str]) -> String {
+        lines
+            .iter()
+            .filter(|l| l.starts_with('|'))
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn number_after(file: &str, prefix: &str) -> u64 {
+        let at = file.find(prefix).unwrap() + prefix.len();
+        file[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    }
+
+    /// The committed BENCHMARKS.md, rebuilt from its own per-run values: the results, the
+    /// resources and the checks must come out exactly as the shell version wrote them.
+    #[test]
+    fn the_committed_report_is_reproduced_from_its_per_run_values() {
+        let file = include_str!("../BENCHMARKS.md");
+        let per_run = section(file, "## Per-run values", "<!--");
+        let rows: Vec<Vec<&str>> = per_run
+            .iter()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| scenario"))
+            .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+            .collect();
+        let runs = per_run
+            .iter()
+            .find(|l| l.starts_with("| scenario"))
+            .unwrap()
+            .matches(" run ")
+            .count();
+        let mut report = report();
+        report.settings.runs = runs as u32;
+        report.settings.drain_events = number_after(file, "| outbox drain (");
+        report.settings.e2e_rate = number_after(file, "| end-to-end at ") as u32;
+        report.settings.quick = file.contains("**QUICK RUN");
+        report.writes = vec![WritesRun::default(); runs];
+        report.replays = vec![ReplaysRun::default(); runs];
+        report.storm = vec![StormRun::default(); runs];
+        report.drain = vec![DrainRun::default(); runs];
+        report.e2e = vec![E2eRun::default(); runs];
+        for row in &rows {
+            let (scenario, metric) = (row[0], row[1]);
+            for run in 0..runs {
+                let value = Num::parse(row[2 + run]);
+                match scenario {
+                    "writes" => *writes_slot(&mut report.writes[run], metric) = value,
+                    "replays" => *replays_slot(&mut report.replays[run], metric) = value,
+                    "storm" => *storm_slot(&mut report.storm[run], metric) = value,
+                    "drain" => *drain_slot(&mut report.drain[run], metric) = value,
+                    "e2e" => *e2e_slot(&mut report.e2e[run], metric) = value,
+                    other => panic!("scenario {other}"),
+                }
+            }
+        }
+        assert_eq!(rows.len(), 18 + 20 + 14 + 11 + 16);
+        let results = table_lines(&section(file, "## Results", "###"));
+        assert_eq!(results.lines().count(), 12);
+        assert_eq!(report.results_table(), results);
+        assert_eq!(
+            report.resources_table(),
+            table_lines(&section(file, "### Daemon resources", "###"))
+        );
+        assert_eq!(
+            report.checks_table(),
+            table_lines(&section(file, "### Checks", "## "))
+        );
+        assert_eq!(report.per_run_table(), table_lines(&per_run));
+        assert!(report.settings.mode_line().len() > 10);
+        assert!(file.contains(&report.settings.mode_line()));
+    }
 }
