@@ -49,3 +49,46 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shell scripts' variables still work: BENCH_QUICK=1, SOAK_VACUUM=0, BENCH_SCENARIOS
+    /// with spaces. (The only test that sets variables, so none races with it.)
+    #[test]
+    fn environment_variables_are_flags() {
+        std::env::set_var("BENCH_QUICK", "1");
+        std::env::set_var("BENCH_RUNS", "2");
+        std::env::set_var("BENCH_SCENARIOS", "writes e2e");
+        std::env::set_var("SOAK_VACUUM", "0");
+        std::env::set_var("SOAK_MINUTES", "2");
+        let run = Cli::try_parse_from(["bench", "run"]).unwrap();
+        let soak = Cli::try_parse_from(["bench", "soak"]).unwrap();
+        let explicit = Cli::try_parse_from(["bench", "run", "--runs", "5"]).unwrap();
+        for name in [
+            "BENCH_QUICK",
+            "BENCH_RUNS",
+            "BENCH_SCENARIOS",
+            "SOAK_VACUUM",
+            "SOAK_MINUTES",
+        ] {
+            std::env::remove_var(name);
+        }
+        let Command::Run(run) = run.command else {
+            panic!("not run")
+        };
+        assert!(run.quick);
+        assert_eq!(run.runs, Some(2));
+        assert_eq!(run.scenarios, "writes e2e");
+        let Command::Soak(soak) = soak.command else {
+            panic!("not soak")
+        };
+        assert!(!soak.vacuum);
+        assert_eq!(soak.minutes, 2);
+        let Command::Run(explicit) = explicit.command else {
+            panic!("not run")
+        };
+        assert_eq!(explicit.runs, Some(5));
+    }
+}

@@ -54,7 +54,7 @@ ANALYZE outbox_events;"#;
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// Quick check: 5 s per measurement, 1 run, a 10,000-event drain; NOT reference figures.
-    #[arg(long, env = "BENCH_QUICK")]
+    #[arg(long, env = "BENCH_QUICK", value_parser = clap::builder::BoolishValueParser::new())]
     pub quick: bool,
     /// Runs of every scenario (default 3; quick: 1).
     #[arg(long, env = "BENCH_RUNS")]

@@ -50,7 +50,7 @@ pub struct SoakArgs {
     #[arg(long, env = "SOAK_CONFIG", default_value = "config.toml")]
     pub config: String,
     /// VACUUM the daemon's tables after every slice (standing in for autovacuum where it is off).
-    #[arg(long, env = "SOAK_VACUUM")]
+    #[arg(long, env = "SOAK_VACUUM", value_parser = clap::builder::BoolishValueParser::new())]
     pub vacuum: bool,
     /// Minutes at the start whose RSS samples the memory verdict leaves out (the replay cache
     /// fills then). Default: the first half of the run.
