@@ -538,7 +538,9 @@ impl Report {
         let mut out = String::from(
             "| scenario | daemon peak RSS, MiB (max of runs) | daemon CPU, cores (median; 1.00 = one core) | target | result |\n|---|---:|---:|---|---|",
         );
-        let scenarios: [(&str, Vec<Option<Num>>, Vec<Option<Num>>); 5] = [
+        // Per scenario: its name, every run's peak RSS, every run's CPU.
+        type Column = Vec<Option<Num>>;
+        let scenarios: [(&str, Column, Column); 5] = [
             (
                 "writes",
                 col(&self.writes, |r| &r.rss_mb),
@@ -1416,7 +1418,7 @@ mod tests {
             .collect()
     }
 
-    fn table_lines<'a>(lines: &[&'a str]) -> String {
+    fn table_lines(lines: &[&str]) -> String {
         lines
             .iter()
             .filter(|l| l.starts_with('|'))
