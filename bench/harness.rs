@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -333,6 +334,10 @@ pub struct Cleanup {
     publisher: PathBuf,
     db_prefix: String,
     state: Mutex<CleanupState>,
+    /// Held for the whole clean-up, so that a second caller waits for the first to finish.
+    running: Mutex<()>,
+    /// The exit code of the signal that started the clean-up (0: none).
+    interrupted: AtomicI32,
 }
 
 #[derive(Default)]
@@ -351,7 +356,26 @@ impl Cleanup {
             publisher,
             db_prefix,
             state: Mutex::new(CleanupState::default()),
+            running: Mutex::new(()),
+            interrupted: AtomicI32::new(0),
         })
+    }
+
+    /// The exit code (130, 143) when a signal interrupted the run.
+    pub fn interrupted(&self) -> Option<i32> {
+        match self.interrupted.load(Ordering::SeqCst) {
+            0 => None,
+            code => Some(code),
+        }
+    }
+
+    /// After the work stopped: cleans up (or waits for the signal handler's clean-up) and, when
+    /// a signal interrupted the run, exits with its code: the work's error is only its echo.
+    pub fn finish(&self) {
+        self.run();
+        if let Some(code) = self.interrupted() {
+            std::process::exit(code);
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, CleanupState> {
@@ -374,6 +398,7 @@ impl Cleanup {
 
     /// Stops the daemon, drops the databases, deletes the exchanges and queues; once.
     pub fn run(&self) {
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let (pid, exchanges, queues) = {
             let mut state = self.state();
             if state.done {
@@ -444,24 +469,28 @@ impl Cleanup {
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
-                block_on(async move {
+                let code = block_on(async move {
                     use tokio::signal::unix::{signal, SignalKind};
                     let (Ok(mut int), Ok(mut term)) = (
                         signal(SignalKind::interrupt()),
                         signal(SignalKind::terminate()),
                     ) else {
                         let _ = ready_tx.send(false);
-                        return;
+                        return None;
                     };
                     let _ = ready_tx.send(true);
-                    let code = tokio::select! {
-                        _ = int.recv() => 130,
-                        _ = term.recv() => 143,
-                    };
+                    tokio::select! {
+                        _ = int.recv() => Some(130),
+                        _ = term.recv() => Some(143),
+                    }
+                });
+                if let Some(code) = code {
+                    cleanup.interrupted.store(code, Ordering::SeqCst);
+                    // Outside the runtime: the clean-up runs runtimes of its own.
                     log(cleanup.tag, "interrupted; cleaning up");
                     cleanup.run();
                     std::process::exit(code);
-                })
+                }
             })?;
         if !ready_rx.recv().unwrap_or(false) {
             bail!("cannot install the signal handlers");

@@ -766,7 +766,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         amqp: args.amqp.clone(),
     };
     let result = measure(&bench, &scenarios, &args.output);
-    cleanup.run();
+    cleanup.finish();
     if let Err(error) = &result {
         log(
             TAG,

@@ -458,7 +458,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
         args,
     };
     let result = soak.run(slices);
-    cleanup.run();
+    cleanup.finish();
     match result {
         Ok(true) => Ok(()),
         Ok(false) => bail!("a check failed"),
