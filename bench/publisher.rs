@@ -20,13 +20,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    PublisherConfirm,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
 };
 use serde_json::json;
 use tokio_postgres::NoTls;
@@ -169,17 +168,8 @@ async fn connect(amqp: &str) -> anyhow::Result<Connection> {
 async fn bind(amqp: &str, exchange: &str, queue: &str, routing_key: &str) -> anyhow::Result<()> {
     let connection = connect(amqp).await?;
     let channel = connection.create_channel().await?;
-    // The same declaration as the daemon's (durable topic), so either may come first.
-    channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..ExchangeDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    // The daemon's own declaration (durable topic), so either may come first.
+    retrysafe::outbox::declare_exchange(&channel, exchange)
         .await
         .with_context(|| format!("declaring exchange {exchange}"))?;
     channel

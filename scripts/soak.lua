@@ -13,12 +13,28 @@
 -- enough to be read back from PostgreSQL once the replay cache has dropped them. done() leaves
 -- out each thread's last STATE_MARGIN keys: they may have been in flight when wrk stopped.
 --
--- wrk is closed-loop; delay() paces each connection to at most SOAK_RATE / connections
--- requests per second, so the offered load stays near SOAK_RATE instead of saturating the
--- machine. done() prints one SOAK_RESULT line (JSON) with wrk's figures and the counts by kind
--- and by answer.
+-- The rate is held by a fixed-rate schedule: wrk calls delay() before each request of a
+-- connection, and delay() hands out the next slot of its thread's schedule, SOAK_INTERVAL_US
+-- apart (the driver sets it to threads / SOAK_RATE), returning the time until that slot. An
+-- answer's latency therefore does not lower the rate, as a fixed pause after each answer did
+-- (that gave connections / (pause + latency)); a late slot is sent at once, so the schedule
+-- catches up after a slow answer as far as the thread's connections allow. done() prints one
+-- SOAK_RESULT line (JSON) with wrk's figures and the counts by kind and by answer.
 --
--- Environment: SOAK_NONCE, SOAK_SLICE, SOAK_STATE (file), SOAK_DELAY_MS (per connection).
+-- Environment: SOAK_NONCE, SOAK_SLICE, SOAK_STATE (file), SOAK_INTERVAL_US (per wrk thread).
+
+-- A monotonic clock in milliseconds (wrk runs LuaJIT; its os.clock is CPU time).
+local ffi = require("ffi")
+ffi.cdef [[
+typedef struct { long tv_sec; long tv_nsec; } soak_timespec;
+int clock_gettime(int clock_id, soak_timespec *tp);
+]]
+local CLOCK_MONOTONIC = 1
+local timespec = ffi.new("soak_timespec")
+local function now_ms()
+   ffi.C.clock_gettime(CLOCK_MONOTONIC, timespec)
+   return tonumber(timespec.tv_sec) * 1000 + tonumber(timespec.tv_nsec) / 1e6
+end
 
 local threads = {}
 
@@ -28,7 +44,9 @@ function setup(thread)
 end
 
 local nonce, slice, prefix
-local delay_ms = 0
+-- This thread's schedule: the interval between its requests, and the next free slot.
+local interval_ms = 0
+local next_slot = nil
 counter = 0
 -- Earlier slices: { prefix, count } pairs, and their total key count.
 local earlier, earlier_total = {}, 0
@@ -47,7 +65,7 @@ last_other = ""
 function init(args)
    nonce = os.getenv("SOAK_NONCE") or tostring(os.time())
    slice = tonumber(os.getenv("SOAK_SLICE") or "1")
-   delay_ms = tonumber(os.getenv("SOAK_DELAY_MS") or "0")
+   interval_ms = tonumber(os.getenv("SOAK_INTERVAL_US") or "0") / 1000
    prefix = string.format("soak-%s-%d-%d-", nonce, slice, thread_id)
    math.randomseed(os.time() * 1000 + slice * 97 + thread_id * 7919)
    local state = os.getenv("SOAK_STATE")
@@ -128,7 +146,13 @@ function request()
 end
 
 function delay()
-   return delay_ms
+   if interval_ms <= 0 then return 0 end
+   local now = now_ms()
+   if not next_slot then next_slot = now end
+   local slot = next_slot
+   next_slot = next_slot + interval_ms
+   if slot <= now then return 0 end
+   return math.floor(slot - now + 0.5)
 end
 
 function response(status, headers, body)

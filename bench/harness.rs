@@ -1,0 +1,906 @@
+//! The plumbing that the benchmark and the soak share: the release binaries, PostgreSQL, the
+//! broker helpers (`bench-publisher`), the daemon as a child process, /proc readings, running a
+//! tool into a file and reading its result line, and the clean-up that runs on every exit.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::{Map, Value};
+use tokio_postgres::{NoTls, SimpleQueryMessage};
+
+use crate::stats::Num;
+
+/// Progress on standard error: `[bench 12:34:56] message`.
+pub fn log(tag: &str, message: &str) {
+    eprintln!("[{tag} {}] {message}", chrono::Local::now().format("%T"));
+}
+
+/// The release binaries: the daemon, and the helpers beside this program.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub daemon: PathBuf,
+    pub publisher: PathBuf,
+    pub e2e: PathBuf,
+}
+
+impl Binaries {
+    /// This program is `<target>/<profile>/examples/bench`; the helpers are its siblings and the
+    /// daemon is in the directory above.
+    pub fn beside_this_program() -> anyhow::Result<Binaries> {
+        let exe = std::env::current_exe().context("cannot find this program's path")?;
+        let examples = exe
+            .parent()
+            .ok_or_else(|| anyhow!("{} has no directory", exe.display()))?;
+        let profile = examples
+            .parent()
+            .ok_or_else(|| anyhow!("{} has no parent directory", examples.display()))?;
+        let binaries = Binaries {
+            daemon: profile.join("retrysafe"),
+            publisher: examples.join("bench-publisher"),
+            e2e: examples.join("bench-e2e"),
+        };
+        for path in [&binaries.daemon, &binaries.publisher, &binaries.e2e] {
+            if !path.is_file() {
+                bail!(
+                    "{} is missing: build with cargo build --release --bin retrysafe --example bench-publisher --example bench-e2e --example bench",
+                    path.display()
+                );
+            }
+        }
+        Ok(binaries)
+    }
+}
+
+/// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
+        .block_on(future)
+}
+
+/// PostgreSQL as PGHOST, PGPORT and PGUSER say (default 127.0.0.1:5432, postgres), which are
+/// also exported for pgbench.
+#[derive(Clone, Debug)]
+pub struct Pg {
+    /// `postgres://user@host:port`
+    pub base: String,
+}
+
+impl Pg {
+    pub fn from_env() -> Pg {
+        let var = |name: &str, default: &str| {
+            let value = std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_owned());
+            std::env::set_var(name, &value);
+            value
+        };
+        let host = var("PGHOST", "127.0.0.1");
+        let port = var("PGPORT", "5432");
+        let user = var("PGUSER", "postgres");
+        Pg {
+            base: format!("postgres://{user}@{host}:{port}"),
+        }
+    }
+
+    pub fn url(&self, db: &str) -> String {
+        format!("{}/{db}", self.base)
+    }
+
+    /// Runs `sql` (one or more statements) on `db` and returns the first column of the first
+    /// row that any statement returned, as text ("" when none did).
+    pub fn query(&self, db: &str, sql: &str) -> anyhow::Result<String> {
+        let url = self.url(db);
+        block_on(async {
+            let (client, connection) = tokio::time::timeout(
+                Duration::from_secs(10),
+                tokio_postgres::connect(&url, NoTls),
+            )
+            .await
+            .with_context(|| format!("no answer from {url} within 10 s"))?
+            .with_context(|| format!("cannot connect to {url}"))?;
+            let connection = tokio::spawn(connection);
+            let messages = client
+                .simple_query(sql)
+                .await
+                .with_context(|| format!("on {db}: {sql}"))?;
+            drop(client);
+            let _ = connection.await;
+            Ok(messages
+                .iter()
+                .find_map(|message| match message {
+                    SimpleQueryMessage::Row(row) => Some(row.get(0).unwrap_or("").to_owned()),
+                    _ => None,
+                })
+                .unwrap_or_default())
+        })
+    }
+
+    /// `query` as a number.
+    pub fn number(&self, db: &str, sql: &str) -> anyhow::Result<Option<Num>> {
+        Ok(Num::parse(&self.query(db, sql)?))
+    }
+
+    pub fn count(&self, db: &str, sql: &str) -> anyhow::Result<i64> {
+        let text = self.query(db, sql)?;
+        text.parse()
+            .with_context(|| format!("{sql} gave {text:?}, not a count"))
+    }
+
+    pub fn drop_db(&self, db: &str) -> anyhow::Result<()> {
+        self.query(
+            "postgres",
+            &format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"),
+        )
+        .map(drop)
+    }
+
+    /// The databases whose name starts with `prefix`.
+    pub fn databases_like(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+        let url = self.url("postgres");
+        let pattern = format!("{}%", prefix.replace('_', "\\_"));
+        block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
+            tokio::spawn(connection);
+            let rows = client
+                .query(
+                    "SELECT datname FROM pg_database WHERE datname LIKE $1",
+                    &[&pattern],
+                )
+                .await?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+    }
+}
+
+/// The first line starting with `tag ` (the last one, if several), parsed as a JSON object.
+pub fn result_line(text: &str, tag: &str) -> anyhow::Result<Map<String, Value>> {
+    let prefix = format!("{tag} ");
+    let line = text
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .ok_or_else(|| anyhow!("no {tag} line"))?;
+    match serde_json::from_str(line).with_context(|| format!("{tag} line: {line}"))? {
+        Value::Object(map) => Ok(map),
+        other => bail!("{tag} line is not an object: {other}"),
+    }
+}
+
+/// A figure of a result line, with the text the tool printed.
+pub fn field(map: &Map<String, Value>, key: &str) -> Option<Num> {
+    match map.get(key)? {
+        Value::Number(number) => Num::parse(&number.to_string()),
+        Value::String(text) => Num::parse(text),
+        _ => None,
+    }
+}
+
+/// Runs `command` with standard output and error into `out`; returns what it printed and its
+/// status. Fails only when it cannot be started.
+pub fn run_to_file(command: &mut Command, out: &Path) -> anyhow::Result<(ExitStatus, String)> {
+    let file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("starting {:?}", command.get_program()))?;
+    let text = fs::read_to_string(out).unwrap_or_default();
+    Ok((status, text))
+}
+
+/// `run_to_file`, failing unless it exits 0.
+pub fn run_ok(command: &mut Command, out: &Path, what: &str) -> anyhow::Result<String> {
+    let (status, text) = run_to_file(command, out)?;
+    if !status.success() {
+        bail!("{what} failed ({status}); see {}", out.display());
+    }
+    Ok(text)
+}
+
+pub fn unix_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Clock ticks per second of /proc's CPU times.
+pub fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
+/// utime + stime of a process, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow!("unexpected /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // After "pid (comm) ": state is field 1, utime 12, stime 13.
+    let utime: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let stime: u64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok(utime + stime)
+}
+
+/// A `kB` line of /proc/PID/status (VmRSS, VmHWM).
+pub fn status_kb(pid: u32, key: &str) -> anyhow::Result<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .ok_or_else(|| anyhow!("no {key} in /proc/{pid}/status"))
+}
+
+/// Cores used over a window: CPU seconds / wall seconds.
+pub fn cpu_share(ticks: u64, wall_ns: u128) -> Option<Num> {
+    let wall = wall_ns as f64 / 1e9;
+    (wall > 0.0)
+        .then(|| Num::fixed(ticks as f64 / clock_ticks() / wall, 3))
+        .flatten()
+}
+
+/// MiB from kB, one decimal.
+pub fn mib(kb: u64) -> Option<Num> {
+    Num::fixed(kb as f64 / 1024.0, 1)
+}
+
+/// The whole machine's busy and total jiffies (/proc/stat's first line; idle and iowait are
+/// not busy).
+pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|line| line.starts_with("cpu "))
+        .ok_or_else(|| anyhow!("no cpu line in /proc/stat"))?;
+    let values: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let total: u64 = values.iter().sum();
+    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+pub fn port_in_use(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+/// A free port of 127.0.0.1, as the kernel hands one out.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Whether GET /healthz on 127.0.0.1:port answers 2xx.
+pub fn healthy(port: u16) -> bool {
+    let check = || -> std::io::Result<bool> {
+        let mut stream = TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(1),
+        )?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+        let mut status = String::new();
+        BufReader::new(stream).read_line(&mut status)?;
+        Ok(status
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|code| code.starts_with('2')))
+    };
+    check().unwrap_or(false)
+}
+
+pub fn send_signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill has no memory-safety preconditions; a stale pid only gives ESRCH.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// What must go away on every exit, also on failure or a signal: the daemon, the databases
+/// with a prefix, the exchanges and queues that were bound.
+pub struct Cleanup {
+    tag: &'static str,
+    pg: Pg,
+    publisher: PathBuf,
+    db_prefix: String,
+    state: Mutex<CleanupState>,
+    /// Held for the whole clean-up, so that a second caller waits for the first to finish.
+    running: Mutex<()>,
+    /// The exit code of the signal that started the clean-up (0: none).
+    interrupted: AtomicI32,
+}
+
+#[derive(Default)]
+struct CleanupState {
+    daemon_pid: Option<u32>,
+    exchanges: Vec<String>,
+    queues: Vec<String>,
+    done: bool,
+}
+
+impl Cleanup {
+    pub fn new(tag: &'static str, pg: Pg, publisher: PathBuf, db_prefix: String) -> Arc<Cleanup> {
+        Arc::new(Cleanup {
+            tag,
+            pg,
+            publisher,
+            db_prefix,
+            state: Mutex::new(CleanupState::default()),
+            running: Mutex::new(()),
+            interrupted: AtomicI32::new(0),
+        })
+    }
+
+    /// The exit code (130, 143) when a signal interrupted the run.
+    pub fn interrupted(&self) -> Option<i32> {
+        match self.interrupted.load(Ordering::SeqCst) {
+            0 => None,
+            code => Some(code),
+        }
+    }
+
+    /// After the work stopped: cleans up (or waits for the signal handler's clean-up) and, when
+    /// a signal interrupted the run, exits with its code: the work's error is only its echo.
+    pub fn finish(&self) {
+        self.run();
+        if let Some(code) = self.interrupted() {
+            std::process::exit(code);
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, CleanupState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn daemon_started(&self, pid: u32) {
+        self.state().daemon_pid = Some(pid);
+    }
+
+    pub fn daemon_stopped(&self) {
+        self.state().daemon_pid = None;
+    }
+
+    pub fn bound(&self, exchange: &str, queue: &str) {
+        let mut state = self.state();
+        state.exchanges.push(exchange.to_owned());
+        state.queues.push(queue.to_owned());
+    }
+
+    /// Stops the daemon, drops the databases, deletes the exchanges and queues; once.
+    pub fn run(&self) {
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let (pid, exchanges, queues) = {
+            let mut state = self.state();
+            if state.done {
+                return;
+            }
+            state.done = true;
+            (
+                state.daemon_pid.take(),
+                std::mem::take(&mut state.exchanges),
+                std::mem::take(&mut state.queues),
+            )
+        };
+        if let Some(pid) = pid {
+            send_signal(pid, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                if fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true)
+                {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            send_signal(pid, libc::SIGKILL);
+        }
+        match self.pg.databases_like(&self.db_prefix) {
+            Ok(databases) => {
+                for db in databases {
+                    if let Err(error) = self.pg.drop_db(&db) {
+                        log(
+                            self.tag,
+                            &format!("could not drop database {db}: {error:#}"),
+                        );
+                    }
+                }
+            }
+            Err(error) => log(
+                self.tag,
+                &format!("could not list the databases to drop: {error:#}"),
+            ),
+        }
+        if !exchanges.is_empty() || !queues.is_empty() {
+            let mut command = Command::new(&self.publisher);
+            command.arg("delete");
+            for queue in &queues {
+                command.args(["--queue", queue]);
+            }
+            for exchange in &exchanges {
+                command.args(["--exchange", exchange]);
+            }
+            let ok = command
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                log(self.tag, "could not delete the exchanges and queues");
+            }
+        }
+    }
+
+    /// On SIGINT or SIGTERM: clean up and exit 130 or 143, as a shell would.
+    pub fn on_signals(self: &Arc<Cleanup>) -> anyhow::Result<()> {
+        let cleanup = self.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let code = block_on(async move {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    let (Ok(mut int), Ok(mut term)) = (
+                        signal(SignalKind::interrupt()),
+                        signal(SignalKind::terminate()),
+                    ) else {
+                        let _ = ready_tx.send(false);
+                        return None;
+                    };
+                    let _ = ready_tx.send(true);
+                    tokio::select! {
+                        _ = int.recv() => Some(130),
+                        _ = term.recv() => Some(143),
+                    }
+                });
+                if let Some(code) = code {
+                    cleanup.interrupted.store(code, Ordering::SeqCst);
+                    // Outside the runtime: the clean-up runs runtimes of its own.
+                    log(cleanup.tag, "interrupted; cleaning up");
+                    cleanup.run();
+                    std::process::exit(code);
+                }
+            })?;
+        if !ready_rx.recv().unwrap_or(false) {
+            bail!("cannot install the signal handlers");
+        }
+        Ok(())
+    }
+}
+
+/// The broker helpers, run as `bench-publisher` processes.
+pub struct Broker {
+    pub publisher: PathBuf,
+    pub amqp: String,
+}
+
+impl Broker {
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.publisher);
+        command.env("BENCH_AMQP_URL", &self.amqp);
+        command
+    }
+
+    /// Checks that the broker answers.
+    pub fn reachable(&self) -> anyhow::Result<()> {
+        let status = self
+            .command()
+            .arg("delete")
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("cannot reach RabbitMQ at {}", self.amqp);
+        }
+        Ok(())
+    }
+
+    /// A durable topic exchange and a durable queue bound for '#', deleted by `cleanup`.
+    pub fn bind(&self, cleanup: &Cleanup, exchange: &str, queue: &str) -> anyhow::Result<()> {
+        cleanup.bound(exchange, queue);
+        let output = self
+            .command()
+            .args(["bind", "--exchange", exchange, "--queue", queue])
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "cannot bind {queue} to {exchange} at {}: {}",
+                self.amqp,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    pub fn delete(&self, exchange: &str, queue: &str) -> anyhow::Result<()> {
+        let output = self
+            .command()
+            .args(["delete", "--exchange", exchange, "--queue", queue])
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "cannot delete {exchange} / {queue}: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// Messages ready in `queue`, waiting a while for `expect` of them.
+    pub fn count(
+        &self,
+        queue: &str,
+        expect: i64,
+        timeout_secs: u64,
+    ) -> anyhow::Result<Option<Num>> {
+        let output = self
+            .command()
+            .args([
+                "count",
+                "--queue",
+                queue,
+                "--expect",
+                &expect.max(0).to_string(),
+                "--timeout-secs",
+                &timeout_secs.to_string(),
+            ])
+            .stderr(Stdio::inherit())
+            .output()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        Ok(result_line(&text, "BENCH_RESULT")
+            .ok()
+            .and_then(|map| field(&map, "messages")))
+    }
+}
+
+/// How the daemon is started.
+pub struct DaemonSpec<'a> {
+    pub binary: &'a Path,
+    pub config: &'a str,
+    pub port: u16,
+    pub db_url: String,
+    pub amqp: &'a str,
+    pub exchange: &'a str,
+    pub log: PathBuf,
+}
+
+/// `retrysafe serve` as a child process, its output in a log file.
+pub struct Daemon {
+    child: Child,
+    pub pid: u32,
+    pub port: u16,
+    pub log: PathBuf,
+    lines_at_stop: Option<usize>,
+    cleanup: Arc<Cleanup>,
+}
+
+impl Daemon {
+    /// Starts the daemon; unless `wait` is false, waits until /healthz answers.
+    pub fn start(
+        spec: DaemonSpec<'_>,
+        cleanup: &Arc<Cleanup>,
+        wait: bool,
+    ) -> anyhow::Result<Daemon> {
+        if port_in_use(spec.port) {
+            bail!("port {} is in use; choose another", spec.port);
+        }
+        let log = File::create(&spec.log)?;
+        let child = Command::new(spec.binary)
+            .args(["serve", "--config", spec.config])
+            .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{}", spec.port))
+            .env("RETRYSAFE_DATABASE__URL", &spec.db_url)
+            .env("RETRYSAFE_AMQP__URL", spec.amqp)
+            .env("RETRYSAFE_AMQP__EXCHANGE", spec.exchange)
+            .env("RETRYSAFE_LOG__LEVEL", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", spec.binary.display()))?;
+        let pid = child.id();
+        cleanup.daemon_started(pid);
+        let mut daemon = Daemon {
+            child,
+            pid,
+            port: spec.port,
+            log: spec.log,
+            lines_at_stop: None,
+            cleanup: cleanup.clone(),
+        };
+        if wait {
+            daemon.wait_healthy()?;
+        }
+        Ok(daemon)
+    }
+
+    pub fn wait_healthy(&mut self) -> anyhow::Result<()> {
+        for _ in 0..300 {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the daemon exited at start ({status}); see {}",
+                    self.log.display()
+                );
+            }
+            if healthy(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!(
+            "the daemon did not answer /healthz within 30 s; see {}",
+            self.log.display()
+        )
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn cpu_ticks(&self) -> anyhow::Result<u64> {
+        cpu_ticks(self.pid)
+    }
+
+    pub fn status_kb(&self, key: &str) -> anyhow::Result<u64> {
+        status_kb(self.pid, key)
+    }
+
+    pub fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(&self.log) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// SIGTERM, then SIGKILL after 30 s; returns the exit status and how long it took. Notes
+    /// how many log lines there were before the signal.
+    pub fn stop(&mut self, tag: &str) -> anyhow::Result<(ExitStatus, Duration)> {
+        self.lines_at_stop = Some(self.log_lines().len());
+        let started = Instant::now();
+        send_signal(self.pid, libc::SIGTERM);
+        let deadline = started + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                log(
+                    tag,
+                    "the daemon did not stop within 30 s of SIGTERM; killing it",
+                );
+                let _ = self.child.kill();
+                break self.child.wait()?;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = started.elapsed();
+        self.cleanup.daemon_stopped();
+        if !status.success() {
+            log(
+                tag,
+                &format!("the daemon exited with {status} after SIGTERM"),
+            );
+        }
+        Ok((status, took))
+    }
+
+    /// The log's lines at WARN or ERROR: before the SIGTERM that stopped it, and after it.
+    pub fn log_problems(&self) -> (usize, usize) {
+        let lines = self.log_lines();
+        let at_stop = self.lines_at_stop.unwrap_or(lines.len()).min(lines.len());
+        let is_problem = |line: &&String| line.contains("WARN") || line.contains("ERROR");
+        (
+            lines[..at_stop].iter().filter(is_problem).count(),
+            lines[at_stop..].iter().filter(is_problem).count(),
+        )
+    }
+
+    /// The first WARN or ERROR line, if any.
+    pub fn first_problem(&self) -> Option<String> {
+        self.log_lines()
+            .into_iter()
+            .find(|line| line.contains("WARN") || line.contains("ERROR"))
+    }
+}
+
+/// Appends to a log file (the migrations' output).
+pub fn append(path: &Path) -> anyhow::Result<File> {
+    Ok(OpenOptions::new().create(true).append(true).open(path)?)
+}
+
+/// The first line of a command's output (standard output, else standard error); "" on failure.
+pub fn command_line(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|out| {
+            let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if stdout.is_empty() {
+                String::from_utf8_lossy(&out.stderr).trim().to_owned()
+            } else {
+                stdout
+            }
+        })
+        .unwrap_or_default()
+}
+
+/// The short commit, noting uncommitted changes to what the daemon is built from.
+pub fn commit() -> String {
+    let short = command_line("git", &["rev-parse", "--short", "HEAD"]);
+    let short = if short.is_empty() || short.contains("fatal") {
+        "unknown".to_owned()
+    } else {
+        short
+    };
+    let dirty = command_line(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            "src",
+            "Cargo.toml",
+            "Cargo.lock",
+            "migrations",
+        ],
+    );
+    if dirty.is_empty() {
+        short
+    } else {
+        format!("{short} (with uncommitted changes in src/)")
+    }
+}
+
+/// The CPU model and the memory in GiB (one decimal), from /proc.
+pub fn cpu_and_memory() -> (String, String) {
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(": "))
+                .map(|(_, model)| model.to_owned())
+        })
+        .unwrap_or_default();
+    let mem = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| format!("{:.1}", kb / 1_048_576.0))
+        .unwrap_or_default();
+    (cpu, mem)
+}
+
+/// RabbitMQ's version from rabbitmqctl, else the Debian package's.
+pub fn rabbit_version() -> String {
+    let from_ctl = Command::new("timeout")
+        .args(["20", "rabbitmqctl", "version"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .map(str::to_owned)
+        })
+        .filter(|v| !v.trim().is_empty());
+    from_ctl.unwrap_or_else(|| {
+        let v = command_line("dpkg-query", &["-W", "-f=${Version}", "rabbitmq-server"]);
+        if v.is_empty() || v.contains("no packages") {
+            "unknown".into()
+        } else {
+            v
+        }
+    })
+}
+
+/// wrk's version: the second word of `wrk -v`'s first line.
+pub fn wrk_version() -> String {
+    Command::new("wrk")
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|out| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            text.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool} >/dev/null")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Installs missing Debian packages with apt-get (as root, or through sudo).
+pub fn apt_install(tag: &str, packages: &[&str]) -> anyhow::Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    if !have("apt-get") {
+        bail!(
+            "missing {} and no apt-get to install them",
+            packages.join(" ")
+        );
+    }
+    log(
+        tag,
+        &format!("installing {} with apt-get", packages.join(" ")),
+    );
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let run = |args: &[&str]| -> anyhow::Result<()> {
+        let mut command = if root {
+            Command::new(args[0])
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.arg(args[0]);
+            sudo
+        };
+        command
+            .args(&args[1..])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null());
+        let status = command.status()?;
+        if !status.success() {
+            bail!("{} failed", args.join(" "));
+        }
+        Ok(())
+    };
+    run(&["apt-get", "update", "-qq"])?;
+    let mut args = vec!["apt-get", "install", "-y", "-qq"];
+    args.extend_from_slice(packages);
+    run(&args)
+}

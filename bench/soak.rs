@@ -1,0 +1,996 @@
+//! `bench soak`: a steady mixed load against the release daemon for minutes or hours, measured
+//! in slices, with end checks and a verdict on memory.
+//!
+//! Each slice is one wrk run of `scripts/soak.lua` (70 % writes with fresh keys, 20 % replays,
+//! 5 % conflicts, 5 % GETs). The rate is held by a fixed-rate schedule: each wrk thread sends
+//! its next request at the next slot of its own schedule (`SOAK_INTERVAL_US` apart), so the time
+//! the daemon takes to answer does not lower the offered rate, as a fixed pause after every
+//! answer did. While a slice runs, the daemon's VmRSS is sampled every second; the memory
+//! verdict is the least-squares slope of those samples after the warm-up, in MiB per hour.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::harness::{
+    self, field, log, machine_ticks, result_line, unix_ns, Binaries, Broker, Cleanup, Daemon,
+    DaemonSpec, Pg,
+};
+use crate::stats::{least_squares, Line};
+
+const TAG: &str = "soak";
+const THREADS: u32 = 2;
+/// How often the daemon's RSS is sampled while a slice runs.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// Fewer samples after the warm-up than this, or spanning less time, give no memory verdict.
+const MIN_SAMPLES: usize = 10;
+const MIN_SPAN_S: f64 = 60.0;
+
+#[derive(clap::Args, Debug)]
+pub struct SoakArgs {
+    /// Length of the load, in minutes.
+    #[arg(long, env = "SOAK_MINUTES", default_value_t = 10)]
+    pub minutes: u32,
+    /// Seconds per slice (one wrk run, one row of the table).
+    #[arg(long, env = "SOAK_SLICE_SECONDS", default_value_t = 30)]
+    pub slice_seconds: u32,
+    /// Offered requests per second, held by a fixed-rate schedule.
+    #[arg(long, env = "SOAK_RATE", default_value_t = 1000)]
+    pub rate: u32,
+    /// wrk's connections (at least 2: one per wrk thread).
+    #[arg(long, env = "SOAK_CONNECTIONS", default_value_t = 8)]
+    pub connections: u32,
+    /// The daemon's port (default: a free one).
+    #[arg(long, env = "SOAK_PORT")]
+    pub port: Option<u16>,
+    #[arg(long, env = "SOAK_CONFIG", default_value = "config.toml")]
+    pub config: String,
+    /// VACUUM the daemon's tables after every slice (standing in for autovacuum where it is off).
+    #[arg(long, env = "SOAK_VACUUM", value_parser = clap::builder::BoolishValueParser::new())]
+    pub vacuum: bool,
+    /// Minutes at the start whose RSS samples the memory verdict leaves out (the replay cache
+    /// fills then). Default: the first half of the run.
+    #[arg(long, env = "SOAK_WARMUP_MINUTES")]
+    pub warmup_minutes: Option<f64>,
+    /// The RSS slope after the warm-up, in MiB per hour, above which the memory check fails.
+    #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 10.0)]
+    pub rss_slope_limit: f64,
+    #[arg(
+        long,
+        env = "SOAK_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp: String,
+}
+
+/// One slice's figures.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceRow {
+    pub slice: u32,
+    /// Seconds since the load started, at the slice's end.
+    pub end_s: u64,
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// 201 created + 201 replayed + 200.
+    pub ok: u64,
+    /// 409 idempotency-key-reused (expected).
+    pub reused: u64,
+    pub conflicts_sent: u64,
+    /// Any other non-2xx: 409 request-in-progress, 503, others.
+    pub unexpected: u64,
+    /// connect + read + write + timeout.
+    pub socket_errors: u64,
+    pub rss_mib: f64,
+    pub daemon_cores: f64,
+    pub machine_pct: f64,
+    pub unsent: u64,
+    pub fds: u64,
+    pub created: u64,
+    pub requests: u64,
+}
+
+/// `m:ss`
+pub fn clock(seconds: u64) -> String {
+    format!("{}:{:02}", seconds / 60, seconds % 60)
+}
+
+/// A figure rounded as the table shows it, printed without trailing zeros (as %g would).
+fn short(value: f64, decimals: i32) -> String {
+    let scale = 10f64.powi(decimals);
+    format!("{}", (value * scale).round() / scale)
+}
+
+impl SliceRow {
+    fn table_row(&self) -> String {
+        format!(
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} ({}) | {} | {} | {:.1} | {:.2} | {:.0} | {} | {} |",
+            self.slice,
+            clock(self.end_s),
+            self.rps,
+            self.p50_ms,
+            self.p99_ms,
+            self.max_ms,
+            self.ok,
+            self.reused,
+            self.conflicts_sent,
+            self.unexpected,
+            self.socket_errors,
+            self.rss_mib,
+            self.daemon_cores,
+            self.machine_pct,
+            self.unsent,
+            self.fds
+        )
+    }
+
+    /// The summary's columns: name, value as shown.
+    fn columns(&self) -> [(&'static str, String); 14] {
+        [
+            ("req/s", short(self.rps, 0)),
+            ("p50 ms", short(self.p50_ms, 2)),
+            ("p99 ms", short(self.p99_ms, 2)),
+            ("max ms", short(self.max_ms, 1)),
+            ("2xx", self.ok.to_string()),
+            ("409 reused", self.reused.to_string()),
+            ("conflicts sent", self.conflicts_sent.to_string()),
+            ("unexpected", self.unexpected.to_string()),
+            ("socket errors", self.socket_errors.to_string()),
+            ("RSS MiB", short(self.rss_mib, 1)),
+            ("daemon CPU (cores)", short(self.daemon_cores, 2)),
+            ("machine CPU %", short(self.machine_pct, 0)),
+            ("unsent events", self.unsent.to_string()),
+            ("fds", self.fds.to_string()),
+        ]
+    }
+}
+
+pub const SLICE_HEADER: &str = "| slice | end | req/s | p50 ms | p99 ms | max ms | 2xx | 409 reused (conflicts sent) | unexpected | socket errors | RSS MiB | daemon CPU (cores) | machine CPU % | unsent events | fds |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+
+pub fn slice_table(rows: &[SliceRow]) -> String {
+    let mut out = SLICE_HEADER.to_owned();
+    for row in rows {
+        out.push('\n');
+        out.push_str(&row.table_row());
+    }
+    out
+}
+
+/// min, max, first and last slice of every column.
+pub fn summary_table(rows: &[SliceRow]) -> String {
+    let mut out = String::from(
+        "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|",
+    );
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return out;
+    };
+    let all: Vec<[(&str, String); 14]> = rows.iter().map(SliceRow::columns).collect();
+    for i in 0..14 {
+        let values: Vec<f64> = all.iter().map(|c| c[i].1.parse().unwrap_or(0.0)).collect();
+        let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let _ = write!(
+            out,
+            "\n| {} | {lo} | {hi} | {} | {} |",
+            all[0][i].0,
+            first.columns()[i].1,
+            last.columns()[i].1
+        );
+    }
+    out
+}
+
+/// What the RSS samples after the warm-up say.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MemoryVerdict {
+    /// Slope within the limit.
+    Flat,
+    /// Slope above the limit.
+    Growing,
+    /// Too few samples, or too short a span, after the warm-up.
+    Inconclusive,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Memory {
+    pub warmup_s: f64,
+    pub limit_mib_per_h: f64,
+    /// Samples after the warm-up, and the time they span.
+    pub samples: usize,
+    pub span_s: f64,
+    pub line: Option<Line>,
+    pub verdict: MemoryVerdict,
+}
+
+impl Memory {
+    /// The fit of `samples` (seconds since the load started, RSS in MiB) after `warmup_s`.
+    pub fn judge(samples: &[(f64, f64)], warmup_s: f64, limit_mib_per_h: f64) -> Memory {
+        let after: Vec<(f64, f64)> = samples
+            .iter()
+            .copied()
+            .filter(|(t, _)| *t >= warmup_s)
+            .collect();
+        let span_s = match (after.first(), after.last()) {
+            (Some(a), Some(b)) => b.0 - a.0,
+            _ => 0.0,
+        };
+        let line = least_squares(&after);
+        let verdict = match line {
+            Some(line) if after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S => {
+                if line.slope * 3600.0 <= limit_mib_per_h {
+                    MemoryVerdict::Flat
+                } else {
+                    MemoryVerdict::Growing
+                }
+            }
+            _ => MemoryVerdict::Inconclusive,
+        };
+        Memory {
+            warmup_s,
+            limit_mib_per_h,
+            samples: after.len(),
+            span_s,
+            line,
+            verdict,
+        }
+    }
+
+    pub fn slope_mib_per_h(&self) -> Option<f64> {
+        self.line.map(|line| line.slope * 3600.0)
+    }
+
+    /// A check row's outcome: `Some(true)` ok, `Some(false)` failed, `None` no verdict.
+    pub fn passed(&self) -> Option<bool> {
+        match self.verdict {
+            MemoryVerdict::Flat => Some(true),
+            MemoryVerdict::Growing => Some(false),
+            MemoryVerdict::Inconclusive => None,
+        }
+    }
+
+    pub fn sentence(&self) -> String {
+        let warmup = format!("{:.1} min", self.warmup_s / 60.0);
+        match (self.line, self.verdict) {
+            (Some(line), verdict) if verdict != MemoryVerdict::Inconclusive => format!(
+                "RSS slope {:+.2} MiB/h by least squares over {} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
+                line.slope * 3600.0,
+                self.samples,
+                clock(self.span_s.round() as u64),
+                line.intercept + line.slope * self.warmup_s,
+                line.residual_rms,
+                self.limit_mib_per_h,
+                if verdict == MemoryVerdict::Flat {
+                    "flat"
+                } else {
+                    "GROWING"
+                }
+            ),
+            (line, _) => format!(
+                "no verdict: {} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
+                self.samples,
+                self.span_s,
+                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.slope * 3600.0))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// An end check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    pub name: String,
+    /// `None`: no verdict (does not fail the run).
+    pub passed: Option<bool>,
+    pub detail: String,
+}
+
+pub fn check_table(checks: &[Check]) -> String {
+    let mut out = String::from("| check | result | detail |\n|---|---|---|");
+    for check in checks {
+        let result = match check.passed {
+            Some(true) => "ok",
+            Some(false) => "FAILED",
+            None => "n/a",
+        };
+        let _ = write!(
+            out,
+            "\n| {} | {result} | {} |",
+            check.name,
+            check.detail.replace('|', "/")
+        );
+    }
+    out
+}
+
+/// Everything the soak report says.
+pub struct SoakReport {
+    pub id: String,
+    pub written_at: String,
+    pub commit: String,
+    pub config: String,
+    pub slices: u32,
+    pub slice_seconds: u32,
+    pub rate: u32,
+    pub connections: u32,
+    pub machine: String,
+    pub rows: Vec<SliceRow>,
+    pub hwm_mib: String,
+    pub memory: Memory,
+    pub checks: Vec<Check>,
+}
+
+impl SoakReport {
+    pub fn failed(&self) -> bool {
+        self.checks.iter().any(|c| c.passed == Some(false))
+    }
+
+    pub fn render(&self) -> String {
+        let requests: u64 = self.rows.iter().map(|r| r.requests).sum();
+        let created: u64 = self.rows.iter().map(|r| r.created).sum();
+        let interval_ms = f64::from(THREADS) * 1000.0 / f64::from(self.rate.max(1));
+        format!(
+            "# Soak run {id}
+
+`scripts/soak` on {at}, daemon at commit `{commit}` (release build,
+`{config}`, log level warn): {slices} slices of {slice} s, offered {rate} requests/s over
+{conn} connections (wrk -t{threads} -c{conn}) on a fixed-rate schedule (each wrk thread sends a
+request every {interval:.2} ms of its own schedule; a late answer makes the next ones go at once
+until it has caught up), mix 70 % new keys, 20 % replays, 5 % conflicts, 5 % GETs
+(scripts/soak.lua).
+
+Machine: {machine}. Daemon, PostgreSQL, RabbitMQ and wrk share the cores.
+
+Per slice: wrk's figures (latency from the request's first byte sent to the answer), 2xx
+answers, 409 `idempotency-key-reused` (expected) beside the conflicts sent, unexpected answers
+(other non-2xx), wrk socket errors (connect, read, write, timeout); then, after the slice, the
+daemon's VmRSS, its CPU over the slice (utime + stime / wall time; 1.00 = one core), the whole
+machine's CPU busy share (/proc/stat), unsent outbox events, and the daemon's open file
+descriptors.
+
+{table}
+
+Total: {requests} requests, {created} fresh 201s, daemon peak RSS (VmHWM) {hwm} MiB.
+
+Memory: VmRSS sampled every second while the load ran; {memory}.
+
+{summary}
+
+{checks}
+",
+            id = self.id,
+            at = self.written_at,
+            commit = self.commit,
+            config = self.config,
+            slices = self.slices,
+            slice = self.slice_seconds,
+            rate = self.rate,
+            conn = self.connections,
+            threads = THREADS,
+            interval = interval_ms,
+            machine = self.machine,
+            table = slice_table(&self.rows),
+            hwm = self.hwm_mib,
+            memory = self.memory.sentence(),
+            summary = summary_table(&self.rows),
+            checks = check_table(&self.checks),
+        )
+    }
+}
+
+fn num(map: &serde_json::Map<String, serde_json::Value>, key: &str) -> f64 {
+    field(map, key).map_or(0.0, |n| n.value)
+}
+
+fn count(map: &serde_json::Map<String, serde_json::Value>, key: &str) -> u64 {
+    num(map, key).max(0.0) as u64
+}
+
+struct Soak {
+    args: SoakArgs,
+    bin: Binaries,
+    pg: Pg,
+    broker: Broker,
+    cleanup: std::sync::Arc<Cleanup>,
+    work: PathBuf,
+    output: PathBuf,
+    id: String,
+    db: String,
+    exchange: String,
+    queue: String,
+    port: u16,
+}
+
+pub fn run(args: SoakArgs) -> anyhow::Result<()> {
+    let slices = args.minutes * 60 / args.slice_seconds.max(1);
+    if slices < 1 {
+        bail!("SOAK_MINUTES * 60 must be at least SOAK_SLICE_SECONDS");
+    }
+    if args.connections < THREADS {
+        bail!("SOAK_CONNECTIONS must be at least {THREADS}");
+    }
+    if args.rate == 0 {
+        bail!("SOAK_RATE must be positive");
+    }
+    if !Path::new(&args.config).is_file() {
+        bail!("no {}", args.config);
+    }
+    if !harness::have("wrk") {
+        harness::apt_install(TAG, &["wrk"])?;
+    }
+    let bin = Binaries::beside_this_program()?;
+    let pg = Pg::from_env();
+    pg.query("postgres", "SELECT 1")
+        .with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
+    let id = crate::scenarios::run_id();
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string();
+    let work = PathBuf::from(format!("bench/results/soak-{stamp}"));
+    fs::create_dir_all(&work)?;
+    let db = format!("retrysafe_soak_{id}");
+    let exchange = format!("retrysafe.soak.{id}");
+    let cleanup = Cleanup::new(TAG, pg.clone(), bin.publisher.clone(), db.clone());
+    cleanup.on_signals()?;
+    let port = match args.port {
+        Some(port) => port,
+        None => harness::free_port()?,
+    };
+    let soak = Soak {
+        broker: Broker {
+            publisher: bin.publisher.clone(),
+            amqp: args.amqp.clone(),
+        },
+        bin,
+        pg,
+        cleanup: cleanup.clone(),
+        output: PathBuf::from(format!("bench/results/soak-{stamp}.md")),
+        work: work.clone(),
+        queue: format!("{exchange}.q"),
+        id,
+        db,
+        exchange,
+        port,
+        args,
+    };
+    let result = soak.run(slices);
+    cleanup.finish();
+    match result {
+        Ok(true) => Ok(()),
+        Ok(false) => bail!("a check failed"),
+        Err(error) => {
+            log(
+                TAG,
+                &format!("ERROR: {error:#}; raw output in {}", work.display()),
+            );
+            Err(error)
+        }
+    }
+}
+
+impl Soak {
+    /// Runs the soak; whether every check passed.
+    fn run(&self, slices: u32) -> anyhow::Result<bool> {
+        let a = &self.args;
+        self.broker
+            .bind(&self.cleanup, &self.exchange, &self.queue)
+            .context("binding the soak's queue")?;
+        let mut daemon = Daemon::start(
+            DaemonSpec {
+                binary: &self.bin.daemon,
+                config: &a.config,
+                port: self.port,
+                db_url: self.pg.url(&self.db),
+                amqp: &a.amqp,
+                exchange: &self.exchange,
+                log: self.work.join("daemon.log"),
+            },
+            &self.cleanup,
+            true,
+        )?;
+        let autovacuum = self
+            .pg
+            .query("postgres", "SHOW autovacuum")
+            .unwrap_or_else(|_| "unknown".into());
+        if autovacuum != "on" && !a.vacuum {
+            log(TAG, "note: autovacuum is off on this server: the outbox's dead rows (one per delivered event) pile up; SOAK_VACUUM=1 vacuums between slices");
+        }
+        let interval_us = u64::from(THREADS) * 1_000_000 / u64::from(a.rate);
+        log(
+            TAG,
+            &format!(
+                "soak {}: {slices} slices of {}s, {} requests/s offered over {} connections on a fixed-rate schedule ({interval_us} µs per wrk thread), daemon pid {} on 127.0.0.1:{}",
+                self.id, a.slice_seconds, a.rate, a.connections, daemon.pid, self.port
+            ),
+        );
+        let state = self.work.join("keys.txt");
+        fs::write(&state, "")?;
+        let mut rows = Vec::new();
+        let mut samples: Vec<(f64, f64)> = Vec::new();
+        let mut unexpected_lines = Vec::new();
+        let started = Instant::now();
+        for slice in 1..=slices {
+            let out = self.work.join(format!("slice-{slice}.txt"));
+            let (t0, n0, m0) = (daemon.cpu_ticks()?, unix_ns(), machine_ticks()?);
+            let file = fs::File::create(&out)?;
+            let mut wrk = Command::new("wrk")
+                .arg(format!("-t{THREADS}"))
+                .arg(format!("-c{}", a.connections))
+                .arg(format!("-d{}s", a.slice_seconds))
+                .args(["--timeout", "10s", "--latency", "-s", "scripts/soak.lua"])
+                .arg(format!("http://127.0.0.1:{}/", self.port))
+                .env("SOAK_NONCE", &self.id)
+                .env("SOAK_SLICE", slice.to_string())
+                .env("SOAK_STATE", &state)
+                .env("SOAK_INTERVAL_US", interval_us.to_string())
+                .stdin(Stdio::null())
+                .stdout(file.try_clone()?)
+                .stderr(file)
+                .spawn()
+                .context("starting wrk")?;
+            let mut next_sample = Instant::now();
+            let status = loop {
+                if let Some(status) = wrk.try_wait()? {
+                    break status;
+                }
+                if Instant::now() >= next_sample {
+                    if let Ok(kb) = daemon.status_kb("VmRSS") {
+                        samples.push((started.elapsed().as_secs_f64(), kb as f64 / 1024.0));
+                    }
+                    next_sample += SAMPLE_EVERY;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            let (t1, n1, m1) = (daemon.cpu_ticks()?, unix_ns(), machine_ticks()?);
+            let text = fs::read_to_string(&out).unwrap_or_default();
+            if !status.success() {
+                bail!("wrk failed ({status}); see {}", out.display());
+            }
+            let result = result_line(&text, "SOAK_RESULT")
+                .with_context(|| format!("wrk printed no result; see {}", out.display()))?;
+            if !daemon.alive() {
+                bail!(
+                    "the daemon died during slice {slice}; see {}",
+                    daemon.log.display()
+                );
+            }
+            let rss_kb = daemon.status_kb("VmRSS")?;
+            let unsent = self.pg.count(
+                &self.db,
+                "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL",
+            )?;
+            let wall_s = (n1 - n0) as f64 / 1e9;
+            let machine_total = m1.1.saturating_sub(m0.1).max(1);
+            let row = SliceRow {
+                slice,
+                end_s: started.elapsed().as_secs(),
+                rps: num(&result, "rps"),
+                p50_ms: num(&result, "p50_ms"),
+                p99_ms: num(&result, "p99_ms"),
+                max_ms: num(&result, "max_ms"),
+                ok: count(&result, "got_created")
+                    + count(&result, "got_replayed")
+                    + count(&result, "got_200"),
+                reused: count(&result, "got_reused"),
+                conflicts_sent: count(&result, "sent_conflict"),
+                unexpected: count(&result, "got_other")
+                    + count(&result, "got_503")
+                    + count(&result, "got_in_progress"),
+                socket_errors: count(&result, "errors_connect")
+                    + count(&result, "errors_read")
+                    + count(&result, "errors_write")
+                    + count(&result, "errors_timeout"),
+                rss_mib: rss_kb as f64 / 1024.0,
+                daemon_cores: (t1 - t0) as f64 / harness::clock_ticks() / wall_s,
+                machine_pct: 100.0 * m1.0.saturating_sub(m0.0) as f64 / machine_total as f64,
+                unsent: unsent.max(0) as u64,
+                fds: daemon.open_fds() as u64,
+                created: count(&result, "got_created"),
+                requests: count(&result, "requests"),
+            };
+            if a.vacuum {
+                self.pg.query(
+                    &self.db,
+                    "VACUUM outbox_events, idempotency_records, entries",
+                )?;
+            }
+            for line in text
+                .lines()
+                .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "))
+            {
+                unexpected_lines.push(format!("slice {slice}: {line}"));
+            }
+            eprintln!(
+                "[soak] slice {} ({}): {:.0} req/s (offered {}), p50 {:.2} ms, p99 {:.2} ms, 2xx {}, 409 {}, unexpected {}, socket errors {}, RSS {:.1} MiB, CPU {:.2}, machine {:.0}%, backlog {}",
+                row.slice, clock(row.end_s), row.rps, a.rate, row.p50_ms, row.p99_ms, row.ok,
+                row.reused, row.unexpected, row.socket_errors, row.rss_mib, row.daemon_cores,
+                row.machine_pct, row.unsent
+            );
+            rows.push(row);
+        }
+        fs::write(
+            self.work.join("rss.tsv"),
+            samples
+                .iter()
+                .map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"))
+                .collect::<String>(),
+        )?;
+        if !unexpected_lines.is_empty() {
+            fs::write(
+                self.work.join("unexpected.txt"),
+                unexpected_lines.join("\n") + "\n",
+            )?;
+        }
+
+        let checks_and_hwm = self.end_checks(&mut daemon, &rows, slices, &unexpected_lines)?;
+        let (mut checks, hwm_mib) = checks_and_hwm;
+        let load_s = f64::from(slices * a.slice_seconds);
+        let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
+        let memory = Memory::judge(&samples, warmup_s, a.rss_slope_limit);
+        checks.push(Check {
+            name: format!("RSS slope after the warm-up ≤ {} MiB/h", a.rss_slope_limit),
+            passed: memory.passed(),
+            detail: match memory.slope_mib_per_h() {
+                Some(slope) if memory.verdict != MemoryVerdict::Inconclusive => format!(
+                    "{slope:+.2} MiB/h over {} samples after {:.1} min",
+                    memory.samples,
+                    warmup_s / 60.0
+                ),
+                _ => format!(
+                    "no verdict: {} samples after {:.1} min",
+                    memory.samples,
+                    warmup_s / 60.0
+                ),
+            },
+        });
+
+        let (cpu, mem) = harness::cpu_and_memory();
+        let pg_version = self
+            .pg
+            .query("postgres", "SHOW server_version")
+            .unwrap_or_default();
+        let vacuum_note = if a.vacuum {
+            format!("autovacuum {autovacuum}; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice")
+        } else {
+            format!("autovacuum {autovacuum}")
+        };
+        let rabbit = {
+            let v =
+                harness::command_line("dpkg-query", &["-W", "-f=${Version}", "rabbitmq-server"]);
+            if v.is_empty() || v.contains("no packages") {
+                "unknown".to_owned()
+            } else {
+                v
+            }
+        };
+        let report = SoakReport {
+            id: self.id.clone(),
+            written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            commit: harness::commit(),
+            config: a.config.clone(),
+            slices,
+            slice_seconds: a.slice_seconds,
+            rate: a.rate,
+            connections: a.connections,
+            machine: format!(
+                "{cpu}, {} cores, {mem} GiB, {}; PostgreSQL {pg_version} ({vacuum_note}), RabbitMQ {rabbit}, wrk {}",
+                harness::command_line("nproc", &[]),
+                harness::command_line("uname", &["-sr"]),
+                harness::wrk_version()
+            ),
+            rows,
+            hwm_mib,
+            memory,
+            checks,
+        };
+        fs::write(&self.output, report.render())?;
+        println!();
+        println!("{}", slice_table(&report.rows));
+        println!();
+        println!("Memory: {}.", report.memory.sentence());
+        println!();
+        println!("{}", summary_table(&report.rows));
+        println!();
+        println!("{}", check_table(&report.checks));
+        println!();
+        log(
+            TAG,
+            &format!(
+                "wrote {}; raw output in {}",
+                self.output.display(),
+                self.work.display()
+            ),
+        );
+        Ok(!report.failed())
+    }
+
+    /// The checks after the load, the daemon's stop included; and its peak RSS.
+    fn end_checks(
+        &self,
+        daemon: &mut Daemon,
+        rows: &[SliceRow],
+        slices: u32,
+        unexpected_lines: &[String],
+    ) -> anyhow::Result<(Vec<Check>, String)> {
+        let db = &self.db;
+        let mut checks = Vec::new();
+        let mut check = |name: &str, passed: bool, detail: String| {
+            checks.push(Check {
+                name: name.to_owned(),
+                passed: Some(passed),
+                detail,
+            })
+        };
+        let mut unsent = -1;
+        for _ in 0..600 {
+            unsent = self.pg.count(
+                db,
+                "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
+            )?;
+            if unsent == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        check(
+            "outbox drained within 60 s of the load",
+            unsent == 0,
+            format!("{unsent} unsent"),
+        );
+        let records = self
+            .pg
+            .count(db, "SELECT count(*) FROM idempotency_records")?;
+        let entries = self.pg.count(db, "SELECT count(*) FROM entries")?;
+        let events = self.pg.count(db, "SELECT count(*) FROM outbox_events")?;
+        let parked = self.pg.count(
+            db,
+            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL",
+        )?;
+        let not_201 = self.pg.count(
+            db,
+            "SELECT count(*) FROM idempotency_records WHERE response_status <> 201",
+        )?;
+        let orphans = self.pg.count(
+            db,
+            "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
+                + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))",
+        )?;
+        check(
+            "one record, one entry, one event per key",
+            records == entries && entries == events && orphans == 0,
+            format!("{records} records, {entries} entries, {events} events, {orphans} without their entry or event"),
+        );
+        check(
+            "every record is a 201",
+            not_201 == 0,
+            format!("{not_201} other"),
+        );
+        check("no event parked", parked == 0, format!("{parked} parked"));
+        let queued = self.broker.count(&self.queue, events, 60)?;
+        let queued_value = queued.as_ref().map(|n| n.value as i64);
+        check(
+            "every event reached the bound queue",
+            queued_value.is_some_and(|q| q >= events),
+            format!(
+                "{} messages for {events} events (more: redeliveries after a lost confirm)",
+                queued.map_or("?".into(), |n| n.text)
+            ),
+        );
+        let created: u64 = rows.iter().map(|r| r.created).sum();
+        let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
+        let sockets: u64 = rows.iter().map(|r| r.socket_errors).sum();
+        // Every 201 that said "created" is a row; the rows may exceed them by the requests wrk
+        // abandoned in flight at the end of each slice (at most one per connection per slice).
+        let extra = entries - created as i64;
+        check(
+            "rows = fresh 201s (+ requests in flight at slice ends)",
+            extra >= 0 && extra <= i64::from(self.args.connections * slices),
+            format!("{entries} entries, {created} fresh 201s"),
+        );
+        check(
+            "no unexpected answer",
+            unexpected == 0,
+            match unexpected_lines.first() {
+                Some(line) => format!(
+                    "{unexpected}; e.g. {}",
+                    line.chars().take(160).collect::<String>()
+                ),
+                None => unexpected.to_string(),
+            },
+        );
+        check("no socket error", sockets == 0, sockets.to_string());
+        let (problems, _) = daemon.log_problems();
+        check(
+            "no WARN or ERROR in the daemon's log under load",
+            problems == 0,
+            match daemon.first_problem() {
+                Some(line) if problems > 0 => {
+                    format!(
+                        "{problems}; first: {}",
+                        line.chars().take(160).collect::<String>()
+                    )
+                }
+                _ => problems.to_string(),
+            },
+        );
+        let hwm = daemon
+            .status_kb("VmHWM")
+            .map(|kb| format!("{:.1}", kb as f64 / 1024.0))
+            .unwrap_or_else(|_| "?".into());
+        let (status, took) = daemon.stop(TAG)?;
+        let (_, after) = daemon.log_problems();
+        check(
+            "clean exit on SIGTERM",
+            status.success() && after == 0,
+            format!(
+                "exit {} after {} ms, {after} WARN/ERROR lines",
+                status.code().map_or("by signal".into(), |c| c.to_string()),
+                took.as_millis()
+            ),
+        );
+        Ok((checks, hwm))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(slice: u32, rss: f64) -> SliceRow {
+        SliceRow {
+            slice,
+            end_s: u64::from(slice) * 30,
+            rps: 999.6,
+            p50_ms: 1.333,
+            p99_ms: 5.24,
+            max_ms: 31.04,
+            ok: 23842,
+            reused: 1258,
+            conflicts_sent: 1258,
+            unexpected: 0,
+            socket_errors: 0,
+            rss_mib: rss,
+            daemon_cores: 0.371,
+            machine_pct: 63.4,
+            unsent: 0,
+            fds: 34,
+            created: 20000,
+            requests: 30000,
+        }
+    }
+
+    #[test]
+    fn slice_rows_render_as_before() {
+        assert_eq!(clock(0), "0:00");
+        assert_eq!(clock(605), "10:05");
+        assert_eq!(
+            row(1, 33.44).table_row(),
+            "| 1 | 0:30 | 1000 | 1.33 | 5.24 | 31.0 | 23842 | 1258 (1258) | 0 | 0 | 33.4 | 0.37 | 63 | 0 | 34 |"
+        );
+        let table = slice_table(&[row(1, 33.4), row(2, 40.0)]);
+        assert_eq!(table.lines().count(), 4);
+    }
+
+    #[test]
+    fn summary_has_min_max_first_last() {
+        let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
+        assert!(
+            summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("| req/s | 1000 | 1000 | 1000 | 1000 |"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("| p50 ms | 1.33 | 1.33 | 1.33 | 1.33 |"),
+            "{summary}"
+        );
+        assert_eq!(summary.lines().count(), 2 + 14);
+    }
+
+    /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
+    fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
+        (0..seconds)
+            .map(|s| {
+                let t = f64::from(s);
+                let wobble = if s % 2 == 0 { 0.3 } else { -0.3 };
+                (t, base + mib_per_h * t / 3600.0 + wobble)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn memory_flat_after_the_warm_up() {
+        // Steep growth during the warm-up (the cache fills), flat after it.
+        let mut points: Vec<(f64, f64)> = (0..300)
+            .map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2))
+            .collect();
+        points.extend(
+            samples(600, 90.0, 0.0)
+                .into_iter()
+                .map(|(t, v)| (t + 300.0, v)),
+        );
+        let memory = Memory::judge(&points, 300.0, 10.0);
+        assert_eq!(memory.verdict, MemoryVerdict::Flat);
+        assert_eq!(memory.samples, 600);
+        assert!(memory.slope_mib_per_h().unwrap().abs() < 1.0);
+        assert_eq!(memory.passed(), Some(true));
+        assert!(memory.sentence().contains("flat"), "{}", memory.sentence());
+        // Over the whole run, the warm-up would dominate.
+        assert_eq!(
+            Memory::judge(&points, 0.0, 10.0).verdict,
+            MemoryVerdict::Growing
+        );
+    }
+
+    #[test]
+    fn memory_growing() {
+        let memory = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
+        assert_eq!(memory.verdict, MemoryVerdict::Growing);
+        let slope = memory.slope_mib_per_h().unwrap();
+        assert!((slope - 36.0).abs() < 2.0, "{slope}");
+        assert_eq!(memory.passed(), Some(false));
+        assert!(memory.sentence().contains("GROWING"));
+    }
+
+    #[test]
+    fn memory_needs_enough_samples() {
+        let memory = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
+        assert_eq!(memory.verdict, MemoryVerdict::Inconclusive);
+        assert_eq!(memory.passed(), None);
+        assert!(memory.sentence().starts_with("no verdict"));
+        assert_eq!(
+            Memory::judge(&[], 0.0, 10.0).verdict,
+            MemoryVerdict::Inconclusive
+        );
+    }
+
+    #[test]
+    fn report_and_checks() {
+        let checks = vec![
+            Check {
+                name: "no socket error".into(),
+                passed: Some(true),
+                detail: "0".into(),
+            },
+            Check {
+                name: "RSS slope".into(),
+                passed: None,
+                detail: "a | b".into(),
+            },
+        ];
+        let table = check_table(&checks);
+        assert!(table.contains("| no socket error | ok | 0 |"));
+        assert!(table.contains("| RSS slope | n/a | a / b |"));
+        let mut report = SoakReport {
+            id: "12021307abcd".into(),
+            written_at: "2026-12-02 13:17 UTC".into(),
+            commit: "2e7982c".into(),
+            config: "config.toml".into(),
+            slices: 2,
+            slice_seconds: 30,
+            rate: 1000,
+            connections: 8,
+            machine: "AMD EPYC, 2 cores".into(),
+            rows: vec![row(1, 33.4), row(2, 40.0)],
+            hwm_mib: "41.0".into(),
+            memory: Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0),
+            checks,
+        };
+        assert!(!report.failed());
+        let text = report.render();
+        assert!(text.starts_with("# Soak run 12021307abcd\n"));
+        assert!(text.contains("every 2.00 ms of its own schedule"));
+        assert!(text.contains(
+            "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB."
+        ));
+        assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
+        report.checks[0].passed = Some(false);
+        assert!(report.failed());
+    }
+}
