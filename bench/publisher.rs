@@ -23,7 +23,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
 };
@@ -295,25 +295,13 @@ fn event_body(event_id: Uuid, entry_id: Uuid, time: &str, seq: usize, size: usiz
     build(&"x".repeat(size - bare.len()))
 }
 
+/// The relay's own message properties (the library's), for an `entry.created` event.
 fn properties(event_id: Uuid, key: &str) -> BasicProperties {
-    let mut headers = FieldTable::default();
-    headers.insert("idempotency-key".into(), AMQPValue::LongString(key.into()));
-    headers.insert(
-        "client-id".into(),
-        AMQPValue::LongString("anonymous".into()),
-    );
     let timestamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    BasicProperties::default()
-        .with_message_id(event_id.to_string().into())
-        .with_type("entry.created".into())
-        .with_timestamp(timestamp)
-        .with_app_id("retrysafe".into())
-        .with_content_type("application/cloudevents+json".into())
-        .with_delivery_mode(2)
-        .with_headers(headers)
+    retrysafe::outbox::event_properties(event_id, "entry.created", "anonymous", key, timestamp)
 }
 
 #[derive(Default)]

@@ -18,11 +18,10 @@ use std::path::PathBuf;
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ExchangeKind};
+use lapin::Connection;
 use retrysafe::config::{AmqpSettings, Settings};
 use retrysafe::inbox::Inbox;
 use uuid::Uuid;
@@ -91,17 +90,7 @@ async fn main() -> anyhow::Result<()> {
 
     let broker = connect_to_any(&settings.amqp).await?;
     let channel = broker.create_channel().await?;
-    channel
-        .exchange_declare(
-            settings.amqp.exchange.as_str().into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    retrysafe::outbox::declare_exchange(&channel, &settings.amqp.exchange).await?;
     channel
         .queue_declare(
             args.queue.as_str().into(),

@@ -365,6 +365,7 @@ impl Settings {
     }
 
     /// Checks what the types alone do not: ranges, and that an open listener has credentials.
+    /// A list of independent checks, one per rule; long because the rules are many.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_ranges()?;
         both_or_neither(
@@ -431,6 +432,7 @@ impl Settings {
     /// Every count and duration within its range: a value past what the daemon or the systems
     /// it talks to can take would otherwise fail only at start (a 30-day statement timeout
     /// overflows the TCP user timeout) or later, far from the key that caused it.
+    /// A table, one line per key; long because the keys are many.
     fn validate_ranges(&self) -> Result<(), ConfigError> {
         const MINUTE: u64 = 60;
         const HOUR: u64 = 60 * MINUTE;

@@ -1,4 +1,5 @@
-//! The business write: an entry, how a request for one is decoded, and the events it emits.
+//! The business write: an entry, how a request for one is decoded and validated, and the JSON
+//! view of it that responses and events carry (the events themselves are in `events`).
 
 use std::cell::RefCell;
 
@@ -68,6 +69,8 @@ pub fn decode_write(body: &[u8]) -> Result<DecodedWrite, DecodeError> {
 }
 
 /// Decodes and validates a `POST /v1/entries` body, returning the entry and the request hash.
+/// The checks run in the order of the body's members, each a few lines; splitting them would
+/// scatter the one order the errors are reported in.
 pub fn decode_new_entry(body: &[u8]) -> Result<(NewEntry, RequestHash), DecodeError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|error| DecodeError::Malformed(format!("the body is not valid JSON: {error}")))?;

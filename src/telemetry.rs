@@ -241,6 +241,7 @@ pub fn spawn_metrics_upkeep() {
     });
 }
 
+/// Every metric's description: a table, one entry per metric.
 fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(HTTP_REQUESTS, "HTTP requests by route and outcome");

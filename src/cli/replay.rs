@@ -139,6 +139,9 @@ impl ReplayArgs {
 }
 
 /// Runs the command; its exit status is one of those in [`EXIT_STATUS_HELP`].
+///
+/// A command's script, step by step (plan, dry run, checks, start, send, summary); each step is
+/// a call, and the length is their sequence.
 pub async fn run(
     settings: &Settings,
     db: &Database,

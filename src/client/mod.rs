@@ -314,6 +314,8 @@ impl Client {
 }
 
 /// What an answer means for the write: done (created, replayed, refused), or try again.
+/// One match over every answer the daemon can give, kept together so the table of outcomes
+/// reads in one place (hence its length).
 fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Result<Outcome, AttemptError> {
     let problem = serde_json::from_slice::<Problem>(body)
         .ok()

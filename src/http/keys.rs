@@ -77,6 +77,8 @@ ORDER BY o.id";
     ),
     security(("bearer" = [])),
 )]
+// One route from request to response; its steps (authenticate, parse, read, shape) are each
+// a call, and the length is the response's shape, written out once.
 pub async fn get_key(
     request: HttpRequest,
     path: web::Path<String>,

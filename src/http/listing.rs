@@ -120,6 +120,8 @@ struct Position {
 }
 
 /// Parses the query string; every problem is reported, each naming its parameter.
+/// One arm per parameter, so that every bad parameter is reported at once; long because the
+/// parameters are many.
 fn parse_query(query: &str, client_id: &str) -> Result<ListQuery, ApiError> {
     let pairs: Vec<(String, String)> = query_pairs(query)?;
     let mut problems = Vec::new();
@@ -319,6 +321,8 @@ pub struct EntryPage {
     ),
     security(("bearer" = [])),
 )]
+// One route from request to response: authenticate, parse, read a page, shape it with its
+// `Link` header; the steps are calls, the length is the response written out once.
 pub async fn list_entries(
     request: HttpRequest,
     state: SharedState,

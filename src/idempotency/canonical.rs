@@ -89,6 +89,7 @@ pub const MAX_NUMBER_LEN: usize = 1000;
 /// is `15`, `1e-2` is `0.01`), no sign on zero. Numbers are kept digit for digit (serde_json's
 /// `arbitrary_precision`), so two requests that differ in the 20th digit differ. None when the
 /// normalized form would be longer than [`MAX_NUMBER_LEN`] or the text is not a JSON number.
+/// One pass over the digits, kept whole so that the rules above read against one body.
 pub fn normalize_number(literal: &str) -> Option<String> {
     let (negative, unsigned) = match literal.strip_prefix('-') {
         Some(rest) => (true, rest),

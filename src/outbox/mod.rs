@@ -9,6 +9,7 @@ pub mod store;
 
 pub use broker::declare_exchange;
 pub use broker::{Broker, BrokerError};
+pub use publish::{event_properties, message_properties, APP_ID, CONTENT_TYPE};
 pub use relay::{
     relay_once, relay_until_empty, OutboxRelay, OutboxWaker, RelayConfig, RelayReport,
 };

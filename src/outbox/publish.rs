@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+
+use uuid::Uuid;
 
 use crate::outbox::store::PendingEvent;
 
@@ -88,6 +90,22 @@ impl FailureKind {
     }
 }
 
+/// Why one publish failed, in words, with the kind the metric counts.
+#[derive(Debug, Clone)]
+struct Failure {
+    kind: FailureKind,
+    error: String,
+}
+
+impl Failure {
+    fn new(kind: FailureKind, error: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            error: error.into(),
+        }
+    }
+}
+
 /// Publishes every event before awaiting any confirm, then awaits them all; one deadline,
 /// `confirm_timeout` from now, bounds the whole batch, the socket writes included (a blocked or
 /// half-open connection must not hold the caller's transaction open). Every message is
@@ -98,9 +116,32 @@ pub async fn publish_all(
     confirm_timeout: Duration,
     events: &[PendingEvent],
 ) -> Vec<PublishResult> {
-    let deadline = tokio::time::Instant::now() + confirm_timeout;
+    let deadline = Deadline {
+        at: tokio::time::Instant::now() + confirm_timeout,
+        timeout: confirm_timeout,
+    };
+    let confirms = publish(channel, destination, deadline, events).await;
+    let (outcomes, returned) = await_confirms(confirms, deadline).await;
+    attribute(destination, events, outcomes, &returned)
+}
+
+/// The batch's one deadline, and the timeout it came from (for the messages).
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: tokio::time::Instant,
+    timeout: Duration,
+}
+
+/// Phase 1: writes every publish. After the first failure the channel is not trusted with the
+/// rest: they fail the same way without being written.
+async fn publish(
+    channel: &Channel,
+    destination: Destination<'_>,
+    deadline: Deadline,
+    events: &[PendingEvent],
+) -> Vec<Result<PublisherConfirm, Failure>> {
     let mut confirms = Vec::with_capacity(events.len());
-    let mut broken: Option<(FailureKind, String)> = None;
+    let mut broken: Option<Failure> = None;
     for event in events {
         if let Some(failure) = &broken {
             confirms.push(Err(failure.clone()));
@@ -114,34 +155,41 @@ pub async fn publish_all(
                 ..BasicPublishOptions::default()
             },
             event.payload.as_bytes(),
-            properties(event),
+            message_properties(event),
         );
-        let failure = match tokio::time::timeout_at(deadline, publish).await {
+        let failure = match tokio::time::timeout_at(deadline.at, publish).await {
             Ok(Ok(confirm)) => {
                 confirms.push(Ok(confirm));
                 continue;
             }
-            Ok(Err(error)) => (
+            Ok(Err(error)) => Failure::new(
                 FailureKind::ConnectionLost,
                 format!("publish failed: {error}"),
             ),
-            Err(_elapsed) => (
+            Err(_elapsed) => Failure::new(
                 FailureKind::Timeout,
-                format!("publish not written within {confirm_timeout:?}"),
+                format!("publish not written within {:?}", deadline.timeout),
             ),
         };
         broken = Some(failure.clone());
         confirms.push(Err(failure));
     }
+    confirms
+}
 
-    // lapin hands a returned message to whichever confirm completes next, not to its own
-    // publish's: a return is attributed by its message_id, never by where it arrived.
+/// Phase 2: awaits each confirm until the deadline, and collects the message ids of returned
+/// messages. lapin hands a returned message to whichever confirm completes next, not to its own
+/// publish's: a return is attributed by its message_id, never by where it arrived.
+async fn await_confirms(
+    confirms: Vec<Result<PublisherConfirm, Failure>>,
+    deadline: Deadline,
+) -> (Vec<Result<(), Failure>>, HashSet<String>) {
     let mut returned: HashSet<String> = HashSet::new();
-    let mut outcomes = Vec::with_capacity(events.len());
+    let mut outcomes = Vec::with_capacity(confirms.len());
     for confirm in confirms {
         let outcome = match confirm {
             Err(failure) => Err(failure),
-            Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+            Ok(confirm) => match tokio::time::timeout_at(deadline.at, confirm).await {
                 Ok(Ok(confirmation)) => {
                     let acked = confirmation.is_ack();
                     let requested = !matches!(confirmation, Confirmation::NotRequested);
@@ -151,35 +199,43 @@ pub async fn publish_all(
                         }
                     }
                     match (requested, acked) {
-                        (false, _) => Err((
+                        (false, _) => Err(Failure::new(
                             FailureKind::ConnectionLost,
-                            "the channel is not in confirm mode".to_owned(),
+                            "the channel is not in confirm mode",
                         )),
                         (true, true) => Ok(()),
                         (true, false) => {
-                            Err((FailureKind::Nacked, "nacked by the broker".to_owned()))
+                            Err(Failure::new(FailureKind::Nacked, "nacked by the broker"))
                         }
                     }
                 }
-                Ok(Err(error)) => Err((
+                Ok(Err(error)) => Err(Failure::new(
                     FailureKind::ConnectionLost,
                     format!("connection lost before the confirm: {error}"),
                 )),
                 // A late confirm would arrive on a channel that is about to be replaced.
-                Err(_elapsed) => Err((
+                Err(_elapsed) => Err(Failure::new(
                     FailureKind::Timeout,
-                    format!("no confirm within {confirm_timeout:?}"),
+                    format!("no confirm within {:?}", deadline.timeout),
                 )),
             },
         };
         outcomes.push(outcome);
     }
+    (outcomes, returned)
+}
 
-    // Without every confirm, a return may sit on one that never completed: no ack in this
-    // batch can then be trusted to mean "routed", so none counts as sent (a resend is safe, a
-    // loss is not).
+/// Phase 3: each event's result. A returned event failed whatever its confirm said. Without
+/// every confirm, a return may sit on one that never completed: no ack in this batch can then
+/// be trusted to mean "routed", so none counts as sent (a resend is safe, a loss is not).
+fn attribute(
+    destination: Destination<'_>,
+    events: &[PendingEvent],
+    outcomes: Vec<Result<(), Failure>>,
+    returned: &HashSet<String>,
+) -> Vec<PublishResult> {
     let incomplete = outcomes.iter().find_map(|outcome| match outcome {
-        Err((kind, error)) if kind.breaks_channel() => Some((*kind, error.clone())),
+        Err(failure) if failure.kind.breaks_channel() => Some(failure.clone()),
         _ => None,
     });
     events
@@ -194,11 +250,14 @@ pub async fn publish_all(
             }
             match (outcome, &incomplete) {
                 (Ok(()), None) => PublishResult::Acked,
-                (Ok(()), Some((kind, error))) => PublishResult::Failed {
-                    kind: *kind,
-                    error: format!("acked, but the batch's confirms are incomplete: {error}"),
+                (Ok(()), Some(failure)) => PublishResult::Failed {
+                    kind: failure.kind,
+                    error: format!(
+                        "acked, but the batch's confirms are incomplete: {}",
+                        failure.error
+                    ),
                 },
-                (Err((kind, error)), _) => PublishResult::Failed { kind, error },
+                (Err(Failure { kind, error }), _) => PublishResult::Failed { kind, error },
             }
         })
         .collect()
@@ -215,22 +274,39 @@ fn short_string(text: &str) -> ShortString {
     text[..end].into()
 }
 
-/// The same properties on every publication of an event, replays included: consumers dedupe
-/// on `message_id`, the event id.
-fn properties(event: &PendingEvent) -> BasicProperties {
+/// The AMQP properties of an event's message, the same on every publication of it, replays
+/// included: `message_id` is the event id (consumers dedupe on it), `type` the event type,
+/// `timestamp` the write's time, `app_id` and `content_type` as above, persistent delivery, and
+/// the headers `idempotency-key` and `client-id`.
+pub fn message_properties(event: &PendingEvent) -> BasicProperties {
+    event_properties(
+        event.event_id,
+        &event.event_type,
+        &event.client_id,
+        &event.idempotency_key,
+        event.created_at.timestamp().max(0) as u64,
+    )
+}
+
+/// [`message_properties`] from the parts of an event: for tools that publish messages shaped
+/// like the daemon's without an outbox row (the benchmark's baseline publisher).
+pub fn event_properties(
+    event_id: Uuid,
+    event_type: &str,
+    client_id: &str,
+    idempotency_key: &str,
+    timestamp: u64,
+) -> BasicProperties {
     let mut headers = FieldTable::default();
     headers.insert(
         "idempotency-key".into(),
-        AMQPValue::LongString(event.idempotency_key.as_str().into()),
+        AMQPValue::LongString(idempotency_key.into()),
     );
-    headers.insert(
-        "client-id".into(),
-        AMQPValue::LongString(event.client_id.as_str().into()),
-    );
+    headers.insert("client-id".into(), AMQPValue::LongString(client_id.into()));
     BasicProperties::default()
-        .with_message_id(event.event_id.to_string().into())
-        .with_type(short_string(&event.event_type))
-        .with_timestamp(event.created_at.timestamp().max(0) as u64)
+        .with_message_id(event_id.to_string().into())
+        .with_type(short_string(event_type))
+        .with_timestamp(timestamp)
         .with_app_id(APP_ID.into())
         .with_content_type(CONTENT_TYPE.into())
         .with_delivery_mode(2)

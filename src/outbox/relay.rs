@@ -94,6 +94,9 @@ pub async fn relay_once(
     .await
 }
 
+/// One relay batch, in one transaction: claim due rows, publish them, mark what the broker
+/// confirmed and reschedule the rest. Kept whole because each step uses the previous one's
+/// rows inside the same transaction (the claim's row locks last until COMMIT).
 async fn relay_batch(
     connection: &mut PgClient,
     channel: &Channel,

@@ -842,15 +842,8 @@ pub async fn send(
             replay = record_batch(db, &replay, next_position, &[]).await?;
             continue;
         }
-        let results = publish_all(channel, destination, confirm_timeout, &events).await;
-        let mut confirmed = Vec::with_capacity(events.len());
-        let mut failures = Vec::new();
-        for (event, result) in events.iter().zip(results) {
-            match result {
-                PublishResult::Acked => confirmed.push(event.event_id),
-                PublishResult::Failed { error, .. } => failures.push(error),
-            }
-        }
+        let (confirmed, failures) =
+            publish_batch(channel, destination, confirm_timeout, &events).await;
         sent += confirmed.len() as u64;
         if let Some(first_error) = failures.first() {
             // The confirmed events of the batch count; the resume point stays before it, so
@@ -873,7 +866,41 @@ pub async fn send(
         // After the pause, so that the rate shown is the paced one, not a batch's burst.
         on_batch(&replay, sent, started.elapsed());
     };
-    let error = match &ending {
+    let replay = finish(db, replay, &ending).await?;
+    Ok(RunReport {
+        replay,
+        ending,
+        sent,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Publishes one page of events: the ids the broker confirmed, and the errors of the others.
+async fn publish_batch(
+    channel: &Channel,
+    destination: Destination<'_>,
+    confirm_timeout: Duration,
+    events: &[PendingEvent],
+) -> (Vec<Uuid>, Vec<String>) {
+    let results = publish_all(channel, destination, confirm_timeout, events).await;
+    let mut confirmed = Vec::with_capacity(events.len());
+    let mut failures = Vec::new();
+    for (event, result) in events.iter().zip(results) {
+        match result {
+            PublishResult::Acked => confirmed.push(event.event_id),
+            PublishResult::Failed { error, .. } => failures.push(error),
+        }
+    }
+    (confirmed, failures)
+}
+
+/// Records how the run ended on the replay's row.
+async fn finish(
+    db: &Database,
+    replay: ReplayRecord,
+    ending: &Ending,
+) -> Result<ReplayRecord, ReplayError> {
+    let error = match ending {
         Ending::Failed { first_error, .. } => Some(first_error.as_str()),
         _ => None,
     };
@@ -888,12 +915,7 @@ pub async fn send(
             )
         })
         .await?;
-    Ok(RunReport {
-        replay: finished.unwrap_or(replay),
-        ending,
-        sent,
-        elapsed: started.elapsed(),
-    })
+    Ok(finished.unwrap_or(replay))
 }
 
 #[cfg(test)]

@@ -144,27 +144,6 @@ pub fn retry_delay(failed_attempts: i32) -> Duration {
     Duration::from_secs_f64(jittered)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_delays_grow_are_jittered_and_capped() {
-        for attempt in 1..=40 {
-            let delay = retry_delay(attempt);
-            let ceiling = BASE_RETRY_DELAY
-                .saturating_mul(1 << (attempt.min(21) - 1))
-                .min(MAX_RETRY_DELAY);
-            assert!(
-                delay <= ceiling && delay >= ceiling / 2,
-                "attempt {attempt}: {delay:?}"
-            );
-        }
-        assert!(retry_delay(1) < Duration::from_secs(1));
-        assert_eq!(retry_delay(40).max(MAX_RETRY_DELAY), MAX_RETRY_DELAY);
-    }
-}
-
 /// The outbox backlog of one event type.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TypeStatus {
@@ -237,4 +216,25 @@ pub async fn totals(client: &impl GenericClient) -> Result<Totals, StorageError>
         parked: row.get(1),
         oldest_unsent_age_seconds: row.get(2),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_are_jittered_and_capped() {
+        for attempt in 1..=40 {
+            let delay = retry_delay(attempt);
+            let ceiling = BASE_RETRY_DELAY
+                .saturating_mul(1 << (attempt.min(21) - 1))
+                .min(MAX_RETRY_DELAY);
+            assert!(
+                delay <= ceiling && delay >= ceiling / 2,
+                "attempt {attempt}: {delay:?}"
+            );
+        }
+        assert!(retry_delay(1) < Duration::from_secs(1));
+        assert_eq!(retry_delay(40).max(MAX_RETRY_DELAY), MAX_RETRY_DELAY);
+    }
 }

@@ -228,7 +228,9 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         );
     }
     let text = document.to_string();
-    for slug in [
+    // The contract's problem types (DESIGN.md), each described in the document: the library's
+    // one table of problems must hold exactly these.
+    let contract = [
         "unauthorized",
         "missing-idempotency-key",
         "invalid-idempotency-key",
@@ -243,10 +245,20 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         "method-not-allowed",
         "request-timeout",
         "internal-error",
-    ] {
+    ];
+    let mut table: Vec<&str> = retrysafe::http::problem::ALL
+        .iter()
+        .map(|problem| problem.slug)
+        .collect();
+    table.sort_unstable();
+    let mut expected = contract.to_vec();
+    expected.sort_unstable();
+    assert_eq!(table, expected, "the problem table is the contract's");
+    for problem in retrysafe::http::problem::ALL {
         assert!(
-            text.contains(&format!("/problems/{slug}")),
-            "{slug} is not described"
+            text.contains(&format!("\"{}\"", problem.type_uri())),
+            "{} is not described",
+            problem.slug
         );
     }
     // Every GET has its HEAD, every operation its 405 with Allow.
