@@ -57,7 +57,7 @@ pub struct SoakArgs {
     #[arg(long, env = "SOAK_WARMUP_MINUTES")]
     pub warmup_minutes: Option<f64>,
     /// The RSS slope after the warm-up, in MiB per hour, above which the memory check fails.
-    #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 10.0)]
+    #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 1.0)]
     pub rss_slope_limit: f64,
     #[arg(
         long,
