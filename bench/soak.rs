@@ -59,6 +59,10 @@ pub struct SoakArgs {
     /// The RSS slope after the warm-up, in MiB per hour, above which the memory check fails.
     #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 1.0)]
     pub rss_slope_limit: f64,
+    /// The daemon to soak (default: the release build beside this program), e.g. one built
+    /// with another allocator, to run two soaks side by side.
+    #[arg(long, env = "SOAK_DAEMON")]
+    pub daemon: Option<PathBuf>,
     #[arg(
         long,
         env = "SOAK_AMQP_URL",
@@ -309,11 +313,21 @@ pub fn check_table(checks: &[Check]) -> String {
     out
 }
 
+/// The daemon's path, with the glibc malloc setting it inherits when one is set.
+fn describe_daemon(binary: &Path) -> String {
+    match std::env::var("MALLOC_ARENA_MAX") {
+        Ok(arenas) => format!("{}, MALLOC_ARENA_MAX={arenas}", binary.display()),
+        Err(_) => binary.display().to_string(),
+    }
+}
+
 /// Everything the soak report says.
 pub struct SoakReport {
     pub id: String,
     pub written_at: String,
     pub commit: String,
+    /// The daemon's binary, and the allocator settings in its environment if any.
+    pub daemon: String,
     pub config: String,
     pub slices: u32,
     pub slice_seconds: u32,
@@ -338,7 +352,7 @@ impl SoakReport {
         format!(
             "# Soak run {id}
 
-`scripts/soak` on {at}, daemon at commit `{commit}` (release build,
+`scripts/soak` on {at}, daemon at commit `{commit}` (`{daemon}`,
 `{config}`, log level warn): {slices} slices of {slice} s, offered {rate} requests/s over
 {conn} connections (wrk -t{threads} -c{conn}) on a fixed-rate schedule (each wrk thread sends a
 request every {interval:.2} ms of its own schedule; a late answer makes the next ones go at once
@@ -367,6 +381,7 @@ Memory: VmRSS sampled every second while the load ran; {memory}.
             id = self.id,
             at = self.written_at,
             commit = self.commit,
+            daemon = self.daemon,
             config = self.config,
             slices = self.slices,
             slice = self.slice_seconds,
@@ -424,7 +439,13 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     if !harness::have("wrk") {
         harness::apt_install(TAG, &["wrk"])?;
     }
-    let bin = Binaries::beside_this_program()?;
+    let mut bin = Binaries::beside_this_program()?;
+    if let Some(daemon) = &args.daemon {
+        if !daemon.is_file() {
+            bail!("SOAK_DAEMON: no file {}", daemon.display());
+        }
+        bin.daemon = daemon.clone();
+    }
     let pg = Pg::from_env();
     pg.query("postgres", "SELECT 1")
         .with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
@@ -503,8 +524,8 @@ impl Soak {
         log(
             TAG,
             &format!(
-                "soak {}: {slices} slices of {}s, {} requests/s offered over {} connections on a fixed-rate schedule ({interval_us} µs per wrk thread), daemon pid {} on 127.0.0.1:{}",
-                self.id, a.slice_seconds, a.rate, a.connections, daemon.pid, self.port
+                "soak {}: {slices} slices of {}s, {} requests/s offered over {} connections on a fixed-rate schedule ({interval_us} µs per wrk thread), daemon {} pid {} on 127.0.0.1:{}",
+                self.id, a.slice_seconds, a.rate, a.connections, describe_daemon(&self.bin.daemon), daemon.pid, self.port
             ),
         );
         let state = self.work.join("keys.txt");
@@ -671,6 +692,7 @@ impl Soak {
             id: self.id.clone(),
             written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
             commit: harness::commit(),
+            daemon: describe_daemon(&self.bin.daemon),
             config: a.config.clone(),
             slices,
             slice_seconds: a.slice_seconds,
@@ -971,6 +993,7 @@ mod tests {
             id: "12021307abcd".into(),
             written_at: "2026-12-02 13:17 UTC".into(),
             commit: "2e7982c".into(),
+            daemon: "target/release/retrysafe".into(),
             config: "config.toml".into(),
             slices: 2,
             slice_seconds: 30,
