@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ConnectionProperties};
+use retrysafe::outbox::declare_exchange;
 
 use crate::common::consumer::message_id;
 use crate::common::daemon::Daemon;
@@ -38,18 +38,7 @@ async fn connect_any(urls: &[String]) -> Connection {
 async fn declare_quorum_queue(urls: &[String], exchange: &str) {
     let connection = connect_any(urls).await;
     let channel = connection.create_channel().await.unwrap();
-    channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    declare_exchange(&channel, exchange).await.unwrap();
     let mut arguments = FieldTable::default();
     arguments.insert(
         "x-queue-type".into(),
