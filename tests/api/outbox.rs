@@ -8,26 +8,15 @@ use futures_util::future::join_all;
 use serde_json::Value;
 
 use crate::common::consumer::{header, message_id, TestConsumer};
-use crate::common::helpers::{
-    entry_body, insert_backlog, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL,
-};
+use crate::common::daemon::{spawn_app, spawn_app_with, spawn_second_app};
+use crate::common::helpers::{count_is, entry_body, eventually, insert_backlog, AMQP_URL};
 use crate::common::proxy::TcpProxy;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// Polls until `sql` (a count) returns `expected`, for up to a minute.
-async fn wait_for_count(app: &TestApp, sql: &str, expected: i64) {
-    for _ in 0..600 {
-        if app.count(sql).await == expected {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "{sql} never returned {expected} (last: {})",
-        app.count(sql).await
-    );
-}
+/// Bound on the relays' work after the last delivery: marking the rows sent.
+const MARKED: Duration = Duration::from_secs(60);
+const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+const SENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL";
 
 #[actix_web::test]
 async fn each_write_publishes_its_event_with_the_contracted_properties() {
@@ -35,7 +24,7 @@ async fn each_write_publishes_its_event_with_the_contracted_properties() {
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
     let created = app.post_entry("evt-1", &entry_body(1)).await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     let entry = created.json();
     let delivery = consumer.next(WAIT).await.expect("the event is delivered");
 
@@ -82,12 +71,7 @@ async fn each_write_publishes_its_event_with_the_contracted_properties() {
     assert_eq!(event["time"], entry["created_at"]);
     assert_eq!(event["data"], entry, "the event carries the entry");
 
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-        1,
-    )
-    .await;
+    eventually(MARKED, || count_is(&app.db, SENT, 1)).await;
     let key = app.get("/v1/idempotency-keys/evt-1", None).await.json();
     assert!(key["events"][0]["sent_at"].is_string(), "{key}");
     assert!(
@@ -103,7 +87,7 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
 
     let body = entry_body(1);
     let created = app.post_entry("audit-1", &body).await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE idempotency_key = 'audit-1'")
             .await,
@@ -128,21 +112,13 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
     assert_eq!(audit["subject"], created.json()["id"]);
 
     let replay = app.post_entry("audit-1", &body).await;
-    assert_eq!(
-        replay.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    assert!(replay.replayed());
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE idempotency_key = 'audit-1'")
             .await,
         2
     );
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-        2,
-    )
-    .await;
+    eventually(MARKED, || count_is(&app.db, SENT, 2)).await;
     assert!(
         consumer.next(Duration::from_millis(500)).await.is_none(),
         "a replay publishes nothing"
@@ -152,16 +128,17 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
 #[actix_web::test]
 async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is_bound() {
     let app = spawn_app().await;
-    assert_eq!(
-        app.post_entry("unroutable-1", &entry_body(1)).await.status,
-        201
-    );
+    app.post_entry("unroutable-1", &entry_body(1))
+        .await
+        .assert_created();
 
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
-        1,
-    )
+    eventually(MARKED, || {
+        count_is(
+            &app.db,
+            "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
+            1,
+        )
+    })
     .await;
     let row = app
         .db
@@ -188,39 +165,36 @@ async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is
         header(&delivery, "idempotency-key").as_deref(),
         Some("unroutable-1")
     );
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-        1,
-    )
-    .await;
+    eventually(MARKED, || count_is(&app.db, SENT, 1)).await;
 }
 
 #[actix_web::test]
 async fn events_past_max_attempts_are_parked() {
     let app = spawn_app_with(|settings| settings.outbox.max_attempts = 2).await;
-    assert_eq!(app.post_entry("parked-1", &entry_body(1)).await.status, 201);
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
-        1,
-    )
+    app.post_entry("parked-1", &entry_body(1))
+        .await
+        .assert_created();
+    eventually(MARKED, || {
+        count_is(
+            &app.db,
+            "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
+            1,
+        )
+    })
     .await;
     app.db
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2",
-        1,
-    )
+    eventually(MARKED, || {
+        count_is(
+            &app.db,
+            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2",
+            1,
+        )
+    })
     .await;
-    assert_eq!(
-        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
-            .await,
-        0
-    );
+    assert_eq!(app.count(SENT).await, 0);
     // Parked events are not backlog.
     app.readyz_once(|ready| ready.json()["outbox_backlog"] == 0)
         .await;
@@ -254,12 +228,7 @@ async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
         "no event is published twice"
     );
     assert_eq!(duplicates, 0, "no event is published twice");
-    wait_for_count(
-        &first,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        0,
-    )
-    .await;
+    eventually(MARKED, || count_is(&first.db, UNSENT, 0)).await;
     assert_eq!(
         first
             .count("SELECT count(*) FROM outbox_events WHERE attempts > 0")
@@ -281,7 +250,9 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
-    assert_eq!(app.post_entry("outage-0", &entry_body(0)).await.status, 201);
+    app.post_entry("outage-0", &entry_body(0))
+        .await
+        .assert_created();
     consumer
         .next(WAIT)
         .await
@@ -293,8 +264,10 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
             .await;
     for response in &responses {
         assert_eq!(
-            response.status, 201,
-            "writes go on while the broker is down"
+            response.status,
+            201,
+            "writes go on while the broker is down: {}",
+            response.describe()
         );
     }
     let ready = app.get("/readyz", None).await;
@@ -302,11 +275,7 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
         ready.status, 200,
         "the broker being down does not make the daemon unready"
     );
-    assert!(
-        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
-            .await
-            > 0
-    );
+    assert!(app.count(UNSENT).await > 0);
 
     proxy.restore();
     let mut ids: HashSet<String> = HashSet::new();
@@ -317,12 +286,7 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
             .unwrap_or_else(|| panic!("only {} of 20 delivered", ids.len()));
         ids.insert(header(&delivery, "idempotency-key").unwrap());
     }
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        0,
-    )
-    .await;
+    eventually(MARKED, || count_is(&app.db, UNSENT, 0)).await;
     assert_eq!(app.count("SELECT count(*) FROM outbox_events").await, 21);
     let ready = app.get("/readyz", None).await.json();
     assert_eq!(ready["broker"], "connected", "{ready}");
@@ -354,18 +318,8 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
         assert_eq!(delivery.routing_key.as_str(), "entry.created");
         received.insert(message_id(&delivery));
     }
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL",
-        writes,
-    )
-    .await;
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1",
-        writes,
-    )
-    .await;
+    eventually(MARKED, || count_is(&app.db, "SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL", writes)).await;
+    eventually(MARKED, || count_is(&app.db, "SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1", writes)).await;
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND sent_at IS NOT NULL")
             .await,

@@ -9,12 +9,12 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lapin::message::Delivery;
 use retrysafe::inbox::Inbox;
-use tokio_postgres::NoTls;
 use uuid::Uuid;
 
 use crate::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{header, message_id, TestConsumer};
-use crate::common::helpers::{entry_body, pg_url, spawn_app, spawn_app_with, TestApp};
+use crate::common::daemon::{spawn_app, spawn_app_with, TestDaemon};
+use crate::common::helpers::{connect, entry_body};
 
 /// Long enough for a delivery under load; the bound on every wait for one.
 const WAIT: Duration = Duration::from_secs(30);
@@ -22,7 +22,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const QUIET: Duration = Duration::from_millis(750);
 
 /// The environment that points the binary at the test's database and exchange.
-fn env(app: &TestApp) -> [(&str, &str); 2] {
+fn env(app: &TestDaemon) -> [(&str, &str); 2] {
     [
         (
             "RETRYSAFE_DATABASE__URL",
@@ -35,7 +35,7 @@ fn env(app: &TestApp) -> [(&str, &str); 2] {
     ]
 }
 
-fn replay(app: &TestApp, args: &[&str]) -> Output {
+fn replay(app: &TestDaemon, args: &[&str]) -> Output {
     let mut all = vec!["outbox", "replay"];
     all.extend_from_slice(args);
     retrysafe(&all, &env(app))
@@ -59,7 +59,7 @@ fn ids(deliveries: &[Delivery]) -> Vec<String> {
 }
 
 /// Writes `count` entries with keys `<prefix>-<n>` and returns their event ids.
-async fn write_entries(app: &TestApp, prefix: &str, count: i64) -> Vec<String> {
+async fn write_entries(app: &TestDaemon, prefix: &str, count: i64) -> Vec<String> {
     let answers =
         join_all((0..count).map(|n| app.post_entry_owned(format!("{prefix}-{n}"), entry_body(n))))
             .await;
@@ -77,7 +77,7 @@ async fn write_entries(app: &TestApp, prefix: &str, count: i64) -> Vec<String> {
 
 /// The database's clock now, as an RFC 3339 time for `--since`/`--until`, a little apart from
 /// the events before and after it.
-async fn time_mark(app: &TestApp) -> String {
+async fn time_mark(app: &TestDaemon) -> String {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let now: chrono::DateTime<chrono::Utc> =
         app.db.query_one("SELECT now()", &[]).await.unwrap().get(0);
@@ -85,7 +85,7 @@ async fn time_mark(app: &TestApp) -> String {
     now.to_rfc3339()
 }
 
-async fn replay_row(app: &TestApp, id: i64) -> (String, i64, i64) {
+async fn replay_row(app: &TestDaemon, id: i64) -> (String, i64, i64) {
     let row = app
         .db
         .query_one(
@@ -105,11 +105,8 @@ struct InboxConsumer {
 }
 
 impl InboxConsumer {
-    async fn connect(app: &TestApp) -> Self {
-        let (client, connection) = tokio_postgres::connect(&pg_url(&app.database.name), NoTls)
-            .await
-            .unwrap();
-        actix_web::rt::spawn(connection);
+    async fn connect(app: &TestDaemon) -> Self {
+        let client = connect(&app.database.name).await;
         client
             .batch_execute("CREATE TABLE effects (event_id uuid NOT NULL)")
             .await
@@ -298,7 +295,7 @@ async fn a_replay_to_the_exchange_reaches_the_bound_queues_with_the_original_rou
 
 /// Inserts `count` events into the outbox as delivered long ago, without a daemon's writes:
 /// a large past to replay.
-async fn insert_sent_events(app: &TestApp, count: i64) -> Vec<String> {
+async fn insert_sent_events(app: &TestDaemon, count: i64) -> Vec<String> {
     let rows = app
         .db
         .query(
