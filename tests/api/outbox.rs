@@ -1,4 +1,7 @@
 //! The outbox relay against the real RabbitMQ: delivery, properties, failures and outages.
+//! What one relay pass publishes and records is tested on a daemon without relays, the pass
+//! run by the test (`TestDaemon::relay_until_empty`); the relays themselves (several, in two
+//! daemons, through a broker outage) on daemons with them.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -8,7 +11,7 @@ use futures_util::future::join_all;
 use serde_json::Value;
 
 use crate::common::consumer::{header, message_id, TestConsumer};
-use crate::common::daemon::{spawn_app, spawn_app_with, spawn_second_app};
+use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, spawn_second_app};
 use crate::common::helpers::{count_is, entry_body, eventually, insert_backlog, AMQP_URL};
 use crate::common::proxy::TcpProxy;
 
@@ -20,12 +23,13 @@ const SENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL
 
 #[actix_web::test]
 async fn each_write_publishes_its_event_with_the_contracted_properties() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
     let created = app.post_entry("evt-1", &entry_body(1)).await;
     created.assert_created();
     let entry = created.json();
+    assert_eq!(app.relay_until_empty().await, 1);
     let delivery = consumer.next(WAIT).await.expect("the event is delivered");
 
     let row = app
@@ -71,7 +75,7 @@ async fn each_write_publishes_its_event_with_the_contracted_properties() {
     assert_eq!(event["time"], entry["created_at"]);
     assert_eq!(event["data"], entry, "the event carries the entry");
 
-    eventually(MARKED, || count_is(&app.db, SENT, 1)).await;
+    assert_eq!(app.count(SENT).await, 1);
     let key = app.get("/v1/idempotency-keys/evt-1", None).await.json();
     assert!(key["events"][0]["sent_at"].is_string(), "{key}");
     assert!(
@@ -82,7 +86,7 @@ async fn each_write_publishes_its_event_with_the_contracted_properties() {
 
 #[actix_web::test]
 async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
-    let app = spawn_app_with(|settings| settings.events.audit = true).await;
+    let app = spawn_app_without_relays(|settings| settings.events.audit = true).await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
     let body = entry_body(1);
@@ -93,6 +97,7 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
             .await,
         2
     );
+    assert_eq!(app.relay_until_empty().await, 2);
     let deliveries = consumer.take(2, WAIT).await;
     let mut types: Vec<String> = deliveries
         .iter()
@@ -118,7 +123,8 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
             .await,
         2
     );
-    eventually(MARKED, || count_is(&app.db, SENT, 2)).await;
+    assert_eq!(app.relay_until_empty().await, 0, "nothing more to publish");
+    assert_eq!(app.count(SENT).await, 2);
     assert!(
         consumer.next(Duration::from_millis(500)).await.is_none(),
         "a replay publishes nothing"
@@ -127,19 +133,17 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
 
 #[actix_web::test]
 async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is_bound() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     app.post_entry("unroutable-1", &entry_body(1))
         .await
         .assert_created();
 
-    eventually(MARKED, || {
-        count_is(
-            &app.db,
-            "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
-            1,
-        )
-    })
-    .await;
+    assert_eq!(app.relay_until_empty().await, 0, "returned, not confirmed");
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE attempts >= 1")
+            .await,
+        1
+    );
     let row = app
         .db
         .query_one("SELECT sent_at IS NULL, failed_at IS NULL, last_error, next_attempt_at > created_at FROM outbox_events", &[])
@@ -157,6 +161,7 @@ async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
+    assert_eq!(app.relay_until_empty().await, 1);
     let delivery = consumer
         .next(WAIT)
         .await
@@ -165,35 +170,33 @@ async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is
         header(&delivery, "idempotency-key").as_deref(),
         Some("unroutable-1")
     );
-    eventually(MARKED, || count_is(&app.db, SENT, 1)).await;
+    assert_eq!(app.count(SENT).await, 1);
 }
 
 #[actix_web::test]
 async fn events_past_max_attempts_are_parked() {
-    let app = spawn_app_with(|settings| settings.outbox.max_attempts = 2).await;
+    let app = spawn_app_without_relays(|settings| settings.outbox.max_attempts = 2).await;
     app.post_entry("parked-1", &entry_body(1))
         .await
         .assert_created();
-    eventually(MARKED, || {
-        count_is(
-            &app.db,
-            "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
-            1,
-        )
-    })
-    .await;
+    app.relay_until_empty().await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE attempts >= 1")
+            .await,
+        1
+    );
     app.db
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
-    eventually(MARKED, || {
-        count_is(
-            &app.db,
-            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2",
-            1,
+    app.relay_until_empty().await;
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2"
         )
-    })
-    .await;
+        .await,
+        1
+    );
     assert_eq!(app.count(SENT).await, 0);
     // Parked events are not backlog.
     app.readyz_once(|ready| ready.json()["outbox_backlog"] == 0)
@@ -297,7 +300,7 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
 /// that no queue received must never be marked sent, and every entry.created must be.
 #[actix_web::test]
 async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
-    let app = spawn_app_with(|settings| {
+    let app = spawn_app_without_relays(|settings| {
         settings.events.audit = true;
         settings.outbox.batch_size = 500;
     })
@@ -308,6 +311,8 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
         join_all((0..writes).map(|n| app.post_entry_owned(format!("mixed-{n}"), entry_body(n))))
             .await;
     assert!(responses.iter().all(|r| r.status == 201));
+    // One batch holds all 300 events, routed and unroutable mixed.
+    assert_eq!(app.relay_until_empty().await, writes as usize);
 
     let mut received = HashSet::new();
     while received.len() < writes as usize {
@@ -318,8 +323,16 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
         assert_eq!(delivery.routing_key.as_str(), "entry.created");
         received.insert(message_id(&delivery));
     }
-    eventually(MARKED, || count_is(&app.db, "SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL", writes)).await;
-    eventually(MARKED, || count_is(&app.db, "SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1", writes)).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL")
+            .await,
+        writes
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1")
+            .await,
+        writes
+    );
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND sent_at IS NOT NULL")
             .await,

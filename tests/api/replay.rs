@@ -1,6 +1,7 @@
 //! `retrysafe outbox replay`, the built binary against the real PostgreSQL and RabbitMQ: past
 //! events to one queue or to the exchange, resumed after an interrupt, recorded, and deduped by
-//! a consumer's inbox.
+//! a consumer's inbox. The daemons run without relays: a test publishes its writes' events
+//! itself, and they are sent when it goes on.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Command, Output, Stdio};
@@ -13,7 +14,7 @@ use uuid::Uuid;
 
 use crate::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{header, message_id, TestConsumer};
-use crate::common::daemon::{spawn_app, spawn_app_with, TestDaemon};
+use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
 use crate::common::helpers::{connect, entry_body};
 
 /// Long enough for a delivery under load; the bound on every wait for one.
@@ -58,12 +59,14 @@ fn ids(deliveries: &[Delivery]) -> Vec<String> {
     deliveries.iter().map(message_id).collect()
 }
 
-/// Writes `count` entries with keys `<prefix>-<n>` and returns their event ids.
+/// Writes `count` entries with keys `<prefix>-<n>`, publishes their events, and returns their
+/// event ids.
 async fn write_entries(app: &TestDaemon, prefix: &str, count: i64) -> Vec<String> {
     let answers =
         join_all((0..count).map(|n| app.post_entry_owned(format!("{prefix}-{n}"), entry_body(n))))
             .await;
     assert!(answers.iter().all(|answer| answer.status == 201));
+    app.relay_until_empty().await;
     let rows = app
         .db
         .query(
@@ -146,7 +149,7 @@ impl InboxConsumer {
 #[actix_web::test]
 async fn a_queue_bound_after_the_fact_gets_a_time_range_once_per_replay_and_the_inbox_applies_it_once(
 ) {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut existing = TestConsumer::bind(&exchange, "#").await;
     write_entries(&app, "before", 10).await;
@@ -228,7 +231,7 @@ async fn a_queue_bound_after_the_fact_gets_a_time_range_once_per_replay_and_the_
 #[actix_web::test]
 async fn a_replay_to_the_exchange_reaches_the_bound_queues_with_the_original_routing_keys_and_ids()
 {
-    let app = spawn_app_with(|settings| settings.events.audit = true).await;
+    let app = spawn_app_without_relays(|settings| settings.events.audit = true).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut everything = TestConsumer::bind(&exchange, "#").await;
     write_entries(&app, "exchange", 3).await;
@@ -315,7 +318,7 @@ async fn insert_sent_events(app: &TestDaemon, count: i64) -> Vec<String> {
 
 #[actix_web::test]
 async fn a_replay_interrupted_half_way_resumes_with_the_same_command_and_sends_the_rest() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let all: HashSet<String> = insert_sent_events(&app, 2000).await.into_iter().collect();
     let queue = format!("{}.resume", app.settings.amqp.exchange);
     let mut consumer = TestConsumer::declare(&app.settings.amqp.exchange, &queue, None).await;
@@ -426,7 +429,7 @@ async fn wait_with_bound(mut child: std::process::Child) -> Output {
 
 #[actix_web::test]
 async fn a_dry_run_sends_and_records_nothing_and_careless_or_impossible_replays_are_refused() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut consumer = TestConsumer::bind(&exchange, "#").await;
     let events = write_entries(&app, "dry", 5).await;

@@ -46,6 +46,12 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestDaemon
     spawn_in_process(configure, Options::default()).await
 }
 
+/// [`spawn_app_with`] without outbox relays: events stay in the outbox until the test publishes
+/// them with [`TestDaemon::relay_until_empty`], so that it need not wait for a relay's poll.
+pub async fn spawn_app_without_relays(configure: impl FnOnce(&mut Settings)) -> TestDaemon {
+    spawn_in_process(configure, Options { relays: false }).await
+}
+
 async fn spawn_in_process(configure: impl FnOnce(&mut Settings), options: Options) -> TestDaemon {
     let mut settings = test_settings();
     configure(&mut settings);
@@ -243,6 +249,15 @@ impl TestDaemon {
             self.count("SELECT count(*) FROM entries").await,
             self.count("SELECT count(*) FROM outbox_events").await,
         )
+    }
+
+    /// Publishes every due event of the outbox, as a relay would, until none is due; returns
+    /// how many the broker confirmed (and are now marked sent). For a daemon without relays
+    /// ([`spawn_app_without_relays`]): no poll to wait for.
+    pub async fn relay_until_empty(&self) -> usize {
+        retrysafe::outbox::relay_until_empty(&self.settings)
+            .await
+            .expect("the outbox is relayed")
     }
 
     fn process(&self) -> &DaemonProcess {

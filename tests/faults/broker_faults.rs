@@ -17,7 +17,7 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::daemon::spawn_app_with;
+use crate::common::daemon::{spawn_app_with, spawn_app_without_relays};
 use crate::common::helpers::{
     all_event_ids, count, count_is, entry_body, eventually, insert_backlog, knob, AMQP_URL,
 };
@@ -253,11 +253,9 @@ async fn rows(db: &tokio_postgres::Client) -> Vec<Row> {
 async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
     const MAX_ATTEMPTS: i32 = 3;
     const WRITES: i64 = 5;
-    let app = spawn_app_with(|settings| {
-        settings.outbox.max_attempts = MAX_ATTEMPTS;
-        settings.outbox.workers = 1;
-    })
-    .await;
+    // The test runs every relay pass itself: an attempt is one pass over all the events.
+    let app =
+        spawn_app_without_relays(|settings| settings.outbox.max_attempts = MAX_ATTEMPTS).await;
     let refusing = RefusingQueue::bind(&app.settings.amqp.exchange).await;
     for n in 0..WRITES {
         let key = format!("nacked-{n}");
@@ -282,11 +280,9 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
                 .await
                 .unwrap();
         }
+        assert_eq!(app.relay_until_empty().await, 0, "attempt {attempt}");
         let tried = format!("SELECT count(*) FROM outbox_events WHERE attempts = {attempt}");
-        eventually(Duration::from_secs(30), || {
-            count_is(&app.db, &tried, WRITES)
-        })
-        .await;
+        assert_eq!(count(&app.db, &tried).await, WRITES);
         for row in rows(&app.db).await {
             assert!(!row.sent, "a nacked event is never marked sent");
             let error = row.last_error.unwrap_or_default();
@@ -311,7 +307,7 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(app.relay_until_empty().await, 0);
     for row in rows(&app.db).await {
         assert!(row.parked && !row.sent && row.attempts == MAX_ATTEMPTS);
     }
@@ -339,6 +335,7 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
         0,
         "requeued with a fresh attempt count"
     );
+    assert_eq!(app.relay_until_empty().await, WRITES as usize);
     let events = all_event_ids(&app.db).await;
     let mut received = HashSet::new();
     while received.len() < events.len() {
@@ -355,7 +352,7 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
         received.insert(message_id(&delivery).parse::<Uuid>().unwrap());
     }
     assert_eq!(received, events);
-    eventually(Duration::from_secs(30), || count_is(&app.db, UNSENT, 0)).await;
+    assert_eq!(count(&app.db, UNSENT).await, 0);
 }
 
 /// Whether `exchange` exists, asked passively on a connection of the test's own.
