@@ -253,11 +253,16 @@ impl TestDaemon {
 
     /// Publishes every due event of the outbox, as a relay would, until none is due; returns
     /// how many the broker confirmed (and are now marked sent). For a daemon without relays
-    /// ([`spawn_app_without_relays`]): no poll to wait for.
+    /// ([`spawn_app_without_relays`]): no poll to wait for. A pass that fails (the database or
+    /// the broker out of reach for a moment) is run again, as a relay would at its next poll,
+    /// for up to a minute.
     pub async fn relay_until_empty(&self) -> usize {
-        retrysafe::outbox::relay_until_empty(&self.settings)
-            .await
-            .expect("the outbox is relayed")
+        eventually(Duration::from_secs(60), || async {
+            retrysafe::outbox::relay_until_empty(&self.settings)
+                .await
+                .map_err(|error| format!("relaying the outbox: {error}"))
+        })
+        .await
     }
 
     fn process(&self) -> &DaemonProcess {
