@@ -255,8 +255,15 @@ impl TestResponse {
 }
 
 /// A client whose requests are bounded: a hang shows up as an error, not as a stuck test.
+///
+/// It drops a connection left idle for 2 s, before the daemon's keep-alive (actix-web's 5 s)
+/// closes it: a request sent on a connection the daemon is closing fails (`Connect
+/// (Disconnected)`, the answer never comes), and awc would otherwise reuse one for 15 s.
 pub fn http_client(timeout: Duration) -> awc::Client {
-    awc::Client::builder().timeout(timeout).finish()
+    awc::Client::builder()
+        .timeout(timeout)
+        .connector(awc::Connector::new().conn_keep_alive(Duration::from_secs(2)))
+        .finish()
 }
 
 /// `POST {base}/v1/entries` with `key` and the raw JSON `body`. Err is a transport failure
