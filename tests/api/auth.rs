@@ -1,6 +1,7 @@
 //! Bearer tokens and client scoping.
 
-use crate::common::helpers::{client, entry_body, spawn_app_with};
+use crate::common::daemon::spawn_app_with;
+use crate::common::helpers::{client, entry_body};
 
 #[actix_web::test]
 async fn missing_or_wrong_credentials_are_refused_and_write_nothing() {
@@ -20,10 +21,7 @@ async fn missing_or_wrong_credentials_are_refused_and_write_nothing() {
         .assert_problem(401, "unauthorized");
     let basic = app
         .send(
-            app.http
-                .post(format!("{}/v1/entries", app.address))
-                .insert_header(("Idempotency-Key", "auth-1"))
-                .insert_header(("Content-Type", "application/json"))
+            app.post_request("auth-1")
                 .insert_header(("Authorization", "Basic czNjcmV0LXRva2Vu")),
             body.to_string(),
         )
@@ -42,10 +40,7 @@ async fn missing_or_wrong_credentials_are_refused_and_write_nothing() {
     // Two Authorization headers: a proxy in front may read one, the daemon the other.
     for second in ["Bearer s3cret-token", "Bearer wrong-token"] {
         app.send(
-            app.http
-                .post(format!("{}/v1/entries", app.address))
-                .insert_header(("Idempotency-Key", "auth-1"))
-                .insert_header(("Content-Type", "application/json"))
+            app.post_request("auth-1")
                 .append_header(("Authorization", "Bearer s3cret-token"))
                 .append_header(("Authorization", second)),
             body.to_string(),
@@ -58,7 +53,7 @@ async fn missing_or_wrong_credentials_are_refused_and_write_nothing() {
     let created = app
         .post_entry_as(Some("s3cret-token"), "auth-1", &body)
         .await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     // Health probes need no credentials.
     assert_eq!(app.get("/healthz", None).await.status, 200);
 }
@@ -72,7 +67,7 @@ async fn a_client_sees_only_its_own_entries_and_keys() {
     let created = app
         .post_entry_as(Some("token-a"), "private-1", &entry_body(1))
         .await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     let id = created.json()["id"].as_str().unwrap().to_owned();
 
     assert_eq!(

@@ -4,7 +4,8 @@ use std::process::{Command, Output};
 
 use sha2::Digest;
 
-use crate::common::helpers::{entry_body, spawn_app_with, test_settings, TestDatabase};
+use crate::common::daemon::spawn_app_without_relays;
+use crate::common::helpers::{entry_body, test_settings, TestDatabase};
 
 /// The built binary with `args`, run from the repository (so `./config.toml` is its default
 /// configuration), with `env` on top.
@@ -253,8 +254,7 @@ fn token_new_prints_a_token_and_its_config_lines() {
 #[test]
 fn migrate_creates_the_database_and_applies_the_schema() {
     let settings = test_settings();
-    let name = settings.database.url.rsplit('/').next().unwrap().to_owned();
-    let _database = TestDatabase { name };
+    let _database = TestDatabase::new(&settings);
     let url = settings.database.url.as_str();
     let output = retrysafe(&["migrate"], &[("RETRYSAFE_DATABASE__URL", url)]);
     assert!(output.status.success(), "{}", stderr(&output));
@@ -292,25 +292,18 @@ fn migrate_creates_the_database_and_applies_the_schema() {
 #[actix_web::test]
 async fn outbox_status_retry_and_purge_work_on_the_database() {
     // No queue is bound: every publish is returned, so events stay unsent and get parked.
-    let app = spawn_app_with(|settings| settings.outbox.max_attempts = 1).await;
+    let app = spawn_app_without_relays(|settings| settings.outbox.max_attempts = 1).await;
     for n in 0..3 {
-        assert_eq!(
-            app.post_entry(&format!("cli-{n}"), &entry_body(n))
-                .await
-                .status,
-            201
-        );
-    }
-    for _ in 0..300 {
-        if app
-            .count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
+        app.post_entry(&format!("cli-{n}"), &entry_body(n))
             .await
-            == 3
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            .assert_created();
     }
+    assert_eq!(app.relay_until_empty().await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
+            .await,
+        3
+    );
     let env = [
         (
             "RETRYSAFE_DATABASE__URL",
@@ -365,7 +358,7 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
         Some(2),
         "--all or --event is required"
     );
-    // The requeued event may already have failed again (still no queue); the others are parked.
+    // The requeued event is unsent (no relay runs); the others are parked.
     let all = retrysafe(&["outbox", "retry", "--all"], &env);
     assert!(all.status.success(), "{}", stderr(&all));
     assert!(stdout(&all).contains("requeued"), "{}", stdout(&all));

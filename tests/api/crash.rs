@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use retrysafe::inbox::Inbox;
-use tokio_postgres::NoTls;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::daemon::Daemon;
-use crate::common::helpers::{entry_body, pg_url, test_settings, TestDatabase, TestExchange};
+use crate::common::daemon::spawn_binary;
+use crate::common::helpers::{count_is, entry_body, eventually, test_settings};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -19,31 +18,18 @@ const WAIT: Duration = Duration::from_secs(30);
 )]
 async fn a_crash_after_publish_redelivers_the_event_and_the_inbox_applies_it_once() {
     let settings = test_settings();
-    let database_name = settings.database.url.rsplit('/').next().unwrap().to_owned();
-    let _database = TestDatabase {
-        name: database_name.clone(),
-    };
-    let _exchange = TestExchange {
-        name: settings.amqp.exchange.clone(),
-    };
-    let env = vec![
-        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-    ];
     let mut consumer = TestConsumer::bind(&settings.amqp.exchange, "#").await;
 
     // First run: the relay publishes, gets the confirm, and aborts before writing sent_at.
-    let mut with_failpoint = env.clone();
-    with_failpoint.push(("FAILPOINTS", "outbox-after-publish=return".into()));
-    let mut daemon = Daemon::start(&with_failpoint).await;
-    let response = awc::Client::default()
-        .post(format!("{}/v1/entries", daemon.address))
-        .insert_header(("Idempotency-Key", "crash-1"))
-        .insert_header(("Content-Type", "application/json"))
-        .send_body(entry_body(1).to_string())
+    let mut daemon = spawn_binary(
+        settings,
+        &[("FAILPOINTS", "outbox-after-publish=return".into())],
+    )
+    .await;
+    daemon
+        .post_entry("crash-1", &entry_body(1))
         .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 201);
+        .assert_created();
     let status = daemon.wait_for_exit().await;
     assert!(
         !status.success(),
@@ -55,22 +41,18 @@ async fn a_crash_after_publish_redelivers_the_event_and_the_inbox_applies_it_onc
         daemon.log_text()
     );
 
-    let (mut db, connection) = tokio_postgres::connect(&pg_url(&database_name), NoTls)
+    daemon
+        .db
+        .batch_execute("CREATE TABLE effects (event_id uuid NOT NULL)")
         .await
         .unwrap();
-    actix_web::rt::spawn(connection);
-    db.batch_execute("CREATE TABLE effects (event_id uuid NOT NULL)")
-        .await
-        .unwrap();
-    let unsent: i64 = db
-        .query_one(
-            "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(unsent, 1, "the crash came before sent_at was written");
+    assert_eq!(
+        daemon
+            .count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
+            .await,
+        1,
+        "the crash came before sent_at was written"
+    );
 
     let inbox = Inbox::new("crash-test");
     let first = consumer
@@ -79,7 +61,7 @@ async fn a_crash_after_publish_redelivers_the_event_and_the_inbox_applies_it_onc
         .expect("published before the crash");
 
     // Second run, without the failpoint: the same event is published again.
-    let mut restarted = Daemon::start(&env).await;
+    daemon.restart_with(&[]).await;
     let second = consumer
         .next(WAIT)
         .await
@@ -92,7 +74,7 @@ async fn a_crash_after_publish_redelivers_the_event_and_the_inbox_applies_it_onc
 
     for delivery in [&first, &second] {
         let event_id = message_id(delivery).parse().unwrap();
-        if let Some(transaction) = inbox.begin(&mut db, event_id).await.unwrap() {
+        if let Some(transaction) = inbox.begin(&mut daemon.db, event_id).await.unwrap() {
             transaction
                 .execute("INSERT INTO effects VALUES ($1)", &[&event_id])
                 .await
@@ -100,36 +82,27 @@ async fn a_crash_after_publish_redelivers_the_event_and_the_inbox_applies_it_onc
             transaction.commit().await.unwrap();
         }
     }
-    let effects: i64 = db
-        .query_one("SELECT count(*) FROM effects", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(effects, 1, "the inbox applies the effect once");
+    assert_eq!(
+        daemon.count("SELECT count(*) FROM effects").await,
+        1,
+        "the inbox applies the effect once"
+    );
 
-    let mut sent = 0;
-    for _ in 0..300 {
-        sent = db
-            .query_one(
-                "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0);
-        if sent == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(sent, 1, "the row ends with sent_at set");
+    // The row ends with sent_at set.
+    eventually(WAIT, || {
+        count_is(
+            &daemon.db,
+            "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
+            1,
+        )
+    })
+    .await;
 
-    restarted.signal("TERM");
-    let status = restarted.wait_for_exit().await;
+    daemon.signal("TERM");
+    let status = daemon.wait_for_exit().await;
     assert!(
         status.success(),
         "SIGTERM exits 0: {status}\n{}",
-        restarted.log_text()
+        daemon.log_text()
     );
-    drop(db);
 }

@@ -3,7 +3,8 @@
 use futures_util::future::join_all;
 use serde_json::json;
 
-use crate::common::helpers::{entry_body, spawn_app, spawn_app_with, spawn_second_app};
+use crate::common::daemon::{spawn_app, spawn_app_with, spawn_second_app};
+use crate::common::helpers::entry_body;
 
 #[actix_web::test]
 async fn twenty_concurrent_duplicates_make_one_entry() {
@@ -15,12 +16,7 @@ async fn twenty_concurrent_duplicates_make_one_entry() {
     let mut replayed = 0;
     let first_id = responses[0].json()["id"].clone();
     for response in &responses {
-        assert_eq!(
-            response.status,
-            201,
-            "{}",
-            String::from_utf8_lossy(&response.body)
-        );
+        response.assert_created();
         assert_eq!(response.json()["id"], first_id);
         assert_eq!(
             response.header("location"),
@@ -51,7 +47,7 @@ async fn twenty_concurrent_duplicates_make_one_entry() {
 
     // A new key adds exactly one row to each table.
     let response = app.post_entry("demo-002", &entry_body(2)).await;
-    assert_eq!(response.status, 201);
+    response.assert_created();
     assert_ne!(response.json()["id"], first_id);
     assert_eq!(app.row_counts().await, (2, 2, 2));
 }
@@ -62,7 +58,7 @@ async fn the_first_response_is_saved_and_replayed_byte_for_byte() {
     let body = json!({"kind": "invoice.paid", "data": {"z": 1.5, "a": [true, null, "x"], "nested": {"b": 2, "a": 1}}});
 
     let first = app.post_entry("k-1", &body).await;
-    assert_eq!(first.status, 201);
+    first.assert_created();
     assert_eq!(first.header("idempotency-replayed"), None);
     let created = first.json();
     assert_eq!(created["kind"], "invoice.paid");
@@ -70,11 +66,8 @@ async fn the_first_response_is_saved_and_replayed_byte_for_byte() {
     assert!(created["created_at"].as_str().unwrap().ends_with('Z'));
 
     let replay = app.post_entry("k-1", &body).await;
-    assert_eq!(replay.status, 201);
-    assert_eq!(
-        replay.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    replay.assert_created();
+    assert!(replay.replayed());
     assert_eq!(replay.body, first.body, "a replay carries the first body");
     assert_eq!(replay.header("location"), first.header("location"));
 
@@ -82,11 +75,8 @@ async fn the_first_response_is_saved_and_replayed_byte_for_byte() {
     // database, still byte for byte.
     let other = spawn_second_app(&app).await;
     let from_database = other.post_entry("k-1", &body).await;
-    assert_eq!(from_database.status, 201);
-    assert_eq!(
-        from_database.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    from_database.assert_created();
+    assert!(from_database.replayed());
     assert_eq!(from_database.body, first.body);
 
     // GET shows the same entry.
@@ -101,34 +91,21 @@ async fn the_first_response_is_saved_and_replayed_byte_for_byte() {
 async fn key_order_and_white_space_do_not_make_a_request_different() {
     let app = spawn_app().await;
     let first = app
-        .send(
-            app.http
-                .post(format!("{}/v1/entries", app.address))
-                .insert_header(("Idempotency-Key", "order-1"))
-                .insert_header(("Content-Type", "application/json")),
+        .post_text(
+            "order-1",
             r#"{"kind":"a.b","data":{"x":1,"y":{"p":[1,2],"q":"s"}}}"#,
         )
         .await;
-    assert_eq!(first.status, 201);
+    first.assert_created();
     let second = app
         .send(
-            app.http
-                .post(format!("{}/v1/entries", app.address))
-                .insert_header(("Idempotency-Key", "order-1"))
+            app.post_request("order-1")
                 .insert_header(("Content-Type", "application/json; charset=utf-8")),
             "{\n  \"data\" : { \"y\" : {\"q\":\"s\", \"p\":[ 1, 2 ]}, \"x\" : 1 },\n  \"kind\" : \"a.b\"\n}\n",
         )
         .await;
-    assert_eq!(
-        second.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&second.body)
-    );
-    assert_eq!(
-        second.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    second.assert_created();
+    assert!(second.replayed());
     assert_eq!(second.body, first.body);
     assert_eq!(app.row_counts().await, (1, 1, 1));
 }
@@ -136,7 +113,9 @@ async fn key_order_and_white_space_do_not_make_a_request_different() {
 #[actix_web::test]
 async fn a_reused_key_with_another_request_is_refused_and_writes_nothing() {
     let app = spawn_app().await;
-    assert_eq!(app.post_entry("reuse-1", &entry_body(1)).await.status, 201);
+    app.post_entry("reuse-1", &entry_body(1))
+        .await
+        .assert_created();
     let before = app.row_counts().await;
 
     let conflict = app.post_entry("reuse-1", &entry_body(2)).await;
@@ -157,11 +136,8 @@ async fn a_reused_key_with_another_request_is_refused_and_writes_nothing() {
 
     // The original request still replays.
     let replay = app.post_entry("reuse-1", &entry_body(1)).await;
-    assert_eq!(replay.status, 201);
-    assert_eq!(
-        replay.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    replay.assert_created();
+    assert!(replay.replayed());
 }
 
 #[actix_web::test]
@@ -203,7 +179,7 @@ async fn concurrent_requests_with_one_key_and_two_bodies_make_one_entry() {
 #[actix_web::test]
 async fn mismatch_status_can_be_422() {
     let app = spawn_app_with(|settings| settings.idempotency.mismatch_status = 422).await;
-    assert_eq!(app.post_entry("m-1", &entry_body(1)).await.status, 201);
+    app.post_entry("m-1", &entry_body(1)).await.assert_created();
     app.post_entry("m-1", &entry_body(2))
         .await
         .assert_problem(422, "idempotency-key-reused");
@@ -224,22 +200,14 @@ async fn two_daemons_on_one_database_make_one_entry_per_key() {
         .await;
         let id = responses[0].json()["id"].clone();
         for response in &responses {
-            assert_eq!(
-                response.status,
-                201,
-                "{}",
-                String::from_utf8_lossy(&response.body)
-            );
+            response.assert_created();
             assert_eq!(
                 response.json()["id"],
                 id,
                 "both daemons answer with the one entry"
             );
         }
-        let replays = responses
-            .iter()
-            .filter(|r| r.header("idempotency-replayed").as_deref() == Some("true"))
-            .count();
+        let replays = responses.iter().filter(|r| r.replayed()).count();
         assert_eq!(replays, 19, "exactly one request created the entry");
     }
     assert_eq!(first.row_counts().await, (5, 5, 5));
@@ -262,8 +230,8 @@ async fn the_same_key_in_two_clients_is_two_keys() {
     let shipping = app
         .post_entry_as(Some("token-shipping"), "shared-key", &body)
         .await;
-    assert_eq!(billing.status, 201);
-    assert_eq!(shipping.status, 201);
+    billing.assert_created();
+    shipping.assert_created();
     assert_eq!(shipping.header("idempotency-replayed"), None);
     assert_ne!(billing.json()["id"], shipping.json()["id"]);
     assert_eq!(app.row_counts().await, (2, 2, 2));
@@ -286,7 +254,7 @@ async fn a_key_reports_its_record_and_events() {
 
     // Reserved URL characters in a key are percent-encoded in the path.
     let created = app.post_entry("lookup/1?#", &entry_body(7)).await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     let entry_id = created.json()["id"].clone();
     let response = app.get("/v1/idempotency-keys/lookup%2F1%3F%23", None).await;
     assert_eq!(
@@ -324,35 +292,19 @@ async fn health_and_readiness() {
     assert_eq!(ready.json()["migrations"], "applied");
 }
 
-async fn post_text(
-    app: &crate::common::helpers::TestApp,
-    key: &str,
-    body: &str,
-) -> crate::common::helpers::TestResponse {
-    app.send(
-        app.http
-            .post(format!("{}/v1/entries", app.address))
-            .insert_header(("Idempotency-Key", key))
-            .insert_header(("Content-Type", "application/json")),
-        body.to_owned(),
-    )
-    .await
-}
-
 #[actix_web::test]
 async fn numbers_are_kept_digit_for_digit_and_replayed_as_stored() {
     let app = spawn_app().await;
-    let first = post_text(
-        &app,
-        "big-1",
-        r#"{"kind":"a","data":{"n":100000000000000000000001}}"#,
-    )
-    .await;
-    assert_eq!(first.status, 201);
+    let first = app
+        .post_text(
+            "big-1",
+            r#"{"kind":"a","data":{"n":100000000000000000000001}}"#,
+        )
+        .await;
+    first.assert_created();
     assert!(String::from_utf8_lossy(&first.body).contains(r#""n":100000000000000000000001"#));
     // One digit apart is another request, not a replay.
-    post_text(
-        &app,
+    app.post_text(
         "big-1",
         r#"{"kind":"a","data":{"n":100000000000000000000002}}"#,
     )
@@ -363,29 +315,28 @@ async fn numbers_are_kept_digit_for_digit_and_replayed_as_stored() {
     // answer and a replay read back from the database are the same bytes.
     let body =
         r#"{"kind":"a","data":{"a":1.50,"b":1e2,"c":-0.0,"d":0.1000000000000000000001,"e":1.5e1}}"#;
-    let created = post_text(&app, "num-1", body).await;
-    assert_eq!(created.status, 201);
+    let created = app.post_text("num-1", body).await;
+    created.assert_created();
     assert_eq!(
         created.json()["data"].to_string(),
         r#"{"a":1.50,"b":100,"c":0.0,"d":0.1000000000000000000001,"e":15}"#
     );
     let other = spawn_second_app(&app).await;
-    let replay = post_text(&other, "num-1", body).await;
-    assert_eq!(
-        replay.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    let replay = other.post_text("num-1", body).await;
+    assert!(replay.replayed());
     assert_eq!(replay.body, created.body);
     // The same values written another way are the same request.
-    let same = post_text(
-        &app,
-        "num-1",
-        r#"{"data":{"e":15,"d":0.1000000000000000000001,"c":0.0,"b":100,"a":1.50},"kind":"a"}"#,
-    )
-    .await;
-    assert_eq!(same.header("idempotency-replayed").as_deref(), Some("true"));
+    let same = app
+        .post_text(
+            "num-1",
+            r#"{"data":{"e":15,"d":0.1000000000000000000001,"c":0.0,"b":100,"a":1.50},"kind":"a"}"#,
+        )
+        .await;
+    assert!(same.replayed());
 
-    let huge = post_text(&app, "num-2", r#"{"kind":"a","data":{"n":1e100000}}"#).await;
+    let huge = app
+        .post_text("num-2", r#"{"kind":"a","data":{"n":1e100000}}"#)
+        .await;
     huge.assert_problem(400, "invalid-request");
     assert_eq!(
         app.count("SELECT count(*) FROM idempotency_records WHERE key = 'num-2'")

@@ -6,12 +6,13 @@ use std::collections::{HashMap, HashSet};
 use futures_util::{future, stream, StreamExt};
 use serde_json::{json, Value};
 
-use crate::common::helpers::{client, spawn_app_with, TestApp};
+use crate::common::daemon::{spawn_app_with, TestDaemon};
+use crate::common::helpers::client;
 
 const BILLING: &str = "token-billing";
 const SHIPPING: &str = "token-shipping";
 
-async fn two_clients() -> TestApp {
+async fn two_clients() -> TestDaemon {
     spawn_app_with(|settings| {
         settings.auth.clients = vec![client("billing", BILLING), client("shipping", SHIPPING)];
     })
@@ -21,7 +22,7 @@ async fn two_clients() -> TestApp {
 /// Writes entries `<prefix>-<n>` for n in `range` as the client of `token`, 64 at a time;
 /// returns their ids.
 async fn write(
-    app: &TestApp,
+    app: &TestDaemon,
     token: &str,
     prefix: &str,
     range: std::ops::Range<i64>,
@@ -32,12 +33,7 @@ async fn write(
             let created = app
                 .post_entry_as(Some(token), &format!("{prefix}-{n}"), &body)
                 .await;
-            assert_eq!(
-                created.status,
-                201,
-                "{}",
-                String::from_utf8_lossy(&created.body)
-            );
+            created.assert_created();
             created.json()["id"].as_str().unwrap().to_owned()
         })
         .buffer_unordered(64)
@@ -46,7 +42,7 @@ async fn write(
 }
 
 /// Lists every page of `query` (without `cursor`) as the client of `token`.
-async fn list_all(app: &TestApp, token: &str, query: &str) -> Vec<Value> {
+async fn list_all(app: &TestDaemon, token: &str, query: &str) -> Vec<Value> {
     let mut entries = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..1000 {
@@ -169,7 +165,7 @@ async fn paging_through_ten_thousand_entries_during_writes_returns_each_once_and
 /// The listing's statements walk `entries_client_created` with the page's bounds as index
 /// conditions, in both orders and with a kind filter, in the plan PostgreSQL makes for each
 /// execution and in the generic plan it may switch a prepared statement to.
-async fn assert_listing_uses_the_index(app: &TestApp) {
+async fn assert_listing_uses_the_index(app: &TestDaemon) {
     app.db.batch_execute("ANALYZE entries").await.unwrap();
     let types = "text, text, timestamptz, timestamptz, timestamptz, uuid, bigint";
     app.db
@@ -229,7 +225,7 @@ async fn the_listing_filters_by_kind_and_time_and_refuses_bad_parameters() {
         let answer = app
             .post_entry_as(Some(BILLING), &format!("f-{n}"), &body)
             .await;
-        assert_eq!(answer.status, 201);
+        answer.assert_created();
         created.push(answer.json());
     }
     app.post_entry_as(Some(SHIPPING), "f-0", &json!({"kind": "a", "data": {}}))

@@ -7,10 +7,10 @@ use retrysafe::config::ConfigDuration;
 use retrysafe::janitor::purge_once;
 
 use crate::common::consumer::{header, TestConsumer};
-use crate::common::daemon::Daemon;
-use crate::common::helpers::{
-    entry_body, pg_url, spawn_app_with, test_settings, TestDatabase, TestExchange,
+use crate::common::daemon::{
+    spawn_app_with, spawn_app_without_relays, spawn_binary, spawn_second_app, TestDaemon,
 };
+use crate::common::helpers::{entry_body, test_settings};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -23,12 +23,9 @@ async fn after_its_retention_a_key_is_new_again() {
     let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
     let body = entry_body(1);
     let first = app.post_entry("expiring", &body).await;
-    assert_eq!(first.status, 201);
+    first.assert_created();
     let replay = app.post_entry("expiring", &body).await;
-    assert_eq!(
-        replay.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    assert!(replay.replayed());
 
     tokio::time::sleep(Duration::from_millis(1200)).await;
     app.get("/v1/idempotency-keys/expiring", None)
@@ -45,12 +42,7 @@ async fn after_its_retention_a_key_is_new_again() {
 
     // The replay cache forgets the key too: a new request with it makes a new entry.
     let again = app.post_entry("expiring", &entry_body(2)).await;
-    assert_eq!(
-        again.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&again.body)
-    );
+    again.assert_created();
     assert_eq!(again.header("idempotency-replayed"), None);
     assert_ne!(again.json()["id"], first.json()["id"]);
     assert_eq!(
@@ -67,12 +59,12 @@ async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
     })
     .await;
     let first = app.post_entry("expired-unpurged", &entry_body(1)).await;
-    assert_eq!(first.status, 201);
+    first.assert_created();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     // Another daemon (no cache) meets the expired record in the database and takes it over.
-    let other = crate::common::helpers::spawn_second_app(&app).await;
+    let other = spawn_second_app(&app).await;
     let again = other.post_entry("expired-unpurged", &entry_body(1)).await;
-    assert_eq!(again.status, 201);
+    again.assert_created();
     assert_eq!(
         again.header("idempotency-replayed"),
         None,
@@ -98,23 +90,16 @@ async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
 
 #[actix_web::test]
 async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_ones() {
-    let app = spawn_app_with(|settings| {
+    let app = spawn_app_without_relays(|settings| {
         settings.outbox.retention = ConfigDuration(Duration::from_secs(1))
     })
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
-    assert_eq!(app.post_entry("retained", &entry_body(1)).await.status, 201);
+    app.post_entry("retained", &entry_body(1))
+        .await
+        .assert_created();
+    assert_eq!(app.relay_until_empty().await, 1, "sent");
     consumer.next(WAIT).await.expect("delivered");
-    for _ in 0..300 {
-        if app
-            .count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
-            .await
-            == 1
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     // An old unsent event and an old parked one, as a broker outage would leave them.
     app.db
         .batch_execute(
@@ -327,47 +312,18 @@ fn sample(metrics: &str, name_and_labels: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-async fn scrape(daemon: &Daemon) -> String {
-    let mut response = awc::Client::default()
-        .get(format!("{}/metrics", daemon.address))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    String::from_utf8(response.body().await.unwrap().to_vec()).unwrap()
-}
-
-async fn post(daemon: &Daemon, key: &str, body: &serde_json::Value) -> (u16, Option<String>) {
-    let response = awc::Client::default()
-        .post(format!("{}/v1/entries", daemon.address))
-        .insert_header(("Idempotency-Key", key))
-        .insert_header(("Content-Type", "application/json"))
-        .send_body(body.to_string())
-        .await
-        .unwrap();
-    let request_id = response
-        .headers()
-        .get("x-request-id")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (response.status().as_u16(), request_id)
+async fn scrape(daemon: &TestDaemon) -> String {
+    let response = daemon.get("/metrics", None).await;
+    assert_eq!(response.status, 200);
+    String::from_utf8(response.body).unwrap()
 }
 
 /// The daemon runs as its own process so that no other test's requests move its counters.
 #[actix_web::test]
 async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
     let settings = test_settings();
-    let _database = TestDatabase {
-        name: settings.database.url.rsplit('/').next().unwrap().to_owned(),
-    };
-    let _exchange = TestExchange {
-        name: settings.amqp.exchange.clone(),
-    };
     let mut consumer = TestConsumer::bind(&settings.amqp.exchange, "#").await;
-    let daemon = Daemon::start(&[
-        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-    ])
-    .await;
+    let daemon = spawn_binary(settings, &[]).await;
 
     let before = scrape(&daemon).await;
     let created = r#"retrysafe_http_requests_total{route="/v1/entries",outcome="created"}"#;
@@ -376,15 +332,23 @@ async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
     let invalid = r#"retrysafe_http_requests_total{route="/v1/entries",outcome="invalid"}"#;
     let acked = r#"retrysafe_outbox_publishes_total{outcome="acked"}"#;
 
-    let (status, request_id) = post(&daemon, "metered", &entry_body(1)).await;
-    assert_eq!(status, 201);
+    let first = daemon.post_entry("metered", &entry_body(1)).await;
+    first.assert_created();
     assert!(
-        request_id.is_some_and(|id| !id.is_empty()),
+        first
+            .header("x-request-id")
+            .is_some_and(|id| !id.is_empty()),
         "every response carries X-Request-Id"
     );
-    assert_eq!(post(&daemon, "metered", &entry_body(1)).await.0, 201);
-    assert_eq!(post(&daemon, "metered", &entry_body(2)).await.0, 409);
-    assert_eq!(post(&daemon, "", &entry_body(2)).await.0, 400);
+    daemon
+        .post_entry("metered", &entry_body(1))
+        .await
+        .assert_created();
+    assert_eq!(
+        daemon.post_entry("metered", &entry_body(2)).await.status,
+        409
+    );
+    assert_eq!(daemon.post_entry("", &entry_body(2)).await.status, 400);
     consumer.next(WAIT).await.expect("the event is published");
     let mut after = scrape(&daemon).await;
     for _ in 0..100 {
@@ -439,20 +403,12 @@ async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
 #[actix_web::test]
 async fn sigterm_finishes_requests_in_flight_and_loses_nothing() {
     let settings = test_settings();
-    let database = settings.database.url.rsplit('/').next().unwrap().to_owned();
-    let _database = TestDatabase {
-        name: database.clone(),
-    };
-    let _exchange = TestExchange {
-        name: settings.amqp.exchange.clone(),
-    };
     let mut consumer = TestConsumer::bind(&settings.amqp.exchange, "#").await;
-    let env = [
-        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-        ("RETRYSAFE_HTTP__SHUTDOWN_TIMEOUT", "20s".to_owned()),
-    ];
-    let mut daemon = Daemon::start(&env).await;
+    let mut daemon = spawn_binary(
+        settings,
+        &[("RETRYSAFE_HTTP__SHUTDOWN_TIMEOUT", "20s".to_owned())],
+    )
+    .await;
     let address = daemon.address.clone();
 
     // 8 clients writing as fast as they can; SIGTERM lands in the middle.
@@ -507,12 +463,9 @@ async fn sigterm_finishes_requests_in_flight_and_loses_nothing() {
         "the shutdown came while clients were still writing"
     );
 
-    let (db, connection) = tokio_postgres::connect(&pg_url(&database), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    actix_web::rt::spawn(connection);
     for (key, id) in &created {
-        let row = db
+        let row = daemon
+            .db
             .query_one(
                 "SELECT entry_id::text FROM idempotency_records WHERE key = $1",
                 &[key],
@@ -521,20 +474,14 @@ async fn sigterm_finishes_requests_in_flight_and_loses_nothing() {
             .unwrap_or_else(|e| panic!("{key} got 201 but is not committed: {e}"));
         assert_eq!(&row.get::<_, String>(0), id);
     }
-    let events: i64 = db
-        .query_one("SELECT count(*) FROM outbox_events", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let records: i64 = db
-        .query_one("SELECT count(*) FROM idempotency_records", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let events = daemon.count("SELECT count(*) FROM outbox_events").await;
+    let records = daemon
+        .count("SELECT count(*) FROM idempotency_records")
+        .await;
     assert_eq!(events, records, "every committed write has its event");
 
     // Whatever the relays had not sent is sent after a restart: nothing is lost.
-    let _restarted = Daemon::start(&env).await;
+    daemon.restart().await;
     let mut delivered = HashSet::new();
     while delivered.len() < events as usize {
         let delivery = consumer

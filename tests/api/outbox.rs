@@ -1,4 +1,7 @@
 //! The outbox relay against the real RabbitMQ: delivery, properties, failures and outages.
+//! What one relay pass publishes and records is tested on a daemon without relays, the pass
+//! run by the test (`TestDaemon::relay_until_empty`); the relays themselves (several, in two
+//! daemons, through a broker outage) on daemons with them.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -8,35 +11,25 @@ use futures_util::future::join_all;
 use serde_json::Value;
 
 use crate::common::consumer::{header, message_id, TestConsumer};
-use crate::common::helpers::{
-    entry_body, insert_backlog, spawn_app, spawn_app_with, spawn_second_app, TestApp, AMQP_URL,
-};
+use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, spawn_second_app};
+use crate::common::helpers::{count_is, entry_body, eventually, insert_backlog, AMQP_URL};
 use crate::common::proxy::TcpProxy;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// Polls until `sql` (a count) returns `expected`, for up to a minute.
-async fn wait_for_count(app: &TestApp, sql: &str, expected: i64) {
-    for _ in 0..600 {
-        if app.count(sql).await == expected {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "{sql} never returned {expected} (last: {})",
-        app.count(sql).await
-    );
-}
+/// Bound on the relays' work after the last delivery: marking the rows sent.
+const MARKED: Duration = Duration::from_secs(60);
+const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+const SENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL";
 
 #[actix_web::test]
 async fn each_write_publishes_its_event_with_the_contracted_properties() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
     let created = app.post_entry("evt-1", &entry_body(1)).await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     let entry = created.json();
+    assert_eq!(app.relay_until_empty().await, 1);
     let delivery = consumer.next(WAIT).await.expect("the event is delivered");
 
     let row = app
@@ -82,12 +75,7 @@ async fn each_write_publishes_its_event_with_the_contracted_properties() {
     assert_eq!(event["time"], entry["created_at"]);
     assert_eq!(event["data"], entry, "the event carries the entry");
 
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-        1,
-    )
-    .await;
+    assert_eq!(app.count(SENT).await, 1);
     let key = app.get("/v1/idempotency-keys/evt-1", None).await.json();
     assert!(key["events"][0]["sent_at"].is_string(), "{key}");
     assert!(
@@ -98,17 +86,18 @@ async fn each_write_publishes_its_event_with_the_contracted_properties() {
 
 #[actix_web::test]
 async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
-    let app = spawn_app_with(|settings| settings.events.audit = true).await;
+    let app = spawn_app_without_relays(|settings| settings.events.audit = true).await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
     let body = entry_body(1);
     let created = app.post_entry("audit-1", &body).await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE idempotency_key = 'audit-1'")
             .await,
         2
     );
+    assert_eq!(app.relay_until_empty().await, 2);
     let deliveries = consumer.take(2, WAIT).await;
     let mut types: Vec<String> = deliveries
         .iter()
@@ -128,21 +117,14 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
     assert_eq!(audit["subject"], created.json()["id"]);
 
     let replay = app.post_entry("audit-1", &body).await;
-    assert_eq!(
-        replay.header("idempotency-replayed").as_deref(),
-        Some("true")
-    );
+    assert!(replay.replayed());
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE idempotency_key = 'audit-1'")
             .await,
         2
     );
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-        2,
-    )
-    .await;
+    assert_eq!(app.relay_until_empty().await, 0, "nothing more to publish");
+    assert_eq!(app.count(SENT).await, 2);
     assert!(
         consumer.next(Duration::from_millis(500)).await.is_none(),
         "a replay publishes nothing"
@@ -151,18 +133,17 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
 
 #[actix_web::test]
 async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is_bound() {
-    let app = spawn_app().await;
-    assert_eq!(
-        app.post_entry("unroutable-1", &entry_body(1)).await.status,
-        201
-    );
+    let app = spawn_app_without_relays(|_| {}).await;
+    app.post_entry("unroutable-1", &entry_body(1))
+        .await
+        .assert_created();
 
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
-        1,
-    )
-    .await;
+    assert_eq!(app.relay_until_empty().await, 0, "returned, not confirmed");
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE attempts >= 1")
+            .await,
+        1
+    );
     let row = app
         .db
         .query_one("SELECT sent_at IS NULL, failed_at IS NULL, last_error, next_attempt_at > created_at FROM outbox_events", &[])
@@ -180,6 +161,7 @@ async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
+    assert_eq!(app.relay_until_empty().await, 1);
     let delivery = consumer
         .next(WAIT)
         .await
@@ -188,39 +170,34 @@ async fn unroutable_events_are_not_marked_sent_and_are_delivered_once_a_queue_is
         header(&delivery, "idempotency-key").as_deref(),
         Some("unroutable-1")
     );
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL",
-        1,
-    )
-    .await;
+    assert_eq!(app.count(SENT).await, 1);
 }
 
 #[actix_web::test]
 async fn events_past_max_attempts_are_parked() {
-    let app = spawn_app_with(|settings| settings.outbox.max_attempts = 2).await;
-    assert_eq!(app.post_entry("parked-1", &entry_body(1)).await.status, 201);
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE attempts >= 1",
-        1,
-    )
-    .await;
+    let app = spawn_app_without_relays(|settings| settings.outbox.max_attempts = 2).await;
+    app.post_entry("parked-1", &entry_body(1))
+        .await
+        .assert_created();
+    app.relay_until_empty().await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE attempts >= 1")
+            .await,
+        1
+    );
     app.db
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2",
-        1,
-    )
-    .await;
+    app.relay_until_empty().await;
     assert_eq!(
-        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL")
-            .await,
-        0
+        app.count(
+            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND attempts = 2"
+        )
+        .await,
+        1
     );
+    assert_eq!(app.count(SENT).await, 0);
     // Parked events are not backlog.
     app.readyz_once(|ready| ready.json()["outbox_backlog"] == 0)
         .await;
@@ -254,12 +231,7 @@ async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
         "no event is published twice"
     );
     assert_eq!(duplicates, 0, "no event is published twice");
-    wait_for_count(
-        &first,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        0,
-    )
-    .await;
+    eventually(MARKED, || count_is(&first.db, UNSENT, 0)).await;
     assert_eq!(
         first
             .count("SELECT count(*) FROM outbox_events WHERE attempts > 0")
@@ -281,7 +253,9 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
 
-    assert_eq!(app.post_entry("outage-0", &entry_body(0)).await.status, 201);
+    app.post_entry("outage-0", &entry_body(0))
+        .await
+        .assert_created();
     consumer
         .next(WAIT)
         .await
@@ -293,8 +267,10 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
             .await;
     for response in &responses {
         assert_eq!(
-            response.status, 201,
-            "writes go on while the broker is down"
+            response.status,
+            201,
+            "writes go on while the broker is down: {}",
+            response.describe()
         );
     }
     let ready = app.get("/readyz", None).await;
@@ -302,11 +278,7 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
         ready.status, 200,
         "the broker being down does not make the daemon unready"
     );
-    assert!(
-        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
-            .await
-            > 0
-    );
+    assert!(app.count(UNSENT).await > 0);
 
     proxy.restore();
     let mut ids: HashSet<String> = HashSet::new();
@@ -317,12 +289,7 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
             .unwrap_or_else(|| panic!("only {} of 20 delivered", ids.len()));
         ids.insert(header(&delivery, "idempotency-key").unwrap());
     }
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        0,
-    )
-    .await;
+    eventually(MARKED, || count_is(&app.db, UNSENT, 0)).await;
     assert_eq!(app.count("SELECT count(*) FROM outbox_events").await, 21);
     let ready = app.get("/readyz", None).await.json();
     assert_eq!(ready["broker"], "connected", "{ready}");
@@ -333,7 +300,7 @@ async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
 /// that no queue received must never be marked sent, and every entry.created must be.
 #[actix_web::test]
 async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
-    let app = spawn_app_with(|settings| {
+    let app = spawn_app_without_relays(|settings| {
         settings.events.audit = true;
         settings.outbox.batch_size = 500;
     })
@@ -344,6 +311,8 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
         join_all((0..writes).map(|n| app.post_entry_owned(format!("mixed-{n}"), entry_body(n))))
             .await;
     assert!(responses.iter().all(|r| r.status == 201));
+    // One batch holds all 300 events, routed and unroutable mixed.
+    assert_eq!(app.relay_until_empty().await, writes as usize);
 
     let mut received = HashSet::new();
     while received.len() < writes as usize {
@@ -354,18 +323,16 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
         assert_eq!(delivery.routing_key.as_str(), "entry.created");
         received.insert(message_id(&delivery));
     }
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL",
-        writes,
-    )
-    .await;
-    wait_for_count(
-        &app,
-        "SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1",
-        writes,
-    )
-    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'entry.created' AND sent_at IS NOT NULL")
+            .await,
+        writes
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND attempts >= 1")
+            .await,
+        writes
+    );
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE event_type = 'audit.entry.created' AND sent_at IS NOT NULL")
             .await,

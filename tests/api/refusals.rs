@@ -2,10 +2,11 @@
 
 use serde_json::json;
 
-use crate::common::helpers::{entry_body, spawn_app, TestApp};
+use crate::common::daemon::{spawn_app, TestDaemon};
+use crate::common::helpers::entry_body;
 
 async fn post_raw(
-    app: &TestApp,
+    app: &TestDaemon,
     key: Option<&[u8]>,
     content_type: Option<&str>,
     body: impl Into<Vec<u8>>,
@@ -24,7 +25,7 @@ async fn post_raw(
     app.send(request, body).await
 }
 
-async fn assert_nothing_written(app: &TestApp) {
+async fn assert_nothing_written(app: &TestDaemon) {
     assert_eq!(
         app.row_counts().await,
         (0, 0, 0),
@@ -74,20 +75,13 @@ async fn bad_idempotency_keys_are_refused() {
 
     // The longest key, and a structured-field string, are fine.
     let longest = vec![b'k'; 255];
-    assert_eq!(
-        post_raw(&app, Some(&longest), json, body.clone())
-            .await
-            .status,
-        201
-    );
+    post_raw(&app, Some(&longest), json, body.clone())
+        .await
+        .assert_created();
     let quoted = post_raw(&app, Some(b"\"sf-key\""), json, body.clone()).await;
-    assert_eq!(quoted.status, 201);
+    quoted.assert_created();
     let plain = post_raw(&app, Some(b"sf-key"), json, body.clone()).await;
-    assert_eq!(
-        plain.header("idempotency-replayed").as_deref(),
-        Some("true"),
-        "\"sf-key\" and sf-key are one key"
-    );
+    assert!(plain.replayed(), "\"sf-key\" and sf-key are one key");
 }
 
 #[actix_web::test]
@@ -217,12 +211,9 @@ async fn wrong_content_type_and_oversized_bodies_are_refused() {
         .len();
     let fits = json!({"kind": "a", "data": {"padding": "x".repeat(limit - overhead)}}).to_string();
     assert_eq!(fits.len(), limit);
-    assert_eq!(
-        post_raw(&app, Some(b"big-2"), Some("application/json"), fits)
-            .await
-            .status,
-        201
-    );
+    post_raw(&app, Some(b"big-2"), Some("application/json"), fits)
+        .await
+        .assert_created();
 }
 
 #[actix_web::test]
@@ -263,10 +254,7 @@ async fn unknown_routes_and_methods_are_problems() {
 async fn compressed_bodies_are_refused() {
     let app = spawn_app().await;
     let request = app
-        .http
-        .post(format!("{}/v1/entries", app.address))
-        .insert_header(("Idempotency-Key", "gz-1"))
-        .insert_header(("Content-Type", "application/json"))
+        .post_request("gz-1")
         .insert_header(("Content-Encoding", "gzip"));
     app.send(request, entry_body(1).to_string())
         .await
@@ -277,7 +265,7 @@ async fn compressed_bodies_are_refused() {
 #[actix_web::test]
 async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let app = crate::common::helpers::spawn_app_with(|settings| {
+    let app = crate::common::daemon::spawn_app_with(|settings| {
         settings.http.body_timeout =
             retrysafe::config::ConfigDuration(std::time::Duration::from_millis(500));
     })

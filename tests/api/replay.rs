@@ -1,6 +1,7 @@
 //! `retrysafe outbox replay`, the built binary against the real PostgreSQL and RabbitMQ: past
 //! events to one queue or to the exchange, resumed after an interrupt, recorded, and deduped by
-//! a consumer's inbox.
+//! a consumer's inbox. The daemons run without relays: a test publishes its writes' events
+//! itself, and they are sent when it goes on.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Command, Output, Stdio};
@@ -9,12 +10,12 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lapin::message::Delivery;
 use retrysafe::inbox::Inbox;
-use tokio_postgres::NoTls;
 use uuid::Uuid;
 
 use crate::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{header, message_id, TestConsumer};
-use crate::common::helpers::{entry_body, pg_url, spawn_app, spawn_app_with, TestApp};
+use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
+use crate::common::helpers::{connect, entry_body};
 
 /// Long enough for a delivery under load; the bound on every wait for one.
 const WAIT: Duration = Duration::from_secs(30);
@@ -22,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const QUIET: Duration = Duration::from_millis(750);
 
 /// The environment that points the binary at the test's database and exchange.
-fn env(app: &TestApp) -> [(&str, &str); 2] {
+fn env(app: &TestDaemon) -> [(&str, &str); 2] {
     [
         (
             "RETRYSAFE_DATABASE__URL",
@@ -35,7 +36,7 @@ fn env(app: &TestApp) -> [(&str, &str); 2] {
     ]
 }
 
-fn replay(app: &TestApp, args: &[&str]) -> Output {
+fn replay(app: &TestDaemon, args: &[&str]) -> Output {
     let mut all = vec!["outbox", "replay"];
     all.extend_from_slice(args);
     retrysafe(&all, &env(app))
@@ -58,12 +59,14 @@ fn ids(deliveries: &[Delivery]) -> Vec<String> {
     deliveries.iter().map(message_id).collect()
 }
 
-/// Writes `count` entries with keys `<prefix>-<n>` and returns their event ids.
-async fn write_entries(app: &TestApp, prefix: &str, count: i64) -> Vec<String> {
+/// Writes `count` entries with keys `<prefix>-<n>`, publishes their events, and returns their
+/// event ids.
+async fn write_entries(app: &TestDaemon, prefix: &str, count: i64) -> Vec<String> {
     let answers =
         join_all((0..count).map(|n| app.post_entry_owned(format!("{prefix}-{n}"), entry_body(n))))
             .await;
     assert!(answers.iter().all(|answer| answer.status == 201));
+    app.relay_until_empty().await;
     let rows = app
         .db
         .query(
@@ -77,7 +80,7 @@ async fn write_entries(app: &TestApp, prefix: &str, count: i64) -> Vec<String> {
 
 /// The database's clock now, as an RFC 3339 time for `--since`/`--until`, a little apart from
 /// the events before and after it.
-async fn time_mark(app: &TestApp) -> String {
+async fn time_mark(app: &TestDaemon) -> String {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let now: chrono::DateTime<chrono::Utc> =
         app.db.query_one("SELECT now()", &[]).await.unwrap().get(0);
@@ -85,7 +88,7 @@ async fn time_mark(app: &TestApp) -> String {
     now.to_rfc3339()
 }
 
-async fn replay_row(app: &TestApp, id: i64) -> (String, i64, i64) {
+async fn replay_row(app: &TestDaemon, id: i64) -> (String, i64, i64) {
     let row = app
         .db
         .query_one(
@@ -105,11 +108,8 @@ struct InboxConsumer {
 }
 
 impl InboxConsumer {
-    async fn connect(app: &TestApp) -> Self {
-        let (client, connection) = tokio_postgres::connect(&pg_url(&app.database.name), NoTls)
-            .await
-            .unwrap();
-        actix_web::rt::spawn(connection);
+    async fn connect(app: &TestDaemon) -> Self {
+        let client = connect(&app.database.name).await;
         client
             .batch_execute("CREATE TABLE effects (event_id uuid NOT NULL)")
             .await
@@ -149,7 +149,7 @@ impl InboxConsumer {
 #[actix_web::test]
 async fn a_queue_bound_after_the_fact_gets_a_time_range_once_per_replay_and_the_inbox_applies_it_once(
 ) {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut existing = TestConsumer::bind(&exchange, "#").await;
     write_entries(&app, "before", 10).await;
@@ -231,7 +231,7 @@ async fn a_queue_bound_after_the_fact_gets_a_time_range_once_per_replay_and_the_
 #[actix_web::test]
 async fn a_replay_to_the_exchange_reaches_the_bound_queues_with_the_original_routing_keys_and_ids()
 {
-    let app = spawn_app_with(|settings| settings.events.audit = true).await;
+    let app = spawn_app_without_relays(|settings| settings.events.audit = true).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut everything = TestConsumer::bind(&exchange, "#").await;
     write_entries(&app, "exchange", 3).await;
@@ -298,7 +298,7 @@ async fn a_replay_to_the_exchange_reaches_the_bound_queues_with_the_original_rou
 
 /// Inserts `count` events into the outbox as delivered long ago, without a daemon's writes:
 /// a large past to replay.
-async fn insert_sent_events(app: &TestApp, count: i64) -> Vec<String> {
+async fn insert_sent_events(app: &TestDaemon, count: i64) -> Vec<String> {
     let rows = app
         .db
         .query(
@@ -318,7 +318,7 @@ async fn insert_sent_events(app: &TestApp, count: i64) -> Vec<String> {
 
 #[actix_web::test]
 async fn a_replay_interrupted_half_way_resumes_with_the_same_command_and_sends_the_rest() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let all: HashSet<String> = insert_sent_events(&app, 2000).await.into_iter().collect();
     let queue = format!("{}.resume", app.settings.amqp.exchange);
     let mut consumer = TestConsumer::declare(&app.settings.amqp.exchange, &queue, None).await;
@@ -429,7 +429,7 @@ async fn wait_with_bound(mut child: std::process::Child) -> Output {
 
 #[actix_web::test]
 async fn a_dry_run_sends_and_records_nothing_and_careless_or_impossible_replays_are_refused() {
-    let app = spawn_app().await;
+    let app = spawn_app_without_relays(|_| {}).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut consumer = TestConsumer::bind(&exchange, "#").await;
     let events = write_entries(&app, "dry", 5).await;

@@ -11,10 +11,8 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStderr};
 
-use crate::common::daemon::free_port;
-use crate::common::helpers::{
-    client, reach_database_through, spawn_app, spawn_app_with, TestApp, PG_HOST_PORT,
-};
+use crate::common::daemon::{free_port, spawn_app, spawn_app_with, TestDaemon};
+use crate::common::helpers::{client, reach_database_through, LockHolder, PG_HOST_PORT};
 use crate::common::proxy::TcpProxy;
 
 const REFUSED: i32 = 65;
@@ -184,7 +182,7 @@ fn announced_wait(line: &str) -> Duration {
     Duration::from_secs_f64(seconds)
 }
 
-async fn entry_ids(app: &TestApp) -> Vec<String> {
+async fn entry_ids(app: &TestDaemon) -> Vec<String> {
     app.db
         .query("SELECT id::text FROM entries", &[])
         .await
@@ -195,14 +193,14 @@ async fn entry_ids(app: &TestApp) -> Vec<String> {
 }
 
 /// One entry, the one `run` printed, with its one record and one event.
-async fn assert_written_once(app: &TestApp, run: &SendRun) {
+async fn assert_written_once(app: &TestDaemon, run: &SendRun) {
     assert_eq!(entry_ids(app).await, [run.entry()["id"].as_str().unwrap()]);
     assert_eq!(app.row_counts().await, (1, 1, 1));
 }
 
 /// A daemon on `port`, chosen before it starts so that a run can be pointed at it while it is
 /// down.
-async fn spawn_app_on(port: u16) -> TestApp {
+async fn spawn_app_on(port: u16) -> TestDaemon {
     spawn_app_with(|settings| {
         settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
     })
@@ -352,21 +350,7 @@ async fn request_in_progress_is_retried_after_the_advised_wait() {
     let intent = intent("in-progress");
     let key = key_for_intent(&intent).unwrap();
     // An uncommitted record for the key: the daemon's claim of it waits for this transaction.
-    let (holder, connection) = tokio_postgres::connect(
-        &crate::common::helpers::pg_url(&app.database.name),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    actix_web::rt::spawn(connection);
-    holder
-        .batch_execute(&format!(
-            "BEGIN; INSERT INTO idempotency_records
-                 (client_id, key, request_hash, status, response_status, response_json, expires_at)
-             VALUES ('anonymous', '{key}', '\\x00', 'completed', 201, '{{}}', now() + interval '1 day')"
-        ))
-        .await
-        .unwrap();
+    let holder = LockHolder::claim(&app.database.name, key.as_str()).await;
 
     // Attempt 1 writes and waits on the lock: after wait_timeout the daemon answers 503 (the
     // write may still commit). Attempt 2 finds that write still in flight and is told, after
@@ -377,7 +361,7 @@ async fn request_in_progress_is_retried_after_the_advised_wait() {
         &[],
     );
     let in_progress = running.wait_for_line("409 request-in-progress").await;
-    holder.batch_execute("ROLLBACK").await.unwrap();
+    holder.release().await;
     let run = running.finish().await;
 
     run.assert_code(0);

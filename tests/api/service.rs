@@ -5,7 +5,8 @@ use std::process::{Command, Stdio};
 
 use retrysafe::client::key_for_intent;
 
-use crate::common::helpers::{client, spawn_app_with};
+use crate::common::daemon::spawn_app_with;
+use crate::common::helpers::client;
 
 const UNIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/retrysafe.service");
 const JOB: &str = concat!(

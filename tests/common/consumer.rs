@@ -4,12 +4,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, Consumer, ExchangeKind};
+use lapin::{Connection, ConnectionProperties, Consumer};
+use retrysafe::outbox::declare_exchange;
 
 use crate::common::helpers::AMQP_URL;
 
@@ -31,18 +29,7 @@ pub async fn connect_and_declare_at(url: &str, exchange: &str) -> (Connection, l
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
-    channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    declare_exchange(&channel, exchange).await.unwrap();
     (connection, channel)
 }
 

@@ -1,9 +1,327 @@
-//! The built binary as a child process, for tests that crash or signal it.
+//! The daemon under test, [`TestDaemon`]: in this test's runtime ([`spawn_app`]) or the built
+//! binary as a child process that can be signalled, SIGKILLed and restarted on the same port
+//! ([`spawn_binary`]); with the database and exchange it owns and a direct connection for
+//! assertions. [`DaemonProcess`] is the child process alone, for daemons on servers of a
+//! test's own (tests/tls, tests/ha).
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
+
+use retrysafe::config::Settings;
+use retrysafe::startup::{Application, Options};
+use serde_json::Value;
+
+use crate::common::helpers::{
+    connect, count, eventually, http_client, test_settings, TestDatabase, TestExchange,
+    TestResponse,
+};
+
+/// Bound on one request of [`TestDaemon::send`].
+const REQUEST_LIMIT: Duration = Duration::from_secs(60);
+
+/// A daemon under test, the database it owns, and a direct connection for assertions.
+pub struct TestDaemon {
+    /// The child process of a daemon run from the binary; None in-process. Dropped first: the
+    /// daemon goes before its database.
+    process: Option<DaemonProcess>,
+    pub address: String,
+    pub settings: Settings,
+    pub db: tokio_postgres::Client,
+    pub http: awc::Client,
+    /// Drops the database when the last daemon using it is gone.
+    pub database: Arc<TestDatabase>,
+    /// Deletes the exchange when the last daemon using it is gone.
+    pub exchange: Arc<TestExchange>,
+}
+
+pub async fn spawn_app() -> TestDaemon {
+    spawn_app_with(|_| {}).await
+}
+
+/// An in-process daemon on [`test_settings`] changed by `configure`.
+pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestDaemon {
+    spawn_in_process(configure, Options::default()).await
+}
+
+/// [`spawn_app_with`] without outbox relays: events stay in the outbox until the test publishes
+/// them with [`TestDaemon::relay_until_empty`], so that it need not wait for a relay's poll.
+pub async fn spawn_app_without_relays(configure: impl FnOnce(&mut Settings)) -> TestDaemon {
+    spawn_in_process(configure, Options { relays: false }).await
+}
+
+async fn spawn_in_process(configure: impl FnOnce(&mut Settings), options: Options) -> TestDaemon {
+    let mut settings = test_settings();
+    configure(&mut settings);
+    let database = Arc::new(TestDatabase::new(&settings));
+    let exchange = Arc::new(TestExchange::new(&settings));
+    start_in_process(settings, database, exchange, options).await
+}
+
+/// A second in-process daemon (with relays) on the same database (as two machines behind one
+/// load balancer).
+pub async fn spawn_second_app(first: &TestDaemon) -> TestDaemon {
+    let mut settings = first.settings.clone();
+    settings.http.listen = "127.0.0.1:0".parse().unwrap();
+    start_in_process(
+        settings,
+        first.database.clone(),
+        first.exchange.clone(),
+        Options::default(),
+    )
+    .await
+}
+
+async fn start_in_process(
+    settings: Settings,
+    database: Arc<TestDatabase>,
+    exchange: Arc<TestExchange>,
+    options: Options,
+) -> TestDaemon {
+    init_logging();
+    let application = Application::build_with(settings.clone(), options)
+        .await
+        .expect("the app starts");
+    let address = format!("http://127.0.0.1:{}", application.port());
+    actix_web::rt::spawn(application.run_until_stopped());
+    TestDaemon {
+        process: None,
+        address,
+        settings,
+        db: connect(&database.name).await,
+        http: http_client(REQUEST_LIMIT),
+        database,
+        exchange,
+    }
+}
+
+/// The built binary (`retrysafe serve` with the repository's config.toml) on `settings`'
+/// database and exchange, which it is given with `env` on top; nothing else of `settings`
+/// reaches it.
+pub async fn spawn_binary(settings: Settings, env: &[(&str, String)]) -> TestDaemon {
+    let database = Arc::new(TestDatabase::new(&settings));
+    let exchange = Arc::new(TestExchange::new(&settings));
+    let port = free_port();
+    let env = binary_env(&settings, env);
+    let process = DaemonProcess::launch(port, "http", None, &env, move |log| {
+        serve_command(port, log)
+    })
+    .await;
+    binary_daemon(settings, database, exchange, process).await
+}
+
+/// [`spawn_binary`] with a command of the test's own (a configuration file of its own, say)
+/// that makes the daemon listen on `port` and use `settings`' database and exchange.
+pub async fn spawn_binary_as(
+    settings: Settings,
+    port: u16,
+    command: impl Fn(&Path) -> Command + 'static,
+) -> TestDaemon {
+    let database = Arc::new(TestDatabase::new(&settings));
+    let exchange = Arc::new(TestExchange::new(&settings));
+    let process = DaemonProcess::launch(port, "http", None, &[], command).await;
+    binary_daemon(settings, database, exchange, process).await
+}
+
+async fn binary_daemon(
+    settings: Settings,
+    database: Arc<TestDatabase>,
+    exchange: Arc<TestExchange>,
+    process: DaemonProcess,
+) -> TestDaemon {
+    TestDaemon {
+        address: process.address.clone(),
+        process: Some(process),
+        settings,
+        db: connect(&database.name).await,
+        http: http_client(REQUEST_LIMIT),
+        database,
+        exchange,
+    }
+}
+
+/// The environment that points the binary at `settings`' database and exchange, and `env`.
+fn binary_env(settings: &Settings, env: &[(&str, String)]) -> Vec<(String, String)> {
+    [
+        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
+        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
+    ]
+    .iter()
+    .chain(env)
+    .map(|(name, value)| (name.to_string(), value.clone()))
+    .collect()
+}
+
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()))
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+impl TestDaemon {
+    pub async fn send(
+        &self,
+        request: awc::ClientRequest,
+        body: impl Into<Vec<u8>>,
+    ) -> TestResponse {
+        let response = request
+            .send_body(body.into())
+            .await
+            .expect("the request is answered");
+        TestResponse::read(response)
+            .await
+            .expect("the body is read")
+    }
+
+    /// `POST /v1/entries` with a key and a JSON body.
+    pub async fn post_entry(&self, key: &str, body: &Value) -> TestResponse {
+        self.post_entry_as(None, key, body).await
+    }
+
+    pub async fn post_entry_owned(&self, key: String, body: Value) -> TestResponse {
+        self.post_entry(&key, &body).await
+    }
+
+    /// `POST /v1/entries` with a key, a JSON body and (optionally) a bearer token.
+    pub async fn post_entry_as(
+        &self,
+        token: Option<&str>,
+        key: &str,
+        body: &Value,
+    ) -> TestResponse {
+        let mut request = self.post_request(key);
+        if let Some(token) = token {
+            request = request.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        self.send(request, body.to_string()).await
+    }
+
+    /// `POST /v1/entries` with a key and `text` as the body, sent as it is.
+    pub async fn post_text(&self, key: &str, text: &str) -> TestResponse {
+        self.send(self.post_request(key), text.to_owned()).await
+    }
+
+    /// A `POST /v1/entries` with a key and `Content-Type: application/json`, to send with
+    /// [`send`](Self::send) (headers may be added or replaced).
+    pub fn post_request(&self, key: &str) -> awc::ClientRequest {
+        self.http
+            .post(format!("{}/v1/entries", self.address))
+            .insert_header(("Idempotency-Key", key))
+            .insert_header(("Content-Type", "application/json"))
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> TestResponse {
+        let mut request = self.http.get(format!("{}{path}", self.address));
+        if let Some(token) = token {
+            request = request.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        self.send(request, Vec::new()).await
+    }
+
+    /// `/readyz` once it satisfies `wanted` (readiness is re-checked at most once a second, and
+    /// the backlog it reports is refreshed every few seconds), within a generous bound.
+    pub async fn readyz_once(&self, wanted: impl Fn(&TestResponse) -> bool) -> TestResponse {
+        eventually(Duration::from_secs(30), || async {
+            let ready = self.get("/readyz", None).await;
+            if wanted(&ready) {
+                Ok(ready)
+            } else {
+                Err(format!("/readyz: {}", ready.describe()))
+            }
+        })
+        .await
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        count(&self.db, sql).await
+    }
+
+    /// Rows in the three tables a write touches.
+    pub async fn row_counts(&self) -> (i64, i64, i64) {
+        (
+            self.count("SELECT count(*) FROM idempotency_records").await,
+            self.count("SELECT count(*) FROM entries").await,
+            self.count("SELECT count(*) FROM outbox_events").await,
+        )
+    }
+
+    /// Publishes every due event of the outbox, as a relay would, until none is due; returns
+    /// how many the broker confirmed (and are now marked sent). For a daemon without relays
+    /// ([`spawn_app_without_relays`]): no poll to wait for. A pass that fails (the database or
+    /// the broker out of reach for a moment) is run again, as a relay would at its next poll,
+    /// for up to a minute.
+    pub async fn relay_until_empty(&self) -> usize {
+        eventually(Duration::from_secs(60), || async {
+            retrysafe::outbox::relay_until_empty(&self.settings)
+                .await
+                .map_err(|error| format!("relaying the outbox: {error}"))
+        })
+        .await
+    }
+
+    fn process(&self) -> &DaemonProcess {
+        self.process
+            .as_ref()
+            .expect("an in-process daemon has no process: use spawn_binary")
+    }
+
+    fn process_mut(&mut self) -> &mut DaemonProcess {
+        self.process
+            .as_mut()
+            .expect("an in-process daemon has no process: use spawn_binary")
+    }
+
+    /// SIGKILL: no shutdown protocol, no flush; the process is gone when this returns.
+    pub fn kill(&mut self) {
+        self.process_mut().kill();
+    }
+
+    /// Starts the binary again (after a SIGKILL if it still runs) on the same port, database
+    /// and exchange.
+    pub async fn restart(&mut self) {
+        self.process_mut().restart().await;
+        // A client keeps idle connections: one to the process that is gone would fail the
+        // next request.
+        self.http = http_client(REQUEST_LIMIT);
+    }
+
+    /// [`restart`](Self::restart) with `env` instead of the environment it was started with
+    /// (the database and exchange stay).
+    pub async fn restart_with(&mut self, env: &[(&str, String)]) {
+        let env = binary_env(&self.settings, env);
+        self.process_mut().env = env;
+        self.restart().await;
+    }
+
+    /// Sends `signal` (`TERM`, `HUP`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        self.process().signal(signal);
+    }
+
+    pub async fn wait_for_exit(&mut self) -> ExitStatus {
+        self.process_mut().wait_for_exit().await
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.process_mut().is_running()
+    }
+
+    /// The log of the process's current run.
+    pub fn log_text(&self) -> String {
+        self.process().log_text()
+    }
+
+    /// The last `lines` lines of every run's log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process().log_tail(lines)
+    }
+}
 
 /// A free port on 127.0.0.1 (free when asked; the daemon binds it right after).
 pub fn free_port() -> u16 {
@@ -14,10 +332,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Sends a command's standard output and error to `log`, and gives it no standard input.
+pub fn log_to(command: &mut Command, log: &Path) {
+    let log_file = std::fs::File::create(log).unwrap();
+    command
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file);
+}
+
 /// `retrysafe serve` with the repository's config.toml, listening on `port`, polling the outbox
 /// every 100 ms, logging to `log`; the caller adds its own environment.
-pub fn serve_command(port: u16, log: &std::path::Path) -> Command {
-    let log_file = std::fs::File::create(log).unwrap();
+pub fn serve_command(port: u16, log: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
     command
         .arg("serve")
@@ -26,49 +352,91 @@ pub fn serve_command(port: u16, log: &std::path::Path) -> Command {
         .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{port}"))
         .env("RETRYSAFE_OUTBOX__POLL_INTERVAL", "100ms")
         .env("RETRYSAFE_LOG__LEVEL", "info")
-        .env_remove("FAILPOINTS")
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file);
+        .env_remove("FAILPOINTS");
+    log_to(&mut command, log);
     command
 }
 
-pub struct Daemon {
-    pub child: Child,
+/// The built binary as a child process on a fixed port, so that it can be SIGKILLed and started
+/// again where its clients expect it. Killed when dropped; its logs are kept if the test fails.
+pub struct DaemonProcess {
+    pub port: u16,
     pub address: String,
-    pub log: PathBuf,
+    /// Added to the command's environment at every start.
+    pub env: Vec<(String, String)>,
+    /// The command of a run, given the run's log.
+    command: Box<dyn Fn(&Path) -> Command>,
+    /// Asks `/healthz` (a fresh client at each run when None).
+    health: Option<awc::Client>,
+    child: Option<Child>,
+    /// One log per run.
+    pub logs: Vec<PathBuf>,
 }
 
-impl Daemon {
-    /// Starts `retrysafe serve` with the repository's config.toml and `env` overrides, and waits
-    /// until it answers `/healthz`.
+impl DaemonProcess {
+    /// [`serve_command`] with `env`, on a free port, once it answers `/healthz`.
     pub async fn start(env: &[(&str, String)]) -> Self {
-        Self::start_with(env, "http", awc::Client::default()).await
+        Self::serve(env, "http", None).await
     }
 
     /// [`start`](Self::start) for a listener of `scheme` (`https` when `env` sets
     /// `http.tls_cert_file`), asking `/healthz` with `client` (one that trusts the certificate).
     pub async fn start_with(env: &[(&str, String)], scheme: &str, client: awc::Client) -> Self {
-        let port = free_port();
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("daemon-{}.log", uuid::Uuid::new_v4()));
-        let mut command = serve_command(port, &log);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let child = command.spawn().expect("the daemon binary starts");
-        let mut daemon = Self {
-            child,
-            address: format!("{scheme}://127.0.0.1:{port}"),
-            log,
-        };
-        daemon.wait_until_healthy(&client).await;
-        daemon
+        Self::serve(env, scheme, Some(client)).await
     }
 
-    async fn wait_until_healthy(&mut self, client: &awc::Client) {
-        for _ in 0..300 {
-            if let Ok(Some(status)) = self.child.try_wait() {
+    async fn serve(env: &[(&str, String)], scheme: &str, health: Option<awc::Client>) -> Self {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.clone()))
+            .collect();
+        let port = free_port();
+        Self::launch(port, scheme, health, &env, move |log| {
+            serve_command(port, log)
+        })
+        .await
+    }
+
+    /// Runs `command` (which must make the daemon listen on `port` and log to the path it is
+    /// given) with `env` added, and waits until it answers `/healthz`.
+    pub async fn launch(
+        port: u16,
+        scheme: &str,
+        health: Option<awc::Client>,
+        env: &[(String, String)],
+        command: impl Fn(&Path) -> Command + 'static,
+    ) -> Self {
+        let mut process = Self {
+            port,
+            address: format!("{scheme}://127.0.0.1:{port}"),
+            env: env.to_vec(),
+            command: Box::new(command),
+            health,
+            child: None,
+            logs: Vec::new(),
+        };
+        process.spawn().await;
+        process
+    }
+
+    async fn spawn(&mut self) {
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("daemon-{}.log", uuid::Uuid::new_v4()));
+        let mut command = (self.command)(&log);
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
+        self.child = Some(command.spawn().expect("the daemon binary starts"));
+        self.logs.push(log);
+        self.wait_until_healthy().await;
+    }
+
+    async fn wait_until_healthy(&mut self) {
+        let client = self
+            .health
+            .clone()
+            .unwrap_or_else(|| http_client(Duration::from_secs(2)));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::time::Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
                     "the daemon exited with {status} before serving: {}",
                     self.log_text()
@@ -79,19 +447,39 @@ impl Daemon {
                     return;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("the daemon never became healthy: {}", self.log_text());
     }
 
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+    /// SIGKILL (unless it has exited): no shutdown protocol, no flush; the process is gone
+    /// when this returns.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if child.try_wait().unwrap().is_none() {
+                child.kill().expect("SIGKILL the daemon");
+            }
+            child.wait().expect("reap the daemon");
+        }
+    }
+
+    /// Starts the binary again on the same port (after a SIGKILL if it still runs).
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().unwrap().is_none())
     }
 
     /// Waits up to a minute for the process to exit.
     pub async fn wait_for_exit(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("the daemon was started");
         for _ in 0..600 {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -100,25 +488,49 @@ impl Daemon {
     }
 
     pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the daemon was started");
         let status = Command::new("kill")
             .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
+            .arg(child.id().to_string())
             .status()
             .unwrap();
         assert!(status.success());
     }
+
+    /// The log of the current (last) run.
+    pub fn log_text(&self) -> String {
+        self.logs
+            .last()
+            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    /// The last `lines` lines of every run's log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for (run, log) in self.logs.iter().enumerate() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let start = all.len().saturating_sub(lines);
+            out.push_str(&format!(
+                "--- run {run} ({}) ---\n{}\n",
+                log.display(),
+                all[start..].join("\n")
+            ));
+        }
+        out
+    }
 }
 
-impl Drop for Daemon {
+impl Drop for DaemonProcess {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.kill();
         if std::thread::panicking() {
-            eprintln!("daemon log kept: {}", self.log.display());
+            eprintln!("daemon logs kept: {:?}", self.logs);
         } else {
-            let _ = std::fs::remove_file(&self.log);
+            for log in &self.logs {
+                let _ = std::fs::remove_file(log);
+            }
         }
     }
 }

@@ -1,94 +1,80 @@
-//! Test harness: each test gets its own database and its own daemon on port 0.
+//! What the tests share besides the daemon: settings, the database and exchange a test owns,
+//! answers as a client sees them, polling with a deadline, and checks on the tables.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::future::Future;
 use std::time::Duration;
 
 use retrysafe::config::{ClientSettings, Settings};
-use retrysafe::startup::Application;
 use serde_json::Value;
-use tokio_postgres::NoTls;
+use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 
 pub const PG_HOST_PORT: &str = "127.0.0.1:5432";
+pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// A daemon under test, the database it owns, and a direct connection for assertions.
-pub struct TestApp {
-    pub address: String,
-    pub settings: Settings,
-    pub db: tokio_postgres::Client,
-    pub http: awc::Client,
-    /// Drops the database when the last app using it is gone.
-    pub database: Arc<TestDatabase>,
-    /// Deletes the exchange when the last app using it is gone.
-    pub exchange: Arc<TestExchange>,
+/// The most of an answer's body a test reads.
+const BODY_LIMIT: usize = 4 << 20;
+
+/// A knob for the long versions (docs/reliability.md, "Long versions"): the environment
+/// variable's value, or `default` in CI.
+pub fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
 }
 
-/// A response with its body read.
-pub struct TestResponse {
-    pub status: u16,
-    pub headers: awc::http::header::HeaderMap,
-    pub body: Vec<u8>,
+/// Settings for a test: a fresh database name, port 0, small timeouts.
+pub fn test_settings() -> Settings {
+    let mut settings = Settings::default();
+    settings.http.listen = "127.0.0.1:0".parse().unwrap();
+    settings.http.shutdown_timeout = retrysafe::config::ConfigDuration::from_secs(5);
+    settings.database.url = pg_url(&format!("retrysafe_test_{}", Uuid::new_v4().simple()));
+    settings.database.connect_timeout = retrysafe::config::ConfigDuration(Duration::from_secs(1));
+    settings.log.level = "warn".into();
+    settings.amqp.exchange = format!("retrysafe.test.{}", Uuid::new_v4().simple());
+    settings.outbox.poll_interval = retrysafe::config::ConfigDuration(Duration::from_millis(100));
+    settings
 }
 
-impl TestResponse {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
+pub fn pg_url(database: &str) -> String {
+    format!("postgres://postgres@{PG_HOST_PORT}/{database}")
+}
 
-    pub fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    }
+/// The database a PostgreSQL URL names.
+pub fn database_name(url: &str) -> String {
+    url.parse::<tokio_postgres::Config>()
+        .unwrap()
+        .get_dbname()
+        .unwrap()
+        .to_owned()
+}
 
-    /// Asserts a problem+json refusal of the given status and type.
-    pub fn assert_problem(&self, status: u16, slug: &str) {
-        assert_eq!(
-            self.status,
-            status,
-            "expected {status} {slug}, got {}: {}",
-            self.status,
-            String::from_utf8_lossy(&self.body)
-        );
-        assert_eq!(
-            self.header("content-type").as_deref(),
-            Some("application/problem+json")
-        );
-        let problem = self.json();
-        assert_eq!(problem["type"], format!("/problems/{slug}"), "{problem}");
-        assert_eq!(problem["status"], status);
-        assert!(
-            problem["title"].as_str().is_some_and(|t| !t.is_empty()),
-            "{problem}"
-        );
-        assert!(
-            problem["detail"].as_str().is_some_and(|d| !d.is_empty()),
-            "{problem}"
-        );
+/// Points the daemon at its database through a proxy on `port` (the test's own connection stays
+/// direct).
+pub fn reach_database_through(settings: &mut Settings, port: u16) {
+    let direct = settings.database.url.clone();
+    settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
+    assert_ne!(settings.database.url, direct);
+}
+
+/// A client with a known token, for configs that require authentication.
+pub fn client(id: &str, token: &str) -> ClientSettings {
+    use sha2::Digest;
+    ClientSettings {
+        id: id.into(),
+        token_sha256: hex::encode(sha2::Sha256::digest(token.as_bytes())),
     }
 }
 
-/// Inserts `count` events straight into the outbox, as a large backlog left by writes.
-pub async fn insert_backlog(db: &tokio_postgres::Client, count: i64) {
-    db.execute(
-        "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
-         SELECT gen_random_uuid(), 'backlog/' || n, 'anonymous', 'backlog-' || n, 'entry.created',
-                jsonb_build_object('specversion', '1.0', 'n', n, 'padding', repeat('x', 200))
-         FROM generate_series(1, $1::bigint) AS n",
-        &[&count],
-    )
-    .await
-    .unwrap();
+pub fn entry_body(n: i64) -> Value {
+    serde_json::json!({"kind": "invoice.paid", "data": {"invoice": n, "amount": {"value": 1250, "currency": "EUR"}}})
 }
 
 /// Runs `work` to completion on a thread and runtime of its own: a guard's `drop` runs inside
 /// the test's runtime, where it cannot block on a future.
-fn block_on_in_thread<F: std::future::Future<Output = ()> + Send + 'static>(work: F, what: &str) {
+fn block_on_in_thread<F: Future<Output = ()> + Send + 'static>(work: F, what: &str) {
     std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -100,8 +86,18 @@ fn block_on_in_thread<F: std::future::Future<Output = ()> + Send + 'static>(work
     .unwrap_or_else(|_| panic!("{what}"));
 }
 
+/// A test's database (the daemon creates it when it starts); dropped when the test ends.
 pub struct TestDatabase {
     pub name: String,
+}
+
+impl TestDatabase {
+    /// The database of `settings.database.url`.
+    pub fn new(settings: &Settings) -> Self {
+        Self {
+            name: database_name(&settings.database.url),
+        }
+    }
 }
 
 impl Drop for TestDatabase {
@@ -121,11 +117,18 @@ impl Drop for TestDatabase {
     }
 }
 
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
 /// An exchange a test's daemon declares; deleted when the test ends.
 pub struct TestExchange {
     pub name: String,
+}
+
+impl TestExchange {
+    /// The exchange of `settings.amqp.exchange`.
+    pub fn new(settings: &Settings) -> Self {
+        Self {
+            name: settings.amqp.exchange.clone(),
+        }
+    }
 }
 
 impl Drop for TestExchange {
@@ -150,197 +153,291 @@ impl Drop for TestExchange {
     }
 }
 
-pub fn pg_url(database: &str) -> String {
-    format!("postgres://postgres@{PG_HOST_PORT}/{database}")
+/// An answer with its body read, as a client sees it.
+#[derive(Debug, Clone)]
+pub struct TestResponse {
+    pub status: u16,
+    pub headers: awc::http::header::HeaderMap,
+    pub body: Vec<u8>,
 }
 
-/// Settings for a test: a fresh database name, port 0, small timeouts.
-pub fn test_settings() -> Settings {
-    let mut settings = Settings::default();
-    settings.http.listen = "127.0.0.1:0".parse().unwrap();
-    settings.http.shutdown_timeout = retrysafe::config::ConfigDuration::from_secs(5);
-    settings.database.url = pg_url(&format!("retrysafe_test_{}", Uuid::new_v4().simple()));
-    settings.database.connect_timeout = retrysafe::config::ConfigDuration(Duration::from_secs(1));
-    settings.log.level = "warn".into();
-    settings.amqp.exchange = format!("retrysafe.test.{}", Uuid::new_v4().simple());
-    settings.outbox.poll_interval = retrysafe::config::ConfigDuration(Duration::from_millis(100));
-    settings
-}
-
-/// Points the daemon at its database through a proxy on `port` (the test's own connection stays
-/// direct).
-pub fn reach_database_through(settings: &mut Settings, port: u16) {
-    let direct = settings.database.url.clone();
-    settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
-    assert_ne!(settings.database.url, direct);
-}
-
-pub async fn spawn_app() -> TestApp {
-    spawn_app_with(|_| {}).await
-}
-
-pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
-    let mut settings = test_settings();
-    configure(&mut settings);
-    let name = database_name(&settings.database.url);
-    let database = Arc::new(TestDatabase { name });
-    let exchange = Arc::new(TestExchange {
-        name: settings.amqp.exchange.clone(),
-    });
-    start(settings, database, exchange).await
-}
-
-/// A second daemon on the same database (as two machines behind one load balancer).
-pub async fn spawn_second_app(first: &TestApp) -> TestApp {
-    let mut settings = first.settings.clone();
-    settings.http.listen = "127.0.0.1:0".parse().unwrap();
-    start(settings, first.database.clone(), first.exchange.clone()).await
-}
-
-async fn start(
-    settings: Settings,
-    database: Arc<TestDatabase>,
-    exchange: Arc<TestExchange>,
-) -> TestApp {
-    init_logging();
-    let application = Application::build(settings.clone())
-        .await
-        .expect("the app starts");
-    let address = format!("http://127.0.0.1:{}", application.port());
-    actix_web::rt::spawn(application.run_until_stopped());
-    let (db, connection) = tokio_postgres::connect(&pg_url(&database.name), NoTls)
-        .await
-        .unwrap();
-    actix_web::rt::spawn(connection);
-    TestApp {
-        address,
-        settings,
-        db,
-        http: awc::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .finish(),
-        database,
-        exchange,
-    }
-}
-
-fn init_logging() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()))
-            .with_test_writer()
-            .try_init();
-    });
-}
-
-fn database_name(url: &str) -> String {
-    url.parse::<tokio_postgres::Config>()
-        .unwrap()
-        .get_dbname()
-        .unwrap()
-        .to_owned()
-}
-
-impl TestApp {
-    pub async fn send(
-        &self,
-        request: awc::ClientRequest,
-        body: impl Into<Vec<u8>>,
-    ) -> TestResponse {
-        let mut response = request
-            .send_body(body.into())
-            .await
-            .expect("the request is answered");
+impl TestResponse {
+    /// Reads the body of `response`.
+    pub async fn read(mut response: awc::ClientResponse) -> Result<Self, String> {
         let body = response
             .body()
-            .limit(1 << 20)
+            .limit(BODY_LIMIT)
             .await
-            .expect("the body is read")
-            .to_vec();
-        TestResponse {
+            .map_err(|e| format!("body: {e}"))?;
+        Ok(Self {
             status: response.status().as_u16(),
             headers: response.headers().clone(),
-            body,
+            body: body.to_vec(),
+        })
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{} body is not JSON ({e}): {}", self.status, self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The status and the body, for failure messages.
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.status, self.text())
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    /// Whether it says `Idempotency-Replayed: true`.
+    pub fn replayed(&self) -> bool {
+        self.header("idempotency-replayed").as_deref() == Some("true")
+    }
+
+    /// Asserts a 201, showing the answer otherwise.
+    pub fn assert_created(&self) {
+        assert_eq!(self.status, 201, "expected 201, got {}", self.describe());
+    }
+
+    /// The problem `type` slug of a problem+json answer.
+    pub fn problem_slug(&self) -> Option<String> {
+        if self.header("content-type").as_deref() != Some("application/problem+json") {
+            return None;
         }
+        let problem: Value = serde_json::from_slice(&self.body).ok()?;
+        problem["type"]
+            .as_str()?
+            .strip_prefix("/problems/")
+            .map(str::to_owned)
     }
 
-    /// `POST /v1/entries` with a key, a JSON body and (optionally) a bearer token.
-    pub async fn post_entry(&self, key: &str, body: &Value) -> TestResponse {
-        self.post_entry_as(None, key, body).await
+    /// A 503 `storage-unavailable` with a numeric `Retry-After`, as the contract says.
+    pub fn is_storage_unavailable(&self) -> bool {
+        self.status == 503
+            && self.problem_slug().as_deref() == Some("storage-unavailable")
+            && self
+                .header("retry-after")
+                .is_some_and(|v| v.parse::<u32>().is_ok())
     }
 
-    pub async fn post_entry_owned(&self, key: String, body: Value) -> TestResponse {
-        self.post_entry(&key, &body).await
+    /// Asserts a problem+json refusal of the given status and type.
+    pub fn assert_problem(&self, status: u16, slug: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "expected {status} {slug}, got {}",
+            self.describe()
+        );
+        assert_eq!(
+            self.header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        let problem = self.json();
+        assert_eq!(problem["type"], format!("/problems/{slug}"), "{problem}");
+        assert_eq!(problem["status"], status);
+        assert!(
+            problem["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{problem}"
+        );
+        assert!(
+            problem["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{problem}"
+        );
     }
+}
 
-    pub async fn post_entry_as(
-        &self,
-        token: Option<&str>,
-        key: &str,
-        body: &Value,
-    ) -> TestResponse {
-        let mut request = self
-            .http
-            .post(format!("{}/v1/entries", self.address))
+/// A client whose requests are bounded: a hang shows up as an error, not as a stuck test.
+///
+/// It drops a connection left idle for 2 s, before the daemon's keep-alive (actix-web's 5 s)
+/// closes it: a request sent on a connection the daemon is closing fails (`Connect
+/// (Disconnected)`, the answer never comes), and awc would otherwise reuse one for 15 s.
+pub fn http_client(timeout: Duration) -> awc::Client {
+    awc::Client::builder()
+        .timeout(timeout)
+        .connector(awc::Connector::new().conn_keep_alive(Duration::from_secs(2)))
+        .finish()
+}
+
+/// `POST {base}/v1/entries` with `key` and the raw JSON `body`. Err is a transport failure
+/// (refused, reset, timed out), as a client that retries sees it.
+pub async fn post_raw(
+    client: &awc::Client,
+    base: &str,
+    key: &str,
+    body: &str,
+    limit: Duration,
+) -> Result<TestResponse, String> {
+    let exchange = async {
+        let response = client
+            .post(format!("{base}/v1/entries"))
             .insert_header(("Idempotency-Key", key))
-            .insert_header(("Content-Type", "application/json"));
-        if let Some(token) = token {
-            request = request.insert_header(("Authorization", format!("Bearer {token}")));
-        }
-        self.send(request, body.to_string()).await
-    }
+            .insert_header(("Content-Type", "application/json"))
+            .send_body(body.to_owned())
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        TestResponse::read(response).await
+    };
+    tokio::time::timeout(limit, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
+}
 
-    pub async fn get(&self, path: &str, token: Option<&str>) -> TestResponse {
-        let mut request = self.http.get(format!("{}{path}", self.address));
-        if let Some(token) = token {
-            request = request.insert_header(("Authorization", format!("Bearer {token}")));
-        }
-        self.send(request, Vec::new()).await
-    }
+/// [`post_raw`] on a client of its own, within `limit`; a transport failure fails the test.
+pub async fn post_bounded(base: &str, key: &str, body: &str, limit: Duration) -> TestResponse {
+    post_raw(&http_client(limit), base, key, body, limit)
+        .await
+        .unwrap_or_else(|error| panic!("{key}: {error}"))
+}
 
-    /// `/readyz` once it satisfies `wanted` (readiness is re-checked at most once a second, and
-    /// the backlog it reports is refreshed every few seconds), within a generous bound.
-    pub async fn readyz_once(&self, wanted: impl Fn(&TestResponse) -> bool) -> TestResponse {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = self.get("/readyz", None).await;
-            if wanted(&ready) {
-                return ready;
+/// Runs `check` until it returns Ok, every 50 ms for up to `limit`, and returns its value;
+/// past the limit the test fails with the last Err (what `check` saw instead).
+pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) if tokio::time::Instant::now() >= deadline => {
+                panic!("not so within {limit:?}: {last}")
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "/readyz never got there: {} {}",
-                ready.status,
-                String::from_utf8_lossy(&ready.body)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
+}
 
-    pub async fn count(&self, sql: &str) -> i64 {
-        self.db.query_one(sql, &[]).await.unwrap().get(0)
+/// Whether `sql` (a count) returns `expected`, for [`eventually`].
+pub async fn count_is(db: &Client, sql: &str, expected: i64) -> Result<(), String> {
+    let now = count(db, sql).await;
+    if now == expected {
+        Ok(())
+    } else {
+        Err(format!("{sql} returned {now}, not {expected}"))
     }
+}
 
-    /// Rows in the three tables a write touches.
-    pub async fn row_counts(&self) -> (i64, i64, i64) {
+/// A direct connection to a test database, for assertions and for holding locks.
+pub async fn connect(database: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(&pg_url(database), NoTls)
+        .await
+        .unwrap();
+    actix_web::rt::spawn(async move {
+        // The connection ends when the test drops its client (or the database is dropped).
+        let _ = connection.await;
+    });
+    client
+}
+
+pub async fn count(db: &Client, sql: &str) -> i64 {
+    db.query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}
+
+/// Inserts `count` events straight into the outbox, as a large backlog left by writes.
+pub async fn insert_backlog(db: &Client, count: i64) {
+    db.execute(
+        "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
+         SELECT gen_random_uuid(), 'backlog/' || n, 'anonymous', 'backlog-' || n, 'entry.created',
+                jsonb_build_object('specversion', '1.0', 'n', n, 'padding', repeat('x', 200))
+         FROM generate_series(1, $1::bigint) AS n",
+        &[&count],
+    )
+    .await
+    .unwrap();
+}
+
+pub async fn all_event_ids(db: &Client) -> HashSet<Uuid> {
+    db.query("SELECT event_id FROM outbox_events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// The write path's atomicity, checked on the tables: every idempotency record has its entry
+/// and the entry its `events_per_entry` outbox rows, and nothing exists without its record.
+/// Returns the number of records.
+pub async fn assert_nothing_half_written(db: &Client, events_per_entry: i64) -> i64 {
+    let checks = [
         (
-            self.count("SELECT count(*) FROM idempotency_records").await,
-            self.count("SELECT count(*) FROM entries").await,
-            self.count("SELECT count(*) FROM outbox_events").await,
+            "records without their entry",
+            "SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS
+                (SELECT 1 FROM entries e WHERE e.id = r.entry_id
+                    AND e.client_id = r.client_id AND e.idempotency_key = r.key)",
+        ),
+        (
+            "entries without their record",
+            "SELECT count(*) FROM entries e WHERE NOT EXISTS
+                (SELECT 1 FROM idempotency_records r WHERE r.entry_id = e.id)",
+        ),
+        (
+            "outbox rows without their entry",
+            "SELECT count(*) FROM outbox_events o WHERE NOT EXISTS
+                (SELECT 1 FROM entries e WHERE o.event_key LIKE e.id::text || '/%'
+                    AND o.client_id = e.client_id AND o.idempotency_key = e.idempotency_key)",
+        ),
+    ];
+    for (what, sql) in checks {
+        assert_eq!(count(db, sql).await, 0, "{what}");
+    }
+    let wrong_event_count = format!(
+        "SELECT count(*) FROM entries e WHERE
+            (SELECT count(*) FROM outbox_events o WHERE o.event_key LIKE e.id::text || '/%')
+            <> {events_per_entry}"
+    );
+    assert_eq!(
+        count(db, &wrong_event_count).await,
+        0,
+        "entries without exactly {events_per_entry} outbox rows"
+    );
+    count(db, "SELECT count(*) FROM idempotency_records").await
+}
+
+/// A session that holds a lock and does not let go (a stuck migration, a long report, an
+/// operator's open transaction).
+pub struct LockHolder {
+    session: Client,
+}
+
+impl LockHolder {
+    /// Opens a transaction on `database` and runs `statements` in it, keeping it open.
+    pub async fn take(database: &str, statements: &str) -> Self {
+        let session = connect(database).await;
+        session
+            .batch_execute(&format!("BEGIN; {statements}"))
+            .await
+            .unwrap();
+        Self { session }
+    }
+
+    /// Another session's claim of `key` (the anonymous client's), stuck before its commit: an
+    /// uncommitted idempotency record that a write of the key must wait for.
+    pub async fn claim(database: &str, key: &str) -> Self {
+        Self::take(
+            database,
+            &format!(
+                "INSERT INTO idempotency_records
+                    (client_id, key, request_hash, status, response_status, response_json, expires_at)
+                 VALUES ('anonymous', '{key}', '\\x00', 'completed', 201, '{{}}', now() + interval '1 day')"
+            ),
         )
+        .await
     }
-}
 
-/// A client with a known token, for configs that require authentication.
-pub fn client(id: &str, token: &str) -> ClientSettings {
-    use sha2::Digest;
-    ClientSettings {
-        id: id.into(),
-        token_sha256: hex::encode(sha2::Sha256::digest(token.as_bytes())),
+    pub async fn release(self) {
+        self.session.batch_execute("ROLLBACK").await.unwrap();
     }
-}
-
-pub fn entry_body(n: i64) -> Value {
-    serde_json::json!({"kind": "invoice.paid", "data": {"invoice": n, "amount": {"value": 1250, "currency": "EUR"}}})
 }

@@ -1,4 +1,5 @@
-//! Shared by the test binaries: each test gets its own database, exchange and daemon.
+//! The tests' one harness, shared by the test binaries: each test gets its own database,
+//! exchange and daemon (in-process or the built binary), and the helpers to drive and check it.
 #![allow(dead_code)]
 
 pub mod consumer;

@@ -6,28 +6,22 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::common::helpers::{client, entry_body, insert_backlog, spawn_app_with, TestApp};
-use crate::support::{count, http_client, post_raw, LockHolder, Reply};
+use crate::common::daemon::{spawn_app_with, TestDaemon};
+use crate::common::helpers::{
+    client, count, entry_body, insert_backlog, post_bounded, LockHolder, TestResponse,
+};
 
 use retrysafe::config::ConfigDuration;
 
 const REQUEST_LIMIT: Duration = Duration::from_secs(60);
 
-async fn post(app: &TestApp, key: &str, body: &str) -> Reply {
-    post_raw(
-        &http_client(REQUEST_LIMIT),
-        &app.address,
-        key,
-        body,
-        REQUEST_LIMIT,
-    )
-    .await
-    .unwrap_or_else(|error| panic!("{key}: {error}"))
+async fn post(app: &TestDaemon, key: &str, body: &str) -> TestResponse {
+    post_bounded(&app.address, key, body, REQUEST_LIMIT).await
 }
 
 /// Transactions committed in the test's database so far, as PostgreSQL's statistics count them
 /// (every query the daemon runs outside a transaction block is one).
-async fn commits(app: &TestApp) -> i64 {
+async fn commits(app: &TestDaemon) -> i64 {
     app.db
         .batch_execute("SELECT pg_stat_clear_snapshot()")
         .await
@@ -107,7 +101,7 @@ async fn a_flood_of_reads_cannot_take_the_connections_writes_need() {
     let created = app
         .post_entry_as(Some("reader-token"), "read-me", &entry_body(0))
         .await;
-    assert_eq!(created.status, 201);
+    created.assert_created();
     let reading = std::rc::Rc::new(std::cell::Cell::new(true));
     let reads = join_all((0..100).map(|_| {
         let (reading, app) = (reading.clone(), &app);
@@ -258,7 +252,7 @@ async fn a_batch_cancelled_by_the_statement_timeout_is_committed_in_smaller_part
     }))
     .await;
     for answer in &answers {
-        assert_eq!(answer.status, 201, "{}", answer.describe());
+        answer.assert_created();
     }
     assert_eq!(app.row_counts().await, (30, 30, 30));
 }

@@ -17,9 +17,11 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::helpers::{entry_body, spawn_app_with, AMQP_URL};
+use crate::common::daemon::{spawn_app_with, spawn_app_without_relays};
+use crate::common::helpers::{
+    all_event_ids, count, count_is, entry_body, eventually, insert_backlog, knob, AMQP_URL,
+};
 use crate::common::proxy::TcpProxy;
-use crate::support::{all_event_ids, count, insert_backlog, knob, wait_for_count};
 
 const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
 
@@ -112,7 +114,7 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
     );
     assert_eq!(received, events, "every event_id arrives, and no other");
 
-    wait_for_count(&app.db, UNSENT, 0, Duration::from_secs(60)).await;
+    eventually(Duration::from_secs(60), || count_is(&app.db, UNSENT, 0)).await;
     // Every row marked sent was confirmed: its message reached the queue. (The receive loop
     // above already saw all of them; a row marked sent whose publish was lost in a cut would
     // have been missing there.)
@@ -251,15 +253,13 @@ async fn rows(db: &tokio_postgres::Client) -> Vec<Row> {
 async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
     const MAX_ATTEMPTS: i32 = 3;
     const WRITES: i64 = 5;
-    let app = spawn_app_with(|settings| {
-        settings.outbox.max_attempts = MAX_ATTEMPTS;
-        settings.outbox.workers = 1;
-    })
-    .await;
+    // The test runs every relay pass itself: an attempt is one pass over all the events.
+    let app =
+        spawn_app_without_relays(|settings| settings.outbox.max_attempts = MAX_ATTEMPTS).await;
     let refusing = RefusingQueue::bind(&app.settings.amqp.exchange).await;
     for n in 0..WRITES {
         let key = format!("nacked-{n}");
-        assert_eq!(app.post_entry(&key, &entry_body(n)).await.status, 201);
+        app.post_entry(&key, &entry_body(n)).await.assert_created();
     }
 
     // Each attempt is nacked; the next is scheduled later (backoff), until the row parks.
@@ -280,13 +280,9 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
                 .await
                 .unwrap();
         }
-        wait_for_count(
-            &app.db,
-            &format!("SELECT count(*) FROM outbox_events WHERE attempts = {attempt}"),
-            WRITES,
-            Duration::from_secs(30),
-        )
-        .await;
+        assert_eq!(app.relay_until_empty().await, 0, "attempt {attempt}");
+        let tried = format!("SELECT count(*) FROM outbox_events WHERE attempts = {attempt}");
+        assert_eq!(count(&app.db, &tried).await, WRITES);
         for row in rows(&app.db).await {
             assert!(!row.sent, "a nacked event is never marked sent");
             let error = row.last_error.unwrap_or_default();
@@ -311,7 +307,7 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
         .execute("UPDATE outbox_events SET next_attempt_at = now()", &[])
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(app.relay_until_empty().await, 0);
     for row in rows(&app.db).await {
         assert!(row.parked && !row.sent && row.attempts == MAX_ATTEMPTS);
     }
@@ -339,6 +335,7 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
         0,
         "requeued with a fresh attempt count"
     );
+    assert_eq!(app.relay_until_empty().await, WRITES as usize);
     let events = all_event_ids(&app.db).await;
     let mut received = HashSet::new();
     while received.len() < events.len() {
@@ -355,7 +352,7 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
         received.insert(message_id(&delivery).parse::<Uuid>().unwrap());
     }
     assert_eq!(received, events);
-    wait_for_count(&app.db, UNSENT, 0, Duration::from_secs(30)).await;
+    assert_eq!(count(&app.db, UNSENT).await, 0);
 }
 
 /// Whether `exchange` exists, asked passively on a connection of the test's own.
@@ -389,10 +386,9 @@ async fn a_deleted_exchange_is_declared_again_and_events_still_arrive() {
     let app = spawn_app_with(|settings| settings.outbox.max_attempts = 5).await;
     let exchange = app.settings.amqp.exchange.clone();
     let mut consumer = TestConsumer::bind(&exchange, "#").await;
-    assert_eq!(
-        app.post_entry("before-delete", &entry_body(1)).await.status,
-        201
-    );
+    app.post_entry("before-delete", &entry_body(1))
+        .await
+        .assert_created();
     consumer
         .next(Duration::from_secs(30))
         .await
@@ -410,21 +406,15 @@ async fn a_deleted_exchange_is_declared_again_and_events_still_arrive() {
         .unwrap();
     let _ = connection.close(200, "done".into()).await;
 
-    assert_eq!(
-        app.post_entry("after-delete", &entry_body(2)).await.status,
-        201
-    );
+    app.post_entry("after-delete", &entry_body(2))
+        .await
+        .assert_created();
     // Let the relay fail and retry a few times (skipping its backoff).
     for attempt in 1..=3 {
-        wait_for_count(
-            &app.db,
-            &format!(
-                "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL OR attempts >= {attempt}"
-            ),
-            2,
-            Duration::from_secs(30),
-        )
-        .await;
+        let tried = format!(
+            "SELECT count(*) FROM outbox_events WHERE sent_at IS NOT NULL OR attempts >= {attempt}"
+        );
+        eventually(Duration::from_secs(30), || count_is(&app.db, &tried, 2)).await;
         app.db
             .execute(
                 "UPDATE outbox_events SET next_attempt_at = now() WHERE sent_at IS NULL",

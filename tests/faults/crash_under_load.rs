@@ -12,10 +12,10 @@ use retrysafe::inbox::Inbox;
 use uuid::Uuid;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::helpers::{test_settings, TestDatabase, TestExchange};
-use crate::support::{
-    all_event_ids, assert_nothing_half_written, connect, count, database_name, free_port,
-    http_client, knob, post_raw, wait_for_count, RestartableDaemon,
+use crate::common::daemon::spawn_binary;
+use crate::common::helpers::{
+    all_event_ids, assert_nothing_half_written, count, count_is, eventually, http_client, knob,
+    post_raw, test_settings, TestResponse,
 };
 
 /// How long clients keep retrying one key before the test calls the key lost.
@@ -49,7 +49,7 @@ async fn until_2xx(
     body: &str,
     log: &mut KeyLog,
     unexpected: &RefCell<Vec<String>>,
-) -> Option<crate::support::Reply> {
+) -> Option<TestResponse> {
     let deadline = tokio::time::Instant::now() + CLIENT_DEADLINE;
     let mut backoff = Duration::from_millis(20);
     while tokio::time::Instant::now() < deadline {
@@ -79,23 +79,11 @@ async fn sigkill_under_load_loses_no_write_and_duplicates_none() {
     let total_keys = clients * keys_per_client;
 
     let settings = test_settings();
-    let database = database_name(&settings.database.url);
-    let _database = TestDatabase {
-        name: database.clone(),
-    };
-    let _exchange = TestExchange {
-        name: settings.amqp.exchange.clone(),
-    };
     let mut consumer = TestConsumer::bind(&settings.amqp.exchange, "#").await;
-    let port = free_port();
-    let mut daemon = RestartableDaemon::start(
-        port,
-        vec![
-            ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
-            ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-            // Two events per write: both must be written with it, or neither.
-            ("RETRYSAFE_EVENTS__AUDIT", "true".into()),
-        ],
+    let mut daemon = spawn_binary(
+        settings,
+        // Two events per write: both must be written with it, or neither.
+        &[("RETRYSAFE_EVENTS__AUDIT", "true".into())],
     )
     .await;
     let base = daemon.address.clone();
@@ -172,16 +160,16 @@ async fn sigkill_under_load_loses_no_write_and_duplicates_none() {
 
     // A final crash and restart: whatever the last run left unpublished goes out now.
     daemon.restart().await;
-    let db = connect(&database).await;
+    let db = &daemon.db;
 
     // Every key: one record, one entry, two outbox rows; every 2xx carried the record's entry.
     assert_eq!(
-        assert_nothing_half_written(&db, 2).await,
+        assert_nothing_half_written(db, 2).await,
         total_keys as i64,
         "one record per key"
     );
     assert_eq!(
-        count(&db, "SELECT count(*) FROM entries").await,
+        count(db, "SELECT count(*) FROM entries").await,
         total_keys as i64
     );
     let recorded: HashMap<String, Uuid> = db
@@ -212,23 +200,18 @@ async fn sigkill_under_load_loses_no_write_and_duplicates_none() {
         );
     }
     let wrong_data = count(
-        &db,
+        db,
         "SELECT count(*) FROM entries WHERE data->>'key' <> idempotency_key",
     )
     .await;
     assert_eq!(wrong_data, 0, "an entry holds another key's request");
 
     // Every event is published (at least once) and ends marked sent.
-    let events = all_event_ids(&db).await;
+    let events = all_event_ids(db).await;
     assert_eq!(events.len(), 2 * total_keys);
-    wait_for_count(
-        &db,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        0,
-        Duration::from_secs(60),
-    )
-    .await;
-    let mut db = db;
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(Duration::from_secs(60), || count_is(db, unsent, 0)).await;
+    let db = &mut daemon.db;
     db.batch_execute("CREATE TABLE crash_effects (event_id uuid NOT NULL)")
         .await
         .unwrap();
@@ -249,7 +232,7 @@ async fn sigkill_under_load_loses_no_write_and_duplicates_none() {
         deliveries += 1;
         let event_id: Uuid = message_id(&delivery).parse().unwrap();
         received.insert(event_id);
-        if let Some(transaction) = inbox.begin(&mut db, event_id).await.unwrap() {
+        if let Some(transaction) = inbox.begin(db, event_id).await.unwrap() {
             transaction
                 .execute("INSERT INTO crash_effects VALUES ($1)", &[&event_id])
                 .await
@@ -273,12 +256,14 @@ async fn sigkill_under_load_loses_no_write_and_duplicates_none() {
         deliveries - events.len()
     );
     assert_eq!(
-        count(&db, "SELECT count(*) FROM crash_effects").await,
+        daemon.count("SELECT count(*) FROM crash_effects").await,
         events.len() as i64,
         "the inbox applies every event exactly once"
     );
     assert_eq!(
-        count(&db, "SELECT count(DISTINCT event_id) FROM crash_effects").await,
+        daemon
+            .count("SELECT count(DISTINCT event_id) FROM crash_effects")
+            .await,
         events.len() as i64
     );
     assert!(daemon.is_running());

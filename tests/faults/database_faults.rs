@@ -13,13 +13,12 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::common::consumer::TestConsumer;
+use crate::common::daemon::{spawn_app_with, TestDaemon};
 use crate::common::helpers::{
-    entry_body, reach_database_through, spawn_app_with, TestApp, PG_HOST_PORT,
+    assert_nothing_half_written, count, entry_body, http_client, knob, post_bounded, post_raw,
+    reach_database_through, LockHolder, TestResponse, PG_HOST_PORT,
 };
 use crate::common::proxy::TcpProxy;
-use crate::support::{
-    assert_nothing_half_written, count, http_client, knob, post_raw, LockHolder, Reply,
-};
 
 /// Hang guard for one request: far above the daemon's own bounds (connect 1s, statements 5s).
 const REQUEST_LIMIT: Duration = Duration::from_secs(30);
@@ -30,7 +29,7 @@ fn body(key: &str) -> String {
 
 /// Every answer during a database fault is 201 or a 503 `storage-unavailable` with
 /// problem+json and `Retry-After`; a transport error or anything else is a failure.
-fn check_answer(key: &str, answer: &Result<Reply, String>) -> Result<bool, String> {
+fn check_answer(key: &str, answer: &Result<TestResponse, String>) -> Result<bool, String> {
     match answer {
         Ok(reply) if reply.status == 201 => {
             let json = reply.json();
@@ -96,7 +95,8 @@ async fn cutting_the_database_under_load_gives_201_or_503_and_leaves_nothing_hal
         stop.set(true);
     };
     let (answers, ()) = futures_util::future::join(load, chaos).await;
-    let answers: Vec<(String, Result<Reply, String>)> = answers.into_iter().flatten().collect();
+    let answers: Vec<(String, Result<TestResponse, String>)> =
+        answers.into_iter().flatten().collect();
 
     let mut created = HashMap::new();
     let mut refused = Vec::new();
@@ -194,7 +194,7 @@ async fn cutting_the_database_under_load_gives_201_or_503_and_leaves_nothing_hal
     );
 }
 
-async fn app_with_short_statement_timeout() -> TestApp {
+async fn app_with_short_statement_timeout() -> TestDaemon {
     spawn_app_with(|settings| {
         settings.database.statement_timeout =
             retrysafe::config::ConfigDuration(Duration::from_millis(500));
@@ -202,22 +202,16 @@ async fn app_with_short_statement_timeout() -> TestApp {
     .await
 }
 
-async fn post_bounded(app: &TestApp, key: &str, n: i64) -> Reply {
-    let answer = post_raw(
-        &http_client(REQUEST_LIMIT),
-        &app.address,
-        key,
-        &entry_body(n).to_string(),
-        REQUEST_LIMIT,
-    )
-    .await;
-    answer.unwrap_or_else(|error| panic!("{key}: {error}"))
+async fn post_entry_bounded(app: &TestDaemon, key: &str, n: i64) -> TestResponse {
+    post_bounded(&app.address, key, &entry_body(n).to_string(), REQUEST_LIMIT).await
 }
 
 #[actix_web::test]
 async fn a_write_blocked_by_a_table_lock_gives_503_and_succeeds_once_the_lock_is_gone() {
     let app = app_with_short_statement_timeout().await;
-    assert_eq!(post_bounded(&app, "before-lock", 0).await.status, 201);
+    post_entry_bounded(&app, "before-lock", 0)
+        .await
+        .assert_created();
 
     let lock = LockHolder::take(
         &app.database.name,
@@ -225,7 +219,7 @@ async fn a_write_blocked_by_a_table_lock_gives_503_and_succeeds_once_the_lock_is
     )
     .await;
     for _ in 0..2 {
-        let reply = post_bounded(&app, "locked-1", 1).await;
+        let reply = post_entry_bounded(&app, "locked-1", 1).await;
         assert!(
             reply.is_storage_unavailable(),
             "a write stuck behind a lock: {}",
@@ -235,8 +229,8 @@ async fn a_write_blocked_by_a_table_lock_gives_503_and_succeeds_once_the_lock_is
     lock.release().await;
 
     assert_eq!(app.row_counts().await, (1, 1, 1), "the 503s wrote nothing");
-    let reply = post_bounded(&app, "locked-1", 1).await;
-    assert_eq!(reply.status, 201, "{}", reply.describe());
+    let reply = post_entry_bounded(&app, "locked-1", 1).await;
+    reply.assert_created();
     assert!(!reply.replayed(), "the retry runs afresh");
     assert_eq!(app.row_counts().await, (2, 2, 2));
     app.readyz_once(|ready| ready.status == 200).await;
@@ -248,25 +242,21 @@ async fn a_write_waiting_on_another_sessions_uncommitted_claim_of_its_key_gives_
     let app = app_with_short_statement_timeout().await;
     // Another process has claimed the key and is stuck before its commit: its record is an
     // uncommitted row that the daemon's INSERT ... ON CONFLICT must wait for.
-    let lock = LockHolder::take(
-        &app.database.name,
-        "INSERT INTO idempotency_records
-            (client_id, key, request_hash, status, response_status, response_json, expires_at)
-         VALUES ('anonymous', 'row-locked', '\\x00', 'completed', 201, '{}', now() + interval '1 day')",
-    )
-    .await;
-    let reply = post_bounded(&app, "row-locked", 1).await;
+    let lock = LockHolder::claim(&app.database.name, "row-locked").await;
+    let reply = post_entry_bounded(&app, "row-locked", 1).await;
     assert!(
         reply.is_storage_unavailable(),
         "a write waiting on a stuck claim of its key: {}",
         reply.describe()
     );
     // Other keys are not blocked by it.
-    assert_eq!(post_bounded(&app, "free-key", 2).await.status, 201);
+    post_entry_bounded(&app, "free-key", 2)
+        .await
+        .assert_created();
     lock.release().await;
 
-    let reply = post_bounded(&app, "row-locked", 1).await;
-    assert_eq!(reply.status, 201, "{}", reply.describe());
+    let reply = post_entry_bounded(&app, "row-locked", 1).await;
+    reply.assert_created();
     assert!(!reply.replayed());
     assert_eq!(app.row_counts().await, (2, 2, 2));
     assert_eq!(
@@ -393,7 +383,7 @@ impl Drop for CommitAckDropper {
     }
 }
 
-async fn app_behind_commit_ack_dropper() -> (TestApp, CommitAckDropper) {
+async fn app_behind_commit_ack_dropper() -> (TestDaemon, CommitAckDropper) {
     let dropper = CommitAckDropper::start(PG_HOST_PORT).await;
     let port = dropper.port;
     let app = spawn_app_with(|settings| {
@@ -410,7 +400,7 @@ async fn a_write_whose_commit_acknowledgement_is_lost_is_replayed_by_its_retry()
     let (app, dropper) = app_behind_commit_ack_dropper().await;
     dropper.arm();
     let body = entry_body(7);
-    let lost = post_bounded(&app, "ack-lost", 7).await;
+    let lost = post_entry_bounded(&app, "ack-lost", 7).await;
     assert!(dropper.fired(), "the proxy cut a commit's answer");
     assert!(
         lost.is_storage_unavailable(),
@@ -433,7 +423,7 @@ async fn a_write_whose_commit_acknowledgement_is_lost_is_replayed_by_its_retry()
     // The client retries the same key: it gets the committed write, not a second one.
     let mut reply = None;
     for _ in 0..50 {
-        let answer = post_bounded(&app, "ack-lost", 7).await;
+        let answer = post_entry_bounded(&app, "ack-lost", 7).await;
         if answer.status != 503 {
             reply = Some(answer);
             break;
@@ -441,7 +431,7 @@ async fn a_write_whose_commit_acknowledgement_is_lost_is_replayed_by_its_retry()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let reply = reply.expect("the retry succeeds once the pool has a working connection");
-    assert_eq!(reply.status, 201, "{}", reply.describe());
+    reply.assert_created();
     assert!(
         reply.replayed(),
         "the retry is a replay of the committed write"
@@ -455,7 +445,7 @@ async fn a_write_whose_commit_acknowledgement_is_lost_is_replayed_by_its_retry()
 async fn a_503_after_an_unknown_commit_outcome_does_not_claim_nothing_was_saved() {
     let (app, dropper) = app_behind_commit_ack_dropper().await;
     dropper.arm();
-    let lost = post_bounded(&app, "ack-lost", 7).await;
+    let lost = post_entry_bounded(&app, "ack-lost", 7).await;
     assert!(dropper.fired());
     assert_eq!(app.row_counts().await, (1, 1, 1), "the write was committed");
     let detail = lost.json()["detail"]

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::common::helpers::{spawn_app_with, spawn_second_app, TestApp};
-use crate::support::{count, http_client, post_raw, LockHolder, Reply};
+use crate::common::daemon::{spawn_app_with, spawn_second_app, TestDaemon};
+use crate::common::helpers::{count, post_bounded, LockHolder, TestResponse};
 
 const REQUEST_LIMIT: Duration = Duration::from_secs(60);
 
@@ -14,19 +14,13 @@ fn body(amount: i64) -> String {
 }
 
 /// Posts in the background: the answer comes once the test lets the database go on.
-fn post_later(app: &TestApp, key: &str, body: String) -> actix_web::rt::task::JoinHandle<Reply> {
+fn post_later(
+    app: &TestDaemon,
+    key: &str,
+    body: String,
+) -> actix_web::rt::task::JoinHandle<TestResponse> {
     let (address, key) = (app.address.clone(), key.to_owned());
-    actix_web::rt::spawn(async move {
-        post_raw(
-            &http_client(REQUEST_LIMIT),
-            &address,
-            &key,
-            &body,
-            REQUEST_LIMIT,
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{key}: {error}"))
-    })
+    actix_web::rt::spawn(async move { post_bounded(&address, &key, &body, REQUEST_LIMIT).await })
 }
 
 #[actix_web::test]
@@ -35,7 +29,7 @@ async fn a_retry_of_the_saved_request_is_a_replay_while_another_body_for_its_key
     let saved = post_later(&first, "reused-then-retried", body(100))
         .await
         .unwrap();
-    assert_eq!(saved.status, 201, "{}", saved.describe());
+    saved.assert_created();
     let saved_id = saved.json()["id"].clone();
 
     // A daemon that does not have the key in its replay cache (another instance, or after a
@@ -81,13 +75,7 @@ async fn a_body_that_arrives_while_the_first_write_of_its_key_fails_is_run_not_r
     .await;
     // Another session's uncommitted claim of the key makes the first write wait, then fail with
     // a lock timeout: nothing is saved for the key.
-    let lock = LockHolder::take(
-        &app.database.name,
-        "INSERT INTO idempotency_records
-            (client_id, key, request_hash, status, response_status, response_json, expires_at)
-         VALUES ('anonymous', 'first-fails', '\\x00', 'completed', 201, '{}', now() + interval '1 day')",
-    )
-    .await;
+    let lock = LockHolder::claim(&app.database.name, "first-fails").await;
     let first = post_later(&app, "first-fails", body(1));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let second = post_later(&app, "first-fails", body(2));
@@ -97,7 +85,7 @@ async fn a_body_that_arrives_while_the_first_write_of_its_key_fails_is_run_not_r
     // used by a request that never completed.
     lock.release().await;
     let second = second.await.unwrap();
-    assert_eq!(second.status, 201, "{}", second.describe());
+    second.assert_created();
     assert!(
         !second.replayed(),
         "nothing was saved before: it runs afresh"
@@ -128,9 +116,9 @@ async fn a_duplicate_with_the_same_body_waits_for_the_write_in_flight_and_is_its
     tokio::time::sleep(Duration::from_millis(200)).await;
     lock.release().await;
     let (first, duplicate) = (first.await.unwrap(), duplicate.await.unwrap());
-    assert_eq!(first.status, 201, "{}", first.describe());
+    first.assert_created();
     assert!(!first.replayed());
-    assert_eq!(duplicate.status, 201, "{}", duplicate.describe());
+    duplicate.assert_created();
     assert!(duplicate.replayed());
     assert_eq!(first.json()["id"], duplicate.json()["id"]);
     assert_eq!(app.row_counts().await, (1, 1, 1));

@@ -9,34 +9,23 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::daemon::Daemon;
-use crate::common::helpers::{entry_body, test_settings, TestDatabase, TestExchange};
-use crate::support::{database_name, http_client, knob, post_raw};
+use crate::common::daemon::{spawn_binary, TestDaemon};
+use crate::common::helpers::{
+    entry_body, http_client, knob, post_bounded, post_raw, test_settings,
+};
 
 /// Bound on everything the attack waits for: past it, the daemon is hanging.
 const HANG_GUARD: Duration = Duration::from_secs(30);
 
-/// The daemon comes last so that it is dropped (killed) first, before its database goes.
-async fn start_daemon() -> (TestDatabase, TestExchange, Daemon) {
+async fn start_daemon() -> TestDaemon {
     start_daemon_with(&[]).await
 }
 
-async fn start_daemon_with(env: &[(&str, String)]) -> (TestDatabase, TestExchange, Daemon) {
-    let settings = test_settings();
-    let database = TestDatabase {
-        name: database_name(&settings.database.url),
-    };
-    let exchange = TestExchange {
-        name: settings.amqp.exchange.clone(),
-    };
-    let mut env = env.to_vec();
-    env.push(("RETRYSAFE_DATABASE__URL", settings.database.url.clone()));
-    env.push(("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()));
-    let daemon = Daemon::start(&env).await;
-    (database, exchange, daemon)
+async fn start_daemon_with(env: &[(&str, String)]) -> TestDaemon {
+    spawn_binary(test_settings(), env).await
 }
 
-fn host_port(daemon: &Daemon) -> String {
+fn host_port(daemon: &TestDaemon) -> String {
     daemon.address.trim_start_matches("http://").to_owned()
 }
 
@@ -82,7 +71,7 @@ fn request_head(extra_headers: &str) -> Vec<u8> {
 
 #[actix_web::test]
 async fn oversized_headers_are_refused_without_a_hang_or_a_write() {
-    let (database, _exchange, mut daemon) = start_daemon().await;
+    let mut daemon = start_daemon().await;
     let address = host_port(&daemon);
     let big = "a".repeat(64 * 1024);
     let many: String = (0..1000)
@@ -112,34 +101,32 @@ async fn oversized_headers_are_refused_without_a_hang_or_a_write() {
         eprintln!("hostile: {what} -> {status:?}");
     }
     assert!(
-        daemon.child.try_wait().unwrap().is_none(),
+        daemon.is_running(),
         "the daemon survived: {}",
         daemon.log_text()
     );
-    let reply = post_raw(
-        &http_client(HANG_GUARD),
+    post_bounded(
         &daemon.address,
         "after-oversized",
         &entry_body(1).to_string(),
         HANG_GUARD,
     )
     .await
-    .unwrap();
-    assert_eq!(reply.status, 201, "{}", reply.describe());
-    let db = crate::support::connect(&database.name).await;
+    .assert_created();
     assert_eq!(
-        crate::support::count(&db, "SELECT count(*) FROM idempotency_records").await,
+        daemon
+            .count("SELECT count(*) FROM idempotency_records")
+            .await,
         1,
         "only the normal request wrote"
     );
-    drop(db);
 }
 
 #[actix_web::test]
 async fn slowloris_and_an_idle_flood_do_not_stop_normal_requests() {
     let slow_count = knob("RETRYSAFE_FAULT_SLOWLORIS", 200);
     let idle_count = knob("RETRYSAFE_FAULT_IDLE", 1000);
-    let (_database, _exchange, mut daemon) = start_daemon().await;
+    let mut daemon = start_daemon().await;
     let address = host_port(&daemon);
 
     // Idle connections that never send a byte, and slow ones that send a request head that
@@ -250,7 +237,7 @@ async fn slowloris_and_an_idle_flood_do_not_stop_normal_requests() {
         "idle connections still open after {HANG_GUARD:?}: the daemon keeps them forever"
     );
     assert!(
-        daemon.child.try_wait().unwrap().is_none(),
+        daemon.is_running(),
         "the daemon survived: {}",
         daemon.log_text()
     );
@@ -267,7 +254,7 @@ fn counter(metrics: &str, name: &str, labels: &str) -> f64 {
 
 #[actix_web::test]
 async fn requests_refused_before_routing_are_counted_and_logged_as_the_clients_fault() {
-    let (_database, _exchange, daemon) = start_daemon_with(&[
+    let daemon = start_daemon_with(&[
         // A request head must arrive within this (actix's client_request_timeout).
         ("RETRYSAFE_HTTP__HEAD_TIMEOUT", "1s".into()),
     ])
@@ -296,16 +283,7 @@ async fn requests_refused_before_routing_are_counted_and_logged_as_the_clients_f
         String::from_utf8_lossy(&answer)
     );
 
-    let metrics = http_client(HANG_GUARD)
-        .get(format!("{}/metrics", daemon.address))
-        .send()
-        .await
-        .unwrap()
-        .body()
-        .limit(1 << 22)
-        .await
-        .unwrap();
-    let metrics = String::from_utf8_lossy(&metrics);
+    let metrics = daemon.get("/metrics", None).await.text();
     let name = "retrysafe_http_protocol_errors_total";
     assert_eq!(counter(&metrics, name, "status=\"400\""), 2.0, "{metrics}");
     assert_eq!(counter(&metrics, name, "status=\"408\""), 1.0, "{metrics}");
@@ -329,7 +307,7 @@ async fn requests_refused_before_routing_are_counted_and_logged_as_the_clients_f
 
 #[actix_web::test]
 async fn a_flood_of_large_costly_bodies_does_not_keep_small_writes_from_being_answered() {
-    let (_database, _exchange, daemon) = start_daemon().await;
+    let daemon = start_daemon().await;
     // 64 KiB of nested empty arrays: cheap to send, costly to parse, hash and canonicalize.
     let costly = format!(
         r#"{{"kind":"flood","data":{{"x":[{}]}}}}"#,
@@ -390,16 +368,7 @@ async fn a_flood_of_large_costly_bodies_does_not_keep_small_writes_from_being_an
         "small writes during the flood: {statuses:?}"
     );
     assert!(sent.get() > 32, "the flood ran: {} bodies", sent.get());
-    let metrics = http_client(HANG_GUARD)
-        .get(format!("{}/metrics", daemon.address))
-        .send()
-        .await
-        .unwrap()
-        .body()
-        .limit(1 << 22)
-        .await
-        .unwrap();
-    let metrics = String::from_utf8_lossy(&metrics);
+    let metrics = daemon.get("/metrics", None).await.text();
     assert_eq!(
         counter(
             &metrics,

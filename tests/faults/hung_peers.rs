@@ -8,15 +8,18 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::helpers::{entry_body, spawn_app_with, AMQP_URL, PG_HOST_PORT};
+use crate::common::daemon::spawn_app_with;
+use crate::common::helpers::{
+    all_event_ids, count_is, eventually, http_client, post_raw, TestResponse,
+};
+use crate::common::helpers::{entry_body, AMQP_URL, PG_HOST_PORT};
 use crate::common::proxy::TcpProxy;
-use crate::support::{http_client, post_raw, Reply};
 
 use retrysafe::config::{ConfigDuration, UrlList};
 
 /// Posts `key` until the daemon answers 201, each attempt bounded by a generous client timeout
 /// (a hang fails the test instead of stalling it); returns every answer.
-async fn post_until_created(address: &str, key: &str, body: &str) -> Vec<Reply> {
+async fn post_until_created(address: &str, key: &str, body: &str) -> Vec<TestResponse> {
     let client = http_client(Duration::from_secs(60));
     let mut answers = Vec::new();
     for _ in 0..100 {
@@ -120,29 +123,14 @@ async fn a_hung_broker_is_left_for_the_next_one_and_no_event_is_lost() {
         }
     }
     first.thaw();
-    let event_ids: HashSet<String> = app
-        .db
-        .query("SELECT event_id::text FROM outbox_events", &[])
+    let event_ids: HashSet<String> = all_event_ids(&app.db)
         .await
-        .unwrap()
         .iter()
-        .map(|row| row.get(0))
+        .map(uuid::Uuid::to_string)
         .collect();
     assert_eq!(event_ids.len(), 21);
     assert_eq!(delivered, event_ids, "every committed event arrived");
     // Marked sent only once confirmed: give the relay's transaction a moment to commit.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let unsent = app
-            .count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
-            .await;
-        if unsent == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{unsent} events never marked sent"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(Duration::from_secs(30), || count_is(&app.db, unsent, 0)).await;
 }

@@ -14,4 +14,3 @@ mod hostile_connections;
 mod hung_peers;
 mod many_daemons;
 mod secrets;
-mod support;

@@ -7,11 +7,10 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::helpers::{spawn_app_with, spawn_second_app, TestApp};
-use crate::support::{assert_nothing_half_written, count, knob, wait_for_count, Reply};
-
-/// Hang guard for one request.
-const REQUEST_LIMIT: Duration = Duration::from_secs(60);
+use crate::common::daemon::{spawn_app_with, spawn_second_app};
+use crate::common::helpers::{
+    assert_nothing_half_written, count, count_is, eventually, knob, TestResponse,
+};
 
 /// The same request body spelled `variant` ways: member order and white space differ, the
 /// request hash does not.
@@ -26,22 +25,6 @@ fn spelling(key: &str, n: usize, variant: usize) -> String {
         _ => format!(
             r#"{{"data":{{"n":{n},"nested":{{"x":1,"y":null}},"key":"{key}","tags":["a","b"]}},"kind":"fleet.write"}}"#
         ),
-    }
-}
-
-async fn post_text(app: &TestApp, key: &str, text: String) -> Reply {
-    let request = app
-        .http
-        .post(format!("{}/v1/entries", app.address))
-        .insert_header(("Idempotency-Key", key))
-        .insert_header(("Content-Type", "application/json"));
-    let response = tokio::time::timeout(REQUEST_LIMIT, app.send(request, text))
-        .await
-        .unwrap_or_else(|_| panic!("{key}: no answer within {REQUEST_LIMIT:?}"));
-    Reply {
-        status: response.status,
-        headers: response.headers,
-        body: response.body,
     }
 }
 
@@ -65,13 +48,13 @@ async fn three_daemons_sharing_keys_write_once_answer_identically_and_publish_on
         let app = daemons[copy % daemons.len()];
         let key = format!("fleet-{n}");
         async move {
-            let reply = post_text(app, &key, spelling(&key, n, copy)).await;
+            let reply = app.post_text(&key, &spelling(&key, n, copy)).await;
             (key, reply)
         }
     }))
     .await;
 
-    let mut by_key: HashMap<String, Vec<Reply>> = HashMap::new();
+    let mut by_key: HashMap<String, Vec<TestResponse>> = HashMap::new();
     for (key, reply) in answers {
         by_key.entry(key).or_default().push(reply);
     }
@@ -113,13 +96,8 @@ async fn three_daemons_sharing_keys_write_once_answer_identically_and_publish_on
         let id = message_id(&delivery);
         assert!(seen.insert(id.clone()), "{id} published twice");
     }
-    wait_for_count(
-        db,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        0,
-        Duration::from_secs(30),
-    )
-    .await;
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(Duration::from_secs(30), || count_is(db, unsent, 0)).await;
     assert!(
         consumer.next(Duration::from_secs(1)).await.is_none(),
         "an event was published twice"
@@ -148,15 +126,15 @@ async fn a_replay_from_another_daemon_is_byte_identical_for_every_number() {
     {
         let key = format!("number-{n}");
         let text = format!(r#"{{"kind":"numbers","data":{{"value":{literal}}}}}"#);
-        let created = post_text(&first, &key, text.clone()).await;
-        assert_eq!(created.status, 201, "{}", created.describe());
+        let created = first.post_text(&key, &text).await;
+        created.assert_created();
         // The second daemon has not seen the key: it reads the record back from PostgreSQL.
-        let replayed = post_text(&second, &key, text).await;
-        assert_eq!(replayed.status, 201);
+        let replayed = second.post_text(&key, &text).await;
+        replayed.assert_created();
         assert!(replayed.replayed());
         if replayed.body != created.body {
             // The raw text of the number in each body.
-            let value = |reply: &Reply| {
+            let value = |reply: &TestResponse| {
                 let text = String::from_utf8_lossy(&reply.body).into_owned();
                 let start = text.find("\"value\":").map_or(0, |i| i + 8);
                 let end = text[start..].find('}').map_or(text.len(), |i| start + i);

@@ -11,15 +11,16 @@
 //! that names both URLs, a debug line per request), so that they cannot pass on empty text.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use awc::http::Method;
 use uuid::Uuid;
 
-use crate::common::daemon::Daemon;
-use crate::common::helpers::{client, test_settings, TestDatabase, TestExchange};
-use crate::support::{connect, count, database_name, free_port};
+use crate::common::daemon::{free_port, log_to, spawn_binary_as, TestDaemon};
+use crate::common::helpers::{
+    client, count_is, database_name, eventually, test_settings, TestResponse,
+};
 
 const CLIENT_ID: &str = "secrets-test";
 
@@ -30,52 +31,29 @@ struct Transcript {
     headers: String,
 }
 
-struct Answer {
-    status: u16,
-    replayed: bool,
-    location: Option<String>,
-    body: String,
-}
-
+/// Sends a request to the daemon and adds its answer to `transcript`.
 async fn send(
-    http: &awc::Client,
+    daemon: &TestDaemon,
     transcript: &mut Transcript,
     method: Method,
     url: String,
     headers: &[(&str, String)],
     body: &str,
-) -> Answer {
-    let mut request = http.request(method, url);
+) -> TestResponse {
+    let mut request = daemon.http.request(method, url);
     for (name, value) in headers {
         request = request.insert_header((*name, value.as_str()));
     }
-    let mut response = request
-        .send_body(body.to_owned())
-        .await
-        .expect("the daemon answers");
-    let bytes = response
-        .body()
-        .limit(4 << 20)
-        .await
-        .expect("the body is read");
-    let body = String::from_utf8_lossy(&bytes).into_owned();
-    for (name, value) in response.headers() {
+    let answer = daemon.send(request, body.to_owned()).await;
+    for (name, value) in &answer.headers {
         transcript.headers.push_str(&format!(
             "{name}: {}\n",
             String::from_utf8_lossy(value.as_bytes())
         ));
     }
-    transcript.bodies.push_str(&body);
+    transcript.bodies.push_str(&answer.text());
     transcript.bodies.push('\n');
-    Answer {
-        status: response.status().as_u16(),
-        replayed: response.headers().contains_key("idempotency-replayed"),
-        location: response
-            .headers()
-            .get("location")
-            .map(|v| v.to_str().unwrap().to_owned()),
-        body,
-    }
+    answer
 }
 
 /// The first line of `text` that holds `secret`, for the failure message.
@@ -102,13 +80,6 @@ async fn the_broker_password_stays_out_of_a_trace_log() {
 async fn run_and_search(level: &str) {
     let settings = test_settings();
     let db_name = database_name(&settings.database.url);
-    // Dropped last: the database and exchange outlive the daemon.
-    let _database = TestDatabase {
-        name: db_name.clone(),
-    };
-    let _exchange = TestExchange {
-        name: settings.amqp.exchange.clone(),
-    };
     let nonce = Uuid::new_v4().simple().to_string();
     let db_userinfo_password = format!("DbUserinfoPw{nonce}");
     let db_query_password = format!("DbQueryPw{nonce}");
@@ -158,47 +129,20 @@ token_sha256 = "{digest}"
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let config_path = dir.join(format!("secrets-{nonce}.toml"));
     std::fs::write(&config_path, config).unwrap();
-    let log = dir.join(format!("secrets-daemon-{nonce}.log"));
-    let log_file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_retrysafe"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&config_path)
-        // Nothing from the test's environment (RUST_LOG, RETRYSAFE_*) changes the run.
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .expect("the daemon binary starts");
-    // Killed and its log removed when dropped (first: it is declared last).
-    let mut daemon = Daemon {
-        child,
-        address: address.clone(),
-        log,
-    };
-
-    let http = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .finish();
-    let mut healthy = false;
-    for _ in 0..300 {
-        if let Ok(Some(status)) = daemon.child.try_wait() {
-            panic!("the daemon exited with {status}: {}", daemon.log_text());
-        }
-        if let Ok(response) = http.get(format!("{address}/healthz")).send().await {
-            if response.status().is_success() {
-                healthy = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        healthy,
-        "the daemon never became healthy: {}",
-        daemon.log_text()
-    );
+    let serve = config_path.clone();
+    // Killed and its log removed when dropped, before its database and exchange go.
+    let mut daemon = spawn_binary_as(settings, port, move |log| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&serve)
+            // Nothing from the test's environment (RUST_LOG, RETRYSAFE_*) changes the run.
+            .env_clear();
+        log_to(&mut command, log);
+        command
+    })
+    .await;
 
     let mut seen = Transcript::default();
     let bearer = |t: &str| ("Authorization", format!("Bearer {t}"));
@@ -215,7 +159,7 @@ token_sha256 = "{digest}"
 
     // A good write with the token, and its replay.
     let first = send(
-        &http,
+        &daemon,
         &mut seen,
         Method::POST,
         entries.clone(),
@@ -223,9 +167,9 @@ token_sha256 = "{digest}"
         body,
     )
     .await;
-    assert_eq!(first.status, 201, "{}", first.body);
+    first.assert_created();
     let replay = send(
-        &http,
+        &daemon,
         &mut seen,
         Method::POST,
         entries.clone(),
@@ -234,14 +178,14 @@ token_sha256 = "{digest}"
     )
     .await;
     assert_eq!(
-        (replay.status, replay.replayed),
+        (replay.status, replay.replayed()),
         (201, true),
         "{}",
-        replay.body
+        replay.describe()
     );
     // A refused body with the right token (an error answer that is not about credentials).
     let bad = send(
-        &http,
+        &daemon,
         &mut seen,
         Method::POST,
         entries.clone(),
@@ -253,7 +197,7 @@ token_sha256 = "{digest}"
         "{\"kind\":",
     )
     .await;
-    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.status, 400, "{}", bad.describe());
 
     // A wrong token, and the right token in places that are not `Authorization: Bearer`.
     let refused: Vec<(String, Vec<(&str, String)>)> = vec![
@@ -272,13 +216,13 @@ token_sha256 = "{digest}"
     ];
     for (url, mut headers) in refused {
         headers.extend([json.clone(), ("Idempotency-Key", "secrets-3".to_owned())]);
-        let answer = send(&http, &mut seen, Method::POST, url, &headers, body).await;
-        assert_eq!(answer.status, 401, "{:?}: {}", headers, answer.body);
+        let answer = send(&daemon, &mut seen, Method::POST, url, &headers, body).await;
+        assert_eq!(answer.status, 401, "{:?}: {}", headers, answer.describe());
         unauthorized += 1;
     }
     let lookup = format!("{address}/v1/idempotency-keys/secrets-1");
     let answer = send(
-        &http,
+        &daemon,
         &mut seen,
         Method::GET,
         lookup.clone(),
@@ -286,33 +230,31 @@ token_sha256 = "{digest}"
         "",
     )
     .await;
-    assert_eq!(answer.status, 401, "{}", answer.body);
+    assert_eq!(answer.status, 401, "{}", answer.describe());
     unauthorized += 1;
 
     // The relay tries the events; no queue is bound, so they come back as unroutable and
     // `last_error` (shown by the key lookup) is set: an error text that reaches an answer.
-    let db = connect(&db_name).await;
-    let mut tried = false;
-    for _ in 0..200 {
-        if count(
-            &db,
-            "SELECT count(*) FROM outbox_events WHERE attempts > 0 AND last_error IS NOT NULL",
-        )
-        .await
-            == 2
-        {
-            tried = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(tried, "the relay never tried both events");
-    let answer = send(&http, &mut seen, Method::GET, lookup, &[bearer(&token)], "").await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    assert!(answer.body.contains("last_error"), "{}", answer.body);
-    let location = first.location.expect("a 201 has a Location");
+    let tried = "SELECT count(*) FROM outbox_events WHERE attempts > 0 AND last_error IS NOT NULL";
+    eventually(Duration::from_secs(20), || count_is(&daemon.db, tried, 2)).await;
     let answer = send(
-        &http,
+        &daemon,
+        &mut seen,
+        Method::GET,
+        lookup,
+        &[bearer(&token)],
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.describe());
+    assert!(
+        answer.text().contains("last_error"),
+        "{}",
+        answer.describe()
+    );
+    let location = first.header("location").expect("a 201 has a Location");
+    let answer = send(
+        &daemon,
         &mut seen,
         Method::GET,
         format!("{address}{location}"),
@@ -320,10 +262,10 @@ token_sha256 = "{digest}"
         "",
     )
     .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.status, 200, "{}", answer.describe());
     for path in ["/readyz", "/healthz", "/openapi.json"] {
         send(
-            &http,
+            &daemon,
             &mut seen,
             Method::GET,
             format!("{address}{path}"),
@@ -333,7 +275,7 @@ token_sha256 = "{digest}"
         .await;
     }
     let metrics = send(
-        &http,
+        &daemon,
         &mut seen,
         Method::GET,
         format!("{address}/metrics"),
@@ -342,9 +284,10 @@ token_sha256 = "{digest}"
     )
     .await;
     assert_eq!(metrics.status, 200);
-    let metrics = metrics.body;
+    let metrics = metrics.text();
 
-    let rows: String = db
+    let rows: String = daemon
+        .db
         .query_one(
             "SELECT coalesce(string_agg(t, E'\\n'), '') FROM (
                  SELECT row_to_json(r)::text FROM idempotency_records r

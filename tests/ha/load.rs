@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use crate::support::{http_client, post_raw};
+use crate::common::helpers::{http_client, post_raw};
 
 /// Bound on one request: a daemon that hangs shows up as a failed attempt, and the client
 /// retries. Longer than the daemon's own bound on a write, so a 503 arrives before it.

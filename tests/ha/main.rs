@@ -10,10 +10,6 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-// The fault tests' helpers; this binary uses some of them.
-#[allow(dead_code, unused_imports)]
-#[path = "../faults/support.rs"]
-mod support;
 
 mod lab;
 mod load;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::daemon::Daemon;
-use crate::common::helpers::TestExchange;
+use crate::common::daemon::DaemonProcess;
+use crate::common::helpers::{all_event_ids, count, count_is, eventually, TestExchange};
 use crate::lab::Lab;
 use crate::load::{Load, Recovery};
 
@@ -60,7 +60,7 @@ async fn failovers_under_load_lose_no_acknowledged_write_duplicate_none_and_need
         name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
     };
     let mut consumer = TestConsumer::bind(&exchange.name, "#").await;
-    let daemon = Daemon::start(&[
+    let daemon = DaemonProcess::start(&[
         ("RETRYSAFE_DATABASE__URL", url.clone()),
         ("RETRYSAFE_AMQP__EXCHANGE", exchange.name.clone()),
         ("RETRYSAFE_DATABASE__STATEMENT_TIMEOUT", "2s".into()),
@@ -109,36 +109,16 @@ async fn failovers_under_load_lose_no_acknowledged_write_duplicate_none_and_need
         records.acknowledged.len(),
         "an entry no client was told about"
     );
-    let records_count: i64 = db
-        .query_one("SELECT count(*) FROM idempotency_records", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let records_count = count(&db, "SELECT count(*) FROM idempotency_records").await;
     assert_eq!(records_count as usize, held.len());
 
     // Every committed event was published, and reached the queue.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let unsent: i64 = db
-            .query_one(
-                "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if unsent == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{unsent} events never sent");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let event_ids: HashSet<String> = db
-        .query("SELECT event_id::text FROM outbox_events", &[])
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(Duration::from_secs(120), || count_is(&db, unsent, 0)).await;
+    let event_ids: HashSet<String> = all_event_ids(&db)
         .await
-        .unwrap()
         .iter()
-        .map(|row| row.get(0))
+        .map(uuid::Uuid::to_string)
         .collect();
     assert_eq!(event_ids.len(), held.len(), "one event per entry");
     let mut delivered = HashSet::new();

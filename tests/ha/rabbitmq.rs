@@ -9,18 +9,19 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ConnectionProperties};
+use retrysafe::outbox::declare_exchange;
 
 use crate::common::consumer::message_id;
-use crate::common::daemon::Daemon;
-use crate::common::helpers::{test_settings, TestDatabase};
+use crate::common::daemon::DaemonProcess;
+use crate::common::helpers::{
+    all_event_ids, connect, count, count_is, eventually, test_settings, TestDatabase,
+};
 use crate::lab::Lab;
 use crate::load::Load;
-use crate::support::{connect, count, database_name};
 
 const QUEUE: &str = "retrysafe.ha.quorum";
 
@@ -38,18 +39,7 @@ async fn connect_any(urls: &[String]) -> Connection {
 async fn declare_quorum_queue(urls: &[String], exchange: &str) {
     let connection = connect_any(urls).await;
     let channel = connection.create_channel().await.unwrap();
-    channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    declare_exchange(&channel, exchange).await.unwrap();
     let mut arguments = FieldTable::default();
     arguments.insert(
         "x-queue-type".into(),
@@ -73,7 +63,7 @@ async fn declare_quorum_queue(urls: &[String], exchange: &str) {
 }
 
 /// The lab node (1, 2 or 3) the daemon connected to last, from its log.
-fn connected_node(daemon: &Daemon, lab: &Lab) -> String {
+fn connected_node(daemon: &DaemonProcess, lab: &Lab) -> String {
     let log = daemon.log_text();
     let line = log
         .lines()
@@ -116,7 +106,7 @@ async fn events_flow_again(db: &tokio_postgres::Client, fault: chrono::DateTime<
 
 async fn fault(
     lab: &Lab,
-    daemon: &Daemon,
+    daemon: &DaemonProcess,
     db: &tokio_postgres::Client,
     load: &Load,
     name: &str,
@@ -150,19 +140,17 @@ async fn losing_cluster_nodes_under_load_loses_no_event_and_fails_no_write() {
         .map(str::to_owned)
         .collect();
     let settings = test_settings();
-    let _database = TestDatabase {
-        name: database_name(&settings.database.url),
-    };
+    let database = TestDatabase::new(&settings);
     let exchange = settings.amqp.exchange.clone();
     declare_quorum_queue(&urls, &exchange).await;
-    let daemon = Daemon::start(&[
+    let daemon = DaemonProcess::start(&[
         ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
         ("RETRYSAFE_AMQP__EXCHANGE", exchange.clone()),
         // A list in an environment variable: comma-separated.
         ("RETRYSAFE_AMQP__URL", urls.join(",")),
     ])
     .await;
-    let db = connect(&database_name(&settings.database.url)).await;
+    let db = connect(&database.name).await;
     let load = Load::start(&daemon.address, "rabbit", 4);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -207,23 +195,12 @@ async fn losing_cluster_nodes_under_load_loses_no_event_and_fails_no_write() {
         records.acknowledged.len()
     );
 
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while count(
-        &db,
-        "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-    )
-    .await
-        > 0
-    {
-        assert!(Instant::now() < deadline, "events never sent");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let event_ids: HashSet<String> = db
-        .query("SELECT event_id::text FROM outbox_events", &[])
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(Duration::from_secs(180), || count_is(&db, unsent, 0)).await;
+    let event_ids: HashSet<String> = all_event_ids(&db)
         .await
-        .unwrap()
         .iter()
-        .map(|row| row.get(0))
+        .map(uuid::Uuid::to_string)
         .collect();
     assert_eq!(event_ids.len(), records.acknowledged.len());
 

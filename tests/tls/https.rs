@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use retrysafe::tls::{CertificateInfo, ServerVerification};
 use rustls_pki_types::{CertificateDer, ServerName};
 
-use crate::common::daemon::Daemon;
-use crate::common::helpers::{
-    entry_body, pg_url, spawn_app_with, TestApp, TestDatabase, TestExchange,
-};
+use crate::common::daemon::{spawn_app_with, DaemonProcess, TestDaemon};
+use crate::common::helpers::{entry_body, pg_url, TestDatabase, TestExchange};
 use crate::pki::{Issued, Request, TestCa, TestDir};
 
 /// An HTTP client that trusts only the certificates of `ca_file`.
@@ -71,7 +69,7 @@ fn port_of(address: &str) -> u16 {
 
 /// A daemon whose listener serves a certificate for 127.0.0.1 that the test CA issued as
 /// `request` says; with the directory of the files and the CA's file.
-async fn https_app(request: Request<'_>) -> (TestDir, PathBuf, TestApp) {
+async fn https_app(request: Request<'_>) -> (TestDir, PathBuf, TestDaemon) {
     let dir = TestDir::new("tls-https");
     let ca = TestCa::new("retrysafe test CA");
     let ca_file = ca.write(&dir, "ca.pem");
@@ -145,7 +143,7 @@ async fn an_expired_listener_certificate_is_refused_by_clients() {
 }
 
 /// Waits up to 30 s for `needle` to appear `count` times in the daemon's log.
-async fn wait_for_log(daemon: &Daemon, needle: &str, count: usize) {
+async fn wait_for_log(daemon: &DaemonProcess, needle: &str, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while daemon.log_text().matches(needle).count() < count {
         assert!(
@@ -202,7 +200,7 @@ async fn a_certificate_rotated_by_sighup_under_load_fails_no_request() {
         name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
     };
     let client = https_client(&ca_file);
-    let daemon = Daemon::start_with(
+    let daemon = DaemonProcess::start_with(
         &[
             ("RETRYSAFE_DATABASE__URL", pg_url(&database.name)),
             ("RETRYSAFE_AMQP__EXCHANGE", exchange.name.clone()),

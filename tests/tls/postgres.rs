@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::daemon::{free_port, serve_command, Daemon};
+use crate::common::daemon::{free_port, serve_command, DaemonProcess};
 use crate::pki::{give_to, Issued, Request, TestCa, TestDir};
 
 const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml");
@@ -383,7 +383,7 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
     let _exchange = crate::common::helpers::TestExchange {
         name: exchange.clone(),
     };
-    let daemon = Daemon::start(&[
+    let daemon = DaemonProcess::start(&[
         ("RETRYSAFE_DATABASE__URL", url.clone()),
         ("RETRYSAFE_AMQP__EXCHANGE", exchange),
     ])

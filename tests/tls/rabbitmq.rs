@@ -7,7 +7,7 @@ use std::time::Duration;
 use retrysafe::config::{AmqpSettings, UrlList};
 
 use crate::common::consumer::TestConsumer;
-use crate::common::daemon::Daemon;
+use crate::common::daemon::DaemonProcess;
 use crate::common::helpers::{entry_body, pg_url, TestDatabase};
 use crate::lab::Lab;
 use crate::pki::{Request, TestCa, TestDir};
@@ -93,7 +93,7 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
     let database = TestDatabase {
         name: format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()),
     };
-    let daemon = Daemon::start(&[
+    let daemon = DaemonProcess::start(&[
         ("RETRYSAFE_DATABASE__URL", pg_url(&database.name)),
         ("RETRYSAFE_AMQP__URL", by_name.clone()),
         ("RETRYSAFE_AMQP__EXCHANGE", exchange.clone()),
