@@ -15,6 +15,7 @@ use uuid::Uuid;
 use crate::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{header, message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
+use crate::common::helpers::eventually;
 use crate::common::helpers::{connect, entry_body};
 
 /// Long enough for a delivery under load; the bound on every wait for one.
@@ -344,16 +345,17 @@ async fn a_replay_interrupted_half_way_resumes_with_the_same_command_and_sends_t
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = command.spawn().expect("the binary runs");
-    let mut sent_before_signal = 0;
-    for _ in 0..1500 {
-        sent_before_signal = app
+    let sent_before_signal = eventually(Duration::from_secs(30), || async {
+        let sent = app
             .count("SELECT coalesce(max(events_sent), 0) FROM replays")
             .await;
-        if sent_before_signal >= 300 {
-            break;
+        if sent >= 300 {
+            Ok(sent)
+        } else {
+            Err(format!("the replay has sent {sent} events, not yet 300"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert!(
         (300..2000).contains(&sent_before_signal),
         "the replay was still running with some sent: {sent_before_signal}"
