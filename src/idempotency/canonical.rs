@@ -30,6 +30,25 @@ impl fmt::Debug for RequestHash {
     }
 }
 
+/// SHA-256 of a request body's bytes as they arrived. A retry usually sends the very bytes of
+/// the request it repeats, so a completed key remembers its body's hash, and such a retry is
+/// recognised as the same request without parsing it again. Bodies that differ only in spacing
+/// or key order have different body hashes but one [`RequestHash`]: they take the longer way.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BodyHash(pub [u8; 32]);
+
+impl BodyHash {
+    pub fn of(body: &[u8]) -> Self {
+        Self(Sha256::digest(body).into())
+    }
+}
+
+impl fmt::Debug for BodyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BodyHash({})", hex::encode(self.0))
+    }
+}
+
 /// The hash of `method`, `route` and the canonical form of `body`.
 pub fn request_hash(method: &str, route: &str, body: &Value) -> RequestHash {
     let mut hasher = Sha256::new();

@@ -4,5 +4,5 @@
 pub mod canonical;
 pub mod key;
 
-pub use canonical::{canonical_json, canonical_object, request_hash, RequestHash};
+pub use canonical::{canonical_json, canonical_object, request_hash, BodyHash, RequestHash};
 pub use key::{IdempotencyKey, KeyError};

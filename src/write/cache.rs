@@ -4,13 +4,16 @@
 //! first). HTTP workers read it directly, so that a replay of a completed key costs no message
 //! to the shard and no query: [`ReplayCache::answer`] only reads, and an entry past its
 //! record's `expires_at` is not served (after it the key is new again) but left for eviction.
+//! An entry also remembers the hash of the completing request's body bytes, so that a retry
+//! sending those very bytes is known as a replay before its body is parsed
+//! ([`ReplayCache::replay_of_same_body`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use chrono::Utc;
 
-use crate::idempotency::RequestHash;
+use crate::idempotency::{BodyHash, RequestHash};
 use crate::telemetry;
 use crate::write::{Answer, SavedResponse, ScopedKey};
 
@@ -41,8 +44,31 @@ impl ReplayCache {
         answer
     }
 
+    /// The replay for a request whose body has the very bytes of the request that completed
+    /// `key`, known without parsing it; None in every other case (the request is then decoded
+    /// and judged by [`answer`](Self::answer)). Only a hit is counted: a miss is counted by
+    /// the `answer` that follows.
+    pub fn replay_of_same_body(&self, key: &ScopedKey, body_hash: BodyHash) -> Option<Answer> {
+        let answer = self.with_live(key, |cached| {
+            (cached.body_hash == Some(body_hash)).then(|| Answer::Replayed(cached.response.clone()))
+        })?;
+        metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "hit").increment(1);
+        Some(answer)
+    }
+
     /// [`answer`](Self::answer) without counting the lookup (the shard's second look).
     pub(crate) fn lookup(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
+        self.with_live(key, |cached| {
+            Some(if cached.request_hash == request_hash {
+                Answer::Replayed(cached.response.clone())
+            } else {
+                Answer::Conflict
+            })
+        })
+    }
+
+    /// `read` of the entry for `key`, if there is one and its record has not expired.
+    fn with_live<T>(&self, key: &ScopedKey, read: impl FnOnce(&Cached) -> Option<T>) -> Option<T> {
         let entries = self
             .0
             .read()
@@ -53,25 +79,23 @@ impl ReplayCache {
         if cached.response.expires_at <= Utc::now() {
             return None;
         }
-        Some(if cached.request_hash == request_hash {
-            Answer::Replayed(cached.response.clone())
-        } else {
-            Answer::Conflict
-        })
+        read(cached)
     }
 
-    /// Caches `response` for `key`, evicting the oldest entries past the bounds. Only the
-    /// shard calls it.
+    /// Caches `response` for `key`, saved for a request with `request_hash` (and, when known,
+    /// whose body's bytes had `body_hash`), evicting the oldest entries past the bounds. Only
+    /// the shard calls it.
     pub(crate) fn insert(
         &self,
         key: ScopedKey,
         request_hash: RequestHash,
+        body_hash: Option<BodyHash>,
         response: SavedResponse,
     ) {
         self.0
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(key, request_hash, response);
+            .insert(key, request_hash, body_hash, response);
     }
 }
 
@@ -91,6 +115,9 @@ struct Entries {
 
 struct Cached {
     request_hash: RequestHash,
+    /// The hash of the body bytes of a request known to have `request_hash`: the one that
+    /// completed the key through this daemon. None for a record read back from the database.
+    body_hash: Option<BodyHash>,
     response: SavedResponse,
     generation: u64,
 }
@@ -101,7 +128,13 @@ fn cached_size(key: &ScopedKey, response: &SavedResponse) -> usize {
 }
 
 impl Entries {
-    fn insert(&mut self, key: ScopedKey, request_hash: RequestHash, response: SavedResponse) {
+    fn insert(
+        &mut self,
+        key: ScopedKey,
+        request_hash: RequestHash,
+        body_hash: Option<BodyHash>,
+        response: SavedResponse,
+    ) {
         let size = cached_size(&key, &response);
         if self.capacity == 0 || size > self.capacity_bytes {
             return;
@@ -115,6 +148,7 @@ impl Entries {
             key,
             Cached {
                 request_hash,
+                body_hash,
                 response,
                 generation,
             },
@@ -178,13 +212,18 @@ mod tests {
     fn cache_is_bounded_and_honors_expiry() {
         let cache = ReplayCache::new(2, 1 << 20);
         let hash = RequestHash([0; 32]);
-        cache.insert(key("a"), hash, response(chrono::Duration::hours(1)));
-        cache.insert(key("b"), hash, response(chrono::Duration::hours(1)));
-        cache.insert(key("c"), hash, response(chrono::Duration::hours(1)));
+        cache.insert(key("a"), hash, None, response(chrono::Duration::hours(1)));
+        cache.insert(key("b"), hash, None, response(chrono::Duration::hours(1)));
+        cache.insert(key("c"), hash, None, response(chrono::Duration::hours(1)));
         assert!(!cached(&cache, "a"), "oldest evicted");
         assert!(cached(&cache, "b"));
         assert!(cached(&cache, "c"));
-        cache.insert(key("d"), hash, response(chrono::Duration::seconds(-1)));
+        cache.insert(
+            key("d"),
+            hash,
+            None,
+            response(chrono::Duration::seconds(-1)),
+        );
         assert!(!cached(&cache, "d"), "expired entries are not served");
         assert!(matches!(
             cache.lookup(&key("c"), RequestHash([1; 32])),
@@ -201,18 +240,19 @@ mod tests {
         let hash = RequestHash([0; 32]);
         let cache = ReplayCache::new(100, 2500);
         for name in ["a", "b", "c"] {
-            cache.insert(key(name), hash, big(chrono::Duration::hours(1)));
+            cache.insert(key(name), hash, None, big(chrono::Duration::hours(1)));
         }
         let bytes = |cache: &ReplayCache| cache.0.read().unwrap().bytes;
         let len = |cache: &ReplayCache| cache.0.read().unwrap().entries.len();
         assert!(bytes(&cache) <= 2500);
         assert!(!cached(&cache, "a"), "the oldest is evicted by size");
         assert!(cached(&cache, "c"));
-        cache.insert(key("c"), hash, big(chrono::Duration::hours(1)));
+        cache.insert(key("c"), hash, None, big(chrono::Duration::hours(1)));
         assert_eq!(len(&cache), 2, "re-inserting a key replaces it");
         cache.insert(
             key("huge"),
             hash,
+            None,
             SavedResponse {
                 body: Bytes::from(vec![b'x'; 5000]),
                 ..response(chrono::Duration::hours(1))
@@ -222,5 +262,46 @@ mod tests {
             !cached(&cache, "huge"),
             "a response larger than the budget is not cached"
         );
+    }
+
+    #[test]
+    fn the_same_body_bytes_are_a_replay_without_parsing() {
+        let cache = ReplayCache::new(10, 1 << 20);
+        let hash = RequestHash([7; 32]);
+        let body = BodyHash::of(br#"{"kind":"a","data":{}}"#);
+        cache.insert(
+            key("known"),
+            hash,
+            Some(body),
+            response(chrono::Duration::hours(1)),
+        );
+        cache.insert(
+            key("read-back"),
+            hash,
+            None,
+            response(chrono::Duration::hours(1)),
+        );
+        cache.insert(
+            key("old"),
+            hash,
+            Some(body),
+            response(chrono::Duration::seconds(-1)),
+        );
+        assert!(matches!(
+            cache.replay_of_same_body(&key("known"), body),
+            Some(Answer::Replayed(_))
+        ));
+        // Other bytes (perhaps the same request spaced differently), a record read back from
+        // the database, an expired record or an unknown key: decoded and judged the long way.
+        let other = BodyHash::of(br#"{"data":{},"kind":"a"}"#);
+        assert!(cache.replay_of_same_body(&key("known"), other).is_none());
+        assert!(cache.replay_of_same_body(&key("read-back"), body).is_none());
+        assert!(cache.replay_of_same_body(&key("old"), body).is_none());
+        assert!(cache.replay_of_same_body(&key("unknown"), body).is_none());
+        // The long way still finds them.
+        assert!(matches!(
+            cache.lookup(&key("read-back"), hash),
+            Some(Answer::Replayed(_))
+        ));
     }
 }

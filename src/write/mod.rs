@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::db::StorageError;
-use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
 
 pub use cache::ReplayCache;
 pub use pending::{PendingBytes, PendingPermit};
@@ -42,6 +42,8 @@ pub struct ScopedKey {
 pub struct Write {
     pub key: ScopedKey,
     pub request_hash: RequestHash,
+    /// The hash of the body's bytes as they arrived (see [`BodyHash`]).
+    pub body_hash: BodyHash,
     pub kind: String,
     /// `data`, as canonical JSON text.
     pub data_json: String,

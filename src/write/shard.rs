@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
 use crate::telemetry;
 use crate::write::writer::{Commit, Committed, Writer};
 use crate::write::{
@@ -43,6 +43,13 @@ pub struct ShardHandle {
 }
 
 impl ShardHandle {
+    /// A replay answered before the body is decoded: `key` is cached as completed by a request
+    /// whose body had these very bytes. None otherwise: the request is decoded and
+    /// [`submit`](Self::submit)ted.
+    pub fn replay_of_same_body(&self, key: &ScopedKey, body_hash: BodyHash) -> Option<Answer> {
+        self.cache.replay_of_same_body(key, body_hash)
+    }
+
     /// What becomes of `write`: a replay or a conflict from the cache, at once; otherwise the
     /// answer of its own write, or of the write in flight for its key, awaited at most
     /// `idempotency.wait_timeout`. Past that, a request whose write was sent to a writer is
@@ -98,8 +105,9 @@ pub struct Submit {
 }
 
 struct InFlight {
-    /// The hash of the request whose write is being committed.
+    /// The hashes of the request whose write is being committed.
     request_hash: RequestHash,
+    body_hash: BodyHash,
     /// Who gets that write's answer.
     reply: oneshot::Sender<Answer>,
     /// Requests for the key that arrived meanwhile, in order, each with its own write: the next
@@ -165,6 +173,7 @@ impl KeyShard {
             key.clone(),
             InFlight {
                 request_hash: write.request_hash,
+                body_hash: write.body_hash,
                 reply,
                 waiting,
             },
@@ -196,8 +205,12 @@ impl KeyShard {
         // A receiver that is gone belongs to a client that gave up; nothing to tell it.
         let (saved_hash, response) = match result {
             Ok(Ok(Committed::Created(response))) => {
-                self.cache
-                    .insert(key, in_flight.request_hash, response.clone());
+                self.cache.insert(
+                    key,
+                    in_flight.request_hash,
+                    Some(in_flight.body_hash),
+                    response.clone(),
+                );
                 let _ = in_flight.reply.send(Answer::Created(response.clone()));
                 (in_flight.request_hash, response)
             }
@@ -205,7 +218,12 @@ impl KeyShard {
                 request_hash,
                 response,
             })) => {
-                self.cache.insert(key, request_hash, response.clone());
+                // Saved by another request (perhaps another daemon's): this request's body
+                // bytes stand for it only if the two are the same request.
+                let body_hash =
+                    (request_hash == in_flight.request_hash).then_some(in_flight.body_hash);
+                self.cache
+                    .insert(key, request_hash, body_hash, response.clone());
                 let _ =
                     in_flight
                         .reply

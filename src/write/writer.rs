@@ -590,6 +590,7 @@ mod tests {
                 key: IdempotencyKey::parse(key.as_bytes()).unwrap(),
             },
             request_hash: RequestHash([0; 32]),
+            body_hash: crate::idempotency::BodyHash([0; 32]),
             kind: "k".into(),
             data_json: format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes)),
             remote_addr: None,
