@@ -61,6 +61,8 @@ pub struct HttpSettings {
     /// How long a client may take to send a request's head (request line and headers); slower
     /// ones get 408 and the connection is closed.
     pub head_timeout: ConfigDuration,
+    /// HTTP worker threads; 0 is one per CPU core.
+    pub workers: usize,
     /// PEM certificate (and its chain) of the HTTPS listener; with `tls_key_file`, the listener
     /// speaks HTTPS only. Reloaded on SIGHUP.
     pub tls_cert_file: Option<PathBuf>,
@@ -267,6 +269,7 @@ impl Default for HttpSettings {
             shutdown_timeout: ConfigDuration::from_secs(30),
             body_timeout: ConfigDuration::from_secs(30),
             head_timeout: ConfigDuration::from_secs(5),
+            workers: 0,
             tls_cert_file: None,
             tls_key_file: None,
         }
@@ -516,6 +519,7 @@ impl Settings {
                 0,
                 100_000_000,
             ),
+            ("http.workers", self.http.workers as u64, 0, 256),
             ("outbox.workers", self.outbox.workers as u64, 1, 64),
             (
                 "outbox.batch_size",

@@ -256,6 +256,10 @@ fn start_http(
     .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
     // Signals are handled by `run_until_signal` (serve); embedded, the owner stops the server.
     .disable_signals();
+    let server = match settings.http.workers {
+        0 => server,
+        workers => server.workers(workers),
+    };
     let server = match certificate {
         Some(certificate) => server.listen_rustls_0_23(listener, certificate.server_config()?)?,
         None => server.listen(listener)?,

@@ -184,6 +184,7 @@ fn check_config_accepts_the_shipped_config_and_names_bad_keys() {
             "idempotency.shards",
         ),
         ("RETRYSAFE_HTTP__HEAD_TIMEOUT", "0s", "http.head_timeout"),
+        ("RETRYSAFE_HTTP__WORKERS", "1000", "http.workers"),
     ] {
         let output = retrysafe(&["check-config"], &[(name, value)]);
         assert_eq!(output.status.code(), Some(1), "{name}={value}");
