@@ -8,7 +8,7 @@ use retrysafe::janitor::purge_once;
 
 use crate::common::consumer::{header, TestConsumer};
 use crate::common::daemon::{
-    spawn_app_with, spawn_app_without_relays, spawn_binary, spawn_second_app, TestDaemon,
+    spawn_app_with, spawn_app_without_relays, spawn_binary, spawn_second_app_with, TestDaemon,
 };
 use crate::common::helpers::{entry_body, test_settings};
 
@@ -61,8 +61,12 @@ async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
     let first = app.post_entry("expired-unpurged", &entry_body(1)).await;
     first.assert_created();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    // Another daemon (no cache) meets the expired record in the database and takes it over.
-    let other = spawn_second_app(&app).await;
+    // Another daemon (no cache) meets the expired record in the database and takes it over. Its
+    // own record is kept an hour, so that a slow machine cannot expire it before it is read.
+    let other = spawn_second_app_with(&app, |settings| {
+        settings.idempotency.retention = ConfigDuration(Duration::from_secs(3600))
+    })
+    .await;
     let again = other.post_entry("expired-unpurged", &entry_body(1)).await;
     again.assert_created();
     assert_eq!(

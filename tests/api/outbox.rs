@@ -209,6 +209,10 @@ async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
     let first = spawn_app_with(|settings| {
         settings.outbox.workers = 3;
         settings.outbox.batch_size = 250;
+        // A batch whose confirms take longer than confirm_timeout is published again (at least
+        // once, as designed); on a loaded machine that can pass the default 10 s, and this
+        // test is about relays never claiming the same rows, not about slow confirms.
+        settings.outbox.confirm_timeout = retrysafe::config::ConfigDuration::from_secs(60);
     })
     .await;
     let second = spawn_second_app(&first).await;

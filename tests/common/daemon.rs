@@ -63,8 +63,17 @@ async fn spawn_in_process(configure: impl FnOnce(&mut Settings), options: Option
 /// A second in-process daemon (with relays) on the same database (as two machines behind one
 /// load balancer).
 pub async fn spawn_second_app(first: &TestDaemon) -> TestDaemon {
+    spawn_second_app_with(first, |_| {}).await
+}
+
+/// [`spawn_second_app`], its settings (a copy of the first's) changed by `configure`.
+pub async fn spawn_second_app_with(
+    first: &TestDaemon,
+    configure: impl FnOnce(&mut Settings),
+) -> TestDaemon {
     let mut settings = first.settings.clone();
     settings.http.listen = "127.0.0.1:0".parse().unwrap();
+    configure(&mut settings);
     start_in_process(
         settings,
         first.database.clone(),

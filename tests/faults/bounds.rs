@@ -151,7 +151,10 @@ async fn a_flood_of_reads_cannot_take_the_connections_writes_need() {
 async fn writes_queued_behind_a_stalled_database_are_bounded_in_bytes_and_answered_in_time() {
     let app = spawn_app_with(|settings| {
         settings.database.max_pending_bytes = 1024 * 1024;
-        settings.idempotency.wait_timeout = ConfigDuration(Duration::from_secs(1));
+        // Long enough that, on a loaded machine too, the bodies are decoded (each waits at
+        // most this for a turn on the blocking pool) and reach the pending bound; well below
+        // the statement timeout, which is what must not decide when clients are answered.
+        settings.idempotency.wait_timeout = ConfigDuration(Duration::from_secs(5));
         // The server would give up on the lock only after this: the daemon's own bound is what
         // answers the clients.
         settings.database.statement_timeout = ConfigDuration(Duration::from_secs(30));
