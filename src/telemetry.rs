@@ -230,6 +230,22 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
 }
 
 /// Keeps histogram storage bounded; run every few seconds.
+/// Reads the process's own figures into the standard Prometheus process metrics
+/// (`process_resident_memory_bytes`, `process_cpu_seconds_total`, `process_open_fds`,
+/// `process_max_fds`, `process_threads`, `process_start_time_seconds`, ...), for each scrape:
+/// the daemon's memory over days is watched with them.
+pub fn collect_process_metrics() {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR
+        .get_or_init(|| {
+            metrics_handle();
+            let collector = metrics_process::Collector::default();
+            collector.describe();
+            collector
+        })
+        .collect();
+}
+
 pub fn spawn_metrics_upkeep() {
     let handle = metrics_handle();
     actix::spawn(async move {

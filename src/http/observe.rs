@@ -231,6 +231,7 @@ pub async fn metrics(state: SharedState) -> HttpResponse {
     } else {
         0.0
     });
+    telemetry::collect_process_metrics();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(telemetry::metrics_handle().render())

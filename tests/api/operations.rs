@@ -400,6 +400,35 @@ async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
         ) >= 2.0,
         "{after}"
     );
+
+    // The process's own figures, under the standard names: the daemon's, not another process's.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    let proc_kb = |field: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(field)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap()
+    };
+    let rss = sample(&after, "process_resident_memory_bytes");
+    let (peak, threads) = (proc_kb("VmHWM:") * 1024.0, proc_kb("Threads:"));
+    assert!(
+        rss > 1e6 && rss <= peak,
+        "RSS {rss} vs VmHWM {peak}: {after}"
+    );
+    assert!(sample(&after, "process_threads") >= 2.0, "{after}");
+    assert!(
+        sample(&after, "process_threads") <= threads + 8.0,
+        "{after}"
+    );
+    assert!(sample(&after, "process_open_fds") >= 3.0, "{after}");
+    assert!(sample(&after, "process_cpu_seconds_total") > 0.0, "{after}");
+    assert!(sample(&after, "process_max_fds") >= sample(&after, "process_open_fds"));
 }
 
 /// SIGTERM while requests are in flight: every request that got a 201 is committed, the

@@ -291,6 +291,15 @@ impl TestDaemon {
         self.process_mut().kill();
     }
 
+    /// The process id of a daemon run from the binary.
+    pub fn pid(&self) -> u32 {
+        self.process()
+            .child
+            .as_ref()
+            .expect("the daemon is running")
+            .id()
+    }
+
     /// Starts the binary again (after a SIGKILL if it still runs) on the same port, database
     /// and exchange.
     pub async fn restart(&mut self) {
