@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::idempotency::canonical::{normalize_number, write_string};
-use crate::idempotency::{canonical_object, request_hash, RequestHash};
+use crate::idempotency::{canonical_object, request_hash, BodyHash, RequestHash};
 
 /// The route whose requests are hashed; part of every request hash.
 pub const ENTRIES_ROUTE: &str = "/v1/entries";
@@ -56,12 +56,16 @@ pub struct DecodedWrite {
     /// `data` as canonical JSON text.
     pub data_json: String,
     pub request_hash: RequestHash,
+    /// The hash of the body's bytes as they arrived: the bytes of a `POST /v1/entries`, the one
+    /// route that writes (see [`BodyHash`]).
+    pub body_hash: BodyHash,
 }
 
 /// [`decode_new_entry`], then the data in canonical form: the decoded tree is dropped here.
 pub fn decode_write(body: &[u8]) -> Result<DecodedWrite, DecodeError> {
     let (entry, request_hash) = decode_new_entry(body)?;
     Ok(DecodedWrite {
+        body_hash: BodyHash::of(body),
         data_json: canonical_object(&entry.data),
         kind: entry.kind,
         request_hash,

@@ -229,7 +229,6 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
     })
 }
 
-/// Keeps histogram storage bounded; run every few seconds.
 /// Reads the process's own figures into the standard Prometheus process metrics
 /// (`process_resident_memory_bytes`, `process_cpu_seconds_total`, `process_open_fds`,
 /// `process_max_fds`, `process_threads`, `process_start_time_seconds`, ...), for each scrape:
@@ -246,6 +245,7 @@ pub fn collect_process_metrics() {
         .collect();
 }
 
+/// Keeps histogram storage bounded; run every few seconds.
 pub fn spawn_metrics_upkeep() {
     let handle = metrics_handle();
     actix::spawn(async move {

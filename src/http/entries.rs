@@ -15,7 +15,7 @@ use crate::http::openapi::NewEntryRequest;
 use crate::http::problem::ApiError;
 use crate::http::problem::Problem;
 use crate::http::SharedState;
-use crate::idempotency::{BodyHash, IdempotencyKey};
+use crate::idempotency::IdempotencyKey;
 use crate::telemetry;
 use crate::write::{Answer, SavedResponse, ScopedKey, Write};
 
@@ -67,15 +67,14 @@ pub async fn create_entry(
     let key = ScopedKey { client_id, key };
     let shard = state.shard_for(&key);
     // A retry of a completed request usually sends its very bytes: answered without decoding.
-    let body_hash = BodyHash::of(&body);
-    if let Some(answer) = shard.replay_of_same_body(&key, body_hash) {
+    if let Some(answer) = shard.replay_of_same_body(&key, &body) {
         return respond(&state, answer);
     }
     let decoded = decode(&state, body).await?;
     let write = Write {
         key,
         request_hash: decoded.request_hash,
-        body_hash,
+        body_hash: decoded.body_hash,
         kind: decoded.kind,
         data_json: decoded.data_json,
         remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),

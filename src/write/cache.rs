@@ -46,14 +46,18 @@ impl ReplayCache {
 
     /// The replay for a request whose body has the very bytes of the request that completed
     /// `key`, known without parsing it; None in every other case (the request is then decoded
-    /// and judged by [`answer`](Self::answer)). Only a hit is counted: a miss is counted by
-    /// the `answer` that follows.
-    pub fn replay_of_same_body(&self, key: &ScopedKey, body_hash: BodyHash) -> Option<Answer> {
-        let answer = self.with_live(key, |cached| {
-            (cached.body_hash == Some(body_hash)).then(|| Answer::Replayed(cached.response.clone()))
+    /// and judged by [`answer`](Self::answer)). The body is hashed only when the key is cached
+    /// with a body hash, outside the lock. Only a hit is counted: a miss is counted by the
+    /// `answer` that follows.
+    pub fn replay_of_same_body(&self, key: &ScopedKey, body: &[u8]) -> Option<Answer> {
+        let (saved_hash, response) = self.with_live(key, |cached| {
+            Some((cached.body_hash?, cached.response.clone()))
         })?;
+        if BodyHash::of(body) != saved_hash {
+            return None;
+        }
         metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "hit").increment(1);
-        Some(answer)
+        Some(Answer::Replayed(response))
     }
 
     /// [`answer`](Self::answer) without counting the lookup (the shard's second look).
@@ -124,7 +128,7 @@ struct Cached {
 
 /// What a cached response costs, roughly: its body, its key, and the bookkeeping around them.
 fn cached_size(key: &ScopedKey, response: &SavedResponse) -> usize {
-    response.body.len() + key.client_id.len() + key.key.as_str().len() + 160
+    response.body.len() + key.client_id.len() + key.key.as_str().len() + 200
 }
 
 impl Entries {
@@ -268,7 +272,8 @@ mod tests {
     fn the_same_body_bytes_are_a_replay_without_parsing() {
         let cache = ReplayCache::new(10, 1 << 20);
         let hash = RequestHash([7; 32]);
-        let body = BodyHash::of(br#"{"kind":"a","data":{}}"#);
+        let bytes = br#"{"kind":"a","data":{}}"#;
+        let body = BodyHash::of(bytes);
         cache.insert(
             key("known"),
             hash,
@@ -288,16 +293,18 @@ mod tests {
             response(chrono::Duration::seconds(-1)),
         );
         assert!(matches!(
-            cache.replay_of_same_body(&key("known"), body),
+            cache.replay_of_same_body(&key("known"), bytes),
             Some(Answer::Replayed(_))
         ));
         // Other bytes (perhaps the same request spaced differently), a record read back from
         // the database, an expired record or an unknown key: decoded and judged the long way.
-        let other = BodyHash::of(br#"{"data":{},"kind":"a"}"#);
+        let other = br#"{"data":{},"kind":"a"}"#;
         assert!(cache.replay_of_same_body(&key("known"), other).is_none());
-        assert!(cache.replay_of_same_body(&key("read-back"), body).is_none());
-        assert!(cache.replay_of_same_body(&key("old"), body).is_none());
-        assert!(cache.replay_of_same_body(&key("unknown"), body).is_none());
+        assert!(cache
+            .replay_of_same_body(&key("read-back"), bytes)
+            .is_none());
+        assert!(cache.replay_of_same_body(&key("old"), bytes).is_none());
+        assert!(cache.replay_of_same_body(&key("unknown"), bytes).is_none());
         // The long way still finds them.
         assert!(matches!(
             cache.lookup(&key("read-back"), hash),

@@ -46,8 +46,8 @@ impl ShardHandle {
     /// A replay answered before the body is decoded: `key` is cached as completed by a request
     /// whose body had these very bytes. None otherwise: the request is decoded and
     /// [`submit`](Self::submit)ted.
-    pub fn replay_of_same_body(&self, key: &ScopedKey, body_hash: BodyHash) -> Option<Answer> {
-        self.cache.replay_of_same_body(key, body_hash)
+    pub fn replay_of_same_body(&self, key: &ScopedKey, body: &[u8]) -> Option<Answer> {
+        self.cache.replay_of_same_body(key, body)
     }
 
     /// What becomes of `write`: a replay or a conflict from the cache, at once; otherwise the
