@@ -242,7 +242,7 @@ fn attribute(
         .iter()
         .zip(outcomes)
         .map(|(event, outcome)| {
-            if returned.contains(&event.event_id.to_string()) {
+            if !returned.is_empty() && returned.contains(&event.event_id.to_string()) {
                 return PublishResult::Failed {
                     kind: FailureKind::Returned,
                     error: destination.no_route(event),
