@@ -156,7 +156,27 @@ pub fn init_logging(settings: &LogSettings) {
 /// trace logs, and logs a client's malformed request at ERROR. This layer, fed those events,
 /// counts each answer in [`HTTP_PROTOCOL_ERRORS`] and logs it at WARN: the client's fault, not
 /// one an operator must act on.
+///
+/// It sees every trace event of actix-http's connection loop, several per request (timer
+/// states, flags), so it must not format them: below ERROR, an event's message is only compared
+/// with the few prefixes that matter while it is being written, and the writing stops at the
+/// first character that rules them all out ([`PrefixMatch`]).
 struct ActixOwnAnswers;
+
+/// The messages of actix-http's own answers, and what each one is.
+const OWN_ANSWERS: [(&str, &str, &str); 3] = [
+    (
+        "timed out on slow request",
+        "408",
+        "the request head did not arrive in time",
+    ),
+    (
+        "request head was too big",
+        "431",
+        "the request head is too large",
+    ),
+    ("parse error", "400", "the request could not be parsed"),
+];
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ActixOwnAnswers {
     fn on_event(
@@ -164,27 +184,23 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ActixOwnAnswers {
         event: &tracing::Event<'_>,
         _context: tracing_subscriber::layer::Context<'_, S>,
     ) {
+        let is_error = *event.metadata().level() == tracing::Level::ERROR;
+        let mut prefix = PrefixMatch::new(OWN_ANSWERS.map(|(prefix, _, _)| prefix));
+        event.record(&mut prefix);
+        let answer = prefix.matched.map(|index| OWN_ANSWERS[index]);
+        if answer.is_none() && !is_error {
+            return;
+        }
         let mut message = MessageText(String::new());
         event.record(&mut message);
         let message = message.0;
-        let answer = if message.starts_with("timed out on slow request") {
-            Some(("408", "the request head did not arrive in time"))
-        } else if message.starts_with("request head was too big") {
-            Some(("431", "the request head is too large"))
-        } else if message.starts_with("parse error") {
-            Some(("400", "the request could not be parsed"))
-        } else {
-            None
-        };
-        if let Some((status, reason)) = answer {
+        if let Some((_, status, reason)) = answer {
             metrics::counter!(HTTP_PROTOCOL_ERRORS, "status" => status).increment(1);
             tracing::warn!(status, detail = %message, "refused a request before routing: {reason}");
             return;
         }
         // Errors of the connection other than the malformed requests counted above.
-        if *event.metadata().level() == tracing::Level::ERROR
-            && !message.starts_with("stream error: request parse error")
-        {
+        if !message.starts_with("stream error: request parse error") {
             tracing::error!(detail = %message, "http connection error");
         }
     }
@@ -203,6 +219,65 @@ impl tracing::field::Visit for MessageText {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         if field.name() == "message" {
             self.0 = value.to_owned();
+        }
+    }
+}
+
+/// Which of `N` prefixes an event's `message` starts with, found while the message is being
+/// written, without keeping it: writing stops (with an error, which ends the formatting) once a
+/// prefix is complete or the characters so far rule every prefix out.
+struct PrefixMatch<const N: usize> {
+    prefixes: [&'static str; N],
+    /// Bytes of the message seen so far.
+    seen: usize,
+    /// The prefixes the message may still start with.
+    alive: [bool; N],
+    matched: Option<usize>,
+}
+
+impl<const N: usize> PrefixMatch<N> {
+    fn new(prefixes: [&'static str; N]) -> Self {
+        Self {
+            prefixes,
+            seen: 0,
+            alive: [true; N],
+            matched: None,
+        }
+    }
+}
+
+impl<const N: usize> std::fmt::Write for PrefixMatch<N> {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        for &byte in text.as_bytes() {
+            let mut any = false;
+            for (index, prefix) in self.prefixes.iter().enumerate() {
+                if !self.alive[index] {
+                    continue;
+                }
+                if prefix.as_bytes().get(self.seen) != Some(&byte) {
+                    self.alive[index] = false;
+                    continue;
+                }
+                any = true;
+                if self.seen + 1 == prefix.len() {
+                    self.matched = Some(index);
+                    return Err(std::fmt::Error);
+                }
+            }
+            if !any {
+                return Err(std::fmt::Error);
+            }
+            self.seen += 1;
+        }
+        Ok(())
+    }
+}
+
+impl<const N: usize> tracing::field::Visit for PrefixMatch<N> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            // The error only means the writing stopped early: the answer is in `matched`.
+            let _ = std::fmt::write(self, format_args!("{value:?}"));
         }
     }
 }
@@ -331,4 +406,69 @@ fn describe_metrics() {
         Unit::Seconds,
         "expiry of the https listener's certificate, in seconds since the unix epoch"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt::Write as _;
+
+    fn matched(message: std::fmt::Arguments<'_>) -> Option<usize> {
+        let mut prefix = PrefixMatch::new(OWN_ANSWERS.map(|(prefix, _, _)| prefix));
+        let _ = prefix.write_fmt(message);
+        prefix.matched
+    }
+
+    /// Counts how often it is formatted: the arguments after a ruled-out start must not be.
+    struct Costly<'a>(&'a std::cell::Cell<u32>);
+
+    impl std::fmt::Display for Costly<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.0.set(self.0.get() + 1);
+            f.write_str("x")
+        }
+    }
+
+    #[test]
+    fn own_answers_are_told_from_the_connection_loops_trace() {
+        let error = "invalid header";
+        assert_eq!(matched(format_args!("parse error {error}")), Some(2));
+        assert_eq!(
+            matched(format_args!(
+                "timed out on slow request; replying with 408 and closing connection"
+            )),
+            Some(0)
+        );
+        assert_eq!(
+            matched(format_args!(
+                "request head was too big; returning 431 response"
+            )),
+            Some(1)
+        );
+        // Split over several writes, as formatting does.
+        assert_eq!(
+            matched(format_args!("{}{}", "request head ", "was too big")),
+            Some(1)
+        );
+        for other in [
+            "  head Active",
+            "request",
+            "timed-out during linger",
+            "",
+            "parse",
+        ] {
+            assert_eq!(matched(format_args!("{other}")), None, "{other:?}");
+        }
+        let formatted = std::cell::Cell::new(0);
+        assert_eq!(
+            matched(format_args!("start flags: {}", Costly(&formatted))),
+            None
+        );
+        assert_eq!(formatted.get(), 0, "ruled out at its first character");
+        assert_eq!(
+            matched(format_args!("parse error {}", Costly(&formatted))),
+            Some(2)
+        );
+        assert_eq!(formatted.get(), 0, "known before the arguments");
+    }
 }
