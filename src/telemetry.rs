@@ -124,6 +124,7 @@ pub fn init_logging(settings: &LogSettings) {
     defaults.push(NO_SECRETS_FROM_LAPIN);
     let directives = defaults.join(",");
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let output_level = filter.max_level_hint();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let output = match settings.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -147,7 +148,29 @@ pub fn init_logging(settings: &LogSettings) {
         .with(own_answers)
         .try_init();
     // A subscriber is already installed when the library is embedded (tests); keep that one.
-    let _ = result;
+    if result.is_ok() {
+        // Records of the `log` crate (tokio-postgres logs every statement at debug) go to the
+        // output only. try_init lets them all through, up to the trace level that
+        // ActixOwnAnswers takes from actix-http (which logs with tracing, not log), and each one
+        // then costs a filter match by target; cut at the output's level, the `log` macros
+        // skip them at once.
+        if let Some(level) = output_level {
+            log::set_max_level(log_level(level));
+        }
+    }
+}
+
+/// The `log` crate's filter for a tracing level filter.
+fn log_level(level: tracing_subscriber::filter::LevelFilter) -> log::LevelFilter {
+    use tracing_subscriber::filter::LevelFilter;
+    match level {
+        LevelFilter::OFF => log::LevelFilter::Off,
+        LevelFilter::ERROR => log::LevelFilter::Error,
+        LevelFilter::WARN => log::LevelFilter::Warn,
+        LevelFilter::INFO => log::LevelFilter::Info,
+        LevelFilter::DEBUG => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    }
 }
 
 /// actix-http answers some requests itself, before any route or middleware sees them: a request
