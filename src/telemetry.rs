@@ -88,7 +88,7 @@ const QUIET_LAPIN: &[&str] = &[
     "lapin::returned_messages=off",
 ];
 
-/// lapin's I/O loop at most at debug, whatever else the filter says.
+/// lapin's I/O loop at most at debug when trace is asked for.
 const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";
 
 /// At debug, tokio-postgres logs every statement with its parameters: idempotency keys, entry
@@ -111,7 +111,8 @@ pub fn init_logging(settings: &LogSettings) {
     if !requested.contains("lapin") {
         defaults.extend_from_slice(QUIET_LAPIN);
     }
-    if !requested.contains("tokio_postgres") && !requested.contains("trace") {
+    let trace = asks_for_trace(&requested);
+    if !requested.contains("tokio_postgres") && !trace {
         defaults.push(QUIET_TOKIO_POSTGRES);
     }
     if !requested.contains("actix_http") {
@@ -119,9 +120,12 @@ pub fn init_logging(settings: &LogSettings) {
         defaults.push("actix_http::h1::dispatcher=off");
     }
     defaults.push(&requested);
-    // Always last, so that it wins over any other directive: at trace, lapin's I/O loop logs
-    // every frame it writes, the SASL response with the broker password among them.
-    defaults.push(NO_SECRETS_FROM_LAPIN);
+    // Last, so that it wins over any other directive: at trace, lapin's I/O loop logs every
+    // frame it writes, the SASL response with the broker password among them. Only then: as a
+    // directive of its own it would also turn lapin's I/O loop up to debug at a lower level.
+    if trace {
+        defaults.push(NO_SECRETS_FROM_LAPIN);
+    }
     let directives = defaults.join(",");
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let output_level = filter.max_level_hint();
@@ -158,6 +162,17 @@ pub fn init_logging(settings: &LogSettings) {
             log::set_max_level(log_level(level));
         }
     }
+}
+
+/// Whether a filter (`RUST_LOG` syntax) asks for the trace level anywhere.
+fn asks_for_trace(directives: &str) -> bool {
+    directives.split(',').any(|directive| {
+        let level = directive
+            .rsplit_once('=')
+            .map_or(directive, |(_, level)| level);
+        let level = level.trim();
+        level.eq_ignore_ascii_case("trace") || level == "5"
+    })
 }
 
 /// The `log` crate's filter for a tracing level filter.
@@ -449,6 +464,27 @@ mod tests {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             self.0.set(self.0.get() + 1);
             f.write_str("x")
+        }
+    }
+
+    #[test]
+    fn trace_is_told_from_other_levels() {
+        for yes in [
+            "trace",
+            "warn,lapin=TRACE",
+            "info, retrysafe=trace ",
+            "5",
+            "a[s{f=1}]=trace",
+        ] {
+            assert!(asks_for_trace(yes), "{yes}");
+        }
+        for no in [
+            "info",
+            "warn,my_trace_module=debug",
+            "debug,lapin::io_loop=debug",
+            "",
+        ] {
+            assert!(!asks_for_trace(no), "{no}");
         }
     }
 
