@@ -32,7 +32,9 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
 /// parsed and planned once per connection instead of once per use.
 pub struct PgClient {
     connection: Option<Connection>,
-    statements: HashMap<&'static str, Statement>,
+    /// Prepared statements by the address and length of their SQL text (a `&'static str`):
+    /// hashing the text itself, some of it over a kilobyte, took longer than the lookup saves.
+    statements: HashMap<(usize, usize), Statement>,
     /// Set while an operation runs; cleared when it ends with an answer from the server. A
     /// connection left in doubt (its operation abandoned at its deadline, or failed without a
     /// clear answer) is discarded by the pool.
@@ -45,11 +47,12 @@ impl PgClient {
         &mut self,
         sql: &'static str,
     ) -> Result<Statement, tokio_postgres::Error> {
-        if let Some(statement) = self.statements.get(sql) {
+        let key = (sql.as_ptr() as usize, sql.len());
+        if let Some(statement) = self.statements.get(&key) {
             return Ok(statement.clone());
         }
         let statement = self.client().prepare(sql).await?;
-        self.statements.insert(sql, statement.clone());
+        self.statements.insert(key, statement.clone());
         Ok(statement)
     }
 
