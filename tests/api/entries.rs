@@ -89,13 +89,9 @@ async fn the_first_response_is_saved_and_replayed_byte_for_byte() {
 
 #[actix_web::test]
 async fn key_order_and_white_space_do_not_make_a_request_different() {
+    const COMPACT: &str = r#"{"kind":"a.b","data":{"x":1,"y":{"p":[1,2],"q":"s"}}}"#;
     let app = spawn_app().await;
-    let first = app
-        .post_text(
-            "order-1",
-            r#"{"kind":"a.b","data":{"x":1,"y":{"p":[1,2],"q":"s"}}}"#,
-        )
-        .await;
+    let first = app.post_text("order-1", COMPACT).await;
     first.assert_created();
     let second = app
         .send(
@@ -107,26 +103,16 @@ async fn key_order_and_white_space_do_not_make_a_request_different() {
     second.assert_created();
     assert!(second.replayed());
     assert_eq!(second.body, first.body);
-    // The very bytes of the first request again (answered before the body is parsed), and
-    // the respaced ones again: the same answer, byte for byte, headers included.
-    let third = app
-        .post_text(
-            "order-1",
-            r#"{"kind":"a.b","data":{"x":1,"y":{"p":[1,2],"q":"s"}}}"#,
-        )
-        .await;
+    // The very bytes of the first request again (answered before the body is parsed): the
+    // same answer, byte for byte, headers included.
+    let third = app.post_text("order-1", COMPACT).await;
     third.assert_created();
     assert!(third.replayed());
     assert_eq!(third.body, first.body);
     assert_eq!(third.header("location"), first.header("location"));
     assert_eq!(third.header("content-type"), second.header("content-type"));
     // The same bytes under another key are another request.
-    let other = app
-        .post_text(
-            "order-2",
-            r#"{"kind":"a.b","data":{"x":1,"y":{"p":[1,2],"q":"s"}}}"#,
-        )
-        .await;
+    let other = app.post_text("order-2", COMPACT).await;
     other.assert_created();
     assert!(!other.replayed());
     assert_eq!(app.row_counts().await, (2, 2, 2));
