@@ -12,6 +12,7 @@ use actix_web::{Error, HttpResponse};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::db::Database;
@@ -98,7 +99,7 @@ impl actix::Handler<Stop> for OutboxGauges {
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// What became of a request, for metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     Created,
     Replayed,
@@ -207,11 +208,29 @@ pub async fn observe(
     Ok(response)
 }
 
+/// Counts the request and records its latency. The metric handles are kept per thread for each
+/// route and outcome (a few dozen: routes are patterns, not paths), so that a request does not
+/// build and look up the labelled keys in the registry again.
 fn record(route: &str, outcome: Outcome, elapsed: Duration) {
-    metrics::counter!(telemetry::HTTP_REQUESTS, "route" => route.to_owned(), "outcome" => outcome.as_str())
-        .increment(1);
-    metrics::histogram!(telemetry::HTTP_DURATION, "route" => route.to_owned())
-        .record(elapsed.as_secs_f64());
+    type Handles = (metrics::Counter, metrics::Histogram);
+    thread_local! {
+        static HANDLES: std::cell::RefCell<HashMap<String, HashMap<Outcome, Handles>>> =
+            Default::default();
+    }
+    HANDLES.with_borrow_mut(|handles| {
+        if !handles.contains_key(route) {
+            handles.insert(route.to_owned(), HashMap::new());
+        }
+        let by_outcome = handles.get_mut(route).expect("inserted above");
+        let (requests, duration) = by_outcome.entry(outcome).or_insert_with(|| {
+            (
+                metrics::counter!(telemetry::HTTP_REQUESTS, "route" => route.to_owned(), "outcome" => outcome.as_str()),
+                metrics::histogram!(telemetry::HTTP_DURATION, "route" => route.to_owned()),
+            )
+        });
+        requests.increment(1);
+        duration.record(elapsed.as_secs_f64());
+    });
 }
 
 /// Prometheus text exposition. The outbox gauges are refreshed in the background every few
