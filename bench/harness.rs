@@ -2,6 +2,7 @@
 //! broker helpers (`bench-publisher`), the daemon as a child process, /proc readings, running a
 //! tool into a file and reading its result line, and the clean-up that runs on every exit.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -229,16 +230,151 @@ pub fn clock_ticks() -> f64 {
 
 /// utime + stime of a process, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after_name = stat
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| anyhow!("unexpected /proc/{pid}/stat"))?;
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // After "pid (comm) ": state is field 1, utime 12, stime 13.
-    let utime: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
-    let stime: u64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    Ok(utime + stime)
+    proc_stat(pid)
+        .map(|process| process.ticks)
+        .ok_or_else(|| anyhow!("cannot read /proc/{pid}/stat"))
+}
+
+/// One process as /proc/PID/stat shows it.
+struct ProcStat {
+    ppid: u32,
+    comm: String,
+    /// utime + stime.
+    ticks: u64,
+    /// cutime + cstime: the CPU time of its children that have exited and been waited for.
+    child_ticks: u64,
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(") ")?;
+    let comm = head.split_once(" (")?.1.to_owned();
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // After "pid (comm) state ": ppid is 0, utime 10, stime 11, cutime 12, cstime 13.
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0);
+    Some(ProcStat {
+        ppid: at(0) as u32,
+        comm,
+        ticks: at(10) + at(11),
+        child_ticks: at(12) + at(13),
+    })
+}
+
+/// CPU time, in clock ticks, of the machine's PostgreSQL and RabbitMQ servers, for the cost of a
+/// write: the services' share of it, beside the daemon's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceTicks {
+    /// Every postmaster (a `postgres` process whose parent is not one) and all its descendants
+    /// (backends, background processes, what they run).
+    pub postgres: u64,
+    /// Every `beam.smp` (RabbitMQ's Erlang VM) and all its descendants (`erl_child_setup` and
+    /// the programs it starts).
+    pub rabbitmq: u64,
+}
+
+impl ServiceTicks {
+    /// A reading. Each process of a tree counts its own time and that of its children that
+    /// have exited and been waited for (cutime + cstime), so the sum over the tree does not move
+    /// when a process exits and is reaped: its time passes from its own line to its parent's.
+    /// /proc is read one process at a time, so a process reaped during the scan could be missed
+    /// or counted twice: the scan is repeated until the roots' reaped time did not change
+    /// during it.
+    pub fn now() -> ServiceTicks {
+        let mut processes = all_processes();
+        for _ in 0..10 {
+            let roots = Self::roots_reaped(&processes);
+            let unchanged = roots
+                .iter()
+                .all(|(pid, reaped)| proc_stat(*pid).is_some_and(|p| p.child_ticks == *reaped));
+            if unchanged {
+                break;
+            }
+            processes = all_processes();
+        }
+        Self::sum(&processes)
+    }
+
+    fn is_root(process: &ProcStat, parent: Option<&ProcStat>) -> Option<Service> {
+        let parent_comm = parent.map(|p| p.comm.as_str());
+        match (process.comm.as_str(), parent_comm) {
+            ("postgres", Some("postgres")) => None,
+            ("postgres", _) => Some(Service::Postgres),
+            ("beam.smp", _) => Some(Service::Rabbitmq),
+            _ => None,
+        }
+    }
+
+    fn roots_reaped(processes: &HashMap<u32, ProcStat>) -> Vec<(u32, u64)> {
+        let mut roots: Vec<(u32, u64)> = processes
+            .iter()
+            .filter(|(_, p)| Self::is_root(p, processes.get(&p.ppid)).is_some())
+            .map(|(pid, p)| (*pid, p.child_ticks))
+            .collect();
+        roots.sort_unstable();
+        roots
+    }
+
+    fn sum(processes: &HashMap<u32, ProcStat>) -> ServiceTicks {
+        let mut ticks = ServiceTicks::default();
+        for (pid, process) in processes {
+            // The service whose tree the process is in: walk up to a root.
+            let mut at = (*pid, process);
+            let mut service = None;
+            for _ in 0..64 {
+                let parent = processes.get(&at.1.ppid);
+                if let Some(found) = Self::is_root(at.1, parent) {
+                    service = Some(found);
+                    break;
+                }
+                match parent {
+                    Some(parent) if at.1.ppid != at.0 => at = (at.1.ppid, parent),
+                    _ => break,
+                }
+            }
+            let own = process.ticks + process.child_ticks;
+            match service {
+                Some(Service::Postgres) => ticks.postgres += own,
+                Some(Service::Rabbitmq) => ticks.rabbitmq += own,
+                None => {}
+            }
+        }
+        ticks
+    }
+
+    /// What was used since `earlier`; None if a figure went down (a server restarted).
+    pub fn since(self, earlier: ServiceTicks) -> Option<ServiceTicks> {
+        Some(ServiceTicks {
+            postgres: self.postgres.checked_sub(earlier.postgres)?,
+            rabbitmq: self.rabbitmq.checked_sub(earlier.rabbitmq)?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Service {
+    Postgres,
+    Rabbitmq,
+}
+
+fn all_processes() -> HashMap<u32, ProcStat> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, proc_stat(pid)?)))
+        .collect()
+}
+
+/// CPU seconds per 1,000 operations, from `ticks` spent on `operations`.
+pub fn seconds_per_1000(ticks: u64, operations: i64) -> Option<Num> {
+    (operations > 0)
+        .then(|| Num::fixed(ticks as f64 / clock_ticks() / operations as f64 * 1000.0, 3))
+        .flatten()
 }
 
 /// A `kB` line of /proc/PID/status (VmRSS, VmHWM).
@@ -903,4 +1039,48 @@ pub fn apt_install(tag: &str, packages: &[&str]) -> anyhow::Result<()> {
     let mut args = vec!["apt-get", "install", "-y", "-qq"];
     args.extend_from_slice(packages);
     run(&args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_as_proc_shows_it() {
+        let me = proc_stat(std::process::id()).unwrap();
+        assert_eq!(me.ppid, std::os::unix::process::parent_id());
+        assert!(!me.comm.is_empty() && !me.comm.contains(')'));
+        // Spin a little so that some CPU time shows.
+        let start = Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        assert!(cpu_ticks(std::process::id()).unwrap() >= me.ticks);
+    }
+
+    #[test]
+    fn the_machines_services_have_used_some_cpu() {
+        // PostgreSQL and RabbitMQ run on every machine the benchmark runs on.
+        let before = ServiceTicks::now();
+        assert!(before.postgres > 0, "{before:?}");
+        assert!(before.rabbitmq > 0, "{before:?}");
+        let later = ServiceTicks::now();
+        assert!(later.postgres >= before.postgres && later.rabbitmq >= before.rabbitmq);
+        assert!(later.since(before).is_some());
+        // A reading that went down (a restarted server) is no figure, not a wrapped number.
+        let restarted = ServiceTicks {
+            postgres: 0,
+            ..later
+        };
+        assert_eq!(restarted.since(before), None);
+    }
+
+    #[test]
+    fn cost_per_1000() {
+        let hz = clock_ticks();
+        let ticks = (hz * 3.0) as u64;
+        assert_eq!(seconds_per_1000(ticks, 10_000).unwrap().text, "0.300");
+        assert!(seconds_per_1000(ticks, 0).is_none());
+    }
 }

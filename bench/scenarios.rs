@@ -10,13 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{Map, Value};
 
 use crate::harness::{
-    self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, unix_ns, Binaries,
-    Broker, Cleanup, Daemon, DaemonSpec, Pg,
+    self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, seconds_per_1000,
+    unix_ns, Binaries, Broker, Cleanup, Daemon, DaemonSpec, Pg, ServiceTicks,
 };
 use crate::report::{
     quoted_settings, DrainRun, E2eRun, LogProblems, Machine, ReplaysRun, Report, Settings,
@@ -192,8 +193,18 @@ impl WrkFigures {
     }
 }
 
-/// pgbench's tps, average latency (ms) and failed transactions, from its output.
-pub fn pgbench_figures(text: &str) -> (Option<Num>, Option<Num>, Option<Num>) {
+/// What pgbench printed of a run.
+#[derive(Debug, Default)]
+pub struct PgbenchFigures {
+    pub tps: Option<Num>,
+    pub latency_ms: Option<Num>,
+    pub failed: Option<Num>,
+    /// Transactions done ("number of transactions actually processed").
+    pub transactions: Option<Num>,
+}
+
+/// pgbench's figures, from its output.
+pub fn pgbench_figures(text: &str) -> PgbenchFigures {
     let word = |prefix: &str, index: usize| {
         text.lines()
             .rev()
@@ -201,11 +212,26 @@ pub fn pgbench_figures(text: &str) -> (Option<Num>, Option<Num>, Option<Num>) {
             .and_then(|line| line.split_whitespace().nth(index))
             .and_then(Num::parse)
     };
-    (
-        word("tps = ", 2),
-        word("latency average = ", 3),
-        word("number of failed transactions:", 4),
-    )
+    PgbenchFigures {
+        tps: word("tps = ", 2),
+        latency_ms: word("latency average = ", 3),
+        failed: word("number of failed transactions:", 4),
+        transactions: word("number of transactions actually processed:", 5),
+    }
+}
+
+const UNSENT_SQL: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+
+/// How long the writes scenario waits for its backlog of events to be published.
+const EMPTY_OUTBOX_WAIT: Duration = Duration::from_secs(120);
+
+/// No service CPU figure: a reading went down, as after a server restart.
+fn went_down(scenario: &str) -> Option<ServiceTicks> {
+    log(
+        TAG,
+        &format!("{scenario}: PostgreSQL's or RabbitMQ's CPU time went down during the run (restarted?): no CPU cost"),
+    );
+    None
 }
 
 fn count_num(value: i64) -> Option<Num> {
@@ -317,6 +343,36 @@ impl Bench {
         Ok(text)
     }
 
+    /// Waits until every event of `db` was published, at most [`EMPTY_OUTBOX_WAIT`]; false
+    /// (and a log line) if they were not.
+    fn outbox_emptied(&self, db: &str) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + EMPTY_OUTBOX_WAIT;
+        loop {
+            let unsent = self.pg.count(db, UNSENT_SQL)?;
+            if unsent == 0 {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                log(
+                    TAG,
+                    &format!("{unsent} events still unsent after {EMPTY_OUTBOX_WAIT:?}: no CPU cost per write"),
+                );
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits (at most 10 s) until no session is connected to `db`.
+    fn sessions_closed(&self, db: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'");
+        while self.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
     fn log_problems(daemon: &Daemon) -> LogProblems {
         let (under_load, after) = daemon.log_problems();
         LogProblems {
@@ -345,6 +401,7 @@ impl Bench {
         self.fresh_db(&db)?;
         self.broker.bind(&self.cleanup, &ex, &q)?;
         let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-writes-{run}.log"), true)?;
+        let services0 = ServiceTicks::now();
         let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
         let result = self.wrk(
             &format!("writes-{run}.wrk"),
@@ -353,10 +410,7 @@ impl Bench {
             &[("BENCH_NONCE", format!("{}{run}", self.run_id))],
         )?;
         let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
-        let backlog = self.pg.number(
-            &db,
-            "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-        )?;
+        let backlog = self.pg.number(&db, UNSENT_SQL)?;
         let mut figures = WritesRun {
             cpu_cores: cpu_share(t1 - t0, n1 - n0),
             rss_mb: mib(daemon.status_kb("VmHWM")?),
@@ -364,6 +418,16 @@ impl Bench {
             backlog_at_end: backlog,
             ..WritesRun::default()
         };
+        // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
+        if self.outbox_emptied(&db)? {
+            let services = ServiceTicks::now().since(services0);
+            let written = self.pg.count(&db, "SELECT count(*) FROM entries")?;
+            figures.cost_daemon = seconds_per_1000(daemon.cpu_ticks()? - t0, written);
+            if let Some(services) = services.or_else(|| went_down("writes")) {
+                figures.cost_postgres = seconds_per_1000(services.postgres, written);
+                figures.cost_rabbitmq = seconds_per_1000(services.rabbitmq, written);
+            }
+        }
         daemon.stop(TAG)?;
         // Sanity: every 201 has its entry; at most the requests in flight at the end (wrk
         // closes those connections; the daemon may still commit them) and timed-out ones come
@@ -395,13 +459,25 @@ impl Bench {
         );
         let pdb = format!("retrysafe_bench_{}_pgwrites_{run}", self.run_id);
         self.fresh_db(&pdb)?;
+        let services0 = ServiceTicks::now();
         let text = self.pgbench(
             &format!("writes-pgbench-{run}.txt"),
             &pdb,
             "bench/conventional.sql",
             &[],
         )?;
-        (figures.pg_tps, figures.pg_latency_ms, figures.pg_failed) = pgbench_figures(&text);
+        // Read once pgbench's backends are gone, so that their whole time is counted.
+        self.sessions_closed(&pdb)?;
+        let services = ServiceTicks::now().since(services0);
+        let pgbench = pgbench_figures(&text);
+        (figures.pg_tps, figures.pg_latency_ms, figures.pg_failed) =
+            (pgbench.tps, pgbench.latency_ms, pgbench.failed);
+        if let (Some(transactions), Some(services)) = (
+            &pgbench.transactions,
+            services.or_else(|| went_down("pgbench")),
+        ) {
+            figures.pg_cost = seconds_per_1000(services.postgres, transactions.value as i64);
+        }
         self.pg.drop_db(&pdb)?;
         Ok(figures)
     }
@@ -459,7 +535,8 @@ impl Bench {
             "bench/replay_select.sql",
             &["-D".into(), format!("keys={keys}")],
         )?;
-        (figures.pg_tps, figures.pg_latency_ms, _) = pgbench_figures(&text);
+        let pgbench = pgbench_figures(&text);
+        (figures.pg_tps, figures.pg_latency_ms) = (pgbench.tps, pgbench.latency_ms);
         figures.rss_mb_after_all = mib(daemon.status_kb("VmHWM")?);
         daemon.stop(TAG)?;
         figures.entries = count_num(self.pg.count(&db, "SELECT count(*) FROM entries")?);
@@ -856,13 +933,15 @@ mod tests {
 
     #[test]
     fn pgbench_output() {
-        let text = "transaction type: bench/conventional.sql\nnumber of failed transactions: 0 (0.000%)\nlatency average = 21.147 ms\ninitial connection time = 70.190 ms\ntps = 3026.413026 (without initial connection time)\n";
-        let (tps, latency, failed) = pgbench_figures(text);
-        assert_eq!(tps.unwrap().text, "3026.413026");
-        assert_eq!(latency.unwrap().text, "21.147");
-        assert_eq!(failed.unwrap().text, "0");
-        let (tps, latency, failed) = pgbench_figures("pgbench: error: connection refused\n");
-        assert!(tps.is_none() && latency.is_none() && failed.is_none());
+        let text = "transaction type: bench/conventional.sql\nnumber of transactions actually processed: 45359\nnumber of failed transactions: 0 (0.000%)\nlatency average = 21.147 ms\ninitial connection time = 70.190 ms\ntps = 3026.413026 (without initial connection time)\n";
+        let figures = pgbench_figures(text);
+        assert_eq!(figures.tps.unwrap().text, "3026.413026");
+        assert_eq!(figures.latency_ms.unwrap().text, "21.147");
+        assert_eq!(figures.failed.unwrap().text, "0");
+        assert_eq!(figures.transactions.unwrap().text, "45359");
+        let figures = pgbench_figures("pgbench: error: connection refused\n");
+        assert!(figures.tps.is_none() && figures.latency_ms.is_none() && figures.failed.is_none());
+        assert!(figures.transactions.is_none());
     }
 
     #[test]
