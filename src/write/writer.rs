@@ -414,8 +414,8 @@ new_events AS (
 SELECT client_id, key FROM claimed
 "#;
 
-/// Reads back the records of keys a batch did not claim. Runs after the claim in the same
-/// transaction: under READ COMMITTED it sees the rows that the claim waited for.
+/// Reads back the records of keys a batch did not claim. Runs after the claim has committed,
+/// so it sees the rows that the claim found or waited for.
 const READ_BACK: &str = r#"
 SELECT r.client_id, r.key, r.request_hash, r.response_status, r.response_json::text,
        r.entry_id, r.expires_at
@@ -495,18 +495,24 @@ impl<'a> Columns<'a> {
     }
 }
 
-/// One transaction: claims the batch's keys and writes the claimed ones' rows, reads back the
-/// records of the others, commits. One outcome per write, in the batch's order.
+/// Claims the batch's keys and writes the claimed ones' rows in one statement, then reads back
+/// the records of the others. One outcome per write, in the batch's order.
+///
+/// The claim is a single statement sent outside an explicit transaction: PostgreSQL runs it
+/// in a transaction of its own and commits it before it answers, so a batch costs one round
+/// trip where `BEGIN`, the statement and `COMMIT` cost three. The read-back, when some keys
+/// were not claimed, comes after that commit and sees every record the claim found or waited
+/// for (a record deleted in between by the janitor is [`WriteError::RecordChanged`]: a retry
+/// starts afresh).
 async fn commit(
     connection: &mut PgClient,
     prepared: &[PreparedWrite<'_>],
 ) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
     let claim_and_insert = connection.prepare_cached(CLAIM_AND_INSERT).await?;
     let read_back = connection.prepare_cached(READ_BACK).await?;
-    let transaction = connection.transaction().await?;
 
     let columns = Columns::new(prepared);
-    let claimed: HashSet<(String, String)> = transaction
+    let claimed: HashSet<(String, String)> = connection
         .query(&claim_and_insert, &columns.params())
         .await?
         .iter()
@@ -524,12 +530,11 @@ async fn commit(
     if !unclaimed.is_empty() {
         let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.write.key.client_id).collect();
         let keys: Vec<&str> = unclaimed.iter().map(|p| p.write.key.key.as_str()).collect();
-        for row in transaction.query(&read_back, &[&clients, &keys]).await? {
+        for row in connection.query(&read_back, &[&clients, &keys]).await? {
             let record = saved_record_from_row(&row)?;
             existing.insert((row.get(0), row.get(1)), record);
         }
     }
-    transaction.commit().await?;
 
     Ok(prepared
         .iter()

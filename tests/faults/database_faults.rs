@@ -269,9 +269,10 @@ async fn a_write_waiting_on_another_sessions_uncommitted_claim_of_its_key_gives_
     );
 }
 
-/// A proxy to PostgreSQL that, once armed, lets one write's `COMMIT` through and then cuts the
-/// connection before the server's answer comes back: the commit happens, the daemon never
-/// learns it. (What a network fault at the worst moment does.)
+/// A proxy to PostgreSQL that, once armed, lets one write's claim statement through and then
+/// cuts the connection before the server's answer comes back: the writer sends that statement
+/// outside an explicit transaction, so the server commits it before answering; the commit
+/// happens, the daemon never learns it. (What a network fault at the worst moment does.)
 struct CommitAckDropper {
     port: u16,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -279,16 +280,45 @@ struct CommitAckDropper {
     accept_loop: tokio::task::JoinHandle<()>,
 }
 
+/// The name of the statement that a Parse message in `chunk` prepares with `sql`, if any: the
+/// C string just before the query text (`'P'`, length, name, query), which tokio-postgres
+/// spells `s<number>`.
+fn prepared_name(chunk: &[u8], sql: &[u8]) -> Option<Vec<u8>> {
+    let query = chunk.windows(sql.len()).position(|w| w == sql)?;
+    let name_end = query.checked_sub(1)?;
+    let digits = chunk[..name_end]
+        .iter()
+        .rev()
+        .take_while(|byte| byte.is_ascii_digit())
+        .count();
+    let name_start = name_end.checked_sub(digits + 1)?;
+    (digits > 0 && chunk[name_start] == b's').then(|| chunk[name_start..name_end].to_vec())
+}
+
+/// Whether `chunk` holds a Bind message of the statement `name` (`'B'`, length, the unnamed
+/// portal's empty C string, then the statement's name).
+fn binds(chunk: &[u8], name: &[u8]) -> bool {
+    let mut pattern = vec![0u8];
+    pattern.extend_from_slice(name);
+    pattern.push(0);
+    chunk
+        .windows(pattern.len())
+        .enumerate()
+        .any(|(at, w)| w == pattern.as_slice() && at >= 5 && chunk[at - 5] == b'B')
+}
+
 impl CommitAckDropper {
     async fn start(target: &str) -> Self {
         use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::Arc;
+        use std::sync::{Arc, Mutex};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let armed = Arc::new(AtomicBool::new(false));
         let fired = Arc::new(AtomicBool::new(false));
+        // The names the daemon prepared the claim statement under (one per connection).
+        let claims: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let target = target.to_owned();
         let (armed_, fired_) = (armed.clone(), fired.clone());
         let accept_loop = tokio::spawn(async move {
@@ -296,7 +326,7 @@ impl CommitAckDropper {
                 let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
                     continue;
                 };
-                let (armed, fired) = (armed_.clone(), fired_.clone());
+                let (armed, fired, claims) = (armed_.clone(), fired_.clone(), claims.clone());
                 tokio::spawn(async move {
                     let (mut client_read, mut client_write) = client.into_split();
                     let (mut server_read, mut server_write) = server.into_split();
@@ -304,21 +334,18 @@ impl CommitAckDropper {
                     let mute_ = mute.clone();
                     let upstream = async move {
                         let mut buffer = vec![0u8; 64 * 1024];
-                        // Whether this connection has sent the claim since its last commit.
-                        let mut claimed = false;
                         loop {
                             let n = match client_read.read(&mut buffer).await {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => n,
                             };
                             let chunk = &buffer[..n];
-                            let has =
-                                |needle: &[u8]| chunk.windows(needle.len()).any(|w| w == needle);
-                            if has(b"INSERT INTO idempotency_records") {
-                                claimed = true;
+                            if let Some(name) = prepared_name(chunk, b"\nWITH input AS (") {
+                                claims.lock().unwrap().push(name);
                             }
-                            let drop_answer =
-                                claimed && has(b"COMMIT") && armed.swap(false, Ordering::SeqCst);
+                            let runs_claim =
+                                claims.lock().unwrap().iter().any(|name| binds(chunk, name));
+                            let drop_answer = runs_claim && armed.swap(false, Ordering::SeqCst);
                             if drop_answer {
                                 // Silence the answer before the server can send it.
                                 mute_.store(true, Ordering::SeqCst);
@@ -326,11 +353,8 @@ impl CommitAckDropper {
                             if server_write.write_all(chunk).await.is_err() {
                                 return;
                             }
-                            if has(b"COMMIT") {
-                                claimed = false;
-                            }
                             if drop_answer {
-                                // Let the server run the COMMIT, then cut both sides.
+                                // Let the server run and commit the claim, then cut both sides.
                                 tokio::time::sleep(Duration::from_millis(300)).await;
                                 fired.store(true, Ordering::SeqCst);
                                 return;
