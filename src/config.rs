@@ -318,7 +318,7 @@ impl Default for OutboxSettings {
     fn default() -> Self {
         Self {
             workers: 2,
-            batch_size: 500,
+            batch_size: 1000,
             poll_interval: ConfigDuration::from_secs(1),
             confirm_timeout: ConfigDuration::from_secs(10),
             max_attempts: 20,

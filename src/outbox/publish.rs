@@ -116,11 +116,25 @@ pub async fn publish_all(
     confirm_timeout: Duration,
     events: &[PendingEvent],
 ) -> Vec<PublishResult> {
+    publish_all_then(channel, destination, confirm_timeout, events, || {}).await
+}
+
+/// [`publish_all`], calling `published` once every publish is written and before the first
+/// confirm is awaited: the relay starts its next batch then, so that the broker has messages
+/// to take while this batch's confirms come back.
+pub async fn publish_all_then(
+    channel: &Channel,
+    destination: Destination<'_>,
+    confirm_timeout: Duration,
+    events: &[PendingEvent],
+    published: impl FnOnce(),
+) -> Vec<PublishResult> {
     let deadline = Deadline {
         at: tokio::time::Instant::now() + confirm_timeout,
         timeout: confirm_timeout,
     };
     let confirms = publish(channel, destination, deadline, events).await;
+    published();
     let (outcomes, returned) = await_confirms(confirms, deadline).await;
     attribute(destination, events, outcomes, &returned)
 }

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use lapin::Channel;
+use tokio::sync::oneshot;
 
 use crate::db::{Database, PgClient, StorageError};
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
-use crate::outbox::publish::{publish_all, Destination, FailureKind, PublishResult};
+use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
 use crate::outbox::store::{self, Failure, RelayStatements};
 use crate::telemetry;
 
@@ -87,9 +88,20 @@ pub async fn relay_once(
     channel: &Channel,
     config: &RelayConfig,
 ) -> Result<RelayReport, StorageError> {
+    relay_once_then(db, channel, config, None).await
+}
+
+/// [`relay_once`], sending on `more` once a full batch (`batch_size` rows: more may be due) is
+/// published and its confirms are awaited: the relay's cue to start its next batch.
+async fn relay_once_then(
+    db: &Database,
+    channel: &Channel,
+    config: &RelayConfig,
+    more: Option<oneshot::Sender<()>>,
+) -> Result<RelayReport, StorageError> {
     let limit = db.operation_timeout() + config.confirm_timeout;
     db.run_within(limit, async |connection| {
-        relay_batch(connection, channel, config).await
+        relay_batch(connection, channel, config, more).await
     })
     .await
 }
@@ -97,16 +109,53 @@ pub async fn relay_once(
 /// One relay batch, in one transaction: claim due rows, publish them, mark what the broker
 /// confirmed and reschedule the rest. Kept whole because each step uses the previous one's
 /// rows inside the same transaction (the claim's row locks last until COMMIT).
+///
+/// `BEGIN` is sent with the claim, and the marks with `COMMIT`, each pair in one round trip
+/// (tokio-postgres pipelines requests sent together on one connection): a batch costs the
+/// database two round trips, not four. After a failure the transaction is rolled back before
+/// the connection goes back to the pool.
 async fn relay_batch(
     connection: &mut PgClient,
     channel: &Channel,
     config: &RelayConfig,
+    more: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let statements = RelayStatements::prepare(connection).await?;
-    let transaction = connection.transaction().await.map_err(StorageError::from)?;
-    let events = store::claim_due(&transaction, &statements, config.batch_size).await?;
+    let client: &tokio_postgres::Client = connection;
+    let (begun, claimed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        store::claim_due(client, &statements, config.batch_size),
+    );
+    let result = match (begun, claimed) {
+        (Err(error), _) => Err(StorageError::from(error)),
+        (Ok(()), Err(error)) => Err(error),
+        (Ok(()), Ok(events)) => {
+            publish_and_record(client, &statements, channel, config, events, more).await
+        }
+    };
+    if let Err(error) = &result {
+        // Also sent when BEGIN failed: ROLLBACK outside a transaction only warns.
+        if let Err(rollback) = client.batch_execute("ROLLBACK").await {
+            return Err(StorageError::Unavailable(format!(
+                "{error}; and the rollback after it failed: {rollback}"
+            )));
+        }
+    }
+    result
+}
+
+/// The rest of [`relay_batch`], inside its transaction: publish the claimed events, then mark
+/// them and commit.
+async fn publish_and_record(
+    client: &tokio_postgres::Client,
+    statements: &RelayStatements,
+    channel: &Channel,
+    config: &RelayConfig,
+    events: Vec<store::PendingEvent>,
+    more: Option<oneshot::Sender<()>>,
+) -> Result<RelayReport, StorageError> {
     if events.is_empty() {
-        transaction.commit().await.map_err(StorageError::from)?;
+        client.batch_execute("COMMIT").await?;
         return Ok(RelayReport::default());
     }
     fail::fail_point!("outbox-before-publish", |_| {
@@ -117,7 +166,20 @@ async fn relay_batch(
     metrics::histogram!(telemetry::OUTBOX_BATCH_SIZE).record(events.len() as f64);
     let started = std::time::Instant::now();
     let destination = Destination::Exchange(&config.exchange);
-    let results = publish_all(channel, destination, config.confirm_timeout, &events).await;
+    let full = events.len() >= config.batch_size;
+    let published = move || {
+        if let (true, Some(more)) = (full, more) {
+            let _ = more.send(());
+        }
+    };
+    let results = publish_all_then(
+        channel,
+        destination,
+        config.confirm_timeout,
+        &events,
+        published,
+    )
+    .await;
     metrics::histogram!(telemetry::OUTBOX_CONFIRM).record(started.elapsed().as_secs_f64());
     fail::fail_point!("outbox-after-publish", |_| {
         tracing::error!("failpoint outbox-after-publish: aborting");
@@ -146,9 +208,16 @@ async fn relay_batch(
             }
         }
     }
-    store::mark_sent(&transaction, &statements, &sent).await?;
-    store::mark_failed(&transaction, &statements, &failures, config.max_attempts).await?;
-    transaction.commit().await.map_err(StorageError::from)?;
+    // A failed mark leaves the transaction aborted: the COMMIT sent behind it then rolls back
+    // (PostgreSQL answers it with ROLLBACK, not an error), and the mark's error is returned.
+    let (marked_sent, marked_failed, committed) = tokio::join!(
+        store::mark_sent(client, statements, &sent),
+        store::mark_failed(client, statements, &failures, config.max_attempts),
+        client.batch_execute("COMMIT"),
+    );
+    marked_sent?;
+    marked_failed?;
+    committed?;
     report.sent = sent.len();
     if !failures.is_empty() {
         let parked = failures
@@ -189,7 +258,7 @@ impl OutboxWaker {
 #[rtype(result = "()")]
 pub struct Wake;
 
-/// Finish the batch in progress, then stop. Answered once the relay has stopped.
+/// Finish the batches in progress, then stop. Answered once the relay has stopped.
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Stop;
@@ -220,18 +289,34 @@ enum Pause {
     Reconnect,
 }
 
-/// An outbox relay: runs [`relay_once`] while there is work, and otherwise waits for a
-/// [`Wake`], the poll interval, or a [`Stop`]. A batch runs with the actor's mailbox held
-/// (`ctx.wait`), so a stop takes effect between batches, never inside one.
+/// Batches one relay runs at once, each in a transaction and on a channel of its own. While
+/// one batch awaits its confirms and records them, the next is claimed and published, so the
+/// broker is not left idle between batches (with one at a time, the relays' batches fell into
+/// step and the broker waited on every claim and mark). A second batch also takes events
+/// committed while the first awaits its confirms, instead of leaving them until it ends.
+pub const BATCHES_IN_FLIGHT: usize = 2;
+
+/// An outbox relay: runs [`relay_once`] while there is work, up to [`BATCHES_IN_FLIGHT`] at a
+/// time, and otherwise waits for a [`Wake`], the poll interval, or a [`Stop`]. A stop lets the
+/// batches in progress finish; none is cut short.
 pub struct OutboxRelay {
     index: usize,
     db: Database,
     broker: Arc<Broker>,
     config: RelayConfig,
-    channel: Option<BrokerChannel>,
+    /// Open channels that no batch is using. A batch takes one (or opens one) and gives it
+    /// back after, unless the channel broke or is to be renewed.
+    channels: Vec<BrokerChannel>,
     reconnect_delay: Duration,
-    /// The next batch, when it is waiting; None while a batch runs.
+    /// The next batch, when one is scheduled.
     next: Option<(SpawnHandle, Pause)>,
+    /// Batches running.
+    in_flight: usize,
+    /// More may be due (a wake-up, or a full batch) while no batch could start: start one as
+    /// soon as a batch ends.
+    more: bool,
+    /// Stop requests, answered once the last batch in flight has ended.
+    stopping: Option<Vec<oneshot::Sender<()>>>,
     state: RelayState,
 }
 
@@ -259,15 +344,27 @@ impl OutboxRelay {
             db,
             broker,
             config,
-            channel: None,
+            channels: Vec::new(),
             reconnect_delay: FIRST_RECONNECT_DELAY,
             next: None,
+            in_flight: 0,
+            more: false,
+            stopping: None,
             state: RelayState::default(),
         })
     }
 
+    /// Schedules the next batch `after` from now, replacing a scheduled one; a reconnect
+    /// backoff is replaced only by another, and nothing is scheduled once a stop was asked.
     fn schedule(&mut self, after: Duration, pause: Pause, ctx: &mut Context<Self>) {
-        if let Some((pending, _)) = self.next.take() {
+        if self.stopping.is_some() {
+            return;
+        }
+        if let Some((pending, scheduled)) = self.next.take() {
+            if scheduled == Pause::Reconnect && pause == Pause::Poll {
+                self.next = Some((pending, scheduled));
+                return;
+            }
             ctx.cancel_future(pending);
         }
         let handle = ctx.run_later(after, |relay, ctx| {
@@ -277,10 +374,22 @@ impl OutboxRelay {
         self.next = Some((handle, pause));
     }
 
-    /// One batch, with a channel opened first if needed; the mailbox waits meanwhile.
+    /// Starts one batch, with a channel opened first if needed, unless as many as
+    /// [`BATCHES_IN_FLIGHT`] run already, or one runs and the pool has no connection free
+    /// (then the first to end starts it).
     fn step(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping.is_some() {
+            return;
+        }
+        if self.in_flight >= BATCHES_IN_FLIGHT || (self.in_flight > 0 && !self.connection_free()) {
+            self.more = true;
+            return;
+        }
+        self.in_flight += 1;
+        self.more = false;
         let (db, broker, config) = (self.db.clone(), self.broker.clone(), self.config.clone());
-        let channel = self.channel.take();
+        let channel = self.channels.pop();
+        let (more, published_full) = oneshot::channel();
         let step = async move {
             let channel = match channel {
                 Some(open) if open.channel.status().connected() => open,
@@ -290,22 +399,54 @@ impl OutboxRelay {
                     Err(error) => return Step::BrokerUnreachable(error),
                 },
             };
-            let report = relay_once(&db, &channel.channel, &config).await;
+            let report = relay_once_then(&db, &channel.channel, &config, Some(more)).await;
             Step::Relayed { channel, report }
         };
-        ctx.wait(
+        ctx.spawn(
             step.into_actor(self)
                 .map(|step, relay, ctx| relay.after(step, ctx)),
         );
+        // A full batch, published: more may be due, and the broker is free for it.
+        ctx.spawn(
+            async move { published_full.await.is_ok() }
+                .into_actor(self)
+                .map(|full, relay, ctx| {
+                    if full {
+                        relay.schedule(Duration::ZERO, Pause::Poll, ctx);
+                    }
+                }),
+        );
+    }
+
+    /// Whether a batch would get a pool connection without waiting. A second batch is only an
+    /// overlap: it must not take the connection a writer is about to need.
+    fn connection_free(&self) -> bool {
+        let pool = self.db.state();
+        pool.idle_connections > 0 || pool.connections < self.db.max_size()
     }
 
     fn after(&mut self, step: Step, ctx: &mut Context<Self>) {
+        self.in_flight -= 1;
         self.state.batches += 1;
+        self.record(step, ctx);
+        if let Some(waiting) = &mut self.stopping {
+            if self.in_flight == 0 {
+                for stopped in waiting.drain(..) {
+                    let _ = stopped.send(());
+                }
+                ctx.stop();
+            }
+        }
+    }
+
+    /// Takes in what a batch did and schedules the next.
+    fn record(&mut self, step: Step, ctx: &mut Context<Self>) {
         let (channel, report) = match step {
             Step::BrokerUnreachable(error) => {
                 tracing::warn!(relay = self.index, error = %error, retry_in = ?self.reconnect_delay, "broker unreachable");
                 self.state.connected = false;
                 self.state.last_error = Some(error.to_string());
+                self.channels.clear();
                 self.schedule(self.reconnect_delay, Pause::Reconnect, ctx);
                 self.reconnect_delay = (self.reconnect_delay * 2).min(MAX_RECONNECT_DELAY);
                 return;
@@ -330,7 +471,8 @@ impl OutboxRelay {
             self.state.connected = false;
             let broker = self.broker.clone();
             let generation = channel.generation;
-            ctx.wait(
+            self.channels.retain(|open| open.generation != generation);
+            ctx.spawn(
                 async move { broker.connection_lost(generation).await }
                     .into_actor(self)
                     .map(|(), relay, ctx| relay.schedule(Duration::ZERO, Pause::Poll, ctx)),
@@ -338,11 +480,11 @@ impl OutboxRelay {
             return;
         }
         if !report.renew_channel {
-            self.channel = Some(channel);
+            self.channels.push(channel);
         }
-        if report.claimed == self.config.batch_size {
+        if report.claimed == self.config.batch_size || std::mem::take(&mut self.more) {
             self.schedule(Duration::ZERO, Pause::Poll, ctx);
-        } else {
+        } else if self.next.is_none() {
             self.schedule(self.config.poll_interval, Pause::Poll, ctx);
         }
     }
@@ -364,20 +506,29 @@ impl Handler<Wake> for OutboxRelay {
     type Result = ();
 
     fn handle(&mut self, _: Wake, ctx: &mut Self::Context) {
-        if matches!(self.next, Some((_, Pause::Poll))) {
-            self.schedule(Duration::ZERO, Pause::Poll, ctx);
-        }
+        // A backoff is not cut short (the broker is what the relay waits for); with no batch
+        // free to start, the first to end starts the next.
+        self.schedule(Duration::ZERO, Pause::Poll, ctx);
     }
 }
 
 impl Handler<Stop> for OutboxRelay {
-    type Result = ();
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) -> Self::Result {
         if let Some((pending, _)) = self.next.take() {
             ctx.cancel_future(pending);
         }
-        ctx.stop();
+        if self.in_flight == 0 {
+            ctx.stop();
+            return Box::pin(async {});
+        }
+        let (stopped, wait) = oneshot::channel();
+        self.stopping.get_or_insert_with(Vec::new).push(stopped);
+        Box::pin(async move {
+            // Dropped only if the relay stops, which is what this waits for.
+            let _ = wait.await;
+        })
     }
 }
 
