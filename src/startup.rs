@@ -161,7 +161,7 @@ impl Application {
         if !drained {
             tracing::warn!("writers did not commit their queues within http.shutdown_timeout");
         }
-        tracing::info!("stopping relays after their batch");
+        tracing::info!("stopping relays after their batches in flight");
         if !stop_all(&self.relays, relay::Stop, limit).await {
             tracing::warn!("relays did not finish within http.shutdown_timeout");
         }

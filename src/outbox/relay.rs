@@ -278,6 +278,8 @@ pub struct RelayState {
     pub connected: bool,
     /// The last failure: the broker unreachable, or a batch that failed.
     pub last_error: Option<String>,
+    /// Batches running now (at most [`BATCHES_IN_FLIGHT`]).
+    pub in_flight: usize,
 }
 
 /// Why the relay's next batch waits.
@@ -536,6 +538,9 @@ impl Handler<GetState> for OutboxRelay {
     type Result = MessageResult<GetState>;
 
     fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.state.clone())
+        MessageResult(RelayState {
+            in_flight: self.in_flight,
+            ..self.state.clone()
+        })
     }
 }

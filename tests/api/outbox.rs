@@ -359,3 +359,62 @@ async fn in_a_mixed_batch_only_routed_events_are_marked_sent() {
         "every row marked sent was received"
     );
 }
+
+/// A relay claims and publishes its next batch while the previous one awaits its confirms, so
+/// the broker is not left idle between batches: with a backlog of many full batches, two of one
+/// relay's batches are in flight at some moment and never more; every event arrives exactly once
+/// and is marked sent.
+#[actix_web::test]
+async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms() {
+    use retrysafe::db::Database;
+    use retrysafe::outbox::relay::{GetState, BATCHES_IN_FLIGHT};
+    use retrysafe::outbox::{Broker, OutboxRelay, RelayConfig};
+
+    const EVENTS: i64 = 3000;
+    let app = spawn_app_without_relays(|settings| settings.outbox.batch_size = 100).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    insert_backlog(&app.db, EVENTS).await;
+
+    let config = RelayConfig::from_settings(&app.settings);
+    let broker = Broker::new(&app.settings.amqp, config.confirm_timeout).unwrap();
+    let arbiter = actix::Arbiter::new();
+    let relay = OutboxRelay::start(
+        &arbiter.handle(),
+        0,
+        Database::new(&app.settings.database).unwrap(),
+        std::sync::Arc::new(broker),
+        config,
+    );
+    let mut most_in_flight = 0;
+    let deadline = tokio::time::Instant::now() + MARKED;
+    loop {
+        let state = relay.send(GetState).await.unwrap();
+        most_in_flight = most_in_flight.max(state.in_flight);
+        if state.events_sent == EVENTS as u64 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {EVENTS} sent: {state:?}",
+            state.events_sent
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    relay.send(retrysafe::outbox::relay::Stop).await.unwrap();
+    arbiter.stop();
+
+    assert_eq!(
+        most_in_flight, BATCHES_IN_FLIGHT,
+        "a second batch runs while the first awaits its confirms, and no third"
+    );
+    let mut seen = HashSet::new();
+    while seen.len() < EVENTS as usize {
+        let delivery = consumer
+            .next(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("only {} of {EVENTS} delivered", seen.len()));
+        assert!(seen.insert(message_id(&delivery)), "published twice");
+    }
+    assert!(consumer.next(Duration::from_secs(1)).await.is_none());
+    assert_eq!(app.count(UNSENT).await, 0);
+}
