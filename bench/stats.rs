@@ -31,11 +31,16 @@ impl Num {
         }
     }
 
-    /// `value` shown with `decimals` digits after the point.
+    /// `value` shown with `decimals` digits after the point, and rounded to them: the number
+    /// is the one its text shows, so that a report rebuilt from the per-run table (which holds
+    /// the text) comes out the same.
     pub fn fixed(value: f64, decimals: usize) -> Option<Num> {
-        value.is_finite().then(|| Num {
-            value,
-            text: format!("{value:.decimals$}"),
+        value.is_finite().then(|| {
+            let text = format!("{value:.decimals$}");
+            Num {
+                value: text.parse().unwrap_or(value),
+                text,
+            }
         })
     }
 
