@@ -11,7 +11,7 @@
 //! certificate of `amqp.tls_cert_file`), handed to lapin through its connector hook rather than
 //! lapin's own TLS setup, which would always trust the platform's roots besides the CA file.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +56,10 @@ pub struct Broker {
     /// Bound on connecting to one broker, and on opening a channel.
     connect_timeout: Duration,
     state: tokio::sync::Mutex<ConnectionState>,
-    connected: Arc<AtomicBool>,
+    /// The generation of the connection in use, 0 when there is none. Only that connection's
+    /// loss clears it: a late error of a connection already replaced (its close failing, say)
+    /// must not mark the broker disconnected while the new one works.
+    live: Arc<AtomicU64>,
     /// Set by `close`, so that the connection's end is not reported as a loss.
     closing: Arc<AtomicBool>,
 }
@@ -107,14 +110,20 @@ impl Broker {
                 next_endpoint: 0,
                 generation: 0,
             }),
-            connected: Arc::new(AtomicBool::new(false)),
+            live: Arc::new(AtomicU64::new(0)),
             closing: Arc::new(AtomicBool::new(false)),
         })
     }
 
     /// Whether the connection is up, as far as the daemon knows.
     pub fn is_connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
+        self.live.load(Ordering::Relaxed) != 0
+    }
+
+    /// The generation of the connection in use (0: none). A channel of another generation is
+    /// on a connection that was dropped or lost, even if it still looks open.
+    pub fn live_generation(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
     }
 
     /// A new confirm-mode channel, connecting (and declaring the exchange) first if needed.
@@ -136,8 +145,12 @@ impl Broker {
             }
             self.drop_connection(&mut state);
         }
-        self.connected.store(false, Ordering::Relaxed);
-        let (connection, index) = self.connect_any(state.next_endpoint).await?;
+        self.live.store(0, Ordering::Relaxed);
+        // Every attempt takes a number of its own: a connection abandoned after it opened
+        // must not share one with the next.
+        state.generation += 1;
+        let generation = state.generation;
+        let (connection, index) = self.connect_any(state.next_endpoint, generation).await?;
         let channel = match self.confirm_channel(&connection).await {
             Ok(channel) => channel,
             Err(error) => {
@@ -148,8 +161,7 @@ impl Broker {
         };
         state.connection = Some(connection);
         state.next_endpoint = index;
-        state.generation += 1;
-        self.connected.store(true, Ordering::Relaxed);
+        self.live.store(generation, Ordering::Relaxed);
         Ok(BrokerChannel {
             channel,
             generation: state.generation,
@@ -171,17 +183,21 @@ impl Broker {
             abandon(connection, self.connect_timeout);
         }
         state.next_endpoint = (state.next_endpoint + 1) % self.endpoints.len();
-        self.connected.store(false, Ordering::Relaxed);
+        self.live.store(0, Ordering::Relaxed);
     }
 
     /// Connects to the first broker that answers, starting at `first`.
-    async fn connect_any(&self, first: usize) -> Result<(Connection, usize), BrokerError> {
+    async fn connect_any(
+        &self,
+        first: usize,
+        generation: u64,
+    ) -> Result<(Connection, usize), BrokerError> {
         let count = self.endpoints.len();
         let mut failures = Vec::with_capacity(count);
         for offset in 0..count {
             let index = (first + offset) % count;
             let endpoint = &self.endpoints[index];
-            match self.connect(endpoint).await {
+            match self.connect(endpoint, generation).await {
                 Ok(connection) => return Ok((connection, index)),
                 Err(error) => failures.push(format!("{}: {error}", endpoint.display)),
             }
@@ -189,7 +205,9 @@ impl Broker {
         Err(BrokerError::Connect(failures.join("; ")))
     }
 
-    async fn connect(&self, endpoint: &Endpoint) -> Result<Connection, String> {
+    /// Connects to one broker; the connection will be generation `generation` if it becomes
+    /// the one in use.
+    async fn connect(&self, endpoint: &Endpoint, generation: u64) -> Result<Connection, String> {
         let properties = ConnectionProperties::default().with_connection_name("retrysafe".into());
         let connection = tokio::time::timeout(
             self.connect_timeout,
@@ -204,7 +222,7 @@ impl Broker {
         })??;
         // Events reach only listeners that exist, so listen before anything can go wrong.
         let mut events = connection.events_listener();
-        let connected = self.connected.clone();
+        let live = self.live.clone();
         let closing = self.closing.clone();
         let broker = endpoint.display.clone();
         tokio::spawn(async move {
@@ -216,7 +234,9 @@ impl Broker {
                         tracing::debug!(error = %error, broker = %broker, "broker closed a channel");
                         continue;
                     }
-                    connected.store(false, Ordering::Relaxed);
+                    // Only if it is still the connection in use.
+                    let _ =
+                        live.compare_exchange(generation, 0, Ordering::Relaxed, Ordering::Relaxed);
                     if closing.load(Ordering::Relaxed) {
                         tracing::debug!(error = %error, broker = %broker, "broker connection closed");
                     } else {
@@ -295,7 +315,7 @@ impl Broker {
             )
             .await;
         }
-        self.connected.store(false, Ordering::Relaxed);
+        self.live.store(0, Ordering::Relaxed);
     }
 }
 

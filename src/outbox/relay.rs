@@ -394,7 +394,13 @@ impl OutboxRelay {
         let (more, published_full) = oneshot::channel();
         let step = async move {
             let channel = match channel {
-                Some(open) if open.channel.status().connected() => open,
+                // A channel of a connection since dropped may still look open: not reused.
+                Some(open)
+                    if open.channel.status().connected()
+                        && open.generation == broker.live_generation() =>
+                {
+                    open
+                }
                 // Bounded inside: each broker of the list within its connect timeout.
                 _ => match broker.open_channel().await {
                     Ok(opened) => opened,
