@@ -119,9 +119,9 @@ pub async fn publish_all(
     publish_all_then(channel, destination, confirm_timeout, events, || {}).await
 }
 
-/// [`publish_all`], calling `published` once every publish is written and before the first
-/// confirm is awaited: the relay starts its next batch then, so that the broker has messages
-/// to take while this batch's confirms come back.
+/// [`publish_all`], calling `published` once the publishes are written (or have failed) and
+/// before the first confirm is awaited: the relay starts its next batch then, so that the
+/// broker has messages to take while this batch's confirms come back.
 pub async fn publish_all_then(
     channel: &Channel,
     destination: Destination<'_>,

@@ -92,7 +92,7 @@ pub async fn relay_once(
 }
 
 /// [`relay_once`], sending on `more` once a full batch (`batch_size` rows: more may be due) is
-/// published and its confirms are awaited: the relay's cue to start its next batch.
+/// published, before its confirms are awaited: the relay's cue to start its next batch.
 async fn relay_once_then(
     db: &Database,
     channel: &Channel,

@@ -407,14 +407,13 @@ async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms
         most_in_flight, BATCHES_IN_FLIGHT,
         "a second batch runs while the first awaits its confirms, and no third"
     );
-    let mut seen = HashSet::new();
-    while seen.len() < EVENTS as usize {
-        let delivery = consumer
-            .next(WAIT)
-            .await
-            .unwrap_or_else(|| panic!("only {} of {EVENTS} delivered", seen.len()));
-        assert!(seen.insert(message_id(&delivery)), "published twice");
-    }
+    let seen: HashSet<String> = consumer
+        .take(EVENTS as usize, WAIT)
+        .await
+        .iter()
+        .map(message_id)
+        .collect();
+    assert_eq!(seen.len(), EVENTS as usize, "no event is published twice");
     assert!(consumer.next(Duration::from_secs(1)).await.is_none());
     assert_eq!(app.count(UNSENT).await, 0);
 }
