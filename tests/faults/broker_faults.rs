@@ -49,15 +49,18 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
     insert_backlog(&app.db, backlog).await;
     let events = all_event_ids(&app.db).await;
 
-    // Cut when the consumer has seen the i-th share of the backlog, for 100-400 ms each time.
+    // Cut when the i-th share of the backlog is marked sent (the relays drain faster than this
+    // loop receives, so the consumer's count would place the cuts after the drain), for
+    // 100-400 ms each time. Progress is read from the table at most every 50 ms.
     let mut received = HashSet::new();
     let mut deliveries = 0usize;
     let mut cuts_done = 0;
     let mut cuts_with_backlog = 0;
     let mut restore_at: Option<tokio::time::Instant> = None;
+    let mut next_progress_check = tokio::time::Instant::now();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     let mut last_delivery = tokio::time::Instant::now();
-    while received.len() < events.len() || restore_at.is_some() {
+    while received.len() < events.len() || restore_at.is_some() || cuts_done < cuts {
         assert!(
             tokio::time::Instant::now() < deadline,
             "stalled: {} of {} received after {cuts_done} cuts; {} unsent",
@@ -88,16 +91,19 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
                         .unwrap();
                 }
             }
-            None if cuts_done < cuts
-                && received.len() * (cuts + 2) >= events.len() * (cuts_done + 1) =>
-            {
-                proxy.cut();
-                cuts_done += 1;
-                if count(&app.db, UNSENT).await > 0 {
-                    cuts_with_backlog += 1;
+            None if cuts_done < cuts && tokio::time::Instant::now() >= next_progress_check => {
+                next_progress_check = tokio::time::Instant::now() + Duration::from_millis(50);
+                let unsent = count(&app.db, UNSENT).await as usize;
+                let sent = events.len() - unsent;
+                if sent * (cuts + 1) >= events.len() * (cuts_done + 1) {
+                    proxy.cut();
+                    cuts_done += 1;
+                    if unsent > 0 {
+                        cuts_with_backlog += 1;
+                    }
+                    let down = rand::thread_rng().gen_range(100..400);
+                    restore_at = Some(tokio::time::Instant::now() + Duration::from_millis(down));
                 }
-                let down = rand::thread_rng().gen_range(100..400);
-                restore_at = Some(tokio::time::Instant::now() + Duration::from_millis(down));
             }
             _ => {}
         }
@@ -107,7 +113,6 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
             received.insert(message_id(&delivery).parse::<Uuid>().unwrap());
         }
     }
-    assert_eq!(cuts_done, cuts);
     assert!(
         cuts_with_backlog > 0,
         "no cut came while events were unsent: the test did not exercise the fault"
@@ -128,7 +133,17 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
         events.len(),
         deliveries - events.len()
     );
-    assert_eq!(app.get("/readyz", None).await.json()["broker"], "connected");
+    // The last cut may have come after the drain, with nothing left to publish: the relays
+    // reconnect on their own all the same, within their backoff.
+    eventually(Duration::from_secs(20), || async {
+        let broker = app.get("/readyz", None).await.json()["broker"].clone();
+        if broker == "connected" {
+            Ok(())
+        } else {
+            Err(format!("/readyz says the broker is {broker}"))
+        }
+    })
+    .await;
 }
 
 /// A queue bound to the exchange that holds one message and refuses the rest
