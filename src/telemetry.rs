@@ -79,12 +79,14 @@ const BATCH_BUCKETS: &[f64] = &[
 
 /// lapin's own logs repeat what the daemon reports itself (a lost connection, a returned
 /// message, a channel closed by the broker) at levels that do not fit: an ERROR for every clean
-/// shutdown and for the 404 that tells the daemon to declare a missing exchange, and a WARN
-/// carrying the whole body of every unroutable message. A `lapin` directive in `log.level` or
-/// `RUST_LOG` takes precedence.
+/// shutdown and for the 404 that tells the daemon to declare a missing exchange, two ERRORs from
+/// its I/O loop for every cut connection (which the daemon reports as one WARN, "broker
+/// connection lost"), and a WARN carrying the whole body of every unroutable message. A `lapin`
+/// directive in `log.level` or `RUST_LOG` takes precedence.
 const QUIET_LAPIN: &[&str] = &[
     "lapin::channels=off",
     "lapin::channel=off",
+    "lapin::io_loop=off",
     "lapin::returned_messages=off",
 ];
 

@@ -17,9 +17,10 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::daemon::{spawn_app_with, spawn_app_without_relays};
+use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, spawn_binary};
 use crate::common::helpers::{
-    all_event_ids, count, count_is, entry_body, eventually, insert_backlog, knob, AMQP_URL,
+    all_event_ids, count, count_is, entry_body, eventually, insert_backlog, knob, test_settings,
+    AMQP_URL,
 };
 use crate::common::proxy::TcpProxy;
 
@@ -144,6 +145,55 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
         }
     })
     .await;
+}
+
+/// A cut broker connection is one WARN of the daemon's ("broker connection lost") and no ERROR
+/// line: lapin's I/O loop reports the same cut with two ERRORs of its own, which would page
+/// whoever alerts on errors at every broker restart. The daemon runs as its binary, with the
+/// repository's configuration and log filter.
+#[actix_web::test]
+async fn a_cut_broker_connection_is_logged_as_one_warning_and_no_error() {
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
+    let amqp = AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{}", proxy.port));
+    let mut daemon = spawn_binary(test_settings(), &[("RETRYSAFE_AMQP__URL", amqp)]).await;
+    let mut consumer = TestConsumer::bind(&daemon.settings.amqp.exchange, "#").await;
+    daemon
+        .post_entry("before-cut", &entry_body(1))
+        .await
+        .assert_created();
+    assert!(consumer.next(Duration::from_secs(30)).await.is_some());
+
+    proxy.cut();
+    eventually(Duration::from_secs(30), || async {
+        let log = daemon.log_text();
+        if log.contains("broker connection lost") {
+            Ok(())
+        } else {
+            Err(format!("no \"broker connection lost\" yet:\n{log}"))
+        }
+    })
+    .await;
+    proxy.restore();
+    daemon
+        .post_entry("after-cut", &entry_body(2))
+        .await
+        .assert_created();
+    assert!(
+        consumer.next(Duration::from_secs(30)).await.is_some(),
+        "the event written after the cut is delivered: {}",
+        daemon.log_tail(20)
+    );
+    daemon.signal("TERM");
+    assert!(daemon.wait_for_exit().await.success());
+
+    let log = daemon.log_text();
+    assert_eq!(
+        log.matches("broker connection lost").count(),
+        1,
+        "one cut, one warning:\n{log}"
+    );
+    let errors: Vec<&str> = log.lines().filter(|line| line.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "no ERROR line for a cut: {errors:#?}");
 }
 
 /// A queue bound to the exchange that holds one message and refuses the rest
