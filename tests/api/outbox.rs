@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use crate::common::consumer::{header, message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, spawn_second_app};
-use crate::common::helpers::{count_is, entry_body, eventually, insert_backlog, AMQP_URL};
+use crate::common::helpers::{
+    amqp_url_through, count_is, entry_body, eventually, insert_backlog, AMQP_HOST_PORT,
+};
 use crate::common::proxy::TcpProxy;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -247,12 +249,10 @@ async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
 
 #[actix_web::test]
 async fn a_broker_outage_does_not_block_writes_and_loses_no_event() {
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
+    let proxy = TcpProxy::start(AMQP_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
     let app = spawn_app_with(|settings| {
-        settings.amqp.url = retrysafe::config::UrlList::one(
-            &AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}")),
-        );
+        settings.amqp.url = retrysafe::config::UrlList::one(&amqp_url_through(port));
     })
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;

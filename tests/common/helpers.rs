@@ -11,6 +11,7 @@ use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 
 pub const PG_HOST_PORT: &str = "127.0.0.1:5432";
+pub const AMQP_HOST_PORT: &str = "127.0.0.1:5672";
 pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// The most of an answer's body a test reads.
@@ -60,6 +61,14 @@ pub fn reach_database_through(settings: &mut Settings, port: u16) {
     let direct = settings.database.url.clone();
     settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
     assert_ne!(settings.database.url, direct);
+}
+
+/// The broker's URL through a proxy on `port`: the daemon's connection goes through it, the
+/// test's consumers reach the broker directly.
+pub fn amqp_url_through(port: u16) -> String {
+    let url = AMQP_URL.replace(AMQP_HOST_PORT, &format!("127.0.0.1:{port}"));
+    assert_ne!(url, AMQP_URL);
+    url
 }
 
 /// A client with a known token, for configs that require authentication.

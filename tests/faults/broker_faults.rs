@@ -19,8 +19,8 @@ use uuid::Uuid;
 use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, spawn_binary};
 use crate::common::helpers::{
-    all_event_ids, count, count_is, entry_body, eventually, insert_backlog, knob, test_settings,
-    AMQP_URL,
+    all_event_ids, amqp_url_through, count, count_is, entry_body, eventually, insert_backlog, knob,
+    test_settings, AMQP_HOST_PORT, AMQP_URL,
 };
 use crate::common::proxy::TcpProxy;
 
@@ -35,12 +35,10 @@ const QUIET: Duration = Duration::from_secs(10);
 async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_unconfirmed() {
     let cuts = knob("RETRYSAFE_FAULT_ROUNDS", 5);
     let backlog = knob("RETRYSAFE_FAULT_BACKLOG", 4000) as i64;
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
+    let proxy = TcpProxy::start(AMQP_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
     let port = proxy.port;
     let app = spawn_app_with(|settings| {
-        settings.amqp.url = retrysafe::config::UrlList::one(
-            &AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}")),
-        );
+        settings.amqp.url = retrysafe::config::UrlList::one(&amqp_url_through(port));
         settings.outbox.workers = 2;
         settings.outbox.batch_size = 50;
     })
@@ -146,8 +144,8 @@ async fn cutting_the_broker_during_a_drain_loses_nothing_and_marks_nothing_sent_
 /// repository's configuration and log filter.
 #[actix_web::test]
 async fn a_cut_broker_connection_is_logged_as_one_warning_and_no_error() {
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse::<SocketAddr>().unwrap()).await;
-    let amqp = AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{}", proxy.port));
+    let proxy = TcpProxy::start(AMQP_HOST_PORT.parse::<SocketAddr>().unwrap()).await;
+    let amqp = amqp_url_through(proxy.port);
     let mut daemon = spawn_binary(test_settings(), &[("RETRYSAFE_AMQP__URL", amqp)]).await;
     let mut consumer = TestConsumer::bind(&daemon.settings.amqp.exchange, "#").await;
     daemon

@@ -12,7 +12,7 @@ use crate::common::daemon::spawn_app_with;
 use crate::common::helpers::{
     all_event_ids, count_is, eventually, http_client, post_raw, TestResponse,
 };
-use crate::common::helpers::{entry_body, AMQP_URL, PG_HOST_PORT};
+use crate::common::helpers::{amqp_url_through, entry_body, AMQP_HOST_PORT, PG_HOST_PORT};
 use crate::common::proxy::TcpProxy;
 
 use retrysafe::config::{ConfigDuration, UrlList};
@@ -90,12 +90,12 @@ async fn a_hung_database_host_costs_503s_then_writes_go_to_the_other_host_withou
 
 #[actix_web::test]
 async fn a_hung_broker_is_left_for_the_next_one_and_no_event_is_lost() {
-    let target: SocketAddr = "127.0.0.1:5672".parse().unwrap();
+    let target: SocketAddr = AMQP_HOST_PORT.parse().unwrap();
     let first = TcpProxy::start(target).await;
     let second = TcpProxy::start(target).await;
     let urls: Vec<String> = [first.port, second.port]
         .iter()
-        .map(|port| AMQP_URL.replace("127.0.0.1:5672", &format!("127.0.0.1:{port}")))
+        .map(|&port| amqp_url_through(port))
         .collect();
     let app = spawn_app_with(|settings| {
         settings.amqp.url = UrlList(urls);
