@@ -91,8 +91,8 @@ enum Command {
         #[arg(long, default_value_t = 1_000)]
         window: usize,
     },
-    /// Poll `count(*) ... where sent_at is null` until it is 0 and print the seconds elapsed
-    /// since --start-unix-ns (taken by the caller just before it started the daemon).
+    /// Poll until no outbox row has `sent_at` null and print the seconds elapsed since
+    /// --start-unix-ns (taken by the caller just before it started the daemon).
     WaitDrained {
         #[arg(long)]
         db: String,
@@ -414,18 +414,26 @@ async fn wait_drained(
         .await
         .with_context(|| format!("cannot connect to {db}"))?;
     tokio::spawn(connection);
+    // Counted once; each poll then asks only whether one unsent row is left, which costs about
+    // a millisecond, where a count of a 100,000-event backlog costs ~60 ms of the CPU the
+    // drain it measures runs on.
+    let first: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
+            &[],
+        )
+        .await?
+        .get(0);
     let statement = client
-        .prepare("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
+        .prepare("SELECT EXISTS (SELECT 1 FROM outbox_events WHERE sent_at IS NULL)")
         .await?;
     let deadline = Instant::now() + timeout;
     let mut polls = 0u64;
-    let mut first: Option<i64> = None;
     loop {
         let tick = Instant::now();
-        let unsent: i64 = client.query_one(&statement, &[]).await?.get(0);
+        let unsent: bool = client.query_one(&statement, &[]).await?.get(0);
         polls += 1;
-        first.get_or_insert(unsent);
-        if unsent == 0 {
+        if !unsent {
             let seconds = unix_ns().saturating_sub(start_unix_ns) as f64 / 1e9;
             println!(
                 "BENCH_RESULT {}",
@@ -434,7 +442,7 @@ async fn wait_drained(
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("{unsent} events still unsent after {timeout:?}");
+            bail!("events still unsent after {timeout:?}");
         }
         tokio::time::sleep(interval.saturating_sub(tick.elapsed())).await;
     }

@@ -222,6 +222,12 @@ pub fn pgbench_figures(text: &str) -> PgbenchFigures {
 
 const UNSENT_SQL: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
 
+/// 1 while an event is unsent, else 0. A poll costs about a millisecond whatever the backlog,
+/// where counting it costs PostgreSQL ~70 ms at 120,000 unsent events: polled every 100 ms,
+/// the count took a large share of the CPU whose use it was there to measure.
+const ANY_UNSENT_SQL: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM outbox_events WHERE sent_at IS NULL LIMIT 1) AS unsent";
+
 /// How long the writes scenario waits for its backlog of events to be published.
 const EMPTY_OUTBOX_WAIT: Duration = Duration::from_secs(120);
 
@@ -348,11 +354,11 @@ impl Bench {
     fn outbox_emptied(&self, db: &str) -> anyhow::Result<bool> {
         let deadline = Instant::now() + EMPTY_OUTBOX_WAIT;
         loop {
-            let unsent = self.pg.count(db, UNSENT_SQL)?;
-            if unsent == 0 {
+            if self.pg.count(db, ANY_UNSENT_SQL)? == 0 {
                 return Ok(true);
             }
             if Instant::now() >= deadline {
+                let unsent = self.pg.count(db, UNSENT_SQL)?;
                 log(
                     TAG,
                     &format!("{unsent} events still unsent after {EMPTY_OUTBOX_WAIT:?}: no CPU cost per write"),
