@@ -90,19 +90,55 @@ pub struct WritesRun {
     pub cost_rabbitmq: Option<Num>,
     /// PostgreSQL's CPU seconds per 1,000 pgbench transactions.
     pub pg_cost: Option<Num>,
+    /// The same load on a fresh database with the broker unreachable, so that the relays
+    /// publish nothing while wrk runs: the write without its delivery.
+    pub alone_rps: Option<Num>,
+    pub alone_p99_ms: Option<Num>,
+    /// CPU seconds per 1,000 writes of that load, until its daemon stopped.
+    pub alone_cost_daemon: Option<Num>,
+    pub alone_cost_postgres: Option<Num>,
+    pub alone_cost_rabbitmq: Option<Num>,
+    /// CPU seconds per 1,000 events to deliver that load's backlog afterwards (a daemon with
+    /// the broker reachable, from its start until the outbox is empty): claim, publish, await
+    /// the confirms, mark sent.
+    pub delivery_cost_daemon: Option<Num>,
+    pub delivery_cost_postgres: Option<Num>,
+    pub delivery_cost_rabbitmq: Option<Num>,
 }
 
 impl WritesRun {
     /// CPU seconds per 1,000 writes, the three together: the sum of the parts as recorded
     /// (3 decimals), so that the report rebuilt from its per-run table gives the same total.
     pub fn cost(&self) -> Option<Num> {
-        let parts = [&self.cost_daemon, &self.cost_postgres, &self.cost_rabbitmq];
-        let mut thousandths = 0.0;
-        for part in parts {
-            thousandths += (part.as_ref()?.value * 1000.0).round();
-        }
-        Num::fixed(thousandths / 1000.0, 3)
+        cost_sum([&self.cost_daemon, &self.cost_postgres, &self.cost_rabbitmq])
     }
+
+    /// [`cost`](Self::cost) of the write alone, its delivery not running.
+    pub fn alone_cost(&self) -> Option<Num> {
+        cost_sum([
+            &self.alone_cost_daemon,
+            &self.alone_cost_postgres,
+            &self.alone_cost_rabbitmq,
+        ])
+    }
+
+    /// [`cost`](Self::cost) of the delivery alone, per event.
+    pub fn delivery_cost(&self) -> Option<Num> {
+        cost_sum([
+            &self.delivery_cost_daemon,
+            &self.delivery_cost_postgres,
+            &self.delivery_cost_rabbitmq,
+        ])
+    }
+}
+
+/// The sum of three CPU costs as recorded (3 decimals); None if one is missing.
+fn cost_sum(parts: [&Option<Num>; 3]) -> Option<Num> {
+    let mut thousandths = 0.0;
+    for part in parts {
+        thousandths += (part.as_ref()?.value * 1000.0).round();
+    }
+    Num::fixed(thousandths / 1000.0, 3)
 }
 
 impl Metrics for WritesRun {
@@ -128,6 +164,29 @@ impl Metrics for WritesRun {
             ("cost_postgres".into(), self.cost_postgres.clone()),
             ("cost_rabbitmq".into(), self.cost_rabbitmq.clone()),
             ("pg_cost".into(), self.pg_cost.clone()),
+            ("alone_rps".into(), self.alone_rps.clone()),
+            ("alone_p99_ms".into(), self.alone_p99_ms.clone()),
+            ("alone_cost_daemon".into(), self.alone_cost_daemon.clone()),
+            (
+                "alone_cost_postgres".into(),
+                self.alone_cost_postgres.clone(),
+            ),
+            (
+                "alone_cost_rabbitmq".into(),
+                self.alone_cost_rabbitmq.clone(),
+            ),
+            (
+                "delivery_cost_daemon".into(),
+                self.delivery_cost_daemon.clone(),
+            ),
+            (
+                "delivery_cost_postgres".into(),
+                self.delivery_cost_postgres.clone(),
+            ),
+            (
+                "delivery_cost_rabbitmq".into(),
+                self.delivery_cost_rabbitmq.clone(),
+            ),
         ]);
         m
     }
@@ -441,6 +500,20 @@ impl Report {
             median(&col(&self.writes, |r| &r.cost_rabbitmq)),
         ];
         let pg_cost = median(&col(&self.writes, |r| &r.pg_cost));
+        let a_rps = median(&col(&self.writes, |r| &r.alone_rps));
+        let a_p99 = median(&col(&self.writes, |r| &r.alone_p99_ms));
+        let a_costs: Vec<Option<Num>> = self.writes.iter().map(WritesRun::alone_cost).collect();
+        let a_cost_parts = [
+            median(&col(&self.writes, |r| &r.alone_cost_daemon)),
+            median(&col(&self.writes, |r| &r.alone_cost_postgres)),
+            median(&col(&self.writes, |r| &r.alone_cost_rabbitmq)),
+        ];
+        let d_costs: Vec<Option<Num>> = self.writes.iter().map(WritesRun::delivery_cost).collect();
+        let d_cost_parts = [
+            median(&col(&self.writes, |r| &r.delivery_cost_daemon)),
+            median(&col(&self.writes, |r| &r.delivery_cost_postgres)),
+            median(&col(&self.writes, |r| &r.delivery_cost_rabbitmq)),
+        ];
         let r_rps = median(&col(&self.replays, |r| &r.wrk.rps));
         let h_rps = median(&col(&self.replays, |r| &r.healthz.rps));
         let s_tps = median(&col(&self.replays, |r| &r.pg_tps));
@@ -491,6 +564,35 @@ impl Report {
                 ),
                 fmt(pg_cost, 3),
                 ratio_cell(cost_ratio),
+                "–".into(),
+                "–".into(),
+            ],
+            [
+                "unique-key writes, broker unreachable".into(),
+                "requests/s (p99 ms) while no event is delivered vs pgbench conventional tps"
+                    .into(),
+                format!("{} (p99 {})", fmt(a_rps, 0), fmt(a_p99, 2)),
+                fmt(pg_tps, 0),
+                ratio_cell(ratio(a_rps, pg_tps)),
+                "–".into(),
+                "–".into(),
+            ],
+            [
+                "unique-key writes".into(),
+                "CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each)".into(),
+                format!(
+                    "{} ({} + {} + {}) + {} ({} + {} + {})",
+                    fmt(median(&a_costs), 3),
+                    fmt(a_cost_parts[0], 3),
+                    fmt(a_cost_parts[1], 3),
+                    fmt(a_cost_parts[2], 3),
+                    fmt(median(&d_costs), 3),
+                    fmt(d_cost_parts[0], 3),
+                    fmt(d_cost_parts[1], 3),
+                    fmt(d_cost_parts[2], 3)
+                ),
+                fmt(pg_cost, 3),
+                "–".into(),
                 "–".into(),
                 "–".into(),
             ],
@@ -866,6 +968,8 @@ RETRYSAFE_HTTP__LISTEN=127.0.0.1:{port} RETRYSAFE_DATABASE__URL={pg_base}/<db> \
 
 # unique-key writes, then its baseline on another fresh migrated database (daemon stopped)
 wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
+# between them, on a third: the same wrk with RETRYSAFE_AMQP__URL=amqp://guest:guest@127.0.0.1:1/%2f
+# (no broker: nothing is delivered), then the daemon restarted as above until no event is unsent
 pgbench -n -M prepared -c {c} -j {t} -T {d} -f bench/conventional.sql <db>
 
 # replays: create the keys, replay them, then the baselines against the same daemon and database
@@ -1034,6 +1138,14 @@ mod tests {
             cost_postgres: n("0.152"),
             cost_rabbitmq: n("0.048"),
             pg_cost: n("0.602"),
+            alone_rps: n("11327.75"),
+            alone_p99_ms: n("15.805"),
+            alone_cost_daemon: n("0.054"),
+            alone_cost_postgres: n("0.069"),
+            alone_cost_rabbitmq: n("0.002"),
+            delivery_cost_daemon: n("0.011"),
+            delivery_cost_postgres: n("0.078"),
+            delivery_cost_rabbitmq: n("0.104"),
         })
         .collect();
         let replays = [
@@ -1140,7 +1252,7 @@ mod tests {
     fn results_match_the_reference_run() {
         let table = report().results_table();
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 13);
+        assert_eq!(lines.len(), 15);
         assert_eq!(
             lines[2],
             "| unique-key writes, 64 conn. | requests/s vs pgbench conventional tps | 6462 | 3026 | 2.14× | ≥ 2.5× | NOT met |"
@@ -1155,34 +1267,42 @@ mod tests {
         );
         assert_eq!(
             lines[5],
-            "| replays (1000 keys) | requests/s vs the daemon's /healthz | 75383 | 102624 | 0.73× | ≥ 0.8× | NOT met |"
+            "| unique-key writes, broker unreachable | requests/s (p99 ms) while no event is delivered vs pgbench conventional tps | 11328 (p99 15.80) | 3026 | 3.74× | – | – |"
         );
         assert_eq!(
             lines[6],
-            "| replays | requests/s vs pgbench PK select tps | 75383 | 43550 | 1.73× | > 1.0× | met |"
+            "| unique-key writes | CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each) | 0.125 (0.054 + 0.069 + 0.002) + 0.193 (0.011 + 0.078 + 0.104) | 0.602 | – | – | – |"
         );
         assert_eq!(
             lines[7],
-            "| duplicate storm (10 keys) | requests/s; entries = 10 after | 77323 | – | – | exactly 10 entries, records, events | met |"
+            "| replays (1000 keys) | requests/s vs the daemon's /healthz | 75383 | 102624 | 0.73× | ≥ 0.8× | NOT met |"
         );
         assert_eq!(
             lines[8],
-            "| outbox drain (100000 events) | events/s vs plain lapin publisher (window 1000) | 9367 | 11679 | 0.80× | ≥ 0.9× | NOT met |"
+            "| replays | requests/s vs pgbench PK select tps | 75383 | 43550 | 1.73× | > 1.0× | met |"
         );
         assert_eq!(
             lines[9],
-            "| outbox drain | events/s vs unique-key write rate | 9367 | 6462 | 1.45× | > 1.0× | met |"
+            "| duplicate storm (10 keys) | requests/s; entries = 10 after | 77323 | – | – | exactly 10 entries, records, events | met |"
         );
         assert_eq!(
             lines[10],
-            "| outbox drain | every event reached the bound queue | 100000/100000/100000 | – | – | 100000 | met |"
+            "| outbox drain (100000 events) | events/s vs plain lapin publisher (window 1000) | 9367 | 11679 | 0.80× | ≥ 0.9× | NOT met |"
         );
         assert_eq!(
             lines[11],
-            "| end-to-end at 1000 req/s | p50, 201 received → delivery received (ms) | 2.38 | – | – | < 5 ms | met |"
+            "| outbox drain | events/s vs unique-key write rate | 9367 | 6462 | 1.45× | > 1.0× | met |"
         );
         assert_eq!(
             lines[12],
+            "| outbox drain | every event reached the bound queue | 100000/100000/100000 | – | – | 100000 | met |"
+        );
+        assert_eq!(
+            lines[13],
+            "| end-to-end at 1000 req/s | p50, 201 received → delivery received (ms) | 2.38 | – | – | < 5 ms | met |"
+        );
+        assert_eq!(
+            lines[14],
             "| end-to-end | p99 (ms) | 13.81 | – | – | < 20 ms | met |"
         );
     }
@@ -1279,7 +1399,15 @@ mod tests {
                 "cost_daemon",
                 "cost_postgres",
                 "cost_rabbitmq",
-                "pg_cost"
+                "pg_cost",
+                "alone_rps",
+                "alone_p99_ms",
+                "alone_cost_daemon",
+                "alone_cost_postgres",
+                "alone_cost_rabbitmq",
+                "delivery_cost_daemon",
+                "delivery_cost_postgres",
+                "delivery_cost_rabbitmq"
             ]
         );
         let e2e: Vec<&str> = lines
@@ -1290,8 +1418,8 @@ mod tests {
         assert_eq!(e2e.len(), 16);
         assert_eq!(e2e[2], "p50_ms");
         assert_eq!(e2e[15], "shutdown_log_problems");
-        // 22 + 20 + 14 + 11 + 16 rows, and the two header lines.
-        assert_eq!(lines.len(), 2 + 22 + 20 + 14 + 11 + 16);
+        // 30 + 20 + 14 + 11 + 16 rows, and the two header lines.
+        assert_eq!(lines.len(), 2 + 30 + 20 + 14 + 11 + 16);
     }
 
     #[test]
@@ -1308,6 +1436,8 @@ mod tests {
                 "### Checks",
                 "## Commands",
                 "# unique-key writes, then its baseline on another fresh migrated database (daemon stopped)",
+                "# between them, on a third: the same wrk with RETRYSAFE_AMQP__URL=amqp://guest:guest@127.0.0.1:1/%2f",
+                "# (no broker: nothing is delivered), then the daemon restarted as above until no event is unsent",
                 "# replays: create the keys, replay them, then the baselines against the same daemon and database",
                 "# duplicate storm; then SELECT count(*) FROM entries (and idempotency_records, outbox_events) = 10",
                 "# outbox drain: daemon not running, 100000 rows inserted with generate_series (see BACKLOG_SQL",
@@ -1393,6 +1523,14 @@ mod tests {
             "cost_postgres" => &mut r.cost_postgres,
             "cost_rabbitmq" => &mut r.cost_rabbitmq,
             "pg_cost" => &mut r.pg_cost,
+            "alone_rps" => &mut r.alone_rps,
+            "alone_p99_ms" => &mut r.alone_p99_ms,
+            "alone_cost_daemon" => &mut r.alone_cost_daemon,
+            "alone_cost_postgres" => &mut r.alone_cost_postgres,
+            "alone_cost_rabbitmq" => &mut r.alone_cost_rabbitmq,
+            "delivery_cost_daemon" => &mut r.delivery_cost_daemon,
+            "delivery_cost_postgres" => &mut r.delivery_cost_postgres,
+            "delivery_cost_rabbitmq" => &mut r.delivery_cost_rabbitmq,
             other => panic!("writes metric {other}"),
         }
     }
@@ -1542,9 +1680,9 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rows.len(), 22 + 20 + 14 + 11 + 16);
+        assert_eq!(rows.len(), 30 + 20 + 14 + 11 + 16);
         let results = table_lines(&section(file, "## Results", "###"));
-        assert_eq!(results.lines().count(), 13);
+        assert_eq!(results.lines().count(), 15);
         assert_eq!(report.results_table(), results);
         assert_eq!(
             report.resources_table(),

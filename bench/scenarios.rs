@@ -231,6 +231,10 @@ const ANY_UNSENT_SQL: &str =
 /// How long the writes scenario waits for its backlog of events to be published.
 const EMPTY_OUTBOX_WAIT: Duration = Duration::from_secs(120);
 
+/// A broker URL nothing listens on (port 1 of loopback): the daemon serves writes, and its
+/// relays, never connected, claim nothing.
+const UNREACHABLE_AMQP: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
+
 /// No service CPU figure: a reading went down, as after a server restart.
 fn went_down(scenario: &str) -> Option<ServiceTicks> {
     log(
@@ -277,13 +281,25 @@ impl Bench {
         log: &str,
         wait: bool,
     ) -> anyhow::Result<Daemon> {
+        self.start_daemon_with_broker(db, exchange, log, wait, &self.amqp)
+    }
+
+    /// [`start_daemon`](Self::start_daemon) with another broker URL.
+    fn start_daemon_with_broker(
+        &self,
+        db: &str,
+        exchange: &str,
+        log: &str,
+        wait: bool,
+        amqp: &str,
+    ) -> anyhow::Result<Daemon> {
         Daemon::start(
             DaemonSpec {
                 binary: &self.bin.daemon,
                 config: &self.s.config,
                 port: self.s.port,
                 db_url: self.pg.url(db),
-                amqp: &self.amqp,
+                amqp,
                 exchange,
                 log: self.path(log),
             },
@@ -454,6 +470,7 @@ impl Bench {
         )?;
         figures.log = Self::log_problems(&daemon);
         self.pg.drop_db(&db)?;
+        self.write_then_deliver(run, &ex, &mut figures)?;
         self.broker.delete(&ex, &q)?;
 
         log(
@@ -486,6 +503,65 @@ impl Bench {
         }
         self.pg.drop_db(&pdb)?;
         Ok(figures)
+    }
+
+    /// The writes' load again on a fresh database, first with the broker unreachable (the
+    /// relays publish nothing: what a write costs without its delivery), then delivered by a
+    /// daemon that reaches the broker (what the delivery costs alone).
+    fn write_then_deliver(
+        &self,
+        run: u32,
+        exchange: &str,
+        figures: &mut WritesRun,
+    ) -> anyhow::Result<()> {
+        let (db, _) = self.names("writes_alone", run);
+        log(
+            TAG,
+            &format!("run {run}: the same writes with the broker unreachable, then delivered"),
+        );
+        self.fresh_db(&db)?;
+        let mut daemon = self.start_daemon_with_broker(
+            &db,
+            exchange,
+            &format!("daemon-writes-alone-{run}.log"),
+            true,
+            UNREACHABLE_AMQP,
+        )?;
+        let services0 = ServiceTicks::now();
+        let t0 = daemon.cpu_ticks()?;
+        let result = self.wrk(
+            &format!("writes-alone-{run}.wrk"),
+            "bench/unique_keys.lua",
+            "/",
+            &[("BENCH_NONCE", format!("{}{run}alone", self.run_id))],
+        )?;
+        let t1 = daemon.cpu_ticks()?;
+        daemon.stop(TAG)?;
+        let services = ServiceTicks::now().since(services0);
+        let written = self.pg.count(&db, "SELECT count(*) FROM entries")?;
+        let wrk = WrkFigures::from_result(&result);
+        (figures.alone_rps, figures.alone_p99_ms) = (wrk.rps, wrk.p99_ms);
+        figures.alone_cost_daemon = seconds_per_1000(t1 - t0, written);
+        if let Some(services) = services.or_else(|| went_down("writes alone")) {
+            figures.alone_cost_postgres = seconds_per_1000(services.postgres, written);
+            figures.alone_cost_rabbitmq = seconds_per_1000(services.rabbitmq, written);
+        }
+
+        let services0 = ServiceTicks::now();
+        let mut daemon =
+            self.start_daemon(&db, exchange, &format!("daemon-deliver-{run}.log"), false)?;
+        if self.outbox_emptied(&db)? {
+            let services = ServiceTicks::now().since(services0);
+            let events = self.pg.count(&db, "SELECT count(*) FROM outbox_events")?;
+            figures.delivery_cost_daemon = seconds_per_1000(daemon.cpu_ticks()?, events);
+            if let Some(services) = services.or_else(|| went_down("delivery")) {
+                figures.delivery_cost_postgres = seconds_per_1000(services.postgres, events);
+                figures.delivery_cost_rabbitmq = seconds_per_1000(services.rabbitmq, events);
+            }
+        }
+        daemon.stop(TAG)?;
+        self.pg.drop_db(&db)?;
+        Ok(())
     }
 
     fn replays(&self, run: u32) -> anyhow::Result<ReplaysRun> {
