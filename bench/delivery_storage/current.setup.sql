@@ -1,0 +1,1 @@
+-- The schema as the migrations leave it.
