@@ -244,6 +244,22 @@ fn went_down(scenario: &str) -> Option<ServiceTicks> {
     None
 }
 
+/// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `operations`, from the ticks they used
+/// meanwhile (None if a reading went down, which is logged).
+fn service_costs(
+    services: Option<ServiceTicks>,
+    operations: i64,
+    scenario: &str,
+) -> (Option<Num>, Option<Num>) {
+    match services.or_else(|| went_down(scenario)) {
+        Some(services) => (
+            seconds_per_1000(services.postgres, operations),
+            seconds_per_1000(services.rabbitmq, operations),
+        ),
+        None => (None, None),
+    }
+}
+
 fn count_num(value: i64) -> Option<Num> {
     Some(Num::int(value))
 }
@@ -330,6 +346,12 @@ impl Bench {
         let text = run_ok(&mut command, &out, "wrk")?;
         result_line(&text, "BENCH_RESULT")
             .with_context(|| format!("wrk printed no result; see {}", out.display()))
+    }
+
+    /// wrk's unique-key writes: every request with a fresh key, kept apart from other runs'
+    /// keys by `nonce`.
+    fn unique_key_writes(&self, out: &str, nonce: String) -> anyhow::Result<Map<String, Value>> {
+        self.wrk(out, "bench/unique_keys.lua", "/", &[("BENCH_NONCE", nonce)])
     }
 
     /// pgbench against `db`; its output (a failure is logged, not fatal, as its figures say).
@@ -425,11 +447,9 @@ impl Bench {
         let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-writes-{run}.log"), true)?;
         let services0 = ServiceTicks::now();
         let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
-        let result = self.wrk(
+        let result = self.unique_key_writes(
             &format!("writes-{run}.wrk"),
-            "bench/unique_keys.lua",
-            "/",
-            &[("BENCH_NONCE", format!("{}{run}", self.run_id))],
+            format!("{}{run}", self.run_id),
         )?;
         let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
         let backlog = self.pg.number(&db, UNSENT_SQL)?;
@@ -445,10 +465,8 @@ impl Bench {
             let services = ServiceTicks::now().since(services0);
             let written = self.pg.count(&db, "SELECT count(*) FROM entries")?;
             figures.cost_daemon = seconds_per_1000(daemon.cpu_ticks()? - t0, written);
-            if let Some(services) = services.or_else(|| went_down("writes")) {
-                figures.cost_postgres = seconds_per_1000(services.postgres, written);
-                figures.cost_rabbitmq = seconds_per_1000(services.rabbitmq, written);
-            }
+            (figures.cost_postgres, figures.cost_rabbitmq) =
+                service_costs(services, written, "writes");
         }
         daemon.stop(TAG)?;
         // Sanity: every 201 has its entry; at most the requests in flight at the end (wrk
@@ -529,11 +547,9 @@ impl Bench {
         )?;
         let services0 = ServiceTicks::now();
         let t0 = daemon.cpu_ticks()?;
-        let result = self.wrk(
+        let result = self.unique_key_writes(
             &format!("writes-alone-{run}.wrk"),
-            "bench/unique_keys.lua",
-            "/",
-            &[("BENCH_NONCE", format!("{}{run}alone", self.run_id))],
+            format!("{}{run}alone", self.run_id),
         )?;
         let t1 = daemon.cpu_ticks()?;
         daemon.stop(TAG)?;
@@ -542,10 +558,8 @@ impl Bench {
         let wrk = WrkFigures::from_result(&result);
         (figures.alone_rps, figures.alone_p99_ms) = (wrk.rps, wrk.p99_ms);
         figures.alone_cost_daemon = seconds_per_1000(t1 - t0, written);
-        if let Some(services) = services.or_else(|| went_down("writes alone")) {
-            figures.alone_cost_postgres = seconds_per_1000(services.postgres, written);
-            figures.alone_cost_rabbitmq = seconds_per_1000(services.rabbitmq, written);
-        }
+        (figures.alone_cost_postgres, figures.alone_cost_rabbitmq) =
+            service_costs(services, written, "writes alone");
 
         let services0 = ServiceTicks::now();
         let mut daemon =
@@ -554,10 +568,10 @@ impl Bench {
             let services = ServiceTicks::now().since(services0);
             let events = self.pg.count(&db, "SELECT count(*) FROM outbox_events")?;
             figures.delivery_cost_daemon = seconds_per_1000(daemon.cpu_ticks()?, events);
-            if let Some(services) = services.or_else(|| went_down("delivery")) {
-                figures.delivery_cost_postgres = seconds_per_1000(services.postgres, events);
-                figures.delivery_cost_rabbitmq = seconds_per_1000(services.rabbitmq, events);
-            }
+            (
+                figures.delivery_cost_postgres,
+                figures.delivery_cost_rabbitmq,
+            ) = service_costs(services, events, "delivery");
         }
         daemon.stop(TAG)?;
         self.pg.drop_db(&db)?;
