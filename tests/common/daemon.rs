@@ -1,5 +1,5 @@
-//! The daemon under test, [`TestDaemon`]: in this test's runtime ([`spawn_app`]) or the built
-//! binary as a child process that can be signalled, SIGKILLed and restarted on the same port
+//! The daemon under test, [`TestDaemon`]: in this test's process, on a thread of its own
+//! ([`spawn_app`]), or the built binary as a child process that can be signalled, SIGKILLed and restarted on the same port
 //! ([`spawn_binary`]); with the database and exchange it owns and a direct connection for
 //! assertions. [`DaemonProcess`] is the child process alone, for daemons on servers of a
 //! test's own (tests/tls, tests/ha).
@@ -27,6 +27,8 @@ pub struct TestDaemon {
     /// The child process of a daemon run from the binary; None in-process. Dropped first: the
     /// daemon goes before its database.
     process: Option<DaemonProcess>,
+    /// The daemon run in this process; None for a binary. Dropped as early, for the same reason.
+    in_process: Option<InProcess>,
     pub address: String,
     pub settings: Settings,
     pub db: tokio_postgres::Client,
@@ -90,19 +92,71 @@ async fn start_in_process(
     options: Options,
 ) -> TestDaemon {
     init_logging();
-    let application = Application::build_with(settings.clone(), options)
-        .await
-        .expect("the app starts");
-    let address = format!("http://127.0.0.1:{}", application.port());
-    actix_web::rt::spawn(application.run_until_stopped());
+    let in_process = InProcess::start(settings.clone(), options).await;
     TestDaemon {
         process: None,
-        address,
+        address: format!("http://127.0.0.1:{}", in_process.port),
+        in_process: Some(in_process),
         settings,
         db: connect(&database.name).await,
         http: http_client(REQUEST_LIMIT),
         database,
         exchange,
+    }
+}
+
+/// A daemon run in this process, in an actix system on a thread of its own. Dropping it stops
+/// the daemon and waits for its shutdown (bounded by `http.shutdown_timeout` at each step), so
+/// that nothing of it outlives the test: run in the test's own runtime, its relays lived on
+/// after the test had deleted the exchange, and re-declared it on their next reconnect.
+struct InProcess {
+    port: u16,
+    server: actix_web::dev::ServerHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcess {
+    async fn start(settings: Settings, options: Options) -> Self {
+        let (started, answer) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("in-process daemon".into())
+            .spawn(move || {
+                actix_web::rt::System::new().block_on(async move {
+                    match Application::build_with(settings, options).await {
+                        Ok(application) => {
+                            let handle = (application.port(), application.server_handle());
+                            let _ = started.send(Ok(handle));
+                            let _ = application.run_until_stopped().await;
+                        }
+                        Err(error) => {
+                            let _ = started.send(Err(error));
+                        }
+                    }
+                })
+            })
+            .expect("a thread for the daemon");
+        let (port, server) = answer
+            .await
+            .expect("the daemon's thread answers")
+            .expect("the app starts");
+        Self {
+            port,
+            server,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        // Not graceful: a request the test left in flight is not waited for. The command is
+        // sent at once; the daemon's own thread then runs its shutdown.
+        drop(self.server.stop(false));
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() && !std::thread::panicking() {
+                panic!("the in-process daemon's thread panicked");
+            }
+        }
     }
 }
 
@@ -143,6 +197,7 @@ async fn binary_daemon(
     TestDaemon {
         address: process.address.clone(),
         process: Some(process),
+        in_process: None,
         settings,
         db: connect(&database.name).await,
         http: http_client(REQUEST_LIMIT),
