@@ -1,7 +1,7 @@
 //! `POST /v1/entries` and `GET /v1/entries/{id}`; the listing, `GET /v1/entries`, is
 //! [`crate::http::listing`].
 
-use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpRequest, HttpResponse};
@@ -24,6 +24,11 @@ pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
+
+/// The two headers' names, made once: a name given as a string is parsed, and (not being a
+/// standard header) copied, at every use.
+const KEY_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
+const REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENCY_REPLAYED);
 
 /// Creates an entry, once per Idempotency-Key. A retry with the same key and request gets the
 /// first response again; the same key with another request is refused.
@@ -125,10 +130,10 @@ fn saved_response(response: &SavedResponse, replayed: bool) -> HttpResponse {
     let mut builder = HttpResponse::build(status);
     builder.content_type("application/json");
     if let Some(entry_id) = response.entry_id {
-        builder.insert_header((header::LOCATION, format!("{ENTRIES_PATH}/{entry_id}")));
+        builder.insert_header((header::LOCATION, entry_location(entry_id)));
     }
     if replayed {
-        builder.insert_header((IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true")));
+        builder.insert_header((REPLAYED_HEADER, HeaderValue::from_static("true")));
     }
     let mut response = builder.body(response.body.clone());
     response.extensions_mut().insert(if replayed {
@@ -139,8 +144,19 @@ fn saved_response(response: &SavedResponse, replayed: bool) -> HttpResponse {
     response
 }
 
+/// `/v1/entries/{id}`, written without the formatting machinery (it is on every replay).
+fn entry_location(entry_id: Uuid) -> HeaderValue {
+    const PREFIX: &[u8] = b"/v1/entries/";
+    let mut location = [0u8; PREFIX.len() + uuid::fmt::Hyphenated::LENGTH];
+    location[..PREFIX.len()].copy_from_slice(PREFIX);
+    entry_id
+        .hyphenated()
+        .encode_lower(&mut location[PREFIX.len()..]);
+    HeaderValue::from_bytes(&location).expect("a path and a UUID are visible ASCII")
+}
+
 fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
-    let mut values = request.headers().get_all(IDEMPOTENCY_KEY);
+    let mut values = request.headers().get_all(KEY_HEADER);
     let value = values.next().ok_or(ApiError::MissingIdempotencyKey)?;
     if values.next().is_some() {
         return Err(ApiError::InvalidIdempotencyKey(
@@ -210,15 +226,26 @@ async fn read_body(
             return Err(too_large);
         }
     }
-    let mut body = BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|error| {
-            ApiError::MalformedJson(format!("the body could not be read: {error}"))
-        })?;
-        if body.len() + chunk.len() > limit {
+    let read_error =
+        |error| ApiError::MalformedJson(format!("the body could not be read: {error}"));
+    // A small body usually comes in one chunk: it is kept as it came, not copied.
+    let Some(first) = payload.next().await.transpose().map_err(read_error)? else {
+        return Ok(Bytes::new());
+    };
+    if first.len() > limit {
+        return Err(too_large);
+    }
+    let Some(second) = payload.next().await.transpose().map_err(read_error)? else {
+        return Ok(first);
+    };
+    let mut body = BytesMut::from(first);
+    let mut chunk = Some(second);
+    while let Some(next) = chunk {
+        if body.len() + next.len() > limit {
             return Err(too_large);
         }
-        body.extend_from_slice(&chunk);
+        body.extend_from_slice(&next);
+        chunk = payload.next().await.transpose().map_err(read_error)?;
     }
     Ok(body.freeze())
 }
@@ -278,4 +305,18 @@ pub async fn get_entry(
     Ok(HttpResponse::Ok()
         .content_type("application/json")
         .body(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entrys_location_is_its_path_under_the_entries_route() {
+        let id = Uuid::new_v4();
+        assert_eq!(
+            entry_location(id).to_str().unwrap(),
+            format!("{ENTRIES_PATH}/{id}")
+        );
+    }
 }

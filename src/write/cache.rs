@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use chrono::Utc;
+use metrics::Counter;
 
 use crate::idempotency::{BodyHash, RequestHash};
 use crate::telemetry;
@@ -20,27 +21,42 @@ use crate::write::{Answer, SavedResponse, ScopedKey};
 /// A shard's replay cache, shared by the shard (which writes it) and the HTTP workers (which
 /// read it).
 #[derive(Clone)]
-pub struct ReplayCache(Arc<RwLock<Entries>>);
+pub struct ReplayCache(Arc<Shared>);
+
+struct Shared {
+    entries: RwLock<Entries>,
+    /// `REPLAY_CACHE_LOOKUPS` by result, looked up in the registry once rather than at every
+    /// request (the lookup hashes the name and labels, a share of a replay's own cost).
+    hits: Counter,
+    misses: Counter,
+}
 
 impl ReplayCache {
-    /// A cache of at most `capacity` responses and `capacity_bytes` bytes.
+    /// A cache of at most `capacity` responses and `capacity_bytes` bytes. Its metrics go to
+    /// the recorder installed when it is made.
     pub fn new(capacity: usize, capacity_bytes: usize) -> Self {
-        Self(Arc::new(RwLock::new(Entries {
-            capacity,
-            capacity_bytes,
-            bytes: 0,
-            entries: HashMap::new(),
-            order: VecDeque::new(),
-            next_generation: 0,
-        })))
+        Self(Arc::new(Shared {
+            entries: RwLock::new(Entries {
+                capacity,
+                capacity_bytes,
+                bytes: 0,
+                entries: HashMap::new(),
+                order: VecDeque::new(),
+                next_generation: 0,
+            }),
+            hits: metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "hit"),
+            misses: metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "miss"),
+        }))
     }
 
     /// The answer for a request whose key is completed and cached: a replay if the request is
     /// the same, a conflict if not. None when the key is not cached (or its record expired).
     pub fn answer(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
         let answer = self.lookup(key, request_hash);
-        let result = if answer.is_some() { "hit" } else { "miss" };
-        metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => result).increment(1);
+        match answer {
+            Some(_) => self.0.hits.increment(1),
+            None => self.0.misses.increment(1),
+        }
         answer
     }
 
@@ -56,7 +72,7 @@ impl ReplayCache {
         if BodyHash::of(body) != saved_hash {
             return None;
         }
-        metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "hit").increment(1);
+        self.0.hits.increment(1);
         Some(Answer::Replayed(response))
     }
 
@@ -75,6 +91,7 @@ impl ReplayCache {
     fn with_live<T>(&self, key: &ScopedKey, read: impl FnOnce(&Cached) -> Option<T>) -> Option<T> {
         let entries = self
             .0
+            .entries
             .read()
             // A panic while holding the lock cannot leave the map half-updated in a way that
             // matters (at worst an entry is missing), so a poisoned lock is used as it is.
@@ -97,6 +114,7 @@ impl ReplayCache {
         response: SavedResponse,
     ) {
         self.0
+            .entries
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(key, request_hash, body_hash, response);
@@ -246,8 +264,8 @@ mod tests {
         for name in ["a", "b", "c"] {
             cache.insert(key(name), hash, None, big(chrono::Duration::hours(1)));
         }
-        let bytes = |cache: &ReplayCache| cache.0.read().unwrap().bytes;
-        let len = |cache: &ReplayCache| cache.0.read().unwrap().entries.len();
+        let bytes = |cache: &ReplayCache| cache.0.entries.read().unwrap().bytes;
+        let len = |cache: &ReplayCache| cache.0.entries.read().unwrap().entries.len();
         assert!(bytes(&cache) <= 2500);
         assert!(!cached(&cache, "a"), "the oldest is evicted by size");
         assert!(cached(&cache, "c"));

@@ -1,9 +1,10 @@
 //! Every refusal is problem+json with its type, and writes nothing.
 
+use actix_web::web::Bytes;
 use serde_json::json;
 
 use crate::common::daemon::{spawn_app, TestDaemon};
-use crate::common::helpers::entry_body;
+use crate::common::helpers::{entry_body, TestResponse};
 
 async fn post_raw(
     app: &TestDaemon,
@@ -214,6 +215,52 @@ async fn wrong_content_type_and_oversized_bodies_are_refused() {
     post_raw(&app, Some(b"big-2"), Some("application/json"), fits)
         .await
         .assert_created();
+}
+
+/// `body` sent with chunked transfer encoding, a few bytes per chunk, so that the daemon reads
+/// it in many parts and knows no length in advance.
+async fn post_chunked(app: &TestDaemon, key: &str, body: String) -> TestResponse {
+    let chunks: Vec<Result<Bytes, std::io::Error>> = body
+        .into_bytes()
+        .chunks(7)
+        .map(|chunk| Ok(Bytes::copy_from_slice(chunk)))
+        .collect();
+    let response = app
+        .post_request(key)
+        .send_stream(futures_util::stream::iter(chunks))
+        .await
+        .expect("the request is answered");
+    TestResponse::read(response)
+        .await
+        .expect("the body is read")
+}
+
+#[actix_web::test]
+async fn a_body_in_many_chunks_is_read_whole_and_refused_past_the_limit() {
+    let app = spawn_app().await;
+    let body = entry_body(7).to_string();
+    let created = post_chunked(&app, "chunked-1", body.clone()).await;
+    created.assert_created();
+    assert_eq!(created.json()["data"], entry_body(7)["data"]);
+    // The same bytes in one piece are the same request.
+    let replayed = post_raw(&app, Some(b"chunked-1"), Some("application/json"), body).await;
+    assert_eq!(replayed.status, 201);
+    assert_eq!(
+        replayed.header("idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(replayed.body, created.body);
+
+    let limit = app.settings.http.max_body_bytes;
+    let huge = json!({"kind": "a", "data": {"padding": "x".repeat(limit)}}).to_string();
+    post_chunked(&app, "chunked-2", huge)
+        .await
+        .assert_problem(413, "payload-too-large");
+    assert_eq!(
+        app.row_counts().await,
+        (1, 1, 1),
+        "the refused body wrote nothing"
+    );
 }
 
 #[actix_web::test]
