@@ -106,39 +106,62 @@ pub struct WritesRun {
     pub delivery_cost_rabbitmq: Option<Num>,
 }
 
+/// One of a run's CPU costs, read off the run.
+type CostPart = fn(&WritesRun) -> &Option<Num>;
+
 impl WritesRun {
-    /// CPU seconds per 1,000 writes, the three together: the sum of the parts as recorded
-    /// (3 decimals), so that the report rebuilt from its per-run table gives the same total.
-    pub fn cost(&self) -> Option<Num> {
-        cost_sum([&self.cost_daemon, &self.cost_postgres, &self.cost_rabbitmq])
-    }
+    /// The parts of each CPU cost, the daemon's, PostgreSQL's and RabbitMQ's: per 1,000 writes
+    /// with their events delivered; per 1,000 writes alone; per 1,000 events delivered alone.
+    const COST: [CostPart; 3] = [
+        |run| &run.cost_daemon,
+        |run| &run.cost_postgres,
+        |run| &run.cost_rabbitmq,
+    ];
+    const ALONE_COST: [CostPart; 3] = [
+        |run| &run.alone_cost_daemon,
+        |run| &run.alone_cost_postgres,
+        |run| &run.alone_cost_rabbitmq,
+    ];
+    const DELIVERY_COST: [CostPart; 3] = [
+        |run| &run.delivery_cost_daemon,
+        |run| &run.delivery_cost_postgres,
+        |run| &run.delivery_cost_rabbitmq,
+    ];
 
-    /// [`cost`](Self::cost) of the write alone, its delivery not running.
-    pub fn alone_cost(&self) -> Option<Num> {
-        cost_sum([
-            &self.alone_cost_daemon,
-            &self.alone_cost_postgres,
-            &self.alone_cost_rabbitmq,
-        ])
-    }
-
-    /// [`cost`](Self::cost) of the delivery alone, per event.
-    pub fn delivery_cost(&self) -> Option<Num> {
-        cost_sum([
-            &self.delivery_cost_daemon,
-            &self.delivery_cost_postgres,
-            &self.delivery_cost_rabbitmq,
-        ])
+    /// The three `parts` together: their sum as recorded (3 decimals), so that the report
+    /// rebuilt from its per-run table gives the same total; None if one is missing.
+    fn cost(&self, parts: [CostPart; 3]) -> Option<Num> {
+        let mut thousandths = 0.0;
+        for part in parts {
+            thousandths += (part(self).as_ref()?.value * 1000.0).round();
+        }
+        Num::fixed(thousandths / 1000.0, 3)
     }
 }
 
-/// The sum of three CPU costs as recorded (3 decimals); None if one is missing.
-fn cost_sum(parts: [&Option<Num>; 3]) -> Option<Num> {
-    let mut thousandths = 0.0;
-    for part in parts {
-        thousandths += (part.as_ref()?.value * 1000.0).round();
+/// A CPU cost over the runs: the median of its per-run totals, and the median of each part.
+struct CostMedians {
+    total: Option<f64>,
+    parts: [Option<f64>; 3],
+}
+
+impl CostMedians {
+    fn of(runs: &[WritesRun], parts: [CostPart; 3]) -> Self {
+        let totals: Vec<Option<Num>> = runs.iter().map(|run| run.cost(parts)).collect();
+        Self {
+            total: median(&totals),
+            parts: parts.map(|part| median(&col(runs, part))),
+        }
     }
-    Num::fixed(thousandths / 1000.0, 3)
+
+    /// "total (`label`daemon + PostgreSQL + RabbitMQ)", 3 decimals each.
+    fn cell(&self, label: &str) -> String {
+        let [daemon, postgres, rabbitmq] = self.parts.map(|part| fmt(part, 3));
+        format!(
+            "{} ({label}{daemon} + {postgres} + {rabbitmq})",
+            fmt(self.total, 3)
+        )
+    }
 }
 
 impl Metrics for WritesRun {
@@ -492,28 +515,12 @@ impl Report {
         let w_p99 = median(&col(&self.writes, |r| &r.wrk.p99_ms));
         let pg_tps = median(&col(&self.writes, |r| &r.pg_tps));
         let pg_lat = median(&col(&self.writes, |r| &r.pg_latency_ms));
-        let costs: Vec<Option<Num>> = self.writes.iter().map(WritesRun::cost).collect();
-        let w_cost = median(&costs);
-        let w_cost_parts = [
-            median(&col(&self.writes, |r| &r.cost_daemon)),
-            median(&col(&self.writes, |r| &r.cost_postgres)),
-            median(&col(&self.writes, |r| &r.cost_rabbitmq)),
-        ];
+        let w_cost = CostMedians::of(&self.writes, WritesRun::COST);
         let pg_cost = median(&col(&self.writes, |r| &r.pg_cost));
         let a_rps = median(&col(&self.writes, |r| &r.alone_rps));
         let a_p99 = median(&col(&self.writes, |r| &r.alone_p99_ms));
-        let a_costs: Vec<Option<Num>> = self.writes.iter().map(WritesRun::alone_cost).collect();
-        let a_cost_parts = [
-            median(&col(&self.writes, |r| &r.alone_cost_daemon)),
-            median(&col(&self.writes, |r| &r.alone_cost_postgres)),
-            median(&col(&self.writes, |r| &r.alone_cost_rabbitmq)),
-        ];
-        let d_costs: Vec<Option<Num>> = self.writes.iter().map(WritesRun::delivery_cost).collect();
-        let d_cost_parts = [
-            median(&col(&self.writes, |r| &r.delivery_cost_daemon)),
-            median(&col(&self.writes, |r| &r.delivery_cost_postgres)),
-            median(&col(&self.writes, |r| &r.delivery_cost_rabbitmq)),
-        ];
+        let a_cost = CostMedians::of(&self.writes, WritesRun::ALONE_COST);
+        let d_cost = CostMedians::of(&self.writes, WritesRun::DELIVERY_COST);
         let r_rps = median(&col(&self.replays, |r| &r.wrk.rps));
         let h_rps = median(&col(&self.replays, |r| &r.healthz.rps));
         let s_tps = median(&col(&self.replays, |r| &r.pg_tps));
@@ -527,7 +534,7 @@ impl Report {
 
         let writes_ratio = ratio(w_rps, pg_tps);
         let p99_ratio = ratio(w_p99, pg_lat);
-        let cost_ratio = ratio(w_cost, pg_cost);
+        let cost_ratio = ratio(w_cost.total, pg_cost);
         let healthz_ratio = ratio(r_rps, h_rps);
         let select_ratio = ratio(r_rps, s_tps);
         let drain_ratio = ratio(d_eps, p_eps);
@@ -555,13 +562,7 @@ impl Report {
             [
                 "unique-key writes".into(),
                 "CPU s per 1,000 writes (daemon + PostgreSQL + RabbitMQ, events delivered) vs PostgreSQL's per 1,000 pgbench transactions".into(),
-                format!(
-                    "{} (medians: {} + {} + {})",
-                    fmt(w_cost, 3),
-                    fmt(w_cost_parts[0], 3),
-                    fmt(w_cost_parts[1], 3),
-                    fmt(w_cost_parts[2], 3)
-                ),
+                w_cost.cell("medians: "),
                 fmt(pg_cost, 3),
                 ratio_cell(cost_ratio),
                 "–".into(),
@@ -580,17 +581,7 @@ impl Report {
             [
                 "unique-key writes".into(),
                 "CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each)".into(),
-                format!(
-                    "{} ({} + {} + {}) + {} ({} + {} + {})",
-                    fmt(median(&a_costs), 3),
-                    fmt(a_cost_parts[0], 3),
-                    fmt(a_cost_parts[1], 3),
-                    fmt(a_cost_parts[2], 3),
-                    fmt(median(&d_costs), 3),
-                    fmt(d_cost_parts[0], 3),
-                    fmt(d_cost_parts[1], 3),
-                    fmt(d_cost_parts[2], 3)
-                ),
+                format!("{} + {}", a_cost.cell(""), d_cost.cell("")),
                 fmt(pg_cost, 3),
                 "–".into(),
                 "–".into(),
