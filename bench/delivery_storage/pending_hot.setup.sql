@@ -1,4 +1,4 @@
--- variant D: pending side table; no index names sent_at, so marking sent is a HOT update
+-- pending_hot: a narrow pending table; no index names sent_at, so marking sent is a HOT update
 DROP INDEX outbox_events_due;
 DROP INDEX outbox_events_parked;
 CREATE INDEX outbox_events_parked ON outbox_events (id) WHERE failed_at IS NOT NULL;
