@@ -90,6 +90,14 @@ pub struct WritesRun {
     pub cost_rabbitmq: Option<Num>,
     /// PostgreSQL's CPU seconds per 1,000 pgbench transactions.
     pub pg_cost: Option<Num>,
+    /// The whole machine's CPU seconds (every process and the kernel, load generators
+    /// included; steal not) per 1,000 writes over the same window as `cost_*`, and its busy
+    /// share while wrk ran, in per cent.
+    pub machine_cost: Option<Num>,
+    pub machine_busy_pct: Option<Num>,
+    /// The same per 1,000 pgbench transactions, and while pgbench ran.
+    pub pg_machine_cost: Option<Num>,
+    pub pg_machine_busy_pct: Option<Num>,
     /// The same load on a fresh database with the broker unreachable, so that the relays
     /// publish nothing while wrk runs: the write without its delivery.
     pub alone_rps: Option<Num>,
@@ -187,6 +195,13 @@ impl Metrics for WritesRun {
             ("cost_postgres".into(), self.cost_postgres.clone()),
             ("cost_rabbitmq".into(), self.cost_rabbitmq.clone()),
             ("pg_cost".into(), self.pg_cost.clone()),
+            ("machine_cost".into(), self.machine_cost.clone()),
+            ("machine_busy_pct".into(), self.machine_busy_pct.clone()),
+            ("pg_machine_cost".into(), self.pg_machine_cost.clone()),
+            (
+                "pg_machine_busy_pct".into(),
+                self.pg_machine_busy_pct.clone(),
+            ),
             ("alone_rps".into(), self.alone_rps.clone()),
             ("alone_p99_ms".into(), self.alone_p99_ms.clone()),
             ("alone_cost_daemon".into(), self.alone_cost_daemon.clone()),
@@ -290,6 +305,10 @@ pub struct DrainRun {
     pub log: LogProblems,
     pub pub_events_per_s: Option<Num>,
     pub pub_queued: Option<Num>,
+    /// RabbitMQ's CPU seconds per 1,000 messages: while the daemon drained (its start until
+    /// the outbox was empty), and while the plain publisher ran.
+    pub rabbitmq_cost: Option<Num>,
+    pub pub_rabbitmq_cost: Option<Num>,
 }
 
 impl Metrics for DrainRun {
@@ -307,6 +326,8 @@ impl Metrics for DrainRun {
         m.extend([
             ("pub_events_per_s".into(), self.pub_events_per_s.clone()),
             ("pub_queued".into(), self.pub_queued.clone()),
+            ("rabbitmq_cost".into(), self.rabbitmq_cost.clone()),
+            ("pub_rabbitmq_cost".into(), self.pub_rabbitmq_cost.clone()),
         ]);
         m
     }
@@ -502,6 +523,14 @@ fn all_flags(values: &[Option<Num>]) -> Verdict {
     Verdict::of(Some(minimum(values) == Some(1.0)))
 }
 
+/// "cost (busy share %)", or n/a without the cost.
+fn busy_cell(cost: Option<f64>, busy_pct: Option<f64>) -> String {
+    match busy_pct {
+        Some(_) if cost.is_some() => format!("{} (busy {} %)", fmt(cost, 3), fmt(busy_pct, 1)),
+        _ => fmt(cost, 3),
+    }
+}
+
 fn ratio_cell(value: Option<f64>) -> String {
     format!("{}×", fmt(value, 2))
 }
@@ -517,6 +546,10 @@ impl Report {
         let pg_lat = median(&col(&self.writes, |r| &r.pg_latency_ms));
         let w_cost = CostMedians::of(&self.writes, WritesRun::COST);
         let pg_cost = median(&col(&self.writes, |r| &r.pg_cost));
+        let m_cost = median(&col(&self.writes, |r| &r.machine_cost));
+        let m_busy = median(&col(&self.writes, |r| &r.machine_busy_pct));
+        let pm_cost = median(&col(&self.writes, |r| &r.pg_machine_cost));
+        let pm_busy = median(&col(&self.writes, |r| &r.pg_machine_busy_pct));
         let a_rps = median(&col(&self.writes, |r| &r.alone_rps));
         let a_p99 = median(&col(&self.writes, |r| &r.alone_p99_ms));
         let a_cost = CostMedians::of(&self.writes, WritesRun::ALONE_COST);
@@ -526,6 +559,8 @@ impl Report {
         let s_tps = median(&col(&self.replays, |r| &r.pg_tps));
         let st_rps = median(&col(&self.storm, |r| &r.wrk.rps));
         let d_eps = median(&col(&self.drain, |r| &r.events_per_s));
+        let d_mq = median(&col(&self.drain, |r| &r.rabbitmq_cost));
+        let p_mq = median(&col(&self.drain, |r| &r.pub_rabbitmq_cost));
         let p_eps = median(&col(&self.drain, |r| &r.pub_events_per_s));
         let e_p50 = median(&col(&self.e2e, |r| &r.p50_ms));
         let e_p99 = median(&col(&self.e2e, |r| &r.p99_ms));
@@ -565,6 +600,15 @@ impl Report {
                 w_cost.cell("medians: "),
                 fmt(pg_cost, 3),
                 ratio_cell(cost_ratio),
+                "–".into(),
+                "–".into(),
+            ],
+            [
+                "unique-key writes".into(),
+                "CPU s per 1,000, whole machine (every process, load generators included): writes, events delivered, vs pgbench transactions; in brackets the machine's busy share while the load ran".into(),
+                busy_cell(m_cost, m_busy),
+                busy_cell(pm_cost, pm_busy),
+                ratio_cell(ratio(m_cost, pm_cost)),
                 "–".into(),
                 "–".into(),
             ],
@@ -634,6 +678,16 @@ impl Report {
                 ratio_cell(drain_write_ratio),
                 "> 1.0×".into(),
                 Target::judge_against(d_eps, w_rps, Target::Above).to_string(),
+            ],
+            [
+                "outbox drain".into(),
+                "RabbitMQ's CPU s per 1,000 messages: the daemon's relays vs the plain publisher"
+                    .into(),
+                fmt(d_mq, 3),
+                fmt(p_mq, 3),
+                ratio_cell(ratio(d_mq, p_mq)),
+                "–".into(),
+                "–".into(),
             ],
             [
                 "outbox drain".into(),
@@ -992,6 +1046,12 @@ Method notes:
   (BEGIN, three INSERTs, COMMIT); its JSON values are built per transaction so that PostgreSQL
   parses jsonb each time, with the sizes the daemon stores (see the comments in
   bench/conventional.sql).
+- The whole machine's CPU per write or transaction is /proc/stat's user, nice, system, irq and
+  softirq time (steal not counted) over the same window as the per-process costs, divided by
+  the writes or transactions: every process counts, wrk, pgbench and this program included.
+  Operations per second are busy CPU-seconds per second over CPU-seconds per operation, so the
+  rate ratio is the inverse of the ratio of these costs times the ratio of the busy shares; with
+  both loads keeping the machine busy, a higher rate ratio needs a lower cost ratio.
 - The drain's clock starts just before the daemon process is spawned, so it includes the
   daemon's start (connecting, checking migrations, connecting to the broker).
   `bench-publisher publish` sends messages of the same size with the relay's properties and
@@ -1129,6 +1189,10 @@ mod tests {
             cost_postgres: n("0.152"),
             cost_rabbitmq: n("0.048"),
             pg_cost: n("0.602"),
+            machine_cost: n("0.312"),
+            machine_busy_pct: n("98.4"),
+            pg_machine_cost: n("0.650"),
+            pg_machine_busy_pct: n("99.1"),
             alone_rps: n("11327.75"),
             alone_p99_ms: n("15.805"),
             alone_cost_daemon: n("0.054"),
@@ -1187,6 +1251,8 @@ mod tests {
             log: logs(),
             pub_events_per_s: n(pub_eps),
             pub_queued: n("100000"),
+            rabbitmq_cost: n("0.095"),
+            pub_rabbitmq_cost: n("0.090"),
         })
         .collect();
         let e2e = [
@@ -1243,7 +1309,7 @@ mod tests {
     fn results_match_the_reference_run() {
         let table = report().results_table();
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 15);
+        assert_eq!(lines.len(), 17);
         assert_eq!(
             lines[2],
             "| unique-key writes, 64 conn. | requests/s vs pgbench conventional tps | 6462 | 3026 | 2.14× | ≥ 2.5× | NOT met |"
@@ -1258,42 +1324,50 @@ mod tests {
         );
         assert_eq!(
             lines[5],
-            "| unique-key writes, broker unreachable | requests/s (p99 ms) while no event is delivered vs pgbench conventional tps | 11328 (p99 15.80) | 3026 | 3.74× | – | – |"
+            "| unique-key writes | CPU s per 1,000, whole machine (every process, load generators included): writes, events delivered, vs pgbench transactions; in brackets the machine's busy share while the load ran | 0.312 (busy 98.4 %) | 0.650 (busy 99.1 %) | 0.48× | – | – |"
         );
         assert_eq!(
             lines[6],
-            "| unique-key writes | CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each) | 0.125 (0.054 + 0.069 + 0.002) + 0.193 (0.011 + 0.078 + 0.104) | 0.602 | – | – | – |"
+            "| unique-key writes, broker unreachable | requests/s (p99 ms) while no event is delivered vs pgbench conventional tps | 11328 (p99 15.80) | 3026 | 3.74× | – | – |"
         );
         assert_eq!(
             lines[7],
-            "| replays (1000 keys) | requests/s vs the daemon's /healthz | 75383 | 102624 | 0.73× | ≥ 0.8× | NOT met |"
+            "| unique-key writes | CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each) | 0.125 (0.054 + 0.069 + 0.002) + 0.193 (0.011 + 0.078 + 0.104) | 0.602 | – | – | – |"
         );
         assert_eq!(
             lines[8],
-            "| replays | requests/s vs pgbench PK select tps | 75383 | 43550 | 1.73× | > 1.0× | met |"
+            "| replays (1000 keys) | requests/s vs the daemon's /healthz | 75383 | 102624 | 0.73× | ≥ 0.8× | NOT met |"
         );
         assert_eq!(
             lines[9],
-            "| duplicate storm (10 keys) | requests/s; entries = 10 after | 77323 | – | – | exactly 10 entries, records, events | met |"
+            "| replays | requests/s vs pgbench PK select tps | 75383 | 43550 | 1.73× | > 1.0× | met |"
         );
         assert_eq!(
             lines[10],
-            "| outbox drain (100000 events) | events/s vs plain lapin publisher (window 1000) | 9367 | 11679 | 0.80× | ≥ 0.9× | NOT met |"
+            "| duplicate storm (10 keys) | requests/s; entries = 10 after | 77323 | – | – | exactly 10 entries, records, events | met |"
         );
         assert_eq!(
             lines[11],
-            "| outbox drain | events/s vs unique-key write rate | 9367 | 6462 | 1.45× | > 1.0× | met |"
+            "| outbox drain (100000 events) | events/s vs plain lapin publisher (window 1000) | 9367 | 11679 | 0.80× | ≥ 0.9× | NOT met |"
         );
         assert_eq!(
             lines[12],
-            "| outbox drain | every event reached the bound queue | 100000/100000/100000 | – | – | 100000 | met |"
+            "| outbox drain | events/s vs unique-key write rate | 9367 | 6462 | 1.45× | > 1.0× | met |"
         );
         assert_eq!(
             lines[13],
-            "| end-to-end at 1000 req/s | p50, 201 received → delivery received (ms) | 2.38 | – | – | < 5 ms | met |"
+            "| outbox drain | RabbitMQ's CPU s per 1,000 messages: the daemon's relays vs the plain publisher | 0.095 | 0.090 | 1.06× | – | – |"
         );
         assert_eq!(
             lines[14],
+            "| outbox drain | every event reached the bound queue | 100000/100000/100000 | – | – | 100000 | met |"
+        );
+        assert_eq!(
+            lines[15],
+            "| end-to-end at 1000 req/s | p50, 201 received → delivery received (ms) | 2.38 | – | – | < 5 ms | met |"
+        );
+        assert_eq!(
+            lines[16],
             "| end-to-end | p99 (ms) | 13.81 | – | – | < 20 ms | met |"
         );
     }
@@ -1391,6 +1465,10 @@ mod tests {
                 "cost_postgres",
                 "cost_rabbitmq",
                 "pg_cost",
+                "machine_cost",
+                "machine_busy_pct",
+                "pg_machine_cost",
+                "pg_machine_busy_pct",
                 "alone_rps",
                 "alone_p99_ms",
                 "alone_cost_daemon",
@@ -1409,8 +1487,8 @@ mod tests {
         assert_eq!(e2e.len(), 16);
         assert_eq!(e2e[2], "p50_ms");
         assert_eq!(e2e[15], "shutdown_log_problems");
-        // 30 + 20 + 14 + 11 + 16 rows, and the two header lines.
-        assert_eq!(lines.len(), 2 + 30 + 20 + 14 + 11 + 16);
+        // 34 + 20 + 14 + 13 + 16 rows, and the two header lines.
+        assert_eq!(lines.len(), 2 + 34 + 20 + 14 + 13 + 16);
     }
 
     #[test]
@@ -1514,6 +1592,10 @@ mod tests {
             "cost_postgres" => &mut r.cost_postgres,
             "cost_rabbitmq" => &mut r.cost_rabbitmq,
             "pg_cost" => &mut r.pg_cost,
+            "machine_cost" => &mut r.machine_cost,
+            "machine_busy_pct" => &mut r.machine_busy_pct,
+            "pg_machine_cost" => &mut r.pg_machine_cost,
+            "pg_machine_busy_pct" => &mut r.pg_machine_busy_pct,
             "alone_rps" => &mut r.alone_rps,
             "alone_p99_ms" => &mut r.alone_p99_ms,
             "alone_cost_daemon" => &mut r.alone_cost_daemon,
@@ -1585,6 +1667,8 @@ mod tests {
             "shutdown_log_problems" => &mut r.log.after_sigterm,
             "pub_events_per_s" => &mut r.pub_events_per_s,
             "pub_queued" => &mut r.pub_queued,
+            "rabbitmq_cost" => &mut r.rabbitmq_cost,
+            "pub_rabbitmq_cost" => &mut r.pub_rabbitmq_cost,
             other => panic!("drain metric {other}"),
         }
     }
@@ -1671,9 +1755,9 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rows.len(), 30 + 20 + 14 + 11 + 16);
+        assert_eq!(rows.len(), 34 + 20 + 14 + 13 + 16);
         let results = table_lines(&section(file, "## Results", "###"));
-        assert_eq!(results.lines().count(), 15);
+        assert_eq!(results.lines().count(), 17);
         assert_eq!(report.results_table(), results);
         assert_eq!(
             report.resources_table(),

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::harness::{
     self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, seconds_per_1000,
-    unix_ns, Binaries, Broker, Cleanup, Daemon, DaemonSpec, Pg, ServiceTicks,
+    unix_ns, Binaries, Broker, Cleanup, Daemon, DaemonSpec, MachineTicks, Pg, ServiceTicks,
 };
 use crate::report::{
     quoted_settings, DrainRun, E2eRun, LogProblems, Machine, ReplaysRun, Report, Settings,
@@ -445,28 +445,32 @@ impl Bench {
         self.fresh_db(&db)?;
         self.broker.bind(&self.cleanup, &ex, &q)?;
         let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-writes-{run}.log"), true)?;
-        let services0 = ServiceTicks::now();
+        let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
         let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
         let result = self.unique_key_writes(
             &format!("writes-{run}.wrk"),
             format!("{}{run}", self.run_id),
         )?;
         let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
+        let under_load = MachineTicks::now()?.since(machine0);
         let backlog = self.pg.number(&db, UNSENT_SQL)?;
         let mut figures = WritesRun {
             cpu_cores: cpu_share(t1 - t0, n1 - n0),
             rss_mb: mib(daemon.status_kb("VmHWM")?),
             wrk: WrkFigures::from_result(&result),
             backlog_at_end: backlog,
+            machine_busy_pct: under_load.busy_pct(),
             ..WritesRun::default()
         };
         // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
         if self.outbox_emptied(&db)? {
             let services = ServiceTicks::now().since(services0);
+            let machine = MachineTicks::now()?.since(machine0);
             let written = self.pg.count(&db, "SELECT count(*) FROM entries")?;
             figures.cost_daemon = seconds_per_1000(daemon.cpu_ticks()? - t0, written);
             (figures.cost_postgres, figures.cost_rabbitmq) =
                 service_costs(services, written, "writes");
+            figures.machine_cost = seconds_per_1000(machine.work, written);
         }
         daemon.stop(TAG)?;
         // Sanity: every 201 has its entry; at most the requests in flight at the end (wrk
@@ -500,16 +504,19 @@ impl Bench {
         );
         let pdb = format!("retrysafe_bench_{}_pgwrites_{run}", self.run_id);
         self.fresh_db(&pdb)?;
-        let services0 = ServiceTicks::now();
+        let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
         let text = self.pgbench(
             &format!("writes-pgbench-{run}.txt"),
             &pdb,
             "bench/conventional.sql",
             &[],
         )?;
+        let under_load = MachineTicks::now()?.since(machine0);
         // Read once pgbench's backends are gone, so that their whole time is counted.
         self.sessions_closed(&pdb)?;
         let services = ServiceTicks::now().since(services0);
+        let machine = MachineTicks::now()?.since(machine0);
+        figures.pg_machine_busy_pct = under_load.busy_pct();
         let pgbench = pgbench_figures(&text);
         (figures.pg_tps, figures.pg_latency_ms, figures.pg_failed) =
             (pgbench.tps, pgbench.latency_ms, pgbench.failed);
@@ -518,6 +525,7 @@ impl Bench {
             services.or_else(|| went_down("pgbench")),
         ) {
             figures.pg_cost = seconds_per_1000(services.postgres, transactions.value as i64);
+            figures.pg_machine_cost = seconds_per_1000(machine.work, transactions.value as i64);
         }
         self.pg.drop_db(&pdb)?;
         Ok(figures)
@@ -709,7 +717,7 @@ impl Bench {
             &db,
             "SELECT round(avg(octet_length(payload::text))) FROM outbox_events",
         )?;
-        let n0 = unix_ns();
+        let (n0, services0) = (unix_ns(), ServiceTicks::now());
         let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-drain-{run}.log"), false)?;
         let out = self.path(&format!("drain-{run}.txt"));
         let text = run_ok(
@@ -725,6 +733,7 @@ impl Bench {
         )
         .with_context(|| format!("the backlog did not drain; see {}", daemon.log.display()))?;
         let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
+        let services = ServiceTicks::now().since(services0);
         daemon.wait_healthy()?;
         let seconds = field(&result_line(&text, "BENCH_RESULT")?, "seconds");
         let mut figures = DrainRun {
@@ -735,6 +744,7 @@ impl Bench {
                 .as_ref()
                 .and_then(|s| Num::fixed(events as f64 / s.value, 1)),
             seconds,
+            rabbitmq_cost: service_costs(services, i64::try_from(events)?, "drain").1,
             ..DrainRun::default()
         };
         daemon.stop(TAG)?;
@@ -769,6 +779,7 @@ impl Bench {
         let pex = format!("retrysafe.bench.{}.publisher.{run}", self.run_id);
         let pq = format!("{pex}.q");
         self.broker.bind(&self.cleanup, &pex, &pq)?;
+        let services0 = ServiceTicks::now();
         let text = run_ok(
             Command::new(&self.bin.publisher)
                 .env("BENCH_AMQP_URL", &self.amqp)
@@ -786,6 +797,8 @@ impl Bench {
             &self.path(&format!("publisher-{run}.txt")),
             "the baseline publisher",
         )?;
+        let services = ServiceTicks::now().since(services0);
+        figures.pub_rabbitmq_cost = service_costs(services, i64::try_from(events)?, "publisher").1;
         figures.pub_events_per_s = field(&result_line(&text, "BENCH_RESULT")?, "events_per_s");
         figures.pub_queued = self.broker.count(&pq, expected, 15)?;
         self.broker.delete(&pex, &pq)?;
