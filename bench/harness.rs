@@ -402,13 +402,6 @@ pub fn mib(kb: u64) -> Option<Num> {
     Num::fixed(kb as f64 / 1024.0, 1)
 }
 
-/// The whole machine's busy and total jiffies (/proc/stat's first line; idle and iowait are
-/// not busy, steal is).
-pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
-    let ticks = MachineTicks::now()?;
-    Ok((ticks.work + ticks.steal, ticks.total))
-}
-
 /// The whole machine's jiffies, every process and the kernel (/proc/stat's first line).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MachineTicks {
@@ -1105,9 +1098,8 @@ mod tests {
         assert_eq!((spent.work, spent.steal, spent.total), (200, 20, 270));
         assert_eq!(spent.busy_pct().unwrap().text, "74.1");
         assert!(MachineTicks::default().busy_pct().is_none());
-        // The soak's busy share counts steal as busy, as it always did.
-        let (busy, total) = machine_ticks().unwrap();
-        assert!(busy <= total && total > 0);
+        let now = MachineTicks::now().unwrap();
+        assert!(now.work + now.steal <= now.total && now.total > 0);
     }
 
     #[test]

@@ -717,6 +717,7 @@ impl Bench {
             &db,
             "SELECT round(avg(octet_length(payload::text))) FROM outbox_events",
         )?;
+        let expected = i64::try_from(events)?;
         let (n0, services0) = (unix_ns(), ServiceTicks::now());
         let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-drain-{run}.log"), false)?;
         let out = self.path(&format!("drain-{run}.txt"));
@@ -744,11 +745,10 @@ impl Bench {
                 .as_ref()
                 .and_then(|s| Num::fixed(events as f64 / s.value, 1)),
             seconds,
-            rabbitmq_cost: service_costs(services, i64::try_from(events)?, "drain").1,
+            rabbitmq_cost: service_costs(services, expected, "drain").1,
             ..DrainRun::default()
         };
         daemon.stop(TAG)?;
-        let expected = i64::try_from(events)?;
         figures.queued = self.broker.count(&q, expected, 15)?;
         let queued_ok = figures.queued.as_ref().map(|n| n.value) == Some(events as f64);
         figures.queued_ok = Some(Num::flag(queued_ok));
@@ -798,7 +798,7 @@ impl Bench {
             "the baseline publisher",
         )?;
         let services = ServiceTicks::now().since(services0);
-        figures.pub_rabbitmq_cost = service_costs(services, i64::try_from(events)?, "publisher").1;
+        figures.pub_rabbitmq_cost = service_costs(services, expected, "publisher").1;
         figures.pub_events_per_s = field(&result_line(&text, "BENCH_RESULT")?, "events_per_s");
         figures.pub_queued = self.broker.count(&pq, expected, 15)?;
         self.broker.delete(&pex, &pq)?;

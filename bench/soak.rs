@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::harness::{
-    self, field, log, machine_ticks, result_line, unix_ns, Binaries, Broker, Cleanup, Daemon,
-    DaemonSpec, Pg,
+    self, field, log, result_line, unix_ns, Binaries, Broker, Cleanup, Daemon, DaemonSpec,
+    MachineTicks, Pg,
 };
 use crate::stats::{least_squares, Line};
 
@@ -536,7 +536,7 @@ impl Soak {
         let started = Instant::now();
         for slice in 1..=slices {
             let out = self.work.join(format!("slice-{slice}.txt"));
-            let (t0, n0, m0) = (daemon.cpu_ticks()?, unix_ns(), machine_ticks()?);
+            let (t0, n0, m0) = (daemon.cpu_ticks()?, unix_ns(), MachineTicks::now()?);
             let file = fs::File::create(&out)?;
             let mut wrk = Command::new("wrk")
                 .arg(format!("-t{THREADS}"))
@@ -566,7 +566,7 @@ impl Soak {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             };
-            let (t1, n1, m1) = (daemon.cpu_ticks()?, unix_ns(), machine_ticks()?);
+            let (t1, n1, m1) = (daemon.cpu_ticks()?, unix_ns(), MachineTicks::now()?);
             let text = fs::read_to_string(&out).unwrap_or_default();
             if !status.success() {
                 bail!("wrk failed ({status}); see {}", out.display());
@@ -585,7 +585,8 @@ impl Soak {
                 "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL",
             )?;
             let wall_s = (n1 - n0) as f64 / 1e9;
-            let machine_total = m1.1.saturating_sub(m0.1).max(1);
+            // The machine's busy share, steal counted as busy.
+            let machine = m1.since(m0);
             let row = SliceRow {
                 slice,
                 end_s: started.elapsed().as_secs(),
@@ -607,7 +608,8 @@ impl Soak {
                     + count(&result, "errors_timeout"),
                 rss_mib: rss_kb as f64 / 1024.0,
                 daemon_cores: (t1 - t0) as f64 / harness::clock_ticks() / wall_s,
-                machine_pct: 100.0 * m1.0.saturating_sub(m0.0) as f64 / machine_total as f64,
+                machine_pct: 100.0 * (machine.work + machine.steal) as f64
+                    / machine.total.max(1) as f64,
                 unsent: unsent.max(0) as u64,
                 fds: daemon.open_fds() as u64,
                 created: count(&result, "got_created"),

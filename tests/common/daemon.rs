@@ -1,8 +1,8 @@
 //! The daemon under test, [`TestDaemon`]: in this test's process, on a thread of its own
 //! ([`spawn_app`]), or the built binary as a child process that can be signalled, SIGKILLed
 //! and restarted on the same port ([`spawn_binary`]); with the database and exchange it owns
-//! and a direct connection for assertions. [`DaemonProcess`] is the child process alone, for daemons on servers of a
-//! test's own (tests/tls, tests/ha).
+//! and a direct connection for assertions. [`DaemonProcess`] is the child process alone, for
+//! daemons on servers of a test's own (tests/tls, tests/ha).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
