@@ -11,7 +11,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
 
 use crate::config::Settings;
-use crate::db::{self, Database};
+use crate::db::{self, Database, DatabaseClock};
 use crate::http::health::ReadinessMonitor;
 use crate::http::observe::{self, OutboxGauges};
 use crate::http::{self, AppState};
@@ -82,6 +82,7 @@ impl Application {
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
         let (db, reads) = Database::split(&settings.database)?;
+        let clock = read_database_clock(&db).await;
         let broker = Arc::new(Broker::new(
             &settings.amqp,
             settings.outbox.confirm_timeout.0,
@@ -93,7 +94,7 @@ impl Application {
         } else {
             Vec::new()
         };
-        let write_path = start_write_path(&settings, &db, OutboxWaker::new(relays.clone()));
+        let write_path = start_write_path(&settings, &db, clock, OutboxWaker::new(relays.clone()));
         let janitor = Janitor::start(db.clone(), settings.outbox.retention.0);
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
@@ -209,12 +210,31 @@ fn start_relays(
         .collect()
 }
 
-fn start_write_path(settings: &Settings, db: &Database, waker: OutboxWaker) -> WritePath {
+/// The database's clock, read once before the first write (every batch reads it again). A
+/// database that does not answer now leaves it unread: the first batch reads it.
+async fn read_database_clock(db: &Database) -> DatabaseClock {
+    let clock = DatabaseClock::new();
+    let read = db
+        .run(async |connection| Ok(clock.read(connection).await?))
+        .await;
+    if let Err(error) = read {
+        tracing::debug!(error = %error, "database clock not read at start");
+    }
+    clock
+}
+
+fn start_write_path(
+    settings: &Settings,
+    db: &Database,
+    clock: DatabaseClock,
+    waker: OutboxWaker,
+) -> WritePath {
     let on_commit: CommitHook = Arc::new(move || waker.wake());
     let config = WriterConfig {
         max_batch: settings.database.max_batch,
         retention: settings.idempotency.retention.0,
         audit: settings.events.audit,
+        clock,
     };
     let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
         .map(|_| Writer::start(db.clone(), config.clone(), on_commit.clone()))

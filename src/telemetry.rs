@@ -56,6 +56,19 @@ pub const OUTBOX_BATCH_SIZE: &str = "retrysafe_outbox_batch_size";
 pub const READY: &str = "retrysafe_ready";
 /// 1 while the broker connection is up.
 pub const BROKER_CONNECTED: &str = "retrysafe_broker_connected";
+/// 1 while the broker blocks the daemon's publishes (a RabbitMQ memory or disk alarm:
+/// `connection.blocked`); relays wait on the same connection until it unblocks.
+pub const BROKER_BLOCKED: &str = "retrysafe_broker_blocked";
+/// The database's clock minus this machine's, in seconds, at the last reading (every write
+/// batch reads it). Times that decide anything are the database's; this shows how wrong the
+/// machine's clock is.
+pub const CLOCK_OFFSET: &str = "retrysafe_database_clock_offset_seconds";
+/// 1 while writes fail for a reason only an operator can fix, by reason (disk_full,
+/// read_only, no_connections); /readyz is then 503.
+pub const WRITES_BLOCKED: &str = "retrysafe_database_writes_blocked";
+/// Requests refused with 429 by a client's limits, by client and limit (concurrent_writes,
+/// requests_per_second).
+pub const RATE_LIMITED: &str = "retrysafe_http_rate_limited_total";
 /// Database pools (label `pool`: writes, reads): open connections, idle ones, and the maximum.
 pub const POOL_CONNECTIONS: &str = "retrysafe_db_pool_connections";
 pub const POOL_IDLE: &str = "retrysafe_db_pool_idle_connections";
@@ -483,6 +496,23 @@ fn describe_metrics() {
         "1 while the database answers and migrations are applied (readiness)"
     );
     describe_gauge!(BROKER_CONNECTED, "1 while the broker connection is up");
+    describe_gauge!(
+        BROKER_BLOCKED,
+        "1 while the broker blocks publishing (a resource alarm: connection.blocked)"
+    );
+    describe_gauge!(
+        CLOCK_OFFSET,
+        Unit::Seconds,
+        "the database's clock minus this machine's at the last reading"
+    );
+    describe_gauge!(
+        WRITES_BLOCKED,
+        "1 while writes fail for a reason only an operator can fix, by reason"
+    );
+    describe_counter!(
+        RATE_LIMITED,
+        "requests refused with 429 by a client's limits, by client and limit"
+    );
     describe_gauge!(POOL_CONNECTIONS, "open database connections");
     describe_gauge!(POOL_IDLE, "idle database connections");
     describe_gauge!(POOL_MAX, "the pool's share of database.pool_size");

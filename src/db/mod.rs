@@ -6,6 +6,7 @@
 //! ever. A connection whose operation passed its deadline, or that failed in a way that leaves
 //! its state unknown, is dropped, never returned to the pool.
 
+pub mod clock;
 pub mod connect;
 pub mod sqlstate;
 pub mod tls;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Statement};
 
 use crate::config::DatabaseSettings;
+pub use clock::DatabaseClock;
 use connect::{ConnectError, Connection, Connector};
 pub use sqlstate::StorageError;
 

@@ -3,7 +3,8 @@
 //! The shard owns its cache and is the only one to change it (inserts, and evictions, oldest
 //! first). HTTP workers read it directly, so that a replay of a completed key costs no message
 //! to the shard and no query: [`ReplayCache::answer`] only reads, and an entry past its
-//! record's `expires_at` is not served (after it the key is new again) but left for eviction.
+//! record's life ([`SavedResponse::live_until`], on the monotonic clock) is not served (after it
+//! the key is new again) but left for eviction.
 //! An entry also remembers the hash of the completing request's body bytes, so that a retry
 //! sending those very bytes is known as a replay before its body is parsed
 //! ([`ReplayCache::replay_of_same_body`]).
@@ -11,7 +12,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
-use chrono::Utc;
+use std::time::Instant;
+
 use metrics::Counter;
 
 use crate::idempotency::{BodyHash, RequestHash};
@@ -97,7 +99,7 @@ impl ReplayCache {
             // matters (at worst an entry is missing), so a poisoned lock is used as it is.
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cached = entries.entries.get(key)?;
-        if cached.response.expires_at <= Utc::now() {
+        if cached.response.live_until <= Instant::now() {
             return None;
         }
         read(cached)
@@ -211,11 +213,16 @@ mod tests {
     use actix_web::web::Bytes;
 
     fn response(expires_in: chrono::Duration) -> SavedResponse {
+        let now = Instant::now();
         SavedResponse {
             status: 201,
             body: Bytes::from_static(b"{}"),
             entry_id: None,
-            expires_at: Utc::now() + expires_in,
+            live_until: match expires_in.to_std() {
+                Ok(ahead) => now + ahead,
+                // Already past.
+                Err(_) => now - (-expires_in).to_std().expect("negated, it is positive"),
+            },
         }
     }
 

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::db::StorageError;
@@ -68,8 +67,10 @@ pub struct SavedResponse {
     /// The JSON body, in canonical form so that a replay from the database is byte-identical.
     pub body: Bytes,
     pub entry_id: Option<Uuid>,
-    /// After this the record is gone for clients, and the key new again.
-    pub expires_at: DateTime<Utc>,
+    /// Until when, on this process's monotonic clock, the record surely lives: measured from the
+    /// database's clock when the record was written or read (after its `expires_at` the key is
+    /// new again). The daemon's wall clock, which may be wrong, plays no part.
+    pub live_until: std::time::Instant,
 }
 
 /// What became of a request.

@@ -19,8 +19,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::db::{Database, PgClient, StorageError};
-use crate::entry::{entry_json, format_time, now_micros, CREATED_STATUS};
+use crate::db::{Database, DatabaseClock, PgClient, StorageError};
+use crate::entry::{entry_json, format_time, CREATED_STATUS};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
 use crate::idempotency::{canonical_json, RequestHash};
 use crate::telemetry;
@@ -82,10 +82,12 @@ pub struct WriterState {
 #[derive(Clone)]
 pub struct WriterConfig {
     pub max_batch: usize,
-    /// How long a completed key stays an idempotency record.
+    /// How long a completed key stays an idempotency record, counted on the database's clock.
     pub retention: Duration,
     /// Emit `audit.entry.created` too.
     pub audit: bool,
+    /// The database's clock: new entries are stamped with it, and every batch reads it.
+    pub clock: DatabaseClock,
 }
 
 /// Called after each commit that wrote outbox rows, to wake the outbox relays.
@@ -223,21 +225,21 @@ impl Handler<GetState> for Writer {
     }
 }
 
-/// A write with everything computed that its rows need.
+/// A write with everything computed that its rows need. When its record expires is not among
+/// them: the statement sets that from the database's own clock.
 struct PreparedWrite<'a> {
     write: &'a Write,
     entry_id: Uuid,
+    /// The database's time as the daemon last measured it ([`DatabaseClock`]).
     created_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
     /// The entry as the API shows it: the saved response's body, and the data of its event.
     response_body: String,
     events: Vec<NewEvent>,
 }
 
 fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
-    let created_at = now_micros();
+    let created_at = config.clock.now();
     let created_at_text = format_time(created_at);
-    let retention = chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::MAX);
     let entry_id = Uuid::now_v7();
     let response_body = entry_json(entry_id, &write.kind, &write.data_json, &created_at_text);
     let audit = config.audit.then(|| AuditFacts {
@@ -256,23 +258,30 @@ fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
         write,
         entry_id,
         created_at,
-        expires_at: created_at
-            .checked_add_signed(retention)
-            .unwrap_or(DateTime::<Utc>::MAX_UTC),
         response_body,
         events,
     }
 }
 
 impl PreparedWrite<'_> {
-    fn saved_response(&self) -> SavedResponse {
+    /// The answer saved for this write, once committed: its record lives at least `retention`
+    /// from the commit on the database's clock, so the daemon's monotonic clock may count that
+    /// long from now.
+    fn saved_response(&self, retention: Duration) -> SavedResponse {
         SavedResponse {
             status: CREATED_STATUS,
             body: Bytes::from(self.response_body.clone()),
             entry_id: Some(self.entry_id),
-            expires_at: self.expires_at,
+            live_until: live_until(retention),
         }
     }
+}
+
+/// Now plus `remaining` on the monotonic clock, saturating far in the future.
+fn live_until(remaining: Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(remaining)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 /// Commits `batch`, answers every write in it, and returns how many entries it created.
@@ -282,7 +291,7 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>)
         .map(|commit| prepare(&commit.write, config))
         .collect();
     metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
-    let results = commit_isolating_bad_items(db, &prepared).await;
+    let results = commit_isolating_bad_items(db, config, &prepared).await;
     drop(prepared);
     let mut created = 0;
     for (commit, result) in batch.into_iter().zip(results) {
@@ -304,15 +313,17 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>)
 /// own (a large batch may take too long where its halves do not).
 async fn commit_isolating_bad_items(
     db: &Database,
+    config: &WriterConfig,
     prepared: &[PreparedWrite<'_>],
 ) -> Vec<Result<Committed, WriteError>> {
-    match commit_with_retries(db, prepared).await {
+    match commit_with_retries(db, config, prepared).await {
         Ok(outcomes) => outcomes,
         Err(StorageError::DataRejected(reason)) if prepared.len() > 1 => {
             tracing::warn!(reason = %reason, size = prepared.len(), "batch rejected; committing its writes one by one");
             let mut results = Vec::with_capacity(prepared.len());
             for item in prepared {
-                let result = match commit_with_retries(db, std::slice::from_ref(item)).await {
+                let result = match commit_with_retries(db, config, std::slice::from_ref(item)).await
+                {
                     Ok(mut outcomes) => outcomes.remove(0),
                     Err(error) => Err(error.into()),
                 };
@@ -323,8 +334,8 @@ async fn commit_isolating_bad_items(
         Err(StorageError::StatementTimeout(reason)) if prepared.len() > 1 => {
             tracing::warn!(reason = %reason, size = prepared.len(), "batch ran past the statement timeout; committing it in halves");
             let (first, second) = prepared.split_at(prepared.len() / 2);
-            let mut results = Box::pin(commit_isolating_bad_items(db, first)).await;
-            results.extend(Box::pin(commit_isolating_bad_items(db, second)).await);
+            let mut results = Box::pin(commit_isolating_bad_items(db, config, first)).await;
+            results.extend(Box::pin(commit_isolating_bad_items(db, config, second)).await);
             results
         }
         Err(error) => {
@@ -341,6 +352,7 @@ async fn commit_isolating_bad_items(
 /// (a key whose record vanished during the batch is the only per-write failure).
 async fn commit_with_retries(
     db: &Database,
+    config: &WriterConfig,
     prepared: &[PreparedWrite<'_>],
 ) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
     let mut attempt = 0;
@@ -349,7 +361,7 @@ async fn commit_with_retries(
         let started = std::time::Instant::now();
         // Bounded on the client's side too: a hung server enforces no statement_timeout.
         let result = db
-            .run(async |connection| commit(connection, prepared).await)
+            .run(async |connection| commit(connection, config, prepared).await)
             .await;
         metrics::histogram!(telemetry::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
         let label = if result.is_ok() {
@@ -372,19 +384,28 @@ async fn commit_with_retries(
 /// Keys are inserted in `(client_id, key)` order so that two daemons' batches sharing keys wait
 /// for each other instead of deadlocking. A record past `expires_at` that the janitor has not
 /// deleted yet is taken over: after its retention a key is new again, whenever the janitor runs.
+///
+/// `expires_at` is the database's `now()` plus the retention ($16, in microseconds), never a
+/// time the daemon sends: a daemon whose clock is behind would otherwise write records that the
+/// database already sees as expired, and the next request for the key would take it over (a
+/// duplicate write). `created_at` is the daemon's estimate of the database's time (the answer
+/// and the events carry it, so it is known before the statement runs); `greatest` keeps a
+/// record's life at least the retention however far that estimate is off. The statement
+/// returns the database's `now()` with the claimed keys, for the next estimate.
 const CLAIM_AND_INSERT: &str = r#"
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::text[], $6::text[],
-                $7::timestamptz[], $8::timestamptz[], $9::text[])
-        AS t(client_id, key, request_hash, entry_id, kind, data, created_at, expires_at, response_json)
+                $7::timestamptz[], $8::text[])
+        AS t(client_id, key, request_hash, entry_id, kind, data, created_at, response_json)
 ),
 claimed AS (
     INSERT INTO idempotency_records AS r
         (client_id, key, request_hash, status, response_status, response_json, entry_id,
          created_at, expires_at)
-    SELECT client_id, key, request_hash, 'completed', $16::smallint, response_json::jsonb,
-           entry_id, created_at, expires_at
+    SELECT client_id, key, request_hash, 'completed', $15::smallint, response_json::jsonb,
+           entry_id, created_at,
+           greatest(created_at, now()) + $16::bigint * interval '1 microsecond'
     FROM input
     ORDER BY client_id, key
     ON CONFLICT (client_id, key) DO UPDATE
@@ -407,24 +428,27 @@ new_events AS (
     INSERT INTO outbox_events
         (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at)
     SELECT e.event_id, e.event_key, e.client_id, e.key, e.event_type, e.payload::jsonb, now()
-    FROM unnest($10::uuid[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+    FROM unnest($9::uuid[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
             AS e(event_id, event_key, client_id, key, event_type, payload)
         JOIN claimed c USING (client_id, key)
 )
-SELECT client_id, key FROM claimed
+SELECT now(), array_agg(client_id), array_agg(key) FROM claimed
 "#;
 
 /// Reads back the records of keys a batch did not claim. Runs after the claim has committed,
-/// so it sees the rows that the claim found or waited for.
+/// so it sees the rows that the claim found or waited for. How long each record still lives is
+/// measured on the database's clock.
 const READ_BACK: &str = r#"
 SELECT r.client_id, r.key, r.request_hash, r.response_status, r.response_json::text,
-       r.entry_id, r.expires_at
+       r.entry_id,
+       greatest(extract(epoch FROM r.expires_at - now()), 0)::float8 AS remaining_seconds
 FROM idempotency_records r
     JOIN unnest($1::text[], $2::text[]) AS u(client_id, key) USING (client_id, key)
 "#;
 
 /// The claim statement's parameters: one array per column, built from the prepared writes (the
-/// first nine: one element per write) and their events (the next six: one per event).
+/// first eight: one element per write) and their events (the next six: one per event), then
+/// the response status and the retention.
 struct Columns<'a> {
     client_ids: Vec<&'a str>,
     keys: Vec<&'a str>,
@@ -433,7 +457,6 @@ struct Columns<'a> {
     kinds: Vec<&'a str>,
     data: Vec<&'a str>,
     created: Vec<DateTime<Utc>>,
-    expires: Vec<DateTime<Utc>>,
     responses: Vec<&'a str>,
     event_ids: Vec<Uuid>,
     event_keys: Vec<String>,
@@ -442,10 +465,11 @@ struct Columns<'a> {
     event_types: Vec<&'a str>,
     payloads: Vec<&'a str>,
     response_status: i16,
+    retention_micros: i64,
 }
 
 impl<'a> Columns<'a> {
-    fn new(prepared: &'a [PreparedWrite<'a>]) -> Self {
+    fn new(prepared: &'a [PreparedWrite<'a>], retention: Duration) -> Self {
         let writes = || prepared.iter();
         let events = || {
             prepared
@@ -460,7 +484,6 @@ impl<'a> Columns<'a> {
             kinds: writes().map(|p| p.write.kind.as_str()).collect(),
             data: writes().map(|p| p.write.data_json.as_str()).collect(),
             created: writes().map(|p| p.created_at).collect(),
-            expires: writes().map(|p| p.expires_at).collect(),
             responses: writes().map(|p| p.response_body.as_str()).collect(),
             event_ids: events().map(|(_, e)| e.event_id).collect(),
             event_keys: events().map(|(p, e)| e.event_key(p.entry_id)).collect(),
@@ -469,6 +492,7 @@ impl<'a> Columns<'a> {
             event_types: events().map(|(_, e)| e.event_type).collect(),
             payloads: events().map(|(_, e)| e.payload.as_str()).collect(),
             response_status: CREATED_STATUS as i16,
+            retention_micros: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
         }
     }
 
@@ -482,7 +506,6 @@ impl<'a> Columns<'a> {
             &self.kinds,
             &self.data,
             &self.created,
-            &self.expires,
             &self.responses,
             &self.event_ids,
             &self.event_keys,
@@ -491,6 +514,7 @@ impl<'a> Columns<'a> {
             &self.event_types,
             &self.payloads,
             &self.response_status,
+            &self.retention_micros,
         ]
     }
 }
@@ -506,18 +530,23 @@ impl<'a> Columns<'a> {
 /// starts afresh).
 async fn commit(
     connection: &mut PgClient,
+    config: &WriterConfig,
     prepared: &[PreparedWrite<'_>],
 ) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
     let claim_and_insert = connection.prepare_cached(CLAIM_AND_INSERT).await?;
     let read_back = connection.prepare_cached(READ_BACK).await?;
 
-    let columns = Columns::new(prepared);
-    let claimed: HashSet<(String, String)> = connection
-        .query(&claim_and_insert, &columns.params())
-        .await?
-        .iter()
-        .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
-        .collect();
+    let columns = Columns::new(prepared, config.retention);
+    let sent = Utc::now();
+    let row = connection
+        .query_one(&claim_and_insert, &columns.params())
+        .await?;
+    config.clock.observe(row.get(0), sent, Utc::now());
+    // array_agg over no rows is NULL: nothing was claimed.
+    let claimed_clients: Vec<String> = row.get::<_, Option<Vec<String>>>(1).unwrap_or_default();
+    let claimed_keys: Vec<String> = row.get::<_, Option<Vec<String>>>(2).unwrap_or_default();
+    let claimed: HashSet<(String, String)> =
+        claimed_clients.into_iter().zip(claimed_keys).collect();
     let is_claimed = |p: &PreparedWrite| {
         claimed.contains(&(
             p.write.key.client_id.to_string(),
@@ -540,7 +569,7 @@ async fn commit(
         .iter()
         .map(|p| {
             if is_claimed(p) {
-                return Ok(Committed::Created(p.saved_response()));
+                return Ok(Committed::Created(p.saved_response(config.retention)));
             }
             let id = (
                 p.write.key.client_id.to_string(),
@@ -577,7 +606,9 @@ fn saved_record_from_row(
             status: status as u16,
             body: Bytes::from(canonical_json(&json)),
             entry_id: row.get("entry_id"),
-            expires_at: row.get("expires_at"),
+            live_until: live_until(Duration::from_secs_f64(
+                row.get::<_, f64>("remaining_seconds").clamp(0.0, 1e12),
+            )),
         },
     ))
 }
@@ -614,6 +645,7 @@ mod tests {
             max_batch: 256,
             retention: Duration::from_secs(60),
             audit: false,
+            clock: DatabaseClock::new(),
         };
         let mut writer = Writer {
             db,

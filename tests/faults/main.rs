@@ -14,3 +14,4 @@ mod hostile_connections;
 mod hung_peers;
 mod many_daemons;
 mod secrets;
+mod skewed_clock;
