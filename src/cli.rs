@@ -3,14 +3,14 @@
 //! ([`send`]).
 
 mod replay;
+mod retry;
 mod send;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{ArgGroup, Parser, Subcommand};
-use uuid::Uuid;
+use clap::{Parser, Subcommand};
 
 use crate::config::{is_valid_client_id, Settings};
 use crate::startup::{notify_systemd, Application};
@@ -70,16 +70,10 @@ enum OutboxCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Requeue parked events for immediate delivery, with a fresh attempt count
-    #[command(group(ArgGroup::new("which").required(true).args(["all", "event"])))]
-    Retry {
-        /// Every parked event
-        #[arg(long)]
-        all: bool,
-        /// One unsent or parked event, by its event id
-        #[arg(long, value_name = "ID")]
-        event: Option<Uuid>,
-    },
+    /// Requeue parked events for delivery, with a fresh attempt count: a selection of them
+    /// (type, client, error, when parked), paced with --rate
+    #[command(after_help = retry::HELP)]
+    Retry(retry::RetryArgs),
     /// Publish past events again, with their original event ids: to the exchange, or to one
     /// queue (--to-queue); paced, resumable, recorded
     #[command(after_help = replay::EXIT_STATUS_HELP)]
@@ -235,15 +229,7 @@ async fn outbox_command(
             print_backlog(&rows);
             print_replays(&replays);
         }
-        OutboxCommand::Retry { event, .. } => {
-            let requeued = db
-                .run(async |connection| outbox::store::requeue(&**connection, *event).await)
-                .await?;
-            if let (Some(event), 0) = (event, requeued) {
-                anyhow::bail!("no unsent event with id {event}");
-            }
-            println!("requeued {requeued} event(s)");
-        }
+        OutboxCommand::Retry(args) => retry::run(&db, args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

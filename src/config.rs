@@ -93,6 +93,11 @@ pub struct DatabaseSettings {
     pub max_batch: usize,
     /// Bound on opening a connection and on waiting for a pooled one.
     pub connect_timeout: ConfigDuration,
+    /// How long `serve` (and `migrate`) wait at start for a database that is not there yet
+    /// (unreachable, starting up, every connection slot taken), trying again with backoff,
+    /// before they give up. Keep it below systemd's start timeout (the unit's
+    /// `TimeoutStartSec`).
+    pub start_timeout: ConfigDuration,
     /// Server-side bound on any one statement, including time spent waiting for locks.
     pub statement_timeout: ConfigDuration,
     /// Bound on the bytes held by writes queued or being committed; past it, 503 at once.
@@ -109,6 +114,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("max_batch", &self.max_batch)
             .field("max_pending_bytes", &self.max_pending_bytes)
             .field("connect_timeout", &self.connect_timeout)
+            .field("start_timeout", &self.start_timeout)
             .field("statement_timeout", &self.statement_timeout)
             .finish()
     }
@@ -284,6 +290,7 @@ impl Default for DatabaseSettings {
             writers: 2,
             max_batch: 256,
             connect_timeout: ConfigDuration::from_secs(2),
+            start_timeout: ConfigDuration::from_secs(60),
             statement_timeout: ConfigDuration::from_secs(5),
             max_pending_bytes: 64 * 1024 * 1024,
         }
@@ -449,6 +456,7 @@ impl Settings {
                 self.database.connect_timeout,
                 5 * MINUTE,
             ),
+            ("database.start_timeout", self.database.start_timeout, HOUR),
             (
                 "database.statement_timeout",
                 self.database.statement_timeout,

@@ -27,27 +27,19 @@ USING (
 ) expired
 WHERE r.client_id = expired.client_id AND r.key = expired.key";
 
-/// Rows of the outbox, in id order from the oldest, that one DELETE of sent events looks at.
-pub const PURGE_SCAN: i64 = 10 * PURGE_BATCH;
-
-/// Only sent rows: unsent and parked rows stay whatever their age. There is no index on
-/// sent_at (every index is written again when a relay sets it), so old sent rows are looked for
-/// among the oldest rows, in id order (the primary key), which is roughly the order they were
-/// sent in: at most [`PURGE_SCAN`] of them a statement. Without that bound, a table with no
-/// row old enough (every day of the first `outbox.retention`) was read whole by every pass, and
-/// at a few million rows the read ran past the statement timeout every minute. A row sent late
-/// (after retries) waits in the window until it is old enough; so do parked rows, which the
-/// operator is alerted to. The events' replay records go with them (found through
-/// event_replays' primary key): once an event is gone, how often it was replayed is of no use,
-/// and the record would grow with every replay for ever.
+/// Only sent rows: unsent and parked rows stay whatever their age. They are found through the
+/// partial index on `sent_at` of sent rows (migration V4), oldest first, so a pass reads about
+/// as many index entries as it deletes, and no number of parked or unsent rows stands in the
+/// way. The events' replay records go with them (found through event_replays' primary key):
+/// once an event is gone, how often it was replayed is of no use, and the record would grow
+/// with every replay for ever.
 const DELETE_OLD_SENT_EVENTS: &str = "
 WITH deleted AS (
     DELETE FROM outbox_events
     WHERE id IN (
         SELECT id FROM outbox_events
-        WHERE id IN (SELECT id FROM outbox_events ORDER BY id LIMIT $3)
-            AND sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1)
-        ORDER BY id
+        WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1)
+        ORDER BY sent_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
@@ -91,10 +83,7 @@ pub async fn purge_once(
         let deleted = db
             .run(async |connection| {
                 let row = connection
-                    .query_one(
-                        DELETE_OLD_SENT_EVENTS,
-                        &[&retention_seconds, &PURGE_BATCH, &PURGE_SCAN],
-                    )
+                    .query_one(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
                     .await?;
                 Ok(row.get::<_, i64>(0) as u64)
             })

@@ -11,7 +11,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
 
 use crate::config::Settings;
-use crate::db::{self, Database, DatabaseClock};
+use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
 use crate::http::observe::{self, OutboxGauges};
 use crate::http::{self, AppState};
@@ -94,13 +94,20 @@ impl Application {
         } else {
             Vec::new()
         };
-        let write_path = start_write_path(&settings, &db, clock, OutboxWaker::new(relays.clone()));
+        let write_health = WriteHealth::default();
+        let write_path = start_write_path(
+            &settings,
+            &db,
+            (clock, write_health.clone()),
+            OutboxWaker::new(relays.clone()),
+        );
         let janitor = Janitor::start(db.clone(), settings.outbox.retention.0);
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let readiness = Arc::new(ReadinessMonitor::new(
             reads.clone(),
             settings.database.connect_timeout.0 + Duration::from_secs(1),
+            write_health,
         ));
         let gauges = OutboxGauges::start(reads.clone(), readiness.clone());
 
@@ -226,7 +233,7 @@ async fn read_database_clock(db: &Database) -> DatabaseClock {
 fn start_write_path(
     settings: &Settings,
     db: &Database,
-    clock: DatabaseClock,
+    (clock, health): (DatabaseClock, WriteHealth),
     waker: OutboxWaker,
 ) -> WritePath {
     let on_commit: CommitHook = Arc::new(move || waker.wake());
@@ -235,6 +242,7 @@ fn start_write_path(
         retention: settings.idempotency.retention.0,
         audit: settings.events.audit,
         clock,
+        health,
     };
     let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
         .map(|_| Writer::start(db.clone(), config.clone(), on_commit.clone()))

@@ -47,7 +47,7 @@ Exit status:
   143  stopped by SIGTERM, likewise";
 
 /// The event types a replay may name: those the daemon emits.
-const EVENT_TYPES: [&str; 2] = [ENTRY_CREATED, AUDIT_ENTRY_CREATED];
+pub(super) const EVENT_TYPES: [&str; 2] = [ENTRY_CREATED, AUDIT_ENTRY_CREATED];
 
 /// Replays kept in `outbox status`.
 pub const RECENT_REPLAYS: i64 = 10;
@@ -94,7 +94,7 @@ pub struct ReplayArgs {
     dry_run: bool,
 }
 
-fn client_id(text: &str) -> Result<String, String> {
+pub(super) fn client_id(text: &str) -> Result<String, String> {
     if is_valid_client_id(text) {
         Ok(text.to_owned())
     } else {
@@ -111,7 +111,7 @@ fn queue_name(text: &str) -> Result<String, String> {
     }
 }
 
-fn rate(text: &str) -> Result<f64, String> {
+pub(super) fn rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
         _ => Err("must be a number of events per second above 0".into()),

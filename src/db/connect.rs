@@ -17,7 +17,9 @@ use tokio_postgres::config::{Host, LoadBalanceHosts};
 use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::db::blocked::Blocker;
 use crate::db::sqlstate;
+use tokio_postgres::error::SqlState;
 
 /// Bound on the graceful end of a connection dropped while healthy: it sends Terminate and
 /// closes; a server that stopped answering meanwhile must not keep the task and socket.
@@ -82,6 +84,47 @@ impl ConnectError {
     pub fn is_invalid_catalog_name(&self) -> bool {
         self.failures.iter().any(|(_, failure)| {
             matches!(failure, HostFailure::Refused(error) if sqlstate::is_invalid_catalog_name(error))
+        })
+    }
+
+    /// What stops writes, when every host refused for the same such reason (every connection
+    /// slot taken: SQLSTATE 53300).
+    pub fn blocker(&self) -> Option<Blocker> {
+        let mut blockers = self.failures.iter().map(|(_, failure)| match failure {
+            HostFailure::Refused(error) => error.code().and_then(sqlstate::blocker_of),
+            HostFailure::TimedOut(_) => None,
+        });
+        let first = blockers.next()??;
+        blockers
+            .all(|blocker| blocker == Some(first))
+            .then_some(first)
+    }
+
+    /// Whether trying again later may succeed: every host failed in a way that passes (no
+    /// answer, refused at the TCP level, starting up or shutting down, out of connections), and
+    /// none for a reason that only the configuration can fix (authentication, TLS, a missing
+    /// database or role).
+    pub fn is_transient(&self) -> bool {
+        self.failures.iter().all(|(_, failure)| match failure {
+            HostFailure::TimedOut(_) => true,
+            HostFailure::Refused(error) => match error.code() {
+                Some(code) => {
+                    let class = &code.code()[..2];
+                    matches!(class, "08" | "53") || *code == SqlState::CANNOT_CONNECT_NOW
+                }
+                // No SQLSTATE: the socket (refused, reset, unreachable), unless TLS failed.
+                None => {
+                    crate::tls::describe_handshake_failure(error).is_none() && {
+                        let mut cause = std::error::Error::source(error);
+                        let mut tls_refused = false;
+                        while let Some(inner) = cause {
+                            tls_refused |= inner.to_string() == NO_TLS_ON_SERVER;
+                            cause = inner.source();
+                        }
+                        !tls_refused
+                    }
+                }
+            },
         })
     }
 }

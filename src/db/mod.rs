@@ -6,6 +6,7 @@
 //! ever. A connection whose operation passed its deadline, or that failed in a way that leaves
 //! its state unknown, is dropped, never returned to the pool.
 
+pub mod blocked;
 pub mod clock;
 pub mod connect;
 pub mod sqlstate;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Statement};
 
 use crate::config::DatabaseSettings;
+pub use blocked::{Blocker, WriteHealth};
 pub use clock::DatabaseClock;
 use connect::{ConnectError, Connection, Connector};
 pub use sqlstate::StorageError;
@@ -125,9 +127,10 @@ impl bb8::ManageConnection for Manager {
 }
 
 /// Remembers the pool's last failed connection attempt, so that a request that timed out
-/// waiting for a connection can say why none could be opened.
+/// waiting for a connection can say why none could be opened (and whether that is a
+/// [`Blocker`]: no connection slot free).
 #[derive(Debug, Clone, Default)]
-struct LastConnectError(Arc<Mutex<Option<String>>>);
+struct LastConnectError(Arc<Mutex<Option<(String, Option<Blocker>)>>>);
 
 impl bb8::ErrorSink<ConnectError> for LastConnectError {
     fn sink(&self, error: ConnectError) {
@@ -135,7 +138,8 @@ impl bb8::ErrorSink<ConnectError> for LastConnectError {
         *self
             .0
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error.to_string());
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            Some((error.to_string(), error.blocker()));
     }
 
     fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<ConnectError>> {
@@ -267,12 +271,18 @@ impl Database {
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .clone();
-                StorageError::Unavailable(match last {
-                    Some(last) => {
-                        format!("no database connection within {waited}; last attempt: {last}")
+                match last {
+                    Some((last, Some(blocker))) => StorageError::CannotWrite(
+                        blocker,
+                        format!("no database connection within {waited}; last attempt: {last}"),
+                    ),
+                    Some((last, None)) => StorageError::Unavailable(format!(
+                        "no database connection within {waited}; last attempt: {last}"
+                    )),
+                    None => {
+                        StorageError::Unavailable(format!("no database connection within {waited}"))
                     }
-                    None => format!("no database connection within {waited}"),
-                })
+                }
             }
         })
     }
@@ -382,11 +392,12 @@ async fn create_database(connector: &Connector) -> Result<(), StorageError> {
 /// Connecting is bounded as everywhere: each host within `database.connect_timeout`.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError> {
     let connector = connector(settings, base_pg_config(settings)?)?;
-    let mut connection = match connector.connect().await {
+    let deadline = tokio::time::Instant::now() + settings.start_timeout.0;
+    let mut connection = match connect_at_start(&connector, deadline).await {
         Ok(connection) => connection,
         Err(error) if error.is_invalid_catalog_name() => {
             create_database(&connector).await?;
-            connector.connect().await?
+            connect_at_start(&connector, deadline).await?
         }
         Err(error) => return Err(error.into()),
     };
@@ -397,6 +408,40 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError>
         tracing::info!(applied, "applied migrations");
     }
     Ok(applied)
+}
+
+/// First and longest wait between two connection attempts at start.
+const FIRST_START_RETRY: Duration = Duration::from_millis(250);
+const MAX_START_RETRY: Duration = Duration::from_secs(5);
+
+/// Connects at start, waiting for a database that is not there yet: unreachable, starting up,
+/// or with every connection slot taken (a start that exits at once on those makes systemd
+/// restart the daemon in a loop, and a burst of other clients stop it). Each attempt is bounded
+/// by `database.connect_timeout`; a failure that only the configuration can fix
+/// (authentication, TLS, a missing database) is returned at once, and so is the last failure
+/// once no attempt fits before `deadline` (`database.start_timeout`).
+async fn connect_at_start(
+    connector: &Connector,
+    deadline: tokio::time::Instant,
+) -> Result<Connection, ConnectError> {
+    let mut delay = FIRST_START_RETRY;
+    loop {
+        match connector.connect().await {
+            Ok(connection) => return Ok(connection),
+            Err(error)
+                if error.is_transient() && tokio::time::Instant::now() + delay < deadline =>
+            {
+                tracing::warn!(
+                    error = %error,
+                    retry_in = %humantime::format_duration(delay),
+                    "waiting for the database at start (database.start_timeout bounds the wait)"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_START_RETRY);
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 async fn apply_migrations(client: &mut Client) -> Result<usize, StorageError> {

@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
 
+use crate::db::blocked::Blocker;
+
 /// What a storage failure means to a caller.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
@@ -21,6 +23,10 @@ pub enum StorageError {
     /// The statement failed because of the data it was given (SQLSTATE classes 22 and 23).
     #[error("data rejected by the database: {0}")]
     DataRejected(String),
+    /// The database takes no writes until an operator acts ([`Blocker`]: disk full, read-only,
+    /// no free connection). Certain: nothing was written.
+    #[error("{description}: {1}", description = .0.describe())]
+    CannotWrite(Blocker, String),
     /// Anything else: a bug, or a database in a state the daemon does not expect.
     #[error("{0:#}")]
     Other(Arc<anyhow::Error>),
@@ -40,7 +46,10 @@ impl From<tokio_postgres::Error> for StorageError {
 
 impl From<crate::db::connect::ConnectError> for StorageError {
     fn from(error: crate::db::connect::ConnectError) -> Self {
-        StorageError::Unavailable(error.to_string())
+        match error.blocker() {
+            Some(blocker) => StorageError::CannotWrite(blocker, error.to_string()),
+            None => StorageError::Unavailable(error.to_string()),
+        }
     }
 }
 
@@ -50,7 +59,11 @@ impl StorageError {
     /// connection's state is unknown, or it is on a server that cannot take writes (a demoted
     /// primary answers 25006), so it is dropped.
     pub fn leaves_connection_usable(&self) -> bool {
-        !matches!(self, StorageError::Unavailable(_))
+        !matches!(
+            self,
+            StorageError::Unavailable(_)
+                | StorageError::CannotWrite(Blocker::ReadOnly | Blocker::NoConnections, _)
+        )
     }
 }
 
@@ -66,6 +79,9 @@ fn classify(error: tokio_postgres::Error) -> StorageError {
     if *code == SqlState::QUERY_CANCELED {
         return StorageError::StatementTimeout(text);
     }
+    if let Some(blocker) = blocker_of(code) {
+        return StorageError::CannotWrite(blocker, text);
+    }
     let class = &code.code()[..2];
     match class {
         "22" | "23" => StorageError::DataRejected(text),
@@ -74,10 +90,23 @@ fn classify(error: tokio_postgres::Error) -> StorageError {
         "08" | "53" | "57" | "58" => StorageError::Unavailable(text),
         // 55P03: lock_not_available (lock_timeout).
         _ if *code == SqlState::LOCK_NOT_AVAILABLE => StorageError::Unavailable(text),
-        // 25006: read_only_sql_transaction. The server is a standby now (a demoted primary after
-        // a failover): the write must go to the new primary, on a new connection.
-        _ if *code == SqlState::READ_ONLY_SQL_TRANSACTION => StorageError::Unavailable(text),
         _ => StorageError::from(anyhow::Error::new(error)),
+    }
+}
+
+/// The SQLSTATEs that say the database takes no writes until an operator acts. 25006
+/// (read_only_sql_transaction) is also what a demoted primary answers during a failover: the
+/// write must go to the new primary, on a new connection (so the connection is dropped), and
+/// the daemon calls itself unready only if it lasts ([`Blocker`]).
+pub fn blocker_of(code: &SqlState) -> Option<Blocker> {
+    if *code == SqlState::DISK_FULL {
+        Some(Blocker::DiskFull)
+    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+        Some(Blocker::ReadOnly)
+    } else if *code == SqlState::TOO_MANY_CONNECTIONS {
+        Some(Blocker::NoConnections)
+    } else {
+        None
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use actix_web::HttpResponse;
 use serde::Serialize;
 
-use crate::db::{self, Database};
+use crate::db::{self, Database, WriteHealth};
 use crate::http::SharedState;
 use crate::telemetry;
 
@@ -21,45 +21,82 @@ pub struct Readiness {
     status: &'static str,
     database: &'static str,
     migrations: &'static str,
-    /// Reported, but not part of readiness: writes work while the broker is down.
+    /// `ok`, or `failing` while writes fail for a reason only an operator can fix (the
+    /// database's disk full, the database read-only, no connection slot free): then the daemon
+    /// is unready.
+    writes: &'static str,
+    /// Why writes fail, in words, with the database's message; absent while they do not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    writes_error: Option<String>,
+    /// `connected`, `blocked` (a resource alarm: the broker takes no publishes until it clears;
+    /// events wait in the outbox) or `disconnected`. Reported, but not part of readiness:
+    /// writes work while the broker is down or blocked.
     broker: &'static str,
+    /// Why the broker blocks publishing, as it said, and for how long; absent while it does
+    /// not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    broker_blocked_reason: Option<String>,
     /// Events committed and not yet delivered (parked ones excluded); null when unknown.
     outbox_backlog: Option<i64>,
+    /// Events parked after `outbox.max_attempts` (waiting for `retrysafe outbox retry`); null
+    /// when unknown.
+    outbox_parked: Option<i64>,
 }
 
-/// Ready when the database answers and has every migration this build needs.
+/// Ready when the database answers, has every migration this build needs, and writes do not
+/// fail for a reason only an operator can fix.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
-        (status = 200, description = "The database answers and migrations are applied", body = Readiness, content_type = "application/json"),
+        (status = 200, description = "The database answers, migrations are applied, and writes do not fail for a reason only an operator can fix", body = Readiness, content_type = "application/json"),
         (status = 503, description = "Not ready; the body says why", body = Readiness, content_type = "application/json"),
     ),
 )]
 pub async fn readyz(state: SharedState) -> HttpResponse {
     let database = state.readiness.current().await;
+    let writes_blocked = state.readiness.writes_blocked();
+    let blocked = state.broker.blocked();
+    let ready = database == DatabaseState::Ready && writes_blocked.is_none();
     let (database_text, migrations) = match database {
         DatabaseState::Ready => ("up", "applied"),
         DatabaseState::MigrationsPending => ("up", "pending"),
         DatabaseState::Down => ("down", "unknown"),
     };
     let body = Readiness {
-        status: if database == DatabaseState::Ready {
-            "ready"
-        } else {
-            "unready"
-        },
+        status: if ready { "ready" } else { "unready" },
         database: database_text,
         migrations,
-        broker: if state.broker.is_connected() {
-            "connected"
+        writes: if writes_blocked.is_some() {
+            "failing"
         } else {
-            "disconnected"
+            "ok"
         },
+        writes_error: writes_blocked.map(|current| {
+            format!(
+                "{} for {}: {}; {}",
+                current.blocker.describe(),
+                humantime::format_duration(current.for_how_long),
+                current.reason,
+                current.blocker.remedy()
+            )
+        }),
+        broker: match (state.broker.is_connected(), &blocked) {
+            (true, Some(_)) => "blocked",
+            (true, None) => "connected",
+            (false, _) => "disconnected",
+        },
+        broker_blocked_reason: blocked.map(|(reason, lasted)| {
+            format!(
+                "{reason} (for {})",
+                humantime::format_duration(Duration::from_secs(lasted.as_secs()))
+            )
+        }),
         outbox_backlog: state.readiness.backlog(),
+        outbox_parked: state.readiness.parked(),
     };
-    if database == DatabaseState::Ready {
+    if ready {
         HttpResponse::Ok().json(body)
     } else {
         HttpResponse::ServiceUnavailable().json(body)
@@ -83,20 +120,25 @@ const READINESS_FRESH: Duration = Duration::from_secs(1);
 /// outbox backlog it reports comes from the background gauges, not from a query per probe.
 pub struct ReadinessMonitor {
     db: Database,
+    /// What the writers last found.
+    writes: WriteHealth,
     /// Bound on one check.
     limit: Duration,
     last: tokio::sync::Mutex<Option<(Instant, DatabaseState)>>,
-    /// Unsent events at the last refresh of the outbox gauges; -1 when unknown.
+    /// Unsent and parked events at the last refresh of the outbox gauges; -1 when unknown.
     backlog: AtomicI64,
+    parked: AtomicI64,
 }
 
 impl ReadinessMonitor {
-    pub fn new(db: Database, limit: Duration) -> Self {
+    pub fn new(db: Database, limit: Duration, writes: WriteHealth) -> Self {
         Self {
             db,
+            writes,
             limit,
             last: tokio::sync::Mutex::new(None),
             backlog: AtomicI64::new(-1),
+            parked: AtomicI64::new(-1),
         }
     }
 
@@ -110,12 +152,14 @@ impl ReadinessMonitor {
         }
         let state = self.check().await;
         *last = Some((Instant::now(), state));
-        metrics::gauge!(telemetry::READY).set(if state == DatabaseState::Ready {
-            1.0
-        } else {
-            0.0
-        });
+        let ready = state == DatabaseState::Ready && self.writes.current().is_none();
+        metrics::gauge!(telemetry::READY).set(if ready { 1.0 } else { 0.0 });
         state
+    }
+
+    /// What makes writes fail now, if it is a reason only an operator can fix and has lasted.
+    pub fn writes_blocked(&self) -> Option<db::blocked::CurrentBlocker> {
+        self.writes.current()
     }
 
     async fn check(&self) -> DatabaseState {
@@ -137,11 +181,22 @@ impl ReadinessMonitor {
 
     /// Unsent events, as the outbox gauges last saw them.
     pub fn backlog(&self) -> Option<i64> {
-        let backlog = self.backlog.load(Ordering::Relaxed);
-        (backlog >= 0).then_some(backlog)
+        known(&self.backlog)
     }
 
-    pub fn set_backlog(&self, unsent: i64) {
-        self.backlog.store(unsent, Ordering::Relaxed);
+    /// Parked events, as the outbox gauges last saw them.
+    pub fn parked(&self) -> Option<i64> {
+        known(&self.parked)
     }
+
+    pub fn set_outbox(&self, unsent: i64, parked: i64) {
+        self.backlog.store(unsent, Ordering::Relaxed);
+        self.parked.store(parked, Ordering::Relaxed);
+    }
+}
+
+/// A count read by the gauges, or None before the first reading (stored as -1).
+fn known(count: &AtomicI64) -> Option<i64> {
+    let count = count.load(Ordering::Relaxed);
+    (count >= 0).then_some(count)
 }

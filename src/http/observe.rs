@@ -61,7 +61,7 @@ impl OutboxGauges {
                 .await
             {
                 Ok(totals) => {
-                    readiness.set_backlog(totals.unsent);
+                    readiness.set_outbox(totals.unsent, totals.parked);
                     metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
                     metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
                     metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)

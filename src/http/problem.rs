@@ -11,7 +11,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
-use crate::db::StorageError;
+use crate::db::{Blocker, StorageError};
 use crate::entry::{DecodeError, FieldError};
 use crate::http::observe::Outcome;
 use crate::idempotency::KeyError;
@@ -207,6 +207,10 @@ pub enum ApiError {
     /// A read or a probe the database could not answer.
     #[error("storage unavailable: {0}")]
     StorageUnavailable(String),
+    /// The database takes no writes until an operator acts (disk full, read-only, no free
+    /// connection): certain, nothing was written.
+    #[error("storage unavailable: {reason}")]
+    CannotWrite { blocker: Blocker, reason: String },
     /// Load shed before anything was sent to the database (pending writes over their bound,
     /// writers saturated, too many large bodies being decoded): nothing was written.
     #[error("overloaded: {0}")]
@@ -263,6 +267,7 @@ impl ApiError {
             ApiError::RequestInProgress => &REQUEST_IN_PROGRESS,
             ApiError::WriteNotConfirmed(_)
             | ApiError::StorageUnavailable(_)
+            | ApiError::CannotWrite { .. }
             | ApiError::Overloaded(_) => &STORAGE_UNAVAILABLE,
             ApiError::NotFound(_) => &NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => &METHOD_NOT_ALLOWED,
@@ -281,6 +286,11 @@ impl ApiError {
             ApiError::StorageUnavailable(_) => {
                 "the database is unavailable; retry after the time in Retry-After".into()
             }
+            ApiError::CannotWrite { blocker, .. } => format!(
+                "{}, so nothing was written for this request; an operator must {}; retry after the time in Retry-After (a write with the same Idempotency-Key)",
+                blocker.describe(),
+                blocker.remedy()
+            ),
             ApiError::Overloaded(reason) => format!(
                 "{reason}; nothing was written for this request: retry it with the same Idempotency-Key after the time in Retry-After"
             ),
@@ -301,7 +311,9 @@ impl ApiError {
             ApiError::Internal(error) => {
                 tracing::error!(error = format!("{error:#}"), "internal error")
             }
-            ApiError::WriteNotConfirmed(reason) | ApiError::StorageUnavailable(reason) => {
+            ApiError::WriteNotConfirmed(reason)
+            | ApiError::StorageUnavailable(reason)
+            | ApiError::CannotWrite { reason, .. } => {
                 tracing::warn!(reason = %reason, "storage unavailable")
             }
             ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
@@ -326,6 +338,7 @@ impl From<StorageError> for ApiError {
             StorageError::Unavailable(reason)
             | StorageError::StatementTimeout(reason)
             | StorageError::Retryable(reason) => ApiError::StorageUnavailable(reason),
+            StorageError::CannotWrite(blocker, reason) => ApiError::CannotWrite { blocker, reason },
             StorageError::DataRejected(reason) => ApiError::Internal(anyhow::anyhow!(
                 "the database rejected data that passed validation: {reason}"
             )),
@@ -343,6 +356,7 @@ impl From<WriteError> for ApiError {
                 storage @ (StorageError::DataRejected(_) | StorageError::Other(_)),
             ) => storage.into(),
             WriteError::Overloaded(reason) => ApiError::Overloaded(reason.to_owned()),
+            WriteError::Storage(storage @ StorageError::CannotWrite(..)) => storage.into(),
             other => ApiError::WriteNotConfirmed(other.to_string()),
         }
     }

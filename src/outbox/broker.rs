@@ -6,6 +6,12 @@
 //! failed publish, or a confirm that never came), dropped, and opened again by the next relay
 //! that needs a channel, with the relay's own backoff between attempts.
 //!
+//! A broker under a resource alarm (memory or disk) blocks its publishers (`connection.blocked`)
+//! until the alarm clears (`connection.unblocked`): flow control, not a failure. The daemon then
+//! stops publishing and waits on the same connection ([`Broker::blocked`],
+//! [`Broker::until_unblocked`]): a new connection would be blocked as well, and whatever was
+//! written on an abandoned one would still be delivered when the alarm clears.
+//!
 //! An `amqps://` broker is reached over TLS with the daemon's own rustls configuration (the
 //! roots of `amqp.tls_ca_file`, else the platform's; the host name checked; the client
 //! certificate of `amqp.tls_cert_file`), handed to lapin through its connector hook rather than
@@ -13,7 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions};
@@ -25,6 +31,7 @@ use lapin::{Channel, Connection, ConnectionProperties, Event, ExchangeKind};
 use rustls::ClientConfig;
 
 use crate::config::{redact_url, AmqpSettings};
+use crate::telemetry;
 use crate::tls::{self, ServerVerification, TlsError};
 
 /// Heartbeat asked for when the URL sets none: a silently dead peer is noticed within about
@@ -62,6 +69,17 @@ pub struct Broker {
     live: Arc<AtomicU64>,
     /// Set by `close`, so that the connection's end is not reported as a loss.
     closing: Arc<AtomicBool>,
+    /// Whether the broker blocks publishing on the connection in use, and every change of it.
+    blocked: Arc<tokio::sync::watch::Sender<Blocked>>,
+}
+
+/// The broker's flow control as the daemon last heard it.
+#[derive(Debug, Clone, Default)]
+struct Blocked {
+    /// Why, and since when, while the connection in use is blocked.
+    now: Option<(String, Instant, u64)>,
+    /// Blocks heard so far: a batch that saw this change was blocked at some point.
+    count: u64,
 }
 
 struct ConnectionState {
@@ -112,7 +130,34 @@ impl Broker {
             }),
             live: Arc::new(AtomicU64::new(0)),
             closing: Arc::new(AtomicBool::new(false)),
+            blocked: Arc::new(tokio::sync::watch::Sender::new(Blocked::default())),
         })
+    }
+
+    /// Why the broker blocks publishing now (`connection.blocked`: a memory or disk alarm), and
+    /// for how long; None while it does not.
+    pub fn blocked(&self) -> Option<(String, Duration)> {
+        let blocked = self.blocked.borrow();
+        let (reason, since, generation) = blocked.now.as_ref()?;
+        (*generation == self.live_generation()).then(|| (reason.clone(), since.elapsed()))
+    }
+
+    /// How many times the broker has blocked publishing so far: a batch that sees it change
+    /// was blocked while it waited for its confirms.
+    pub fn blocks_so_far(&self) -> u64 {
+        self.blocked.borrow().count
+    }
+
+    /// Resolves once the broker no longer blocks publishing on the connection in use (at once
+    /// if it does not), or the connection is gone.
+    pub async fn until_unblocked(&self) {
+        let mut changes = self.blocked.subscribe();
+        let _ = changes
+            .wait_for(|blocked| match &blocked.now {
+                None => true,
+                Some((_, _, generation)) => *generation != self.live_generation(),
+            })
+            .await;
     }
 
     /// Whether the connection is up, as far as the daemon knows.
@@ -224,24 +269,37 @@ impl Broker {
         let mut events = connection.events_listener();
         let live = self.live.clone();
         let closing = self.closing.clone();
+        let blocked = self.blocked.clone();
         let broker = endpoint.display.clone();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
-                // A channel's own error (a soft AMQP error: a passive declare of a missing
-                // exchange, a publish to one) closes that channel, not the connection.
-                if let Event::Error(error) = event {
-                    if error.is_amqp_soft_error() {
+                match event {
+                    Event::ConnectionBlocked(reason) => {
+                        flow_blocked(&blocked, generation, &broker, reason)
+                    }
+                    Event::ConnectionUnblocked => flow_unblocked(&blocked, generation, &broker),
+                    // A channel's own error (a soft AMQP error: a passive declare of a missing
+                    // exchange, a publish to one) closes that channel, not the connection.
+                    Event::Error(error) if error.is_amqp_soft_error() => {
                         tracing::debug!(error = %error, broker = %broker, "broker closed a channel");
-                        continue;
                     }
-                    // Only if it is still the connection in use.
-                    let _ =
-                        live.compare_exchange(generation, 0, Ordering::Relaxed, Ordering::Relaxed);
-                    if closing.load(Ordering::Relaxed) {
-                        tracing::debug!(error = %error, broker = %broker, "broker connection closed");
-                    } else {
-                        tracing::warn!(error = %error, broker = %broker, "broker connection lost");
+                    Event::Error(error) => {
+                        // Only if it is still the connection in use.
+                        let _ = live.compare_exchange(
+                            generation,
+                            0,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                        // A lost connection blocks nothing any more.
+                        flow_unblocked(&blocked, generation, &broker);
+                        if closing.load(Ordering::Relaxed) {
+                            tracing::debug!(error = %error, broker = %broker, "broker connection closed");
+                        } else {
+                            tracing::warn!(error = %error, broker = %broker, "broker connection lost");
+                        }
                     }
+                    _ => {}
                 }
             }
         });
@@ -402,6 +460,43 @@ async fn open(
     Connection::connector(uri, runtime, connect, properties)
         .await
         .map_err(|error| error.to_string())
+}
+
+/// The broker blocked publishing on the connection of `generation`: one WARN, the gauge, and the
+/// relays wait ([`Broker::until_unblocked`]).
+fn flow_blocked(
+    blocked: &tokio::sync::watch::Sender<Blocked>,
+    generation: u64,
+    broker: &str,
+    reason: String,
+) {
+    tracing::warn!(
+        broker,
+        reason = %reason,
+        "the broker blocks publishing (a resource alarm); events wait in the outbox and are delivered once it unblocks, on the same connection"
+    );
+    metrics::gauge!(telemetry::BROKER_BLOCKED).set(1.0);
+    blocked.send_modify(|state| {
+        state.now = Some((reason, Instant::now(), generation));
+        state.count += 1;
+    });
+}
+
+/// The connection of `generation` is unblocked (or gone): one INFO if it was blocked.
+fn flow_unblocked(blocked: &tokio::sync::watch::Sender<Blocked>, generation: u64, broker: &str) {
+    blocked.send_if_modified(|state| match &state.now {
+        Some((_, since, blocked_generation)) if *blocked_generation == generation => {
+            tracing::info!(
+                broker,
+                after = %humantime::format_duration(Duration::from_secs(since.elapsed().as_secs())),
+                "the broker unblocked publishing"
+            );
+            metrics::gauge!(telemetry::BROKER_BLOCKED).set(0.0);
+            state.now = None;
+            true
+        }
+        _ => false,
+    });
 }
 
 /// Closes a connection that is no longer used, in the background and within `limit`: its

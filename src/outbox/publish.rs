@@ -90,6 +90,11 @@ impl FailureKind {
     }
 }
 
+/// What a nack means, as far as the daemon can tell: a queue bound for the event refused it
+/// (most often a full one with `x-overflow = reject-publish`), or the broker failed to store
+/// it. Which queue, the nack does not say; queues that took it have a copy.
+const NACKED: &str = "nacked by the broker: a queue refused it (full, with x-overflow = reject-publish?) or the broker could not store it; queues that took it have a copy";
+
 /// Why one publish failed, in words, with the kind the metric counts.
 #[derive(Debug, Clone)]
 struct Failure {
@@ -224,9 +229,7 @@ async fn await_confirms(
                             "the channel is not in confirm mode",
                         )),
                         (true, true) => Ok(()),
-                        (true, false) => {
-                            Err(Failure::new(FailureKind::Nacked, "nacked by the broker"))
-                        }
+                        (true, false) => Err(Failure::new(FailureKind::Nacked, NACKED)),
                     }
                 }
                 Ok(Err(error)) => Err(Failure::new(

@@ -20,6 +20,10 @@ use crate::telemetry;
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
 const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(100);
 
+/// While the broker blocks publishing, a relay looks again this often even if it heard nothing
+/// (the connection may have been replaced meanwhile).
+const BLOCKED_RECHECK: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub exchange: String,
@@ -52,9 +56,9 @@ pub async fn relay_until_empty(settings: &crate::config::Settings) -> anyhow::Re
     let channel = broker.open_channel().await?;
     let mut sent = 0;
     loop {
-        let report = relay_once(&db, &channel.channel, &config).await?;
+        let report = relay_once(&db, &broker, &channel.channel, &config).await?;
         sent += report.sent;
-        if report.claimed == 0 || report.channel_broken {
+        if report.claimed == 0 || report.channel_broken || report.blocked {
             break;
         }
     }
@@ -74,6 +78,12 @@ pub struct RelayReport {
     /// (A channel opened while a quorum queue had no leader may go on nacking every publish
     /// routed to it after a new leader is elected; a fresh channel does not.)
     pub renew_channel: bool,
+    /// The broker blocks publishing (a resource alarm): the batch was not published, or its
+    /// confirms did not come while the broker blocked it. Nothing was marked, no attempt
+    /// counted; its events are due again once the broker unblocks. Its channel is not used
+    /// again (confirms of its publishes may still come), but its connection is kept: the
+    /// broker will unblock it.
+    pub blocked: bool,
 }
 
 /// Claims up to `batch_size` due rows, publishes them all with confirms pipelined, awaits the
@@ -85,23 +95,25 @@ pub struct RelayReport {
 /// claimed again (a resend, which consumers dedupe; never a loss).
 pub async fn relay_once(
     db: &Database,
+    broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
 ) -> Result<RelayReport, StorageError> {
-    relay_once_then(db, channel, config, None).await
+    relay_once_then(db, broker, channel, config, None).await
 }
 
 /// [`relay_once`], sending on `more` once a full batch (`batch_size` rows: more may be due) is
 /// published, before its confirms are awaited: the relay's cue to start its next batch.
 async fn relay_once_then(
     db: &Database,
+    broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
     more: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let limit = db.operation_timeout() + config.confirm_timeout;
     db.run_within(limit, async |connection| {
-        relay_batch(connection, channel, config, more).await
+        relay_batch(connection, broker, channel, config, more).await
     })
     .await
 }
@@ -116,6 +128,7 @@ async fn relay_once_then(
 /// the connection goes back to the pool.
 async fn relay_batch(
     connection: &mut PgClient,
+    broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
     more: Option<oneshot::Sender<()>>,
@@ -130,7 +143,12 @@ async fn relay_batch(
         (Err(error), _) => Err(StorageError::from(error)),
         (Ok(()), Err(error)) => Err(error),
         (Ok(()), Ok(events)) => {
-            publish_and_record(client, &statements, channel, config, events, more).await
+            let target = Publishing {
+                broker,
+                channel,
+                config,
+            };
+            publish_and_record(client, &statements, target, events, more).await
         }
     };
     if let Err(error) = &result {
@@ -144,19 +162,43 @@ async fn relay_batch(
     result
 }
 
+/// Where a batch goes: the broker (for its flow control), the channel, and the relay's
+/// settings.
+#[derive(Clone, Copy)]
+struct Publishing<'a> {
+    broker: &'a Broker,
+    channel: &'a Channel,
+    config: &'a RelayConfig,
+}
+
 /// The rest of [`relay_batch`], inside its transaction: publish the claimed events, then mark
-/// them and commit.
+/// them and commit. While the broker blocks publishing, nothing is published, or, if the block
+/// came while the batch awaited its confirms, nothing is marked: the transaction is rolled back
+/// and no attempt counted (flow control is not a failure of the events).
 async fn publish_and_record(
     client: &tokio_postgres::Client,
     statements: &RelayStatements,
-    channel: &Channel,
-    config: &RelayConfig,
+    Publishing {
+        broker,
+        channel,
+        config,
+    }: Publishing<'_>,
     events: Vec<store::PendingEvent>,
     more: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     if events.is_empty() {
         client.batch_execute("COMMIT").await?;
         return Ok(RelayReport::default());
+    }
+    let blocked_report = RelayReport {
+        claimed: events.len(),
+        blocked: true,
+        ..RelayReport::default()
+    };
+    let blocks_before = broker.blocks_so_far();
+    if broker.blocked().is_some() {
+        client.batch_execute("ROLLBACK").await?;
+        return Ok(blocked_report);
     }
     fail::fail_point!("outbox-before-publish", |_| {
         tracing::error!("failpoint outbox-before-publish: aborting");
@@ -186,6 +228,16 @@ async fn publish_and_record(
         std::process::abort();
     });
 
+    let unconfirmed = results.iter().any(
+        |result| matches!(result, PublishResult::Failed { kind, .. } if kind.breaks_channel()),
+    );
+    let blocked_meanwhile = broker.blocked().is_some() || broker.blocks_so_far() != blocks_before;
+    if unconfirmed && blocked_meanwhile {
+        metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => "blocked")
+            .increment(events.len() as u64);
+        client.batch_execute("ROLLBACK").await?;
+        return Ok(blocked_report);
+    }
     let mut report = RelayReport {
         claimed: events.len(),
         ..RelayReport::default()
@@ -204,7 +256,11 @@ async fn publish_and_record(
                 report.channel_broken |= kind.breaks_channel();
                 report.renew_channel |= kind == FailureKind::Nacked;
                 tracing::debug!(event_id = %event.event_id, event_type = %event.event_type, error = %error, "publish failed");
-                failures.push(Failure { event, error });
+                failures.push(Failure {
+                    event,
+                    error,
+                    nacked: kind == FailureKind::Nacked,
+                });
             }
         }
     }
@@ -289,6 +345,8 @@ enum Pause {
     Poll,
     /// Until the reconnect delay: a wake-up must not cut a backoff short.
     Reconnect,
+    /// Until the broker unblocks publishing: a wake-up would only find it blocked.
+    Unblocked,
 }
 
 /// Batches one relay runs at once, each in a transaction and on a channel of its own. While
@@ -363,7 +421,7 @@ impl OutboxRelay {
             return;
         }
         if let Some((pending, scheduled)) = self.next.take() {
-            if scheduled == Pause::Reconnect && pause == Pause::Poll {
+            if scheduled != Pause::Poll && pause == Pause::Poll {
                 self.next = Some((pending, scheduled));
                 return;
             }
@@ -376,11 +434,35 @@ impl OutboxRelay {
         self.next = Some((handle, pause));
     }
 
+    /// Waits (on the same connection, opening none) until the broker unblocks publishing, then
+    /// goes on; looks again every [`BLOCKED_RECHECK`] in case the connection was replaced.
+    fn wait_until_unblocked(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping.is_some() || matches!(self.next, Some((_, Pause::Unblocked))) {
+            return;
+        }
+        if let Some((pending, _)) = self.next.take() {
+            ctx.cancel_future(pending);
+        }
+        let broker = self.broker.clone();
+        let unblocked = async move {
+            let _ = tokio::time::timeout(BLOCKED_RECHECK, broker.until_unblocked()).await;
+        };
+        let handle = ctx.spawn(unblocked.into_actor(self).map(|(), relay, ctx| {
+            relay.next = None;
+            relay.step(ctx);
+        }));
+        self.next = Some((handle, Pause::Unblocked));
+    }
+
     /// Starts one batch, with a channel opened first if needed, unless as many as
     /// [`BATCHES_IN_FLIGHT`] run already, or one runs and the pool has no connection free
-    /// (then the first to end starts it).
+    /// (then the first to end starts it), or the broker blocks publishing (then it waits).
     fn step(&mut self, ctx: &mut Context<Self>) {
         if self.stopping.is_some() {
+            return;
+        }
+        if self.broker.blocked().is_some() {
+            self.wait_until_unblocked(ctx);
             return;
         }
         if self.in_flight >= BATCHES_IN_FLIGHT || (self.in_flight > 0 && !self.connection_free()) {
@@ -407,7 +489,7 @@ impl OutboxRelay {
                     Err(error) => return Step::BrokerUnreachable(error),
                 },
             };
-            let report = relay_once_then(&db, &channel.channel, &config, Some(more)).await;
+            let report = relay_once_then(&db, &broker, &channel.channel, &config, Some(more)).await;
             Step::Relayed { channel, report }
         };
         ctx.spawn(
@@ -475,6 +557,13 @@ impl OutboxRelay {
             }
         };
         self.state.events_sent += report.sent as u64;
+        if report.blocked {
+            // The channel may still get confirms of this batch's publishes: not used again.
+            // The connection stays: the broker unblocks it, and a new one would be blocked too.
+            self.state.last_error = Some("the broker blocks publishing".into());
+            self.wait_until_unblocked(ctx);
+            return;
+        }
         if report.channel_broken {
             self.state.connected = false;
             let broker = self.broker.clone();

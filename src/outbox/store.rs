@@ -103,6 +103,8 @@ pub async fn mark_sent(
 pub struct Failure<'a> {
     pub event: &'a PendingEvent,
     pub error: String,
+    /// The broker nacked it: retried on the slower schedule of [`retry_delay_after_nack`].
+    pub nacked: bool,
 }
 
 pub async fn mark_failed(
@@ -118,7 +120,15 @@ pub async fn mark_failed(
     let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
     let delays: Vec<f64> = failures
         .iter()
-        .map(|f| retry_delay(f.event.attempts + 1).as_secs_f64())
+        .map(|f| {
+            let attempts = f.event.attempts + 1;
+            let delay = if f.nacked {
+                retry_delay_after_nack(attempts)
+            } else {
+                retry_delay(attempts)
+            };
+            delay.as_secs_f64()
+        })
         .collect();
     Ok(client
         .execute(
@@ -133,13 +143,29 @@ const BASE_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// Longest delay between two attempts.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
 
+/// First retry delay after a nack, and the longest. A nack comes from a queue that refused the
+/// message (full, with `x-overflow = reject-publish`), while every other queue bound for its
+/// type may have taken it: each retry is one more copy for those. So a nack backs off much
+/// more slowly than a lost connection or a missing route, which cost no one else anything:
+/// a queue full for 10 minutes gets about 5 attempts, not 11; for an hour, about 8, not 20.
+const BASE_NACK_DELAY: Duration = Duration::from_secs(30);
+const MAX_NACK_DELAY: Duration = Duration::from_secs(30 * 60);
+
 /// Exponential backoff with jitter: the n-th failure waits between half and all of
 /// `BASE * 2^(n-1)`, capped at `MAX`, so that events failing together do not retry together.
 pub fn retry_delay(failed_attempts: i32) -> Duration {
+    backoff(failed_attempts, BASE_RETRY_DELAY, MAX_RETRY_DELAY)
+}
+
+/// [`retry_delay`] for an attempt the broker nacked: the same shape, on a slower schedule
+/// ([`BASE_NACK_DELAY`]).
+pub fn retry_delay_after_nack(failed_attempts: i32) -> Duration {
+    backoff(failed_attempts, BASE_NACK_DELAY, MAX_NACK_DELAY)
+}
+
+fn backoff(failed_attempts: i32, base: Duration, max: Duration) -> Duration {
     let exponent = failed_attempts.clamp(1, 30) as u32 - 1;
-    let ceiling = BASE_RETRY_DELAY
-        .saturating_mul(1 << exponent.min(20))
-        .min(MAX_RETRY_DELAY);
+    let ceiling = base.saturating_mul(1 << exponent.min(20)).min(max);
     let jittered = rand::thread_rng().gen_range(0.5..=1.0) * ceiling.as_secs_f64();
     Duration::from_secs_f64(jittered)
 }
@@ -179,18 +205,104 @@ pub async fn status(client: &impl GenericClient) -> Result<Vec<TypeStatus>, Stor
         .collect())
 }
 
-/// Requeues parked events (or one unsent event) for an attempt now, with a fresh attempt count.
-const REQUEUE: &str = "
+/// Requeues one unsent event (parked or not) for an attempt now, with a fresh attempt count.
+const REQUEUE_EVENT: &str = "
 UPDATE outbox_events
 SET failed_at = NULL, attempts = 0, next_attempt_at = now()
-WHERE sent_at IS NULL AND ($1::uuid IS NULL AND failed_at IS NOT NULL OR event_id = $1)";
+WHERE sent_at IS NULL AND event_id = $1";
 
-/// Requeues every parked event (`event_id` None) or the one unsent event with `event_id`.
-pub async fn requeue(
+/// Requeues the unsent event with `event_id`; false when there is none.
+pub async fn requeue_event(
     client: &impl GenericClient,
-    event_id: Option<Uuid>,
+    event_id: Uuid,
+) -> Result<bool, StorageError> {
+    Ok(client.execute(REQUEUE_EVENT, &[&event_id]).await? > 0)
+}
+
+/// Which parked events to requeue: every criterion given must hold; none given is every parked
+/// event (callers ask for that explicitly).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParkedSelection {
+    /// Of one of these event types (any when empty).
+    pub types: Vec<String>,
+    /// Of one of these clients (any when empty).
+    pub clients: Vec<String>,
+    /// Whose last error contains this text.
+    pub error: Option<String>,
+    /// Parked at or after this time (on the database's clock).
+    pub parked_since: Option<DateTime<Utc>>,
+}
+
+/// The parked rows a [`ParkedSelection`] picks, through the partial index of parked rows
+/// (outbox_events_parked), in id order.
+const PARKED_SELECTED: &str = "
+SELECT id, event_type
+FROM outbox_events
+WHERE sent_at IS NULL AND failed_at IS NOT NULL
+  AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
+  AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
+  AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
+  AND ($4::timestamptz IS NULL OR failed_at >= $4)";
+
+/// Requeues the selected parked events with a fresh attempt count, due one after another at
+/// `$5` events per second from now (all at once when null): a consumer whose queue has room for
+/// a hundred is not handed thousands at once, to park them again. Rows that changed since they
+/// were selected (sent, or requeued by someone else) are left alone.
+const REQUEUE_PARKED: &str = "
+WITH selected AS (
+    SELECT id, row_number() OVER (ORDER BY id) - 1 AS position
+    FROM (SELECT id FROM outbox_events
+          WHERE sent_at IS NULL AND failed_at IS NOT NULL
+            AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
+            AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
+            AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
+            AND ($4::timestamptz IS NULL OR failed_at >= $4)) AS parked
+)
+UPDATE outbox_events o
+SET failed_at = NULL, attempts = 0,
+    next_attempt_at = now() + CASE WHEN $5::float8 IS NULL THEN interval '0'
+                                   ELSE make_interval(secs => s.position / $5::float8) END
+FROM selected s
+WHERE o.id = s.id AND o.sent_at IS NULL AND o.failed_at IS NOT NULL";
+
+impl ParkedSelection {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
+        [&self.types, &self.clients, &self.error, &self.parked_since]
+    }
+}
+
+/// How many parked events `selection` picks, by event type (what a dry run shows).
+pub async fn count_parked(
+    client: &impl GenericClient,
+    selection: &ParkedSelection,
+) -> Result<Vec<(String, i64)>, StorageError> {
+    let counted = format!(
+        "SELECT event_type, count(*) FROM ({PARKED_SELECTED}) AS picked GROUP BY event_type ORDER BY event_type"
+    );
+    Ok(client
+        .query(&counted, &selection.params())
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect())
+}
+
+/// Requeues the parked events `selection` picks, at most `rate` a second from now (at once
+/// without one); returns how many.
+pub async fn requeue_parked(
+    client: &impl GenericClient,
+    selection: &ParkedSelection,
+    rate: Option<f64>,
 ) -> Result<u64, StorageError> {
-    Ok(client.execute(REQUEUE, &[&event_id]).await?)
+    let [types, clients, error, since] = selection.params();
+    Ok(client
+        .execute(REQUEUE_PARKED, &[types, clients, error, since, &rate])
+        .await?)
+}
+
+/// The database's time now: what relative times (`--since 24h`) are counted back from.
+pub async fn database_now(client: &impl GenericClient) -> Result<DateTime<Utc>, StorageError> {
+    Ok(client.query_one("SELECT now()", &[]).await?.get(0))
 }
 
 /// The whole outbox's backlog, for metrics.
@@ -236,5 +348,39 @@ mod tests {
         }
         assert!(retry_delay(1) < Duration::from_secs(1));
         assert_eq!(retry_delay(40).max(MAX_RETRY_DELAY), MAX_RETRY_DELAY);
+    }
+
+    #[test]
+    fn a_nack_backs_off_on_a_slower_schedule() {
+        for attempt in 1..=40 {
+            let delay = retry_delay_after_nack(attempt);
+            let ceiling = BASE_NACK_DELAY
+                .saturating_mul(1 << (attempt.min(21) - 1))
+                .min(MAX_NACK_DELAY);
+            assert!(
+                delay <= ceiling && delay >= ceiling / 2,
+                "attempt {attempt}: {delay:?}"
+            );
+            assert!(delay >= retry_delay(attempt).min(MAX_RETRY_DELAY / 2));
+        }
+        assert!(retry_delay_after_nack(1) >= Duration::from_secs(15));
+        // The copies a queue full for ten minutes costs every other bound queue: attempts
+        // whose earliest start falls within the ten minutes (each delay at least half its
+        // ceiling), first attempt included.
+        let mut at = Duration::ZERO;
+        let mut attempts = 1;
+        while let Some(next) = at.checked_add(
+            BASE_NACK_DELAY
+                .saturating_mul(1 << (attempts - 1).min(20))
+                .min(MAX_NACK_DELAY)
+                / 2,
+        ) {
+            if next > Duration::from_secs(600) {
+                break;
+            }
+            at = next;
+            attempts += 1;
+        }
+        assert!(attempts <= 6, "{attempts} copies in ten minutes at most");
     }
 }

@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::db::{Database, DatabaseClock, PgClient, StorageError};
+use crate::db::{Database, DatabaseClock, PgClient, StorageError, WriteHealth};
 use crate::entry::{entry_json, format_time, CREATED_STATUS};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
 use crate::idempotency::{canonical_json, RequestHash};
@@ -88,6 +88,8 @@ pub struct WriterConfig {
     pub audit: bool,
     /// The database's clock: new entries are stamped with it, and every batch reads it.
     pub clock: DatabaseClock,
+    /// Told of every batch that commits or fails for a reason only an operator can fix.
+    pub health: WriteHealth,
 }
 
 /// Called after each commit that wrote outbox rows, to wake the outbox relays.
@@ -370,6 +372,13 @@ async fn commit_with_retries(
             "failed"
         };
         metrics::counter!(telemetry::WRITER_BATCHES, "result" => label).increment(1);
+        match &result {
+            Ok(_) => config.health.succeeded(),
+            Err(StorageError::CannotWrite(blocker, reason)) => {
+                config.health.failed(*blocker, reason)
+            }
+            Err(_) => {}
+        }
         match result {
             Err(StorageError::Retryable(reason)) if attempt < MAX_CONFLICT_RETRIES => {
                 tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
@@ -646,6 +655,7 @@ mod tests {
             retention: Duration::from_secs(60),
             audit: false,
             clock: DatabaseClock::new(),
+            health: WriteHealth::default(),
         };
         let mut writer = Writer {
             db,

@@ -1,0 +1,11 @@
+-- The janitor's way to old sent events: sent rows by the time they were sent. Parked and unsent
+-- rows are not in it, so however many of them accumulate (an event type with no queue bound,
+-- parked for days) they cannot crowd old sent rows out of the janitor's reach, as they did when
+-- the janitor looked only at the outbox's oldest ids. Setting sent_at already writes every
+-- index of the row again (the partial indexes name it, so no update of it is HOT); this is one
+-- index more on that path.
+--
+-- IF NOT EXISTS: on a large table, build it beforehand without blocking the relays
+-- (CREATE INDEX CONCURRENTLY outbox_events_sent ON outbox_events (sent_at) WHERE sent_at IS NOT NULL),
+-- and this migration finds it there (docs/operations.md, "Upgrades").
+CREATE INDEX IF NOT EXISTS outbox_events_sent ON outbox_events (sent_at) WHERE sent_at IS NOT NULL;
