@@ -428,15 +428,14 @@ async fn connect_at_start(
     loop {
         match connector.connect().await {
             Ok(connection) => return Ok(connection),
-            Err(error)
-                if error.is_transient() && tokio::time::Instant::now() + delay < deadline =>
-            {
+            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                let wait = delay.min(deadline - tokio::time::Instant::now());
                 tracing::warn!(
                     error = %error,
-                    retry_in = %humantime::format_duration(delay),
+                    retry_in = %humantime::format_duration(wait),
                     "waiting for the database at start (database.start_timeout bounds the wait)"
                 );
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep(wait).await;
                 delay = (delay * 2).min(MAX_START_RETRY);
             }
             Err(error) => return Err(error),

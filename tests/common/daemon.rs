@@ -414,10 +414,18 @@ pub fn log_to(command: &mut Command, log: &Path) {
         .stderr(log_file);
 }
 
+/// The daemon binary the tests run: this build's, or the one `RETRYSAFE_TEST_DAEMON` names (to
+/// measure another build, an older one say, under the same test: docs/reliability.md).
+pub fn daemon_binary() -> PathBuf {
+    std::env::var_os("RETRYSAFE_TEST_DAEMON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_retrysafe")))
+}
+
 /// `retrysafe serve` with the repository's config.toml, listening on `port`, polling the outbox
 /// every 100 ms, logging to `log`; the caller adds its own environment.
 pub fn serve_command(port: u16, log: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
+    let mut command = Command::new(daemon_binary());
     command
         .arg("serve")
         .arg("--config")

@@ -5,4 +5,6 @@
 pub mod consumer;
 pub mod daemon;
 pub mod helpers;
+pub mod lab;
+pub mod postgres;
 pub mod proxy;

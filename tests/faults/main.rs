@@ -7,11 +7,14 @@ mod common;
 
 mod bounds;
 mod broker_faults;
+mod broker_pressure;
 mod crash_under_load;
 mod database_faults;
+mod database_pressure;
 mod exactness;
 mod hostile_connections;
 mod hung_peers;
 mod many_daemons;
+mod outbox_pressure;
 mod secrets;
 mod skewed_clock;

@@ -11,7 +11,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod lab;
 mod load;
 mod postgres;
 mod rabbitmq;

@@ -10,7 +10,7 @@ use tokio_postgres::NoTls;
 use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::DaemonProcess;
 use crate::common::helpers::{all_event_ids, count, count_is, eventually, TestExchange};
-use crate::lab::Lab;
+use crate::common::lab::Lab;
 use crate::load::{Load, Recovery};
 
 /// Injects a fault on the primary, waits until the other node is primary and writes flow again,

@@ -20,7 +20,7 @@ use crate::common::daemon::DaemonProcess;
 use crate::common::helpers::{
     all_event_ids, connect, count, count_is, eventually, test_settings, TestDatabase,
 };
-use crate::lab::Lab;
+use crate::common::lab::Lab;
 use crate::load::Load;
 
 const QUEUE: &str = "retrysafe.ha.quorum";

@@ -5,10 +5,6 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-// scripts/ha-lab as a guard; this binary starts only its rabbit-tls node.
-#[allow(dead_code)]
-#[path = "../ha/lab.rs"]
-mod lab;
 
 mod check_config;
 mod https;

@@ -1,7 +1,7 @@
 //! A certificate authority of the test's own, and certificates it issues, written to PEM files
 //! in a directory that is removed when the test ends.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use rcgen::{
@@ -9,34 +9,7 @@ use rcgen::{
     SerialNumber,
 };
 
-/// A directory for a test's files, readable by the `postgres` and `rabbitmq` users (their
-/// servers read copies the tests give them), removed on drop.
-pub struct TestDir(pub PathBuf);
-
-impl TestDir {
-    pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("retrysafe-{name}-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    pub fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-
-    /// Writes `text` to `file` and returns its path.
-    pub fn write(&self, file: &str, text: &str) -> PathBuf {
-        let path = self.path(file);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use crate::common::postgres::TestDir;
 
 pub struct TestCa {
     certificate: rcgen::Certificate,
@@ -120,15 +93,4 @@ impl TestCa {
             der: certificate.der().to_vec(),
         }
     }
-}
-
-/// Gives `path` (a file or a directory) to `user`, for a server that runs as that user.
-pub fn give_to(user: &str, path: &Path) {
-    let status = std::process::Command::new("chown")
-        .arg("-R")
-        .arg(format!("{user}:{user}"))
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success(), "chown {user} {}", path.display());
 }

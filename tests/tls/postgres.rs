@@ -3,160 +3,58 @@
 //! stopped and removed by a guard. The machine's own PostgreSQL is not touched.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use crate::common::daemon::{free_port, serve_command, DaemonProcess};
-use crate::pki::{give_to, Issued, Request, TestCa, TestDir};
+use crate::common::postgres::{give_to, DataFile, PgCluster};
+use crate::pki::{Issued, Request, TestCa, TestDir};
 
 const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml");
 /// Sent in every URL; trust authentication ignores it, and no message may show it.
 const PASSWORD: &str = "pw-never-shown-4b1d";
 
-/// A PostgreSQL cluster of the test's own; stopped (immediate) and removed on drop.
-pub struct PgCluster {
-    dir: TestDir,
-    pub port: u16,
+/// The test's cluster: `ssl = on` with `server`'s certificate and key, `ca` as the CA of
+/// client certificates, and these `pg_hba.conf` lines.
+fn tls_cluster(server: &Issued, ca: &TestCa, hba: &[&str]) -> PgCluster {
+    let ca_pem = ca.pem();
+    PgCluster::start(
+        "tls-pg",
+        "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'root.crt'",
+        hba,
+        &[
+            DataFile {
+                name: "server.crt",
+                contents: server.certificate_pem.as_bytes(),
+                private: false,
+            },
+            DataFile {
+                name: "server.key",
+                contents: server.key_pem.as_bytes(),
+                private: true,
+            },
+            DataFile {
+                name: "root.crt",
+                contents: ca_pem.as_bytes(),
+                private: false,
+            },
+        ],
+    )
 }
 
-fn as_postgres(args: &[&str]) -> Output {
-    Command::new("runuser")
-        .args(["-u", "postgres", "--"])
-        .args(args)
-        .current_dir("/")
-        .output()
-        .expect("runuser runs")
+/// Serves another certificate and key (PostgreSQL rereads them on reload).
+fn replace_certificate(cluster: &PgCluster, server: &Issued) {
+    std::fs::write(cluster.data().join("server.crt"), &server.certificate_pem).unwrap();
+    std::fs::write(cluster.data().join("server.key"), &server.key_pem).unwrap();
+    give_to("postgres", &cluster.data());
+    cluster.psql("SELECT pg_reload_conf()");
 }
 
-fn assert_ran(output: &Output, what: &str) {
-    assert!(
-        output.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-impl PgCluster {
-    /// A cluster serving `server` (certificate and key) with `ca` as the CA of client
-    /// certificates, and these `pg_hba.conf` lines.
-    pub fn start(server: &Issued, ca: &TestCa, hba: &[&str]) -> Self {
-        let dir = TestDir::new("tls-pg");
-        let data = dir.path("data");
-        give_to("postgres", &dir.0);
-        let data_text = data.to_str().unwrap();
-        let initdb = as_postgres(&[
-            "initdb",
-            "-D",
-            data_text,
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "--no-sync",
-            "-E",
-            "UTF8",
-        ]);
-        assert_ran(&initdb, "initdb");
-        std::fs::write(data.join("server.crt"), &server.certificate_pem).unwrap();
-        std::fs::write(data.join("server.key"), &server.key_pem).unwrap();
-        std::fs::write(data.join("root.crt"), ca.pem()).unwrap();
-        let port = free_port();
-        let settings = format!(
-            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'root.crt'\nfsync = off\nmax_connections = 40\n",
-            dir.0.display()
-        );
-        let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        conf.push_str(&settings);
-        std::fs::write(data.join("postgresql.conf"), conf).unwrap();
-        let mut lines = vec!["local all postgres trust"];
-        lines.extend_from_slice(hba);
-        std::fs::write(data.join("pg_hba.conf"), lines.join("\n") + "\n").unwrap();
-        give_to("postgres", &dir.0);
-        // PostgreSQL refuses a key file that others can read.
-        let mode = Command::new("chmod")
-            .arg("0600")
-            .arg(data.join("server.key"))
-            .status()
-            .unwrap();
-        assert!(mode.success());
-        let cluster = Self { dir, port };
-        let log = cluster.dir.path("postgres.log");
-        let start = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            data_text,
-            "-l",
-            log.to_str().unwrap(),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        ]);
-        assert_ran(&start, "pg_ctl start");
-        cluster
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.path("data")
-    }
-
-    /// Runs SQL as the superuser over the cluster's Unix socket.
-    pub fn psql(&self, sql: &str) {
-        let output = as_postgres(&[
-            "psql",
-            "-X",
-            "-q",
-            "-h",
-            self.dir.0.to_str().unwrap(),
-            "-p",
-            &self.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-c",
-            sql,
-        ]);
-        assert_ran(&output, sql);
-    }
-
-    /// Serves another certificate and key (PostgreSQL rereads them on reload).
-    pub fn replace_certificate(&self, server: &Issued) {
-        std::fs::write(self.data().join("server.crt"), &server.certificate_pem).unwrap();
-        std::fs::write(self.data().join("server.key"), &server.key_pem).unwrap();
-        give_to("postgres", &self.data());
-        self.psql("SELECT pg_reload_conf()");
-    }
-
-    /// A URL to the database `database` on this cluster as `user`, through `host`, with `query`.
-    pub fn url(&self, user: &str, host: &str, database: &str, query: &str) -> String {
-        format!(
-            "postgres://{user}:{PASSWORD}@{host}:{}/{database}?{query}",
-            self.port
-        )
-    }
-}
-
-impl Drop for PgCluster {
-    fn drop(&mut self) {
-        let stop = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-m",
-            "immediate",
-            "-w",
-            "-t",
-            "30",
-            "stop",
-        ]);
-        if !stop.status.success() {
-            eprintln!(
-                "pg_ctl stop failed: {}",
-                String::from_utf8_lossy(&stop.stderr)
-            );
-        }
-    }
+/// A URL to the database `database` on `cluster` as `user`, through `host`, with `query`.
+fn cluster_url(cluster: &PgCluster, user: &str, host: &str, database: &str, query: &str) -> String {
+    format!(
+        "postgres://{user}:{PASSWORD}@{host}:{}/{database}?{query}",
+        cluster.port
+    )
 }
 
 /// `retrysafe migrate` with `database.url`; its exit status and all it printed.
@@ -226,7 +124,7 @@ fn path(file: &Path) -> &str {
 #[test]
 fn each_sslmode_against_a_hostssl_only_server() {
     let pki = pki();
-    let cluster = PgCluster::start(
+    let cluster = tls_cluster(
         &pki.server,
         &pki.ca,
         &["hostssl all all 127.0.0.1/32 trust"],
@@ -235,26 +133,35 @@ fn each_sslmode_against_a_hostssl_only_server() {
     let other_ca = format!("sslrootcert={}", path(&pki.other_ca_file));
 
     // require: encrypted, the certificate not checked (it is not valid for 127.0.0.1).
-    assert_migrates(&cluster.url("postgres", "127.0.0.1", "modes", "sslmode=require"));
+    assert_migrates(&cluster_url(
+        &cluster,
+        "postgres",
+        "127.0.0.1",
+        "modes",
+        "sslmode=require",
+    ));
     // verify-ca: the chain, not the name.
-    assert_migrates(&cluster.url(
+    assert_migrates(&cluster_url(
+        &cluster,
         "postgres",
         "127.0.0.1",
         "modes",
         &format!("sslmode=verify-ca&{ca}"),
     ));
     // verify-full: the chain and the name.
-    assert_migrates(&cluster.url(
+    assert_migrates(&cluster_url(
+        &cluster,
         "postgres",
         "localhost",
         "modes",
         &format!("sslmode=verify-full&{ca}"),
     ));
     // The default, prefer, takes TLS when the server offers it.
-    assert_migrates(&cluster.url("postgres", "127.0.0.1", "modes", ""));
+    assert_migrates(&cluster_url(&cluster, "postgres", "127.0.0.1", "modes", ""));
 
     assert_refused(
-        &cluster.url(
+        &cluster_url(
+            &cluster,
             "postgres",
             "127.0.0.1",
             "modes",
@@ -263,7 +170,8 @@ fn each_sslmode_against_a_hostssl_only_server() {
         "host name mismatch",
     );
     assert_refused(
-        &cluster.url(
+        &cluster_url(
+            &cluster,
             "postgres",
             "localhost",
             "modes",
@@ -273,7 +181,8 @@ fn each_sslmode_against_a_hostssl_only_server() {
     );
     // require with a root file checks the chain (libpq's rule).
     assert_refused(
-        &cluster.url(
+        &cluster_url(
+            &cluster,
             "postgres",
             "127.0.0.1",
             "modes",
@@ -283,11 +192,18 @@ fn each_sslmode_against_a_hostssl_only_server() {
     );
     // Without TLS the server has no pg_hba.conf line for the connection.
     assert_refused(
-        &cluster.url("postgres", "127.0.0.1", "modes", "sslmode=disable"),
+        &cluster_url(
+            &cluster,
+            "postgres",
+            "127.0.0.1",
+            "modes",
+            "sslmode=disable",
+        ),
         "no encryption",
     );
     assert_refused(
-        &cluster.url(
+        &cluster_url(
+            &cluster,
             "postgres",
             "127.0.0.1",
             "modes",
@@ -307,10 +223,11 @@ fn an_expired_certificate_and_a_server_without_ssl_are_refused() {
         expired: true,
         ..Request::default()
     });
-    let cluster = PgCluster::start(&expired, &pki.ca, &["hostssl all all 127.0.0.1/32 trust"]);
+    let cluster = tls_cluster(&expired, &pki.ca, &["hostssl all all 127.0.0.1/32 trust"]);
     let ca = format!("sslrootcert={}", path(&pki.ca_file));
     assert_refused(
-        &cluster.url(
+        &cluster_url(
+            &cluster,
             "postgres",
             "localhost",
             "expired",
@@ -319,18 +236,31 @@ fn an_expired_certificate_and_a_server_without_ssl_are_refused() {
         "has expired",
     );
     // libpq's require does not look at the certificate at all.
-    assert_migrates(&cluster.url("postgres", "localhost", "expired", "sslmode=require"));
+    assert_migrates(&cluster_url(
+        &cluster,
+        "postgres",
+        "localhost",
+        "expired",
+        "sslmode=require",
+    ));
 
     cluster.psql("ALTER SYSTEM SET ssl = off");
     cluster.psql("SELECT pg_reload_conf()");
     assert_refused(
-        &cluster.url("postgres", "127.0.0.1", "expired", "sslmode=require"),
+        &cluster_url(
+            &cluster,
+            "postgres",
+            "127.0.0.1",
+            "expired",
+            "sslmode=require",
+        ),
         "does not support SSL",
     );
     // Back on with a valid certificate: verify-full works again without a restart.
     cluster.psql("ALTER SYSTEM SET ssl = on");
-    cluster.replace_certificate(&pki.server);
-    assert_migrates(&cluster.url(
+    replace_certificate(&cluster, &pki.server);
+    assert_migrates(&cluster_url(
+        &cluster,
         "postgres",
         "localhost",
         "expired",
@@ -348,7 +278,7 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
         ..Request::default()
     });
     let (client_certificate, client_key) = client.write(&pki.dir, "client");
-    let cluster = PgCluster::start(
+    let cluster = tls_cluster(
         &pki.server,
         &pki.ca,
         &[
@@ -358,7 +288,8 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
     );
     cluster.psql("CREATE ROLE app_cert LOGIN SUPERUSER");
     let ca = format!("sslrootcert={}", path(&pki.ca_file));
-    let url = cluster.url(
+    let url = cluster_url(
+        &cluster,
         "app_cert",
         "localhost",
         "daemon",
@@ -370,7 +301,8 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
     );
     // Without the certificate, the cert line refuses the role.
     assert_refused(
-        &cluster.url(
+        &cluster_url(
+            &cluster,
             "app_cert",
             "localhost",
             "daemon",
@@ -427,12 +359,13 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
 #[actix_web::test]
 async fn serve_stops_at_start_when_the_database_certificate_is_not_trusted() {
     let pki = pki();
-    let cluster = PgCluster::start(
+    let cluster = tls_cluster(
         &pki.server,
         &pki.ca,
         &["hostssl all all 127.0.0.1/32 trust"],
     );
-    let url = cluster.url(
+    let url = cluster_url(
+        &cluster,
         "postgres",
         "localhost",
         "serve",

@@ -9,7 +9,7 @@ use retrysafe::config::{AmqpSettings, UrlList};
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::DaemonProcess;
 use crate::common::helpers::{entry_body, pg_url, TestDatabase};
-use crate::lab::Lab;
+use crate::common::lab::Lab;
 use crate::pki::{Request, TestCa, TestDir};
 
 fn settings(url: &str, ca_file: &Path, client: Option<&(PathBuf, PathBuf)>) -> AmqpSettings {

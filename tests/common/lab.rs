@@ -19,8 +19,8 @@ impl Lab {
         Self::start_with(what, &[])
     }
 
-    /// Starts `what` (`pg`, `rabbit` or `rabbit-tls`) in a fresh directory, with `env` for the
-    /// script (rabbit-tls takes its certificate files from it).
+    /// Starts `what` (`pg`, `rabbit`, `rabbit-one` or `rabbit-tls`) in a fresh directory, with
+    /// `env` for the script (rabbit-tls takes its certificate files from it).
     pub fn start_with(what: &str, env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!("retrysafe-ha-{}", uuid::Uuid::new_v4()));
         let mut lab = Self {

@@ -1,0 +1,217 @@
+//! A PostgreSQL cluster of a test's own, beside the machine's: `initdb` and `pg_ctl` as the
+//! `postgres` user (through `runuser`, so the tests that use it run as root), on a free
+//! loopback port, stopped (immediate) and removed when dropped. The machine's own PostgreSQL is
+//! not touched. tests/tls gives it TLS; tests/faults puts it under pressure (a full disk, no
+//! free connection).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::common::daemon::free_port;
+
+/// A directory for a test's files, readable by the `postgres` and `rabbitmq` users (their
+/// servers read copies the tests give them), removed on drop.
+pub struct TestDir(pub PathBuf);
+
+impl TestDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("retrysafe-{name}-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+
+    /// Writes `text` to `file` and returns its path.
+    pub fn write(&self, file: &str, text: &str) -> PathBuf {
+        let path = self.path(file);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Gives `path` (a file or a directory) to `user`, for a server that runs as that user.
+pub fn give_to(user: &str, path: &Path) {
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{user}:{user}"))
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "chown {user} {}", path.display());
+}
+
+pub fn as_postgres(args: &[&str]) -> Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .args(args)
+        .current_dir("/")
+        .output()
+        .expect("runuser runs")
+}
+
+pub fn assert_ran(output: &Output, what: &str) {
+    assert!(
+        output.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A file put into the data directory before the cluster starts.
+pub struct DataFile<'a> {
+    pub name: &'a str,
+    pub contents: &'a [u8],
+    /// Readable by its owner only (PostgreSQL refuses a key file others can read).
+    pub private: bool,
+}
+
+/// A PostgreSQL cluster of the test's own; stopped (immediate) and removed on drop.
+pub struct PgCluster {
+    dir: TestDir,
+    pub port: u16,
+}
+
+impl PgCluster {
+    /// A cluster with trust authentication for everyone on loopback.
+    pub fn start_plain(settings: &str) -> Self {
+        Self::start(
+            "plain-pg",
+            settings,
+            &["host all all 127.0.0.1/32 trust"],
+            &[],
+        )
+    }
+
+    /// A cluster whose `postgresql.conf` ends with `settings` and whose `pg_hba.conf` is the
+    /// superuser's local trust line and `hba`, with `files` in its data directory.
+    pub fn start(name: &str, settings: &str, hba: &[&str], files: &[DataFile]) -> Self {
+        let dir = TestDir::new(name);
+        let data = dir.path("data");
+        give_to("postgres", &dir.0);
+        let data_text = data.to_str().unwrap();
+        let initdb = as_postgres(&[
+            "initdb",
+            "-D",
+            data_text,
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ]);
+        assert_ran(&initdb, "initdb");
+        for file in files {
+            std::fs::write(data.join(file.name), file.contents).unwrap();
+        }
+        let port = free_port();
+        let conf = format!(
+            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nmax_connections = 40\n{settings}\n",
+            dir.0.display()
+        );
+        let mut all = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+        all.push_str(&conf);
+        std::fs::write(data.join("postgresql.conf"), all).unwrap();
+        let mut lines = vec!["local all postgres trust"];
+        lines.extend_from_slice(hba);
+        std::fs::write(data.join("pg_hba.conf"), lines.join("\n") + "\n").unwrap();
+        give_to("postgres", &dir.0);
+        for file in files.iter().filter(|file| file.private) {
+            let mode = Command::new("chmod")
+                .arg("0600")
+                .arg(data.join(file.name))
+                .status()
+                .unwrap();
+            assert!(mode.success());
+        }
+        let cluster = Self { dir, port };
+        let log = cluster.dir.path("postgres.log");
+        let start = as_postgres(&[
+            "pg_ctl",
+            "-D",
+            data_text,
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ]);
+        assert_ran(&start, "pg_ctl start");
+        cluster
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path("data")
+    }
+
+    /// The cluster's own directory (the data directory and the socket are in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// Runs SQL as the superuser over the cluster's Unix socket, on `database`.
+    pub fn psql_on(&self, database: &str, sql: &str) -> String {
+        let output = as_postgres(&[
+            "psql",
+            "-X",
+            "-q",
+            "-At",
+            "-h",
+            self.dir.0.to_str().unwrap(),
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            "-c",
+            sql,
+        ]);
+        assert_ran(&output, sql);
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// [`psql_on`](Self::psql_on) the `postgres` database.
+    pub fn psql(&self, sql: &str) -> String {
+        self.psql_on("postgres", sql)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DATABASE`, without a password (trust).
+    pub fn url_of(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let stop = as_postgres(&[
+            "pg_ctl",
+            "-D",
+            self.data().to_str().unwrap(),
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            "30",
+            "stop",
+        ]);
+        if !stop.status.success() {
+            eprintln!(
+                "pg_ctl stop failed: {}",
+                String::from_utf8_lossy(&stop.stderr)
+            );
+        }
+    }
+}
