@@ -230,10 +230,42 @@ pub struct EventSettings {
     pub audit: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSettings {
     pub clients: Vec<ClientSettings>,
+    /// Writes of one client in flight at once, at most (past it, 429 at once); 0 is no limit.
+    /// The default for every client, the anonymous one included; a client may set its own.
+    pub max_concurrent_writes: u32,
+    /// Requests of one client per second, at most, on any `/v1/` route, with a burst of one
+    /// second's worth (past it, 429 at once); 0 is no limit. The default for every client; a
+    /// client may set its own.
+    pub max_requests_per_second: f64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            clients: Vec::new(),
+            max_concurrent_writes: 128,
+            max_requests_per_second: 0.0,
+        }
+    }
+}
+
+impl AuthSettings {
+    /// The limits of `client` (None: the anonymous client): its own where it sets them, else
+    /// the daemon-wide defaults.
+    pub fn limits_of(&self, client: Option<&ClientSettings>) -> crate::http::limits::Limits {
+        crate::http::limits::Limits {
+            max_concurrent_writes: client
+                .and_then(|client| client.max_concurrent_writes)
+                .unwrap_or(self.max_concurrent_writes),
+            max_requests_per_second: client
+                .and_then(|client| client.max_requests_per_second)
+                .unwrap_or(self.max_requests_per_second),
+        }
+    }
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -242,12 +274,20 @@ pub struct ClientSettings {
     pub id: String,
     /// Hex SHA-256 of the client's bearer token; the token itself is never stored.
     pub token_sha256: String,
+    /// This client's own `auth.max_concurrent_writes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_writes: Option<u32>,
+    /// This client's own `auth.max_requests_per_second`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests_per_second: Option<f64>,
 }
 
 impl fmt::Debug for ClientSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientSettings")
             .field("id", &self.id)
+            .field("max_concurrent_writes", &self.max_concurrent_writes)
+            .field("max_requests_per_second", &self.max_requests_per_second)
             .finish_non_exhaustive()
     }
 }
@@ -551,8 +591,34 @@ impl Settings {
     }
 
     fn validate_clients(&self) -> Result<(), ConfigError> {
+        let check_limits =
+            |key_prefix: &str, writes: Option<u32>, rate: Option<f64>| -> Result<(), ConfigError> {
+                if writes.is_some_and(|writes| writes > 1_000_000) {
+                    return Err(invalid(
+                        "auth.max_concurrent_writes",
+                        format!("{key_prefix}must be between 0 (no limit) and 1000000"),
+                    ));
+                }
+                if rate.is_some_and(|rate| !rate.is_finite() || !(0.0..=1e6).contains(&rate)) {
+                    return Err(invalid(
+                        "auth.max_requests_per_second",
+                        format!("{key_prefix}must be between 0 (no limit) and 1000000"),
+                    ));
+                }
+                Ok(())
+            };
+        check_limits(
+            "",
+            Some(self.auth.max_concurrent_writes),
+            Some(self.auth.max_requests_per_second),
+        )?;
         let mut seen = std::collections::HashSet::new();
         for client in &self.auth.clients {
+            check_limits(
+                &format!("client {:?}: ", client.id),
+                client.max_concurrent_writes,
+                client.max_requests_per_second,
+            )?;
             if !is_valid_client_id(&client.id) {
                 return Err(invalid(
                     "auth.clients.id",

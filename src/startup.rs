@@ -375,6 +375,8 @@ mod tests {
         settings.auth.clients = vec![ClientSettings {
             id: "jobs".into(),
             token_sha256: "0".repeat(64),
+            max_concurrent_writes: None,
+            max_requests_per_second: None,
         }];
         assert!(!tokens_travel_in_clear(&settings), "loopback");
         settings.http.listen = "10.1.2.3:8080".parse().unwrap();

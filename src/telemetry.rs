@@ -12,8 +12,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogSettings};
 
-/// Requests by route and outcome (created, replayed, conflict, in_progress, invalid,
-/// unauthorized, unavailable, error, ok, not_found).
+/// Requests by route and outcome (created, replayed, conflict, in_progress, rate_limited,
+/// invalid, unauthorized, unavailable, error, ok, not_found).
 pub const HTTP_REQUESTS: &str = "retrysafe_http_requests_total";
 /// Request latency by route, in seconds.
 pub const HTTP_DURATION: &str = "retrysafe_http_request_duration_seconds";

@@ -1,4 +1,4 @@
-//! Bearer-token authentication of clients.
+//! Bearer-token authentication of clients, and their limits ([`crate::http::limits`]).
 
 use std::sync::Arc;
 
@@ -8,32 +8,48 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{AuthSettings, ANONYMOUS_CLIENT};
+use crate::http::limits::ClientLimiter;
 use crate::http::problem::ApiError;
+
+/// A client as a request is admitted for it: who, and its limits.
+#[derive(Debug)]
+pub struct Client {
+    pub id: Arc<str>,
+    pub limits: ClientLimiter,
+}
 
 /// Resolves the client a request comes from.
 pub struct Authenticator {
-    /// (client id, SHA-256 of its token). Empty: every request is the anonymous client, which
-    /// configuration allows only on a loopback listen address.
-    clients: Vec<(Arc<str>, [u8; 32])>,
-    anonymous: Arc<str>,
+    /// Each client with the SHA-256 of its token. Empty: every request is the anonymous client,
+    /// which configuration allows only on a loopback listen address.
+    clients: Vec<(Arc<Client>, [u8; 32])>,
+    anonymous: Arc<Client>,
 }
 
 impl Authenticator {
     pub fn new(settings: &AuthSettings) -> Self {
+        let client = |id: &str, limits| {
+            let id: Arc<str> = Arc::from(id);
+            Arc::new(Client {
+                limits: ClientLimiter::new(id.clone(), limits),
+                id,
+            })
+        };
         let clients = settings
             .clients
             .iter()
-            .map(|client| {
+            .map(|configured| {
                 let mut digest = [0u8; 32];
                 // Validated as 64 hex digits when the configuration was loaded.
-                hex::decode_to_slice(&client.token_sha256, &mut digest)
+                hex::decode_to_slice(&configured.token_sha256, &mut digest)
                     .expect("token_sha256 is validated as 64 hex digits");
-                (Arc::from(client.id.as_str()), digest)
+                let limits = settings.limits_of(Some(configured));
+                (client(&configured.id, limits), digest)
             })
             .collect();
         Self {
             clients,
-            anonymous: Arc::from(ANONYMOUS_CLIENT),
+            anonymous: client(ANONYMOUS_CLIENT, settings.limits_of(None)),
         }
     }
 
@@ -42,7 +58,15 @@ impl Authenticator {
         self.clients.is_empty()
     }
 
-    pub fn authenticate(&self, request: &HttpRequest) -> Result<Arc<str>, ApiError> {
+    /// The client of `request`, once its rate allows one more request
+    /// (`max_requests_per_second`): 401 without valid credentials, 429 past the rate.
+    pub async fn admit(&self, request: &HttpRequest) -> Result<Arc<Client>, ApiError> {
+        let client = self.authenticate(request)?;
+        client.limits.admit_request().await?;
+        Ok(client)
+    }
+
+    fn authenticate(&self, request: &HttpRequest) -> Result<Arc<Client>, ApiError> {
         if self.clients.is_empty() {
             return Ok(self.anonymous.clone());
         }

@@ -43,6 +43,8 @@ const REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENCY_REPLAYED
             headers(("Location" = String, description = "/v1/entries/{id}"), ("Idempotency-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, description = "Missing or malformed Idempotency-Key (`missing-idempotency-key`, `invalid-idempotency-key`), body not JSON (`malformed-json`) or not an entry (`invalid-request`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Past the client's max_concurrent_writes or max_requests_per_second (`rate-limited`); nothing was done", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
         (status = 409, description = "The key was used with a different request (`idempotency-key-reused`), or is still in flight past idempotency.wait_timeout (`request-in-progress`, with Retry-After)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying (request-in-progress)"))),
         (status = 408, description = "The body did not arrive within http.body_timeout (`request-timeout`); nothing was written", body = Problem, content_type = "application/problem+json"),
@@ -60,7 +62,9 @@ pub async fn create_entry(
     payload: web::Payload,
     state: SharedState,
 ) -> Result<HttpResponse, ApiError> {
-    let client_id = state.auth.authenticate(&request)?;
+    let client = state.auth.admit(&request).await?;
+    // Held until the answer is made: the client's writes in flight are bounded.
+    let _writing = client.limits.start_write().await?;
     let key = idempotency_key(&request)?;
     require_json(&request)?;
     let body = tokio::time::timeout(
@@ -69,7 +73,10 @@ pub async fn create_entry(
     )
     .await
     .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
-    let key = ScopedKey { client_id, key };
+    let key = ScopedKey {
+        client_id: client.id.clone(),
+        key,
+    };
     let shard = state.shard_for(&key);
     // A retry of a completed request usually sends its very bytes: answered without decoding.
     if let Some(answer) = shard.replay_of_same_body(&key, &body) {
@@ -271,6 +278,8 @@ const SELECT_ENTRY: &str =
     responses(
         (status = 200, description = "The entry", body = EntryView, content_type = "application/json"),
         (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
         (status = 404, description = "No such entry for this client (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json"),
     ),
@@ -281,7 +290,7 @@ pub async fn get_entry(
     path: web::Path<String>,
     state: SharedState,
 ) -> Result<HttpResponse, ApiError> {
-    let client_id = state.auth.authenticate(&request)?;
+    let client_id = state.auth.admit(&request).await?.id.clone();
     let not_found = || ApiError::NotFound(format!("no entry {}", path.as_str()));
     let id = Uuid::parse_str(path.as_str()).map_err(|_| not_found())?;
     let row = state

@@ -72,6 +72,8 @@ ORDER BY o.id";
         (status = 200, description = "The key's record", body = KeyView, content_type = "application/json"),
         (status = 400, description = "Not a valid key (`invalid-idempotency-key`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
         (status = 404, description = "Unknown or expired for this client (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json"),
     ),
@@ -84,7 +86,7 @@ pub async fn get_key(
     path: web::Path<String>,
     state: SharedState,
 ) -> Result<HttpResponse, ApiError> {
-    let client_id = state.auth.authenticate(&request)?;
+    let client_id = state.auth.admit(&request).await?.id.clone();
     let key = IdempotencyKey::parse(path.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
     let not_found =
         || ApiError::NotFound(format!("no record for Idempotency-Key {:?}", key.as_str()));

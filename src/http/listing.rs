@@ -316,6 +316,8 @@ pub struct EntryPage {
         (status = 200, description = "A page of entries, in (created_at, id) order; an entry written while paging appears at most once, and every entry that existed when paging began appears exactly once", body = EntryPage, content_type = "application/json"),
         (status = 400, description = "An unknown, repeated or invalid query parameter, or a cursor that was altered or belongs to another query (`invalid-request`; the detail names the parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
         (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
     ),
@@ -327,7 +329,7 @@ pub async fn list_entries(
     request: HttpRequest,
     state: SharedState,
 ) -> Result<HttpResponse, ApiError> {
-    let client_id = state.auth.authenticate(&request)?;
+    let client_id = state.auth.admit(&request).await?.id.clone();
     let query = parse_query(request.query_string(), &client_id)?;
     let statement = match query.order {
         Order::NewestFirst => LIST_NEWEST_FIRST,

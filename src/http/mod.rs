@@ -4,6 +4,7 @@ pub mod auth;
 pub mod entries;
 pub mod health;
 pub mod keys;
+pub mod limits;
 pub mod listing;
 pub mod observe;
 pub mod openapi;

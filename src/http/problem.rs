@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::db::{Blocker, StorageError};
 use crate::entry::{DecodeError, FieldError};
+use crate::http::limits::RateLimited;
 use crate::http::observe::Outcome;
 use crate::idempotency::KeyError;
 use crate::write::WriteError;
@@ -22,6 +23,11 @@ pub const PROBLEM_TYPE_PREFIX: &str = "/problems/";
 
 /// Seconds a client is told to wait before retrying a 503 or a 409 `request-in-progress`.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// The fields of draft-ietf-httpapi-ratelimit-headers on a 429: the client's limits, and what is
+/// left of the one that refused.
+const RATELIMIT_POLICY: header::HeaderName = header::HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: header::HeaderName = header::HeaderName::from_static("ratelimit");
 
 /// One problem type: what the API answers for one kind of error.
 #[derive(Debug, PartialEq, Eq)]
@@ -129,6 +135,14 @@ pub const REQUEST_IN_PROGRESS: ProblemType = problem(
     Outcome::InProgress,
     true,
 );
+/// Past one of the client's limits (`max_concurrent_writes`, `max_requests_per_second`).
+pub const RATE_LIMITED: ProblemType = problem(
+    StatusCode::TOO_MANY_REQUESTS,
+    "rate-limited",
+    "Too many requests",
+    Outcome::RateLimited,
+    true,
+);
 pub const STORAGE_UNAVAILABLE: ProblemType = problem(
     StatusCode::SERVICE_UNAVAILABLE,
     "storage-unavailable",
@@ -159,7 +173,7 @@ pub const INTERNAL_ERROR: ProblemType = problem(
 );
 
 /// Every problem type the API answers with.
-pub const ALL: [&ProblemType; 14] = [
+pub const ALL: [&ProblemType; 15] = [
     &UNAUTHORIZED,
     &MISSING_IDEMPOTENCY_KEY,
     &INVALID_IDEMPOTENCY_KEY,
@@ -170,6 +184,7 @@ pub const ALL: [&ProblemType; 14] = [
     &INVALID_REQUEST,
     &IDEMPOTENCY_KEY_REUSED,
     &REQUEST_IN_PROGRESS,
+    &RATE_LIMITED,
     &STORAGE_UNAVAILABLE,
     &NOT_FOUND,
     &METHOD_NOT_ALLOWED,
@@ -201,6 +216,9 @@ pub enum ApiError {
     IdempotencyKeyReused { status: StatusCode },
     #[error("a request with this Idempotency-Key is still being processed")]
     RequestInProgress,
+    /// Past one of the client's limits; nothing was done.
+    #[error("rate limited: {}", .0.limit.as_str())]
+    RateLimited(RateLimited),
     /// A write whose outcome the database did not confirm: it may have been saved.
     #[error("write not confirmed: {0}")]
     WriteNotConfirmed(String),
@@ -265,6 +283,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) | ApiError::InvalidQuery(_) => &INVALID_REQUEST,
             ApiError::IdempotencyKeyReused { .. } => &IDEMPOTENCY_KEY_REUSED,
             ApiError::RequestInProgress => &REQUEST_IN_PROGRESS,
+            ApiError::RateLimited(_) => &RATE_LIMITED,
             ApiError::WriteNotConfirmed(_)
             | ApiError::StorageUnavailable(_)
             | ApiError::CannotWrite { .. }
@@ -300,6 +319,11 @@ impl ApiError {
             ApiError::RequestInProgress => {
                 "a request with this Idempotency-Key is still being processed; retry after the time in Retry-After".into()
             }
+            ApiError::RateLimited(limited) => match limited.limit {
+                crate::http::limits::Limit::ConcurrentWrites => "this client has as many writes in flight as its max_concurrent_writes allows; nothing was done for this request: retry it (with the same Idempotency-Key) after the time in Retry-After",
+                crate::http::limits::Limit::RequestsPerSecond => "this client sent more requests than its max_requests_per_second allows; nothing was done for this request: retry it (with the same Idempotency-Key for a write) after the time in Retry-After",
+            }
+            .into(),
             ApiError::Internal(_) => "an unexpected error occurred; it has been logged".into(),
             other => other.to_string(),
         }
@@ -319,6 +343,12 @@ impl ApiError {
             ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
             _ => {}
         }
+    }
+}
+
+impl From<RateLimited> for ApiError {
+    fn from(limited: RateLimited) -> Self {
+        ApiError::RateLimited(limited)
     }
 }
 
@@ -387,9 +417,23 @@ impl ResponseError for ApiError {
         let mut response = HttpResponse::build(status);
         response.content_type("application/problem+json");
         if problem_type.retry_after {
-            response.insert_header((header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS)));
+            let seconds = match self {
+                ApiError::RateLimited(limited) => limited.retry_after.as_secs(),
+                _ => u64::from(RETRY_AFTER_SECONDS),
+            };
+            response.insert_header((header::RETRY_AFTER, HeaderValue::from(seconds)));
         }
         match self {
+            ApiError::RateLimited(limited) => {
+                for (name, value) in [
+                    (RATELIMIT_POLICY, &limited.policy),
+                    (RATELIMIT, &limited.state),
+                ] {
+                    if let Ok(value) = HeaderValue::from_str(value) {
+                        response.insert_header((name, value));
+                    }
+                }
+            }
             ApiError::Unauthorized => {
                 response
                     .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));

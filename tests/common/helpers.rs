@@ -77,6 +77,8 @@ pub fn client(id: &str, token: &str) -> ClientSettings {
     ClientSettings {
         id: id.into(),
         token_sha256: hex::encode(sha2::Sha256::digest(token.as_bytes())),
+        max_concurrent_writes: None,
+        max_requests_per_second: None,
     }
 }
 

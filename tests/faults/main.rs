@@ -15,6 +15,7 @@ mod exactness;
 mod hostile_connections;
 mod hung_peers;
 mod many_daemons;
+mod noisy_client;
 mod outbox_pressure;
 mod secrets;
 mod skewed_clock;
