@@ -217,16 +217,22 @@ async fn outbox_command(
     match command {
         OutboxCommand::Replay(args) => return replay::run(settings, &db, config, args).await,
         OutboxCommand::Status { json } => {
-            let rows = db
-                .run(async |connection| outbox::store::status(&**connection).await)
+            let (rows, parked) = db
+                .run(async |connection| {
+                    let rows = outbox::store::status(&**connection).await?;
+                    let parked = outbox::store::parked_groups(&**connection).await?;
+                    Ok((rows, parked))
+                })
                 .await?;
             let replays = outbox::replay::recent(&db, replay::RECENT_REPLAYS).await?;
             if *json {
-                let status = serde_json::json!({"backlog": rows, "replays": replays});
+                let status =
+                    serde_json::json!({"backlog": rows, "parked": parked, "replays": replays});
                 println!("{}", serde_json::to_string_pretty(&status)?);
                 return Ok(ExitCode::SUCCESS);
             }
             print_backlog(&rows);
+            print_parked(&parked);
             print_replays(&replays);
         }
         OutboxCommand::Retry(args) => retry::run(&db, args).await?,
@@ -255,6 +261,34 @@ fn print_backlog(rows: &[outbox::store::TypeStatus]) {
         parked += row.parked;
     }
     println!("{:<32} {:>10} {:>10}", "total", unsent, parked);
+}
+
+/// Parked events by event type and last error, the largest groups first.
+fn print_parked(groups: &[outbox::store::ParkedGroup]) {
+    if groups.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "parked events by last error (requeue a group with `retrysafe outbox retry --type TYPE --error TEXT`):"
+    );
+    println!(
+        "{:>10}  {:<32}  {:<20}  {:<20}  last error",
+        "parked", "event type", "first parked", "last parked"
+    );
+    for group in groups {
+        println!(
+            "{:>10}  {:<32}  {:<20}  {:<20}  {}",
+            group.parked,
+            group.event_type,
+            group.first_parked_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            group.last_parked_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            group.last_error
+        );
+    }
+    if groups.len() as i64 == outbox::store::PARKED_GROUPS_SHOWN {
+        println!("(the {} largest groups)", outbox::store::PARKED_GROUPS_SHOWN);
+    }
 }
 
 /// The recent replays, newest first: who asked for what, and how far each got.

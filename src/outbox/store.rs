@@ -205,6 +205,45 @@ pub async fn status(client: &impl GenericClient) -> Result<Vec<TypeStatus>, Stor
         .collect())
 }
 
+/// Parked events that share a last error and an event type: what `outbox status` lists, so
+/// that an operator can requeue a group (`outbox retry --error ... --type ...`) once its cause
+/// is fixed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ParkedGroup {
+    pub event_type: String,
+    pub last_error: String,
+    pub parked: i64,
+    pub first_parked_at: DateTime<Utc>,
+    pub last_parked_at: DateTime<Utc>,
+}
+
+/// At most this many groups are listed (the largest).
+pub const PARKED_GROUPS_SHOWN: i64 = 20;
+
+/// Through the partial index of parked rows: as cheap as the parked rows are few.
+const PARKED_GROUPS: &str = "
+SELECT event_type, coalesce(last_error, ''), count(*), min(failed_at), max(failed_at)
+FROM outbox_events
+WHERE sent_at IS NULL AND failed_at IS NOT NULL
+GROUP BY event_type, last_error
+ORDER BY count(*) DESC, event_type
+LIMIT $1";
+
+pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGroup>, StorageError> {
+    Ok(client
+        .query(PARKED_GROUPS, &[&PARKED_GROUPS_SHOWN])
+        .await?
+        .iter()
+        .map(|row| ParkedGroup {
+            event_type: row.get(0),
+            last_error: row.get(1),
+            parked: row.get(2),
+            first_parked_at: row.get(3),
+            last_parked_at: row.get(4),
+        })
+        .collect())
+}
+
 /// Requeues one unsent event (parked or not) for an attempt now, with a fresh attempt count.
 const REQUEUE_EVENT: &str = "
 UPDATE outbox_events

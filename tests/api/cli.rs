@@ -324,9 +324,19 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
     assert_eq!(rows[0]["parked"], 3);
     assert_eq!(rows[0]["unsent"], 0);
     assert_eq!(status["replays"], serde_json::json!([]));
+    // Parked events grouped by what they last failed with.
+    let groups = &status["parked"];
+    assert_eq!(groups.as_array().unwrap().len(), 1, "{groups}");
+    assert_eq!(groups[0]["parked"], 3);
+    assert_eq!(groups[0]["event_type"], "entry.created");
+    assert!(
+        groups[0]["last_error"].to_string().contains("NO_ROUTE"),
+        "{groups}"
+    );
     let table = retrysafe(&["outbox", "status"], &env);
     assert!(
-        stdout(&table).contains("entry.created"),
+        stdout(&table).contains("entry.created")
+            && stdout(&table).contains("parked events by last error"),
         "{}",
         stdout(&table)
     );
