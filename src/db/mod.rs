@@ -130,7 +130,10 @@ impl bb8::ManageConnection for Manager {
 /// waiting for a connection can say why none could be opened (and whether that is a
 /// [`Blocker`]: no connection slot free).
 #[derive(Debug, Clone, Default)]
-struct LastConnectError(Arc<Mutex<Option<(String, Option<Blocker>)>>>);
+struct LastConnectError(Arc<Mutex<Option<FailedAttempt>>>);
+
+/// A failed connection attempt: in words, and the [`Blocker`] it was, if any.
+type FailedAttempt = (String, Option<Blocker>);
 
 impl bb8::ErrorSink<ConnectError> for LastConnectError {
     fn sink(&self, error: ConnectError) {
