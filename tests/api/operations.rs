@@ -210,7 +210,7 @@ async fn openapi_json_describes_every_route_and_problem_type() {
     let event = &document["components"]["schemas"]["EventView"]["properties"];
     assert!(event.get("replay_count").is_some() && event.get("last_replayed_at").is_some());
     let post = &document["paths"]["/v1/entries"]["post"]["responses"];
-    for status in ["201", "400", "401", "409", "413", "415", "422", "503"] {
+    for status in ["201", "400", "401", "409", "413", "415", "422", "429", "503"] {
         assert!(
             post.get(status).is_some(),
             "POST /v1/entries documents no {status}"
@@ -229,6 +229,7 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         "payload-too-large",
         "idempotency-key-reused",
         "request-in-progress",
+        "rate-limited",
         "storage-unavailable",
         "not-found",
         "method-not-allowed",

@@ -415,21 +415,28 @@ pub fn log_to(command: &mut Command, log: &Path) {
 }
 
 /// The daemon binary the tests run: this build's, or the one `RETRYSAFE_TEST_DAEMON` names (to
-/// measure another build, an older one say, under the same test: docs/reliability.md).
-pub fn daemon_binary() -> PathBuf {
-    std::env::var_os("RETRYSAFE_TEST_DAEMON")
+/// measure another build, an older one say, under the same test: docs/reliability.md), with
+/// the repository's config.toml or the file `RETRYSAFE_TEST_CONFIG` names (an older build may
+/// not know every key of this one's).
+pub fn daemon_binary() -> (PathBuf, PathBuf) {
+    let binary = std::env::var_os("RETRYSAFE_TEST_DAEMON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_retrysafe")))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_retrysafe")));
+    let config = std::env::var_os("RETRYSAFE_TEST_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")));
+    (binary, config)
 }
 
 /// `retrysafe serve` with the repository's config.toml, listening on `port`, polling the outbox
 /// every 100 ms, logging to `log`; the caller adds its own environment.
 pub fn serve_command(port: u16, log: &Path) -> Command {
-    let mut command = Command::new(daemon_binary());
+    let (binary, config) = daemon_binary();
+    let mut command = Command::new(binary);
     command
         .arg("serve")
         .arg("--config")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
+        .arg(config)
         .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{port}"))
         .env("RETRYSAFE_OUTBOX__POLL_INTERVAL", "100ms")
         .env("RETRYSAFE_LOG__LEVEL", "info")
