@@ -287,7 +287,10 @@ fn print_parked(groups: &[outbox::store::ParkedGroup]) {
         );
     }
     if groups.len() as i64 == outbox::store::PARKED_GROUPS_SHOWN {
-        println!("(the {} largest groups)", outbox::store::PARKED_GROUPS_SHOWN);
+        println!(
+            "(the {} largest groups)",
+            outbox::store::PARKED_GROUPS_SHOWN
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use crate::common::consumer::{header, TestConsumer};
 use crate::common::daemon::{
     spawn_app_with, spawn_app_without_relays, spawn_binary, spawn_second_app_with, TestDaemon,
 };
-use crate::common::helpers::{entry_body, test_settings};
+use crate::common::helpers::{entry_body, metric_sample, test_settings};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -210,7 +210,9 @@ async fn openapi_json_describes_every_route_and_problem_type() {
     let event = &document["components"]["schemas"]["EventView"]["properties"];
     assert!(event.get("replay_count").is_some() && event.get("last_replayed_at").is_some());
     let post = &document["paths"]["/v1/entries"]["post"]["responses"];
-    for status in ["201", "400", "401", "409", "413", "415", "422", "429", "503"] {
+    for status in [
+        "201", "400", "401", "409", "413", "415", "422", "429", "503",
+    ] {
         assert!(
             post.get(status).is_some(),
             "POST /v1/entries documents no {status}"
@@ -309,12 +311,9 @@ async fn openapi_json_requires_bearer_authentication_when_clients_are_configured
     assert_eq!(security, &vec![serde_json::json!({"bearer": []})]);
 }
 
-/// Reads one sample's value from Prometheus text (0 when absent).
+/// One sample's value in Prometheus text (0 when absent).
 fn sample(metrics: &str, name_and_labels: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name_and_labels)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    metric_sample(metrics, name_and_labels).unwrap_or(0.0)
 }
 
 async fn scrape(daemon: &TestDaemon) -> String {

@@ -15,8 +15,8 @@ use retrysafe::startup::{Application, Options};
 use serde_json::Value;
 
 use crate::common::helpers::{
-    connect, count, eventually, http_client, test_settings, TestDatabase, TestExchange,
-    TestResponse,
+    connect, count, eventually, http_client, metric_sample, test_settings, TestDatabase,
+    TestExchange, TestResponse,
 };
 
 /// Bound on one request of [`TestDaemon::send`].
@@ -300,6 +300,13 @@ impl TestDaemon {
             }
         })
         .await
+    }
+
+    /// One sample of `/metrics` (see [`metric_sample`]); panics if it is absent.
+    pub async fn metric(&self, name_and_labels: &str) -> f64 {
+        let metrics = self.get("/metrics", None).await.text();
+        metric_sample(&metrics, name_and_labels)
+            .unwrap_or_else(|| panic!("{name_and_labels} is not in /metrics"))
     }
 
     pub async fn count(&self, sql: &str) -> i64 {

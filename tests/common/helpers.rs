@@ -82,6 +82,15 @@ pub fn client(id: &str, token: &str) -> ClientSettings {
     }
 }
 
+/// One sample's value in Prometheus text: the line that starts with `name_and_labels` (a name,
+/// or a name and its labels as the exposition writes them, `name{label="value"}`).
+pub fn metric_sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(name_and_labels)?;
+        value.starts_with(' ').then(|| value.trim().parse().ok())?
+    })
+}
+
 pub fn entry_body(n: i64) -> Value {
     serde_json::json!({"kind": "invoice.paid", "data": {"invoice": n, "amount": {"value": 1250, "currency": "EUR"}}})
 }

@@ -32,16 +32,6 @@ async fn write_entries(daemon: &TestDaemon, prefix: &str, count: usize) {
     }
 }
 
-/// The value of an unlabelled metric in /metrics.
-async fn metric(daemon: &TestDaemon, name: &str) -> f64 {
-    let text = daemon.get("/metrics", None).await.text();
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} is not in /metrics"))
-        .parse()
-        .unwrap()
-}
-
 /// Connections the lab's broker has open (the test's consumer's and the daemon's).
 async fn broker_connections(lab: &Lab) -> usize {
     lab.act(&["rabbitmqctl", "1", "list_connections", "pid"])
@@ -141,8 +131,8 @@ async fn a_blocked_broker_is_waited_for_on_one_connection_and_unblocking_brings_
         0,
         "flow control is not a failed attempt"
     );
-    assert_eq!(metric(&daemon, "retrysafe_broker_blocked").await, 1.0);
-    assert_eq!(metric(&daemon, "retrysafe_broker_connected").await, 1.0);
+    assert_eq!(daemon.metric("retrysafe_broker_blocked").await, 1.0);
+    assert_eq!(daemon.metric("retrysafe_broker_connected").await, 1.0);
     let unsent_while_blocked = count(
         &daemon.db,
         "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
@@ -183,7 +173,7 @@ async fn a_blocked_broker_is_waited_for_on_one_connection_and_unblocking_brings_
     daemon
         .readyz_once(|ready| ready.json()["broker"] == "connected")
         .await;
-    assert_eq!(metric(&daemon, "retrysafe_broker_blocked").await, 0.0);
+    assert_eq!(daemon.metric("retrysafe_broker_blocked").await, 0.0);
     let log = daemon.log_text();
     assert_eq!(
         log.matches("the broker blocks publishing").count(),
@@ -271,12 +261,8 @@ async fn a_full_queue_costs_the_other_queues_few_copies() {
     )
     .await;
     assert!(nacked >= 190, "{nacked} events nacked and waiting");
-    let metrics = daemon.get("/metrics", None).await.text();
-    let nacks: f64 = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("retrysafe_outbox_publishes_total{outcome=\"nacked\"} "))
-        .expect("nacks are counted apart")
-        .parse()
-        .unwrap();
+    let nacks = daemon
+        .metric("retrysafe_outbox_publishes_total{outcome=\"nacked\"}")
+        .await;
     assert!(nacks >= nacked as f64, "{nacks} nacks counted");
 }

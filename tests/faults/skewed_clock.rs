@@ -97,13 +97,9 @@ async fn a_daemon_a_day_behind_writes_records_that_live_their_retention_on_the_d
         "the skew is logged: {}",
         behind.log_tail(20)
     );
-    let metrics = behind.get("/metrics", None).await.text();
-    let offset: f64 = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("retrysafe_database_clock_offset_seconds "))
-        .expect("the offset is in /metrics")
-        .parse()
-        .unwrap();
+    let offset = behind
+        .metric("retrysafe_database_clock_offset_seconds")
+        .await;
     assert!(
         (25.0 * 3600.0 - 60.0..25.0 * 3600.0 + 60.0).contains(&offset),
         "the database is 25 h ahead of this daemon: {offset}"
