@@ -94,8 +94,9 @@ const QUIET_LAPIN: &[&str] = &[
 const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";
 
 /// At debug, tokio-postgres logs every statement with its parameters: idempotency keys, entry
-/// data, client addresses. Kept at info unless the level asked for is trace somewhere or a
-/// `tokio_postgres` directive says otherwise.
+/// data, client addresses (its trace lines add only the connection's states). Kept at info
+/// whatever level is asked for, trace included, unless a `tokio_postgres` directive names it:
+/// client data reaches the log only when someone asks for exactly that.
 const QUIET_TOKIO_POSTGRES: &str = "tokio_postgres=info";
 
 /// The target of actix-http's HTTP/1 connection handling, which answers some requests itself
@@ -109,26 +110,7 @@ pub fn init_logging(settings: &LogSettings) {
     use tracing_subscriber::Layer;
 
     let requested = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
-    let mut defaults = Vec::new();
-    if !requested.contains("lapin") {
-        defaults.extend_from_slice(QUIET_LAPIN);
-    }
-    let trace = asks_for_trace(&requested);
-    if !requested.contains("tokio_postgres") && !trace {
-        defaults.push(QUIET_TOKIO_POSTGRES);
-    }
-    if !requested.contains("actix_http") {
-        // Its ERROR for a client's malformed request is replaced by ActixOwnAnswers's WARN.
-        defaults.push("actix_http::h1::dispatcher=off");
-    }
-    defaults.push(&requested);
-    // Last, so that it wins over any other directive: at trace, lapin's I/O loop logs every
-    // frame it writes, the SASL response with the broker password among them. Only then: as a
-    // directive of its own it would also turn lapin's I/O loop up to debug at a lower level.
-    if trace {
-        defaults.push(NO_SECRETS_FROM_LAPIN);
-    }
-    let directives = defaults.join(",");
+    let directives = directives(&requested);
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let output_level = filter.max_level_hint();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -161,6 +143,45 @@ pub fn init_logging(settings: &LogSettings) {
             log::set_max_level(log_level(level));
         }
     }
+}
+
+/// The filter's directives: the daemon's defaults for other crates' logs, then `requested`
+/// (`log.level` or `RUST_LOG`), which overrides a default for a target it names.
+fn directives(requested: &str) -> String {
+    let mut defaults = Vec::new();
+    if !names_target(requested, "lapin") {
+        defaults.extend_from_slice(QUIET_LAPIN);
+    }
+    if !names_target(requested, "tokio_postgres") {
+        defaults.push(QUIET_TOKIO_POSTGRES);
+    }
+    if !names_target(requested, "actix_http") {
+        // Its ERROR for a client's malformed request is replaced by ActixOwnAnswers's WARN.
+        defaults.push("actix_http::h1::dispatcher=off");
+    }
+    defaults.push(requested);
+    // Last, so that it wins over any other directive: at trace, lapin's I/O loop logs every
+    // frame it writes, the SASL response with the broker password among them. Only then: as a
+    // directive of its own it would also turn lapin's I/O loop up to debug at a lower level.
+    if asks_for_trace(requested) {
+        defaults.push(NO_SECRETS_FROM_LAPIN);
+    }
+    defaults.join(",")
+}
+
+/// Whether a filter (`RUST_LOG` syntax) has a directive for `target` or a module of it.
+fn names_target(directives: &str, target: &str) -> bool {
+    directives.split(',').any(|directive| {
+        let directive_target = directive
+            .trim()
+            .split(['=', '['])
+            .next()
+            .unwrap_or_default();
+        directive_target == target
+            || directive_target
+                .strip_prefix(target)
+                .is_some_and(|rest| rest.starts_with("::"))
+    })
 }
 
 /// Whether a filter (`RUST_LOG` syntax) asks for the trace level anywhere.
@@ -534,6 +555,36 @@ mod tests {
         ] {
             assert!(!asks_for_trace(no), "{no}");
         }
+    }
+
+    /// Runs `check` under the filter built from `requested`.
+    fn under_filter(requested: &str, check: impl FnOnce() -> bool) -> bool {
+        use tracing_subscriber::layer::SubscriberExt;
+        let filter = EnvFilter::try_new(directives(requested)).unwrap();
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(filter), check)
+    }
+
+    #[test]
+    fn tokio_postgres_statement_parameters_stay_out_unless_asked_for_by_name() {
+        use tracing::Level;
+        let parameters = || tracing::enabled!(target: "tokio_postgres::query", Level::DEBUG);
+        let connection_errors = || tracing::enabled!(target: "tokio_postgres::query", Level::INFO);
+        for level in ["info", "debug", "trace", "retrysafe=trace,trace", "5"] {
+            assert!(
+                !under_filter(level, parameters),
+                "{level}: tokio-postgres logs statement parameters at debug"
+            );
+            assert!(under_filter(level, connection_errors), "{level}");
+        }
+        assert!(under_filter("trace", || tracing::enabled!(
+            target: "retrysafe::write::writer",
+            Level::TRACE
+        )));
+        for named in ["info,tokio_postgres=debug", "tokio_postgres::query=trace"] {
+            assert!(under_filter(named, parameters), "{named}: named explicitly");
+        }
+        assert!(names_target("info,lapin::io_loop=debug", "lapin"));
+        assert!(!names_target("info,lapinx=debug,my_lapin=trace", "lapin"));
     }
 
     #[test]
