@@ -127,7 +127,7 @@ pub fn init_logging(settings: &LogSettings) {
             .with_writer(std::io::stderr)
             .boxed(),
     };
-    let own_answers = ActixOwnAnswers.with_filter(OwnAnswerCallsites);
+    let own_answers = ActixOwnAnswers::new().with_filter(OwnAnswerCallsites);
     let result = tracing_subscriber::registry()
         .with(output.with_filter(filter))
         .with(own_answers)
@@ -213,13 +213,73 @@ fn log_level(level: tracing_subscriber::filter::LevelFilter) -> log::LevelFilter
 /// (400: a NUL byte in a header, a header line without a colon). It says so only in its own
 /// trace logs, and logs a client's malformed request at ERROR. This layer, fed those events,
 /// counts each answer in [`HTTP_PROTOCOL_ERRORS`] and logs it at WARN: the client's fault, not
-/// one an operator must act on.
+/// one an operator must act on. The WARN lines are sampled ([`LogSampler`], one per kind of
+/// answer): a flood of idle or slowloris connections, or a scanner, would otherwise write a line
+/// each, and journald's rate limit would then drop the lines that matter. The counter counts
+/// every one.
 ///
 /// It is fed only the callsites that can say so ([`OwnAnswerCallsites`]); and below ERROR an
 /// event's message is only compared with the few prefixes that matter while it is being
 /// written, the writing stopping at the first character that rules them all out
 /// ([`PrefixMatch`]).
-struct ActixOwnAnswers;
+struct ActixOwnAnswers {
+    /// One per answer of [`OWN_ANSWERS`], in its order.
+    samplers: [LogSampler; 3],
+}
+
+impl ActixOwnAnswers {
+    fn new() -> Self {
+        Self {
+            samplers: std::array::from_fn(|_| LogSampler::new(OWN_ANSWER_LOG_INTERVAL)),
+        }
+    }
+}
+
+/// At most one WARN line per kind of actix-http's own answers in this time, after the first.
+const OWN_ANSWER_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Lets a log line through, then at most one per `interval`, each saying how many were left
+/// out since the one before.
+struct LogSampler {
+    interval: Duration,
+    state: std::sync::Mutex<Sampled>,
+}
+
+#[derive(Default)]
+struct Sampled {
+    /// When the last line went through; None before the first.
+    last: Option<std::time::Instant>,
+    /// Lines left out since then.
+    suppressed: u64,
+}
+
+impl LogSampler {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            state: Default::default(),
+        }
+    }
+
+    /// Whether the line of `now` goes through: then with the number of lines left out since
+    /// the previous one.
+    fn admit(&self, now: std::time::Instant) -> Option<u64> {
+        // A panic while the lock is held cannot leave the two counts inconsistent.
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let due = state
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.interval);
+        if !due {
+            state.suppressed += 1;
+            return None;
+        }
+        state.last = Some(now);
+        Some(std::mem::take(&mut state.suppressed))
+    }
+}
 
 /// The lines of actix-http's dispatcher (`src/h1/dispatcher.rs` of actix-http 3.20, the version
 /// Cargo.lock pins) whose trace events say it answered a request itself: 431, 400 and 408.
@@ -294,18 +354,28 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ActixOwnAnswers {
         let is_error = *event.metadata().level() == tracing::Level::ERROR;
         let mut prefix = PrefixMatch::new(OWN_ANSWERS.map(|(prefix, _, _)| prefix));
         event.record(&mut prefix);
-        let answer = prefix.matched.map(|index| OWN_ANSWERS[index]);
-        if answer.is_none() && !is_error {
-            return;
-        }
-        let mut message = MessageText(String::new());
-        event.record(&mut message);
-        let message = message.0;
-        if let Some((_, status, reason)) = answer {
+        let message = || {
+            let mut message = MessageText(String::new());
+            event.record(&mut message);
+            message.0
+        };
+        if let Some(index) = prefix.matched {
+            let (_, status, reason) = OWN_ANSWERS[index];
             metrics::counter!(HTTP_PROTOCOL_ERRORS, "status" => status).increment(1);
-            tracing::warn!(status, detail = %message, "refused a request before routing: {reason}");
+            if let Some(suppressed) = self.samplers[index].admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    status,
+                    detail = %message(),
+                    suppressed,
+                    "refused a request before routing: {reason}"
+                );
+            }
             return;
         }
+        if !is_error {
+            return;
+        }
+        let message = message();
         // Errors of the connection other than the malformed requests counted above.
         if !message.starts_with("stream error: request parse error") {
             tracing::error!(detail = %message, "http connection error");
@@ -585,6 +655,23 @@ mod tests {
         }
         assert!(names_target("info,lapin::io_loop=debug", "lapin"));
         assert!(!names_target("info,lapinx=debug,my_lapin=trace", "lapin"));
+    }
+
+    #[test]
+    fn a_sampled_line_goes_through_once_per_interval_and_counts_the_rest() {
+        let sampler = LogSampler::new(Duration::from_secs(10));
+        let start = std::time::Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        assert_eq!(sampler.admit(at(0)), Some(0), "the first line");
+        for second in 0..10 {
+            assert_eq!(sampler.admit(at(second)), None, "second {second}");
+        }
+        assert_eq!(sampler.admit(at(10)), Some(10), "ten left out meanwhile");
+        assert_eq!(sampler.admit(at(12)), None);
+        assert_eq!(sampler.admit(at(25)), Some(1));
+        assert_eq!(sampler.admit(at(100)), Some(0));
+        // A clock read before the last line (another thread's) is not a new interval.
+        assert_eq!(sampler.admit(at(99)), None);
     }
 
     #[test]
