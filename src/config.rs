@@ -72,6 +72,9 @@ pub struct HttpSettings {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file`.
     pub tls_key_file: Option<PathBuf>,
+    /// When set, `/readyz`, `/metrics` and `/openapi.json` are served on this address (plain
+    /// HTTP) and no longer on `listen`; `/healthz` is on both.
+    pub operations_listen: Option<SocketAddr>,
 }
 
 impl HttpSettings {
@@ -276,6 +279,7 @@ impl Default for HttpSettings {
             workers: 0,
             tls_cert_file: None,
             tls_key_file: None,
+            operations_listen: None,
         }
     }
 }
@@ -379,6 +383,14 @@ impl Settings {
             ("http.tls_cert_file", &self.http.tls_cert_file),
             ("http.tls_key_file", &self.http.tls_key_file),
         )?;
+        if let Some(operations) = self.http.operations_listen {
+            if operations == self.http.listen && operations.port() != 0 {
+                return Err(invalid(
+                    "http.operations_listen",
+                    format!("{operations} is http.listen itself; give the operations routes an address of their own, or leave the key out to serve them on http.listen"),
+                ));
+            }
+        }
         // The TLS parameters (libpq's) are checked here and taken out: tokio-postgres knows
         // only a few of them. Their files are read by check-config and at start.
         let database = crate::db::tls::split(&self.database.url)

@@ -3,11 +3,13 @@
 pub mod auth;
 pub mod entries;
 pub mod health;
+pub mod host;
 pub mod keys;
 pub mod listing;
 pub mod observe;
 pub mod openapi;
 pub mod problem;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,8 +83,14 @@ impl AppState {
     }
 }
 
-/// Registers every route.
+/// Registers every route: what one listener serves when `http.operations_listen` is not set.
 pub fn routes(config: &mut web::ServiceConfig) {
+    api_routes(config);
+    operations_routes(config);
+}
+
+/// The API, and `/healthz`: what `http.listen` serves.
+pub fn api_routes(config: &mut web::ServiceConfig) {
     config
         .service(
             Methods::on(entries::ENTRIES_PATH)
@@ -100,7 +108,13 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .get(keys::get_key)
                 .finish(),
         )
-        .service(Methods::on("/healthz").get(health::healthz).finish())
+        .service(Methods::on("/healthz").get(health::healthz).finish());
+}
+
+/// `/readyz`, `/metrics` and `/openapi.json`: what `http.operations_listen` serves, with its own
+/// `/healthz`.
+pub fn operations_routes(config: &mut web::ServiceConfig) {
+    config
         .service(Methods::on("/readyz").get(health::readyz).finish())
         .service(Methods::on("/metrics").get(observe::metrics).finish())
         .service(
@@ -108,6 +122,12 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .get(openapi::openapi_json)
                 .finish(),
         );
+}
+
+/// What `http.operations_listen` serves.
+pub fn operations_listener_routes(config: &mut web::ServiceConfig) {
+    config.service(Methods::on("/healthz").get(health::healthz).finish());
+    operations_routes(config);
 }
 
 /// A resource and the methods it answers: every GET route answers HEAD too (RFC 9110), and any

@@ -150,6 +150,14 @@ pub const METHOD_NOT_ALLOWED: ProblemType = problem(
     Outcome::Invalid,
     false,
 );
+/// Anonymous mode only: a `Host` that is not a loopback host (see [`crate::http::host`]).
+pub const MISDIRECTED_REQUEST: ProblemType = problem(
+    StatusCode::MISDIRECTED_REQUEST,
+    "misdirected-request",
+    "Misdirected request",
+    Outcome::Invalid,
+    false,
+);
 pub const INTERNAL_ERROR: ProblemType = problem(
     StatusCode::INTERNAL_SERVER_ERROR,
     "internal-error",
@@ -159,7 +167,7 @@ pub const INTERNAL_ERROR: ProblemType = problem(
 );
 
 /// Every problem type the API answers with.
-pub const ALL: [&ProblemType; 14] = [
+pub const ALL: [&ProblemType; 15] = [
     &UNAUTHORIZED,
     &MISSING_IDEMPOTENCY_KEY,
     &INVALID_IDEMPOTENCY_KEY,
@@ -173,6 +181,7 @@ pub const ALL: [&ProblemType; 14] = [
     &STORAGE_UNAVAILABLE,
     &NOT_FOUND,
     &METHOD_NOT_ALLOWED,
+    &MISDIRECTED_REQUEST,
     &INTERNAL_ERROR,
 ];
 
@@ -219,6 +228,9 @@ pub enum ApiError {
         /// The methods the resource answers, for the `Allow` header.
         allow: String,
     },
+    /// Anonymous mode: the request does not name a loopback host; the text says what it named.
+    #[error("{0}")]
+    MisdirectedRequest(String),
     #[error("internal error: {0:#}")]
     Internal(anyhow::Error),
 }
@@ -266,6 +278,7 @@ impl ApiError {
             | ApiError::Overloaded(_) => &STORAGE_UNAVAILABLE,
             ApiError::NotFound(_) => &NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => &METHOD_NOT_ALLOWED,
+            ApiError::MisdirectedRequest(_) => &MISDIRECTED_REQUEST,
             ApiError::Internal(_) => &INTERNAL_ERROR,
         }
     }
