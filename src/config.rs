@@ -12,8 +12,10 @@ use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod redact;
+mod warnings;
 
 pub use redact::{redact_url, UNPARSABLE};
+pub use warnings::{warnings, ConfigWarning};
 
 /// Prefix of the environment variables that override configuration keys.
 pub const ENV_PREFIX: &str = "RETRYSAFE_";

@@ -278,6 +278,12 @@ fn start_http(
         });
     }
     let server = http::server::serve(listeners, state, &settings.http)?;
+    if anonymous {
+        tracing::warn!(
+            address = %settings.http.listen,
+            "the api is unauthenticated: no [[auth.clients]] are configured, so every process on this machine may write as the client anonymous (requests must name a loopback host: localhost, 127.0.0.1 or [::1]); add clients with retrysafe token new unless the machine has one user"
+        );
+    }
     let scheme = if certificate.is_some() {
         "https"
     } else {
@@ -298,12 +304,6 @@ fn start_http(
             "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
         );
     }
-    if anonymous {
-        tracing::warn!(
-            address = %settings.http.listen,
-            "{ANONYMOUS_API_WARNING}"
-        );
-    }
     Ok((
         server,
         Ports {
@@ -321,10 +321,6 @@ struct Ports {
     /// `http.operations_listen`'s, when set.
     operations: Option<u16>,
 }
-
-/// What the daemon says at start in anonymous mode. (The benchmark, which runs anonymous, knows
-/// this line from the warnings it counts as problems.)
-pub const ANONYMOUS_API_WARNING: &str = "the api is unauthenticated: no [[auth.clients]] are configured, so every process on this machine may write as the client anonymous (requests must name a loopback host: localhost, 127.0.0.1 or [::1]); add clients with retrysafe token new unless the machine has one user";
 
 /// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,
 /// the address is not loopback, and the listener is plain HTTP. (A TLS-terminating proxy in
