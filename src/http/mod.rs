@@ -41,6 +41,12 @@ pub struct AppState {
     pub mismatch_status: actix_web::http::StatusCode,
     /// Turns for decoding large bodies off the HTTP workers.
     pub decoders: Arc<tokio::sync::Semaphore>,
+    /// Turns for `GET /v1/entries`, each holding a page in memory
+    /// ([`listing::CONCURRENT_LISTINGS`]).
+    pub listings: Arc<tokio::sync::Semaphore>,
+    /// How long a read waits for a turn: as long as for a pooled connection
+    /// (`database.connect_timeout`).
+    pub read_wait: Duration,
     /// The database's readiness, shared by every probe.
     pub readiness: Arc<health::ReadinessMonitor>,
 }
@@ -68,6 +74,8 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
+            listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
+            read_wait: settings.database.connect_timeout.0,
             // As many at once as there are cores to run them, and never fewer than two.
             decoders: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism()

@@ -220,6 +220,9 @@ pub enum ApiError {
     /// writers saturated, too many large bodies being decoded): nothing was written.
     #[error("overloaded: {0}")]
     Overloaded(String),
+    /// A read shed before it ran (too many listings at once): nothing to retry but the request.
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{detail}")]
@@ -275,7 +278,8 @@ impl ApiError {
             ApiError::RequestInProgress => &REQUEST_IN_PROGRESS,
             ApiError::WriteNotConfirmed(_)
             | ApiError::StorageUnavailable(_)
-            | ApiError::Overloaded(_) => &STORAGE_UNAVAILABLE,
+            | ApiError::Overloaded(_)
+            | ApiError::Busy(_) => &STORAGE_UNAVAILABLE,
             ApiError::NotFound(_) => &NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => &METHOD_NOT_ALLOWED,
             ApiError::MisdirectedRequest(_) => &MISDIRECTED_REQUEST,
@@ -293,6 +297,9 @@ impl ApiError {
             }
             ApiError::StorageUnavailable(_) => {
                 "the database is unavailable; retry after the time in Retry-After".into()
+            }
+            ApiError::Busy(reason) => {
+                format!("{reason}; retry after the time in Retry-After")
             }
             ApiError::Overloaded(reason) => format!(
                 "{reason}; nothing was written for this request: retry it with the same Idempotency-Key after the time in Retry-After"
@@ -317,7 +324,9 @@ impl ApiError {
             ApiError::WriteNotConfirmed(reason) | ApiError::StorageUnavailable(reason) => {
                 tracing::warn!(reason = %reason, "storage unavailable")
             }
-            ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
+            ApiError::Overloaded(reason) | ApiError::Busy(reason) => {
+                tracing::warn!(reason = %reason, "load shed")
+            }
             _ => {}
         }
     }
