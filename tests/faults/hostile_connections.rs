@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 
 use crate::common::daemon::{spawn_binary, TestDaemon};
 use crate::common::helpers::{
-    entry_body, http_client, knob, post_bounded, post_raw, test_settings,
+    entry_body, http_client, knob, post_bounded, post_raw, read_until, test_settings,
 };
 
 /// Bound on everything the attack waits for: past it, the daemon is hanging.
@@ -38,19 +38,7 @@ async fn raw_exchange(address: &str, head: &[u8]) -> Option<u16> {
         // not the verdict, the answer is.
         let _ = stream.write_all(head).await;
         let _ = stream.write_all(b"{}").await;
-        let mut answer = Vec::new();
-        let mut buffer = [0u8; 4096];
-        loop {
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    answer.extend_from_slice(&buffer[..n]);
-                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            }
-        }
+        let answer = read_until(&mut stream, b"\r\n\r\n").await;
         let text = String::from_utf8_lossy(&answer);
         text.strip_prefix("HTTP/1.1 ")
             .and_then(|rest| rest.get(..3))

@@ -13,7 +13,7 @@ use retrysafe::tls::{CertificateInfo, ServerVerification};
 use rustls_pki_types::{CertificateDer, ServerName};
 
 use crate::common::daemon::{spawn_app_with, DaemonProcess, TestDaemon};
-use crate::common::helpers::{entry_body, pg_url, TestDatabase, TestExchange};
+use crate::common::helpers::{entry_body, pg_url, read_until, TestDatabase, TestExchange};
 use crate::pki::{Issued, Request, TestCa, TestDir};
 
 /// An HTTP client that trusts only the certificates of `ca_file`.
@@ -147,25 +147,10 @@ async fn status_line(
     stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     request: &[u8],
 ) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     // The daemon may answer and close before it has read everything: the answer is the verdict.
     let _ = stream.write_all(request).await;
-    let mut answer = Vec::new();
-    let mut buffer = [0u8; 4096];
-    let read = async {
-        loop {
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    answer.extend_from_slice(&buffer[..n]);
-                    if answer.windows(2).any(|w| w == b"\r\n") {
-                        break;
-                    }
-                }
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), read)
+    let answer = tokio::time::timeout(Duration::from_secs(30), read_until(stream, b"\r\n"))
         .await
         .expect("the daemon answers");
     let text = String::from_utf8_lossy(&answer).into_owned();
