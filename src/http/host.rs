@@ -109,7 +109,11 @@ fn without_port(value: &str) -> Option<&str> {
     let (host, port) = if value.starts_with('[') {
         let end = value.find(']')? + 1;
         let (host, rest) = value.split_at(end);
-        (host, rest.strip_prefix(':'))
+        let port = match rest {
+            "" => None,
+            _ => Some(rest.strip_prefix(':')?),
+        };
+        (host, port)
     } else {
         match value.rsplit_once(':') {
             Some((host, port)) => (host, Some(port)),
