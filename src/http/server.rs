@@ -80,7 +80,8 @@ pub fn serve(
         let policy = HostPolicy::for_listener(state.auth.is_anonymous(), local.ip());
         let routes = listener.serves.routes();
         // Tells the connections of a worker that the server is shutting down, so that idle
-        // keep-alive connections close instead of holding the shutdown to its timeout.
+        // keep-alive connections close instead of holding the shutdown to its timeout (actix-
+        // http's hidden hook for it, the one `HttpServer` sets).
         let shutdown = builder.graceful_shutdown_signal();
         let name = format!("retrysafe-{local}");
         let state = state.clone();
