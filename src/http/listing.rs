@@ -28,7 +28,7 @@ pub const DEFAULT_LIMIT: i64 = 100;
 pub const MAX_LIMIT: i64 = 1000;
 /// Most bytes of entry data (PostgreSQL's text of it) per page; a page ends before the entry
 /// that would pass it, but holds its first entry whatever its size. Entries are at most
-/// `http.max_body_bytes` (64 KiB by default) when written: at least 16 of those fit.
+/// `http.max_body_bytes` (64 KiB by default) when written: about 16 of those fit.
 pub const PAGE_BYTES: i64 = 1024 * 1024;
 /// Listings served at once, daemon-wide; each holds up to a page of [`PAGE_BYTES`] several times
 /// over while it reads, shapes and writes it. A listing waits for a turn at most
