@@ -131,6 +131,9 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             for name in &stray {
                 eprintln!("warning: {name} is ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
             }
+            for warning in crate::config::warnings(&settings, &path) {
+                eprintln!("warning: {warning}");
+            }
             check_tls_files(&settings)?;
             println!("{}: configuration is valid", path.display());
             Ok(())
@@ -139,6 +142,9 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             telemetry::init_logging(&settings.log);
             for name in &stray {
                 tracing::warn!(variable = %name, "ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
+            }
+            for warning in crate::config::warnings(&settings, &path) {
+                tracing::warn!(key = %warning.key, "{}", warning.message);
             }
             actix_web::rt::System::new().block_on(serve(settings))
         }

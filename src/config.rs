@@ -11,6 +11,12 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod redact;
+mod warnings;
+
+pub use redact::{redact_url, UNPARSABLE};
+pub use warnings::{warnings, ConfigWarning};
+
 /// Prefix of the environment variables that override configuration keys.
 pub const ENV_PREFIX: &str = "RETRYSAFE_";
 
@@ -68,6 +74,9 @@ pub struct HttpSettings {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file`.
     pub tls_key_file: Option<PathBuf>,
+    /// When set, `/readyz`, `/metrics` and `/openapi.json` are served on this address (plain
+    /// HTTP) and no longer on `listen`; `/healthz` is on both.
+    pub operations_listen: Option<SocketAddr>,
 }
 
 impl HttpSettings {
@@ -318,6 +327,7 @@ impl Default for HttpSettings {
             workers: 0,
             tls_cert_file: None,
             tls_key_file: None,
+            operations_listen: None,
         }
     }
 }
@@ -422,6 +432,14 @@ impl Settings {
             ("http.tls_cert_file", &self.http.tls_cert_file),
             ("http.tls_key_file", &self.http.tls_key_file),
         )?;
+        if let Some(operations) = self.http.operations_listen {
+            if operations == self.http.listen && operations.port() != 0 {
+                return Err(invalid(
+                    "http.operations_listen",
+                    format!("{operations} is http.listen itself; give the operations routes an address of their own, or leave the key out to serve them on http.listen"),
+                ));
+            }
+        }
         // The TLS parameters (libpq's) are checked here and taken out: tokio-postgres knows
         // only a few of them. Their files are read by check-config and at start.
         let database = crate::db::tls::split(&self.database.url)
@@ -748,29 +766,6 @@ fn describe_figment_error(error: figment::Error) -> String {
         .join("; ")
 }
 
-/// Shows a URL without its password, and without its query string (which may carry one, as in
-/// `?password=...`).
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparsable url>".into();
-    };
-    let rest = match rest.split_once('?') {
-        Some((before, _query)) => before,
-        None => rest,
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}")
-            } else {
-                format!("{scheme}://{user}@{host}")
-            }
-        }
-        None => format!("{scheme}://{rest}"),
-    }
-}
-
 /// A duration written as a string such as `"30s"`, `"250ms"` or `"24h"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigDuration(pub Duration);
@@ -809,24 +804,6 @@ impl<'de> Deserialize<'de> for ConfigDuration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact_url("postgres://app:secret@db:5432/x"),
-            "postgres://app:***@db:5432/x"
-        );
-        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
-        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
-        assert_eq!(
-            redact_url("postgres://app@db/x?password=hunter2&sslmode=disable"),
-            "postgres://app@db/x"
-        );
-        assert_eq!(
-            redact_url("postgres://db/x?password=hunter2"),
-            "postgres://db/x"
-        );
-    }
 
     #[test]
     fn only_well_formed_variables_are_keys() {

@@ -24,8 +24,9 @@
 //!
 //! Beside them: [`config`] (layered configuration), [`idempotency`] (key parsing, canonical
 //! JSON, the request hash), [`entry`] (the business write and its validation), [`events`] (the
-//! CloudEvents a write emits), [`startup`] (wiring), [`cli`], [`telemetry`], and [`tls`] (TLS
-//! for the database, the broker and the HTTPS listener, with rustls).
+//! CloudEvents a write emits), [`startup`] (wiring), [`cli`], [`operator`] (who runs an
+//! administrative command, as its records name them), [`telemetry`], and [`tls`] (TLS for the
+//! database, the broker and the HTTPS listener, with rustls).
 
 pub mod cli;
 pub mod client;
@@ -37,6 +38,7 @@ pub mod http;
 pub mod idempotency;
 pub mod inbox;
 pub mod janitor;
+pub mod operator;
 pub mod outbox;
 pub mod startup;
 pub mod telemetry;

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use actix::Addr;
 use actix_web::dev::{Server, ServerHandle};
-use actix_web::{web, App, HttpServer};
+use actix_web::web;
 
 use crate::config::Settings;
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
 use crate::http::observe::{self, OutboxGauges};
+use crate::http::server::{Listener, Serves};
 use crate::http::{self, AppState};
 use crate::janitor::{self, Janitor};
 use crate::outbox::{relay, Broker, OutboxRelay, OutboxWaker, RelayConfig};
@@ -40,7 +41,7 @@ impl Default for Options {
 
 /// A running daemon: its actors started and its listener bound.
 pub struct Application {
-    port: u16,
+    ports: Ports,
     server: Server,
     certificate: Option<Arc<ServerCertificate>>,
     settings: Settings,
@@ -119,9 +120,9 @@ impl Application {
             broker.clone(),
             readiness,
         );
-        let (server, port) = start_http(&settings, state, certificate.as_ref())?;
+        let (server, ports) = start_http(&settings, state, certificate.as_ref())?;
         Ok(Self {
-            port,
+            ports,
             server,
             certificate,
             settings,
@@ -134,8 +135,14 @@ impl Application {
         })
     }
 
+    /// The port of `http.listen`.
     pub fn port(&self) -> u16 {
-        self.port
+        self.ports.listen
+    }
+
+    /// The port of `http.operations_listen`, when it is set.
+    pub fn operations_port(&self) -> Option<u16> {
+        self.ports.operations
     }
 
     /// A handle that stops the server gracefully, which then shuts the whole daemon down.
@@ -263,49 +270,84 @@ fn start_write_path(
     WritePath { writers, shards }
 }
 
-/// Binds `http.listen` (HTTPS with `certificate`) and starts serving.
+/// Binds `http.listen` (HTTPS with `certificate`) and `http.operations_listen` if set, and
+/// starts serving; returns the server and the ports they got.
 fn start_http(
     settings: &Settings,
     state: AppState,
     certificate: Option<&Arc<ServerCertificate>>,
-) -> anyhow::Result<(Server, u16)> {
+) -> anyhow::Result<(Server, Ports)> {
+    let anonymous = state.auth.is_anonymous();
     let state = web::Data::new(state);
-    let listener = TcpListener::bind(settings.http.listen)
-        .map_err(|error| anyhow::anyhow!("cannot listen on {}: {error}", settings.http.listen))?;
-    let port = listener.local_addr()?.port();
-    let server = HttpServer::new(move || {
-        App::new()
-            .wrap(actix_web::middleware::from_fn(http::observe::observe))
-            .app_data(state.clone())
-            .configure(http::routes)
-            .default_service(web::to(http::not_found))
-    })
-    .client_request_timeout(settings.http.head_timeout.0)
-    .shutdown_timeout(settings.http.shutdown_timeout.0.as_secs())
-    // Signals are handled by `run_until_signal` (serve); embedded, the owner stops the server.
-    .disable_signals();
-    let server = match settings.http.workers {
-        0 => server,
-        workers => server.workers(workers),
+    let bind = |address: std::net::SocketAddr| {
+        TcpListener::bind(address)
+            .map_err(|error| anyhow::anyhow!("cannot listen on {address}: {error}"))
     };
-    let server = match certificate {
-        Some(certificate) => server.listen_rustls_0_23(listener, certificate.server_config()?)?,
-        None => server.listen(listener)?,
+    let socket = bind(settings.http.listen)?;
+    let port = socket.local_addr()?.port();
+    let mut listeners = vec![Listener {
+        socket,
+        serves: match settings.http.operations_listen {
+            Some(_) => Serves::Api,
+            None => Serves::Everything,
+        },
+        tls: certificate
+            .map(|certificate| certificate.server_config())
+            .transpose()?,
+    }];
+    let mut operations_port = None;
+    if let Some(address) = settings.http.operations_listen {
+        let socket = bind(address)?;
+        operations_port = Some(socket.local_addr()?.port());
+        listeners.push(Listener {
+            socket,
+            serves: Serves::Operations,
+            tls: None,
+        });
     }
-    .run();
+    let server = http::server::serve(listeners, state, &settings.http)?;
+    if anonymous {
+        tracing::warn!(
+            address = %settings.http.listen,
+            "the api is unauthenticated: no [[auth.clients]] are configured, so every process on this machine may write as the client anonymous (requests must name a loopback host: localhost, 127.0.0.1 or [::1]); add clients with retrysafe token new unless the machine has one user"
+        );
+    }
     let scheme = if certificate.is_some() {
         "https"
     } else {
         "http"
     };
     tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
+    if let (Some(address), Some(port)) = (settings.http.operations_listen, operations_port) {
+        tracing::info!(
+            address = %address.ip(),
+            port,
+            scheme = "http",
+            "listening for /healthz, /readyz, /metrics and /openapi.json"
+        );
+    }
     if tokens_travel_in_clear(settings) {
         tracing::warn!(
             address = %settings.http.listen,
             "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
         );
     }
-    Ok((server, port))
+    Ok((
+        server,
+        Ports {
+            listen: port,
+            operations: operations_port,
+        },
+    ))
+}
+
+/// The ports the listeners got (port 0 in the configuration picks a free one).
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    /// `http.listen`'s.
+    listen: u16,
+    /// `http.operations_listen`'s, when set.
+    operations: Option<u16>,
 }
 
 /// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,

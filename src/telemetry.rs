@@ -107,8 +107,9 @@ const QUIET_LAPIN: &[&str] = &[
 const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";
 
 /// At debug, tokio-postgres logs every statement with its parameters: idempotency keys, entry
-/// data, client addresses. Kept at info unless the level asked for is trace somewhere or a
-/// `tokio_postgres` directive says otherwise.
+/// data, client addresses (its trace lines add only the connection's states). Kept at info
+/// whatever level is asked for, trace included, unless a `tokio_postgres` directive names it:
+/// client data reaches the log only when someone asks for exactly that.
 const QUIET_TOKIO_POSTGRES: &str = "tokio_postgres=info";
 
 /// The target of actix-http's HTTP/1 connection handling, which answers some requests itself
@@ -122,26 +123,7 @@ pub fn init_logging(settings: &LogSettings) {
     use tracing_subscriber::Layer;
 
     let requested = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
-    let mut defaults = Vec::new();
-    if !requested.contains("lapin") {
-        defaults.extend_from_slice(QUIET_LAPIN);
-    }
-    let trace = asks_for_trace(&requested);
-    if !requested.contains("tokio_postgres") && !trace {
-        defaults.push(QUIET_TOKIO_POSTGRES);
-    }
-    if !requested.contains("actix_http") {
-        // Its ERROR for a client's malformed request is replaced by ActixOwnAnswers's WARN.
-        defaults.push("actix_http::h1::dispatcher=off");
-    }
-    defaults.push(&requested);
-    // Last, so that it wins over any other directive: at trace, lapin's I/O loop logs every
-    // frame it writes, the SASL response with the broker password among them. Only then: as a
-    // directive of its own it would also turn lapin's I/O loop up to debug at a lower level.
-    if trace {
-        defaults.push(NO_SECRETS_FROM_LAPIN);
-    }
-    let directives = defaults.join(",");
+    let directives = directives(&requested);
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let output_level = filter.max_level_hint();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -158,7 +140,7 @@ pub fn init_logging(settings: &LogSettings) {
             .with_writer(std::io::stderr)
             .boxed(),
     };
-    let own_answers = ActixOwnAnswers.with_filter(OwnAnswerCallsites);
+    let own_answers = ActixOwnAnswers::new().with_filter(OwnAnswerCallsites);
     let result = tracing_subscriber::registry()
         .with(output.with_filter(filter))
         .with(own_answers)
@@ -174,6 +156,45 @@ pub fn init_logging(settings: &LogSettings) {
             log::set_max_level(log_level(level));
         }
     }
+}
+
+/// The filter's directives: the daemon's defaults for other crates' logs, then `requested`
+/// (`log.level` or `RUST_LOG`), which overrides a default for a target it names.
+fn directives(requested: &str) -> String {
+    let mut defaults = Vec::new();
+    if !names_target(requested, "lapin") {
+        defaults.extend_from_slice(QUIET_LAPIN);
+    }
+    if !names_target(requested, "tokio_postgres") {
+        defaults.push(QUIET_TOKIO_POSTGRES);
+    }
+    if !names_target(requested, "actix_http") {
+        // Its ERROR for a client's malformed request is replaced by ActixOwnAnswers's WARN.
+        defaults.push("actix_http::h1::dispatcher=off");
+    }
+    defaults.push(requested);
+    // Last, so that it wins over any other directive: at trace, lapin's I/O loop logs every
+    // frame it writes, the SASL response with the broker password among them. Only then: as a
+    // directive of its own it would also turn lapin's I/O loop up to debug at a lower level.
+    if asks_for_trace(requested) {
+        defaults.push(NO_SECRETS_FROM_LAPIN);
+    }
+    defaults.join(",")
+}
+
+/// Whether a filter (`RUST_LOG` syntax) has a directive for `target` or a module of it.
+fn names_target(directives: &str, target: &str) -> bool {
+    directives.split(',').any(|directive| {
+        let directive_target = directive
+            .trim()
+            .split(['=', '['])
+            .next()
+            .unwrap_or_default();
+        directive_target == target
+            || directive_target
+                .strip_prefix(target)
+                .is_some_and(|rest| rest.starts_with("::"))
+    })
 }
 
 /// Whether a filter (`RUST_LOG` syntax) asks for the trace level anywhere.
@@ -205,13 +226,73 @@ fn log_level(level: tracing_subscriber::filter::LevelFilter) -> log::LevelFilter
 /// (400: a NUL byte in a header, a header line without a colon). It says so only in its own
 /// trace logs, and logs a client's malformed request at ERROR. This layer, fed those events,
 /// counts each answer in [`HTTP_PROTOCOL_ERRORS`] and logs it at WARN: the client's fault, not
-/// one an operator must act on.
+/// one an operator must act on. The WARN lines are sampled ([`LogSampler`], one per kind of
+/// answer): a flood of idle or slowloris connections, or a scanner, would otherwise write a line
+/// each, and journald's rate limit would then drop the lines that matter. The counter counts
+/// every one.
 ///
 /// It is fed only the callsites that can say so ([`OwnAnswerCallsites`]); and below ERROR an
 /// event's message is only compared with the few prefixes that matter while it is being
 /// written, the writing stopping at the first character that rules them all out
 /// ([`PrefixMatch`]).
-struct ActixOwnAnswers;
+struct ActixOwnAnswers {
+    /// One per answer of [`OWN_ANSWERS`], in its order.
+    samplers: [LogSampler; 3],
+}
+
+impl ActixOwnAnswers {
+    fn new() -> Self {
+        Self {
+            samplers: std::array::from_fn(|_| LogSampler::new(OWN_ANSWER_LOG_INTERVAL)),
+        }
+    }
+}
+
+/// At most one WARN line per kind of actix-http's own answers in this time, after the first.
+const OWN_ANSWER_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Lets a log line through, then at most one per `interval`, each saying how many were left
+/// out since the one before.
+struct LogSampler {
+    interval: Duration,
+    state: std::sync::Mutex<Sampled>,
+}
+
+#[derive(Default)]
+struct Sampled {
+    /// When the last line went through; None before the first.
+    last: Option<std::time::Instant>,
+    /// Lines left out since then.
+    suppressed: u64,
+}
+
+impl LogSampler {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            state: Default::default(),
+        }
+    }
+
+    /// Whether the line of `now` goes through: then with the number of lines left out since
+    /// the previous one.
+    fn admit(&self, now: std::time::Instant) -> Option<u64> {
+        // A panic while the lock is held cannot leave the two counts inconsistent.
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let due = state
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.interval);
+        if !due {
+            state.suppressed += 1;
+            return None;
+        }
+        state.last = Some(now);
+        Some(std::mem::take(&mut state.suppressed))
+    }
+}
 
 /// The lines of actix-http's dispatcher (`src/h1/dispatcher.rs` of actix-http 3.20, the version
 /// Cargo.lock pins) whose trace events say it answered a request itself: 431, 400 and 408.
@@ -286,18 +367,28 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ActixOwnAnswers {
         let is_error = *event.metadata().level() == tracing::Level::ERROR;
         let mut prefix = PrefixMatch::new(OWN_ANSWERS.map(|(prefix, _, _)| prefix));
         event.record(&mut prefix);
-        let answer = prefix.matched.map(|index| OWN_ANSWERS[index]);
-        if answer.is_none() && !is_error {
-            return;
-        }
-        let mut message = MessageText(String::new());
-        event.record(&mut message);
-        let message = message.0;
-        if let Some((_, status, reason)) = answer {
+        let message = || {
+            let mut message = MessageText(String::new());
+            event.record(&mut message);
+            message.0
+        };
+        if let Some(index) = prefix.matched {
+            let (_, status, reason) = OWN_ANSWERS[index];
             metrics::counter!(HTTP_PROTOCOL_ERRORS, "status" => status).increment(1);
-            tracing::warn!(status, detail = %message, "refused a request before routing: {reason}");
+            if let Some(suppressed) = self.samplers[index].admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    status,
+                    detail = %message(),
+                    suppressed,
+                    "refused a request before routing: {reason}"
+                );
+            }
             return;
         }
+        if !is_error {
+            return;
+        }
+        let message = message();
         // Errors of the connection other than the malformed requests counted above.
         if !message.starts_with("stream error: request parse error") {
             tracing::error!(detail = %message, "http connection error");
@@ -564,6 +655,53 @@ mod tests {
         ] {
             assert!(!asks_for_trace(no), "{no}");
         }
+    }
+
+    /// Runs `check` under the filter built from `requested`.
+    fn under_filter(requested: &str, check: impl FnOnce() -> bool) -> bool {
+        use tracing_subscriber::layer::SubscriberExt;
+        let filter = EnvFilter::try_new(directives(requested)).unwrap();
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(filter), check)
+    }
+
+    #[test]
+    fn tokio_postgres_statement_parameters_stay_out_unless_asked_for_by_name() {
+        use tracing::Level;
+        let parameters = || tracing::enabled!(target: "tokio_postgres::query", Level::DEBUG);
+        let connection_errors = || tracing::enabled!(target: "tokio_postgres::query", Level::INFO);
+        for level in ["info", "debug", "trace", "retrysafe=trace,trace", "5"] {
+            assert!(
+                !under_filter(level, parameters),
+                "{level}: tokio-postgres logs statement parameters at debug"
+            );
+            assert!(under_filter(level, connection_errors), "{level}");
+        }
+        assert!(under_filter("trace", || tracing::enabled!(
+            target: "retrysafe::write::writer",
+            Level::TRACE
+        )));
+        for named in ["info,tokio_postgres=debug", "tokio_postgres::query=trace"] {
+            assert!(under_filter(named, parameters), "{named}: named explicitly");
+        }
+        assert!(names_target("info,lapin::io_loop=debug", "lapin"));
+        assert!(!names_target("info,lapinx=debug,my_lapin=trace", "lapin"));
+    }
+
+    #[test]
+    fn a_sampled_line_goes_through_once_per_interval_and_counts_the_rest() {
+        let sampler = LogSampler::new(Duration::from_secs(10));
+        let start = std::time::Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        assert_eq!(sampler.admit(at(0)), Some(0), "the first line");
+        for second in 0..10 {
+            assert_eq!(sampler.admit(at(second)), None, "second {second}");
+        }
+        assert_eq!(sampler.admit(at(10)), Some(10), "ten left out meanwhile");
+        assert_eq!(sampler.admit(at(12)), None);
+        assert_eq!(sampler.admit(at(25)), Some(1));
+        assert_eq!(sampler.admit(at(100)), Some(0));
+        // A clock read before the last line (another thread's) is not a new interval.
+        assert_eq!(sampler.admit(at(99)), None);
     }
 
     #[test]

@@ -568,3 +568,127 @@ fn same_values(a: &Value, b: &Value) -> bool {
         _ => a == b,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// config::redact_url
+// ---------------------------------------------------------------------------------------------
+
+/// A password as an operator may type it: an upper-case letter, then upper-case letters and the
+/// characters that URLs give a meaning to (`? @ # / : %` and friends), spaces and quotes. The
+/// other parts of the generated strings are lower case, so an upper-case letter in the shown
+/// text is a piece of a password.
+fn password() -> impl Strategy<Value = String> {
+    "[A-Z][A-Z?@#/:%&=+!$;, '\"\\\\\u{e9}]{0,24}"
+}
+
+fn user() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9_]{0,11}"
+}
+
+fn host() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z][a-z0-9-]{0,10}(\\.[a-z]{2,5}){0,2}",
+        (0u8..=255, 0u8..=255, 1u8..=254).prop_map(|(b, c, d)| format!("10.{b}.{c}.{d}")),
+    ]
+}
+
+fn database() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9_]{0,10}"
+}
+
+/// Every byte but the unreserved ones percent-encoded, as a careful operator writes a password.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The checks every redacted text passes: no password, spelled as given or encoded, and no
+/// upper-case letter (a piece of one).
+fn shows_no_password(shown: &str, passwords: &[&str]) -> Result<(), TestCaseError> {
+    for password in passwords {
+        prop_assert!(!shown.contains(password), "{password:?} in {shown:?}");
+        prop_assert!(
+            !shown.contains(&percent_encoded(password)),
+            "{password:?} (encoded) in {shown:?}"
+        );
+    }
+    prop_assert!(
+        !shown
+            .chars()
+            .any(|c| c.is_ascii_uppercase() || c == '\u{e9}'),
+        "a piece of a password in {shown:?}"
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A URL written correctly (the password percent-encoded, perhaps another one in the query)
+    /// is shown with its user and host, and without its passwords.
+    #[test]
+    fn a_redacted_url_shows_user_and_host_and_no_password(
+        scheme in prop::sample::select(vec!["postgres", "postgresql", "amqp", "amqps"]),
+        user in user(),
+        password in password(),
+        query_password in password(),
+        host in host(),
+        port in prop::option::of(1u16..=65535),
+        database in database(),
+        with_query in any::<bool>(),
+    ) {
+        let port = port.map(|port| format!(":{port}")).unwrap_or_default();
+        let mut url = format!("{scheme}://{user}:{}@{host}{port}/{database}", percent_encoded(&password));
+        if with_query && scheme.starts_with("postgres") {
+            url.push_str(&format!("?password={}&application_name=x", percent_encoded(&query_password)));
+        }
+        let shown = retrysafe::config::redact_url(&url);
+        shows_no_password(&shown, &[&password, &query_password])?;
+        prop_assert!(shown.contains(&format!("{user}:***@{host}")), "{url:?} shown as {shown:?}");
+    }
+
+    /// A PostgreSQL URL with the password typed unencoded: tokio-postgres reads the user info
+    /// up to the first `@`, the redaction reads it so, and shows no piece of the password (and,
+    /// when it shows anything, the user and the host).
+    #[test]
+    fn an_unencoded_password_never_shows(
+        scheme in prop::sample::select(vec!["postgres", "postgresql", "amqp"]),
+        user in user(),
+        password in password(),
+        host in host(),
+        database in database(),
+    ) {
+        let url = format!("{scheme}://{user}:{password}@{host}/{database}");
+        let shown = retrysafe::config::redact_url(&url);
+        shows_no_password(&shown, &[&password])?;
+        if shown != retrysafe::config::UNPARSABLE {
+            prop_assert!(shown.contains(&user) && shown.contains(&host), "{url:?} shown as {shown:?}");
+        }
+    }
+
+    /// libpq's `key=value` form, the password quoted and escaped as libpq wants.
+    #[test]
+    fn redacted_key_values_show_user_and_host_and_no_password(
+        user in user(),
+        password in password(),
+        host in host(),
+        port in 1u16..=65535,
+        database in database(),
+    ) {
+        let quoted = password.replace('\\', "\\\\").replace('\'', "\\'");
+        let text = format!("host={host} port={port} user={user} password='{quoted}' dbname={database}");
+        let shown = retrysafe::config::redact_url(&text);
+        shows_no_password(&shown, &[&password])?;
+        prop_assert!(
+            shown.contains(&format!("host={host}")) && shown.contains(&format!("user={user}")),
+            "{text:?} shown as {shown:?}"
+        );
+    }
+}

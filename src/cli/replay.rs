@@ -194,7 +194,7 @@ pub async fn run(
     let stopped_by = Arc::new(AtomicI32::new(0));
     let terminal = std::io::stderr().is_terminal();
     let stop = watch_signals(stopped_by.clone(), terminal)?;
-    let replay = replay::start(db, &plan, &requested_by()).await?;
+    let replay = replay::start(db, &plan, &crate::operator::Operator::current()).await?;
     print_start(&plan, &replay);
     let pace = Pace {
         batch_size: args.batch_size as usize,
@@ -405,29 +405,6 @@ fn shell_quote(word: &str) -> String {
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))
     }
-}
-
-/// The OS user who runs the command (and who they are under sudo), and the host.
-fn requested_by() -> String {
-    let user = ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|name| std::env::var(name).ok().filter(|value| !value.is_empty()))
-        .unwrap_or_else(|| {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata("/proc/self")
-                .map(|meta| format!("uid {}", meta.uid()))
-                .unwrap_or_else(|_| "unknown user".into())
-        });
-    let user = match std::env::var("SUDO_USER") {
-        Ok(operator) if !operator.is_empty() && operator != user => {
-            format!("{operator} (as {user})")
-        }
-        _ => user,
-    };
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .unwrap_or_else(|_| "unknown host".into());
-    format!("{user}@{host}")
 }
 
 /// The first SIGINT or SIGTERM asks the replay to stop after its current batch (its confirms

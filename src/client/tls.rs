@@ -29,6 +29,9 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, Client
     let mut config =
         crate::tls::client_config(crate::tls::ServerVerification::ChainAndName(roots), None)
             .map_err(tls_error)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // HTTP/1.1 only, as the daemon's own listener: offered h2, a proxy in front could pick it,
+    // and the h2 0.3 crate, in the build through awc, has a flaw without a fix in 0.3
+    // (RUSTSEC-2026-0258). Never offered, its code never runs (deny.toml).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

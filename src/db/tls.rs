@@ -258,6 +258,20 @@ fn default_file(name: &str) -> Option<PathBuf> {
 }
 
 impl PgTls {
+    /// Whether the server's certificate is checked against a CA, which is what authenticates
+    /// the server: `verify-ca` and `verify-full`, and `require` with a root certificate file
+    /// (libpq's rule, as in [`connector`](Self::connector)).
+    pub fn checks_server_certificate(&self) -> bool {
+        match self.mode {
+            SslMode::VerifyCa | SslMode::VerifyFull => true,
+            SslMode::Require => match &self.root_certificates {
+                Some(_) => true,
+                None => default_file("root.crt").is_some(),
+            },
+            SslMode::Disable | SslMode::Prefer => false,
+        }
+    }
+
     /// tokio-postgres's mode: the verification itself is in the rustls configuration.
     pub fn tokio_ssl_mode(&self) -> tokio_postgres::config::SslMode {
         self.mode.for_tokio_postgres()

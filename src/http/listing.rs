@@ -26,6 +26,14 @@ use crate::idempotency::canonical_json;
 pub const DEFAULT_LIMIT: i64 = 100;
 /// Most entries per page.
 pub const MAX_LIMIT: i64 = 1000;
+/// Most bytes of entry data (PostgreSQL's text of it) per page; a page ends before the entry
+/// that would pass it, but holds its first entry whatever its size. Entries are at most
+/// `http.max_body_bytes` (64 KiB by default) when written: about 16 of those fit.
+pub const PAGE_BYTES: i64 = 1024 * 1024;
+/// Listings served at once, daemon-wide; each holds up to a page of [`PAGE_BYTES`] several times
+/// over while it reads, shapes and writes it. A listing waits for a turn at most
+/// `database.connect_timeout` (as for a pooled connection), then gets 503.
+pub const CONCURRENT_LISTINGS: usize = 4;
 
 /// The query parameters this route knows; any other is refused, so that a misspelt filter
 /// (`created_since`) is an error, not a silently unfiltered listing.
@@ -44,27 +52,51 @@ const PARAMETERS: [&str; 6] = [
 /// cursor become infinite ones (`coalesce` of parameters is computed once, before the scan), so
 /// that every bound stays an index condition on `entries_client_created`, also in the generic
 /// plan of the prepared statement. The kind, when given, is checked on the rows the walk meets.
+///
+/// A page is bounded by bytes as well as by count (`$8`, [`PAGE_BYTES`]): the walk's rows are
+/// measured in order (their data as text, a running sum), and a row's data is sent only while
+/// the sum stays within `$8`, the first row's always. The row after the page comes back without
+/// its data, so that the caller knows there is a next page without receiving it; the rows after
+/// that one do not come back at all. So the daemon holds one page's bytes whatever `limit` and
+/// the entries' sizes, where it held `limit` entries of any size.
 macro_rules! list_entries {
     ($after:literal, $start_time:literal, $start_id:literal, $order:literal) => {
         concat!(
             "
-SELECT id, kind, data::text, created_at, idempotency_key
-FROM entries
-WHERE client_id = $1
-  AND ($2::text IS NULL OR kind = $2)
-  AND created_at > coalesce($3::timestamptz, '-infinity')
-  AND created_at < coalesce($4::timestamptz, 'infinity')
-  AND (created_at, id) ",
+WITH walk AS (
+    SELECT id, kind, data::text AS data, created_at, idempotency_key
+    FROM entries
+    WHERE client_id = $1
+      AND ($2::text IS NULL OR kind = $2)
+      AND created_at > coalesce($3::timestamptz, '-infinity')
+      AND created_at < coalesce($4::timestamptz, 'infinity')
+      AND (created_at, id) ",
             $after,
             " (coalesce($5::timestamptz, '",
             $start_time,
             "'), coalesce($6::uuid, '",
             $start_id,
             "'))
-ORDER BY ",
+    ORDER BY ",
             $order,
             "
-LIMIT $7"
+    LIMIT $7
+), measured AS (
+    SELECT walk.*,
+           row_number() OVER in_order AS position,
+           sum(octet_length(data)) OVER in_order AS bytes_through
+    FROM walk
+    WINDOW in_order AS (ORDER BY ",
+            $order,
+            " ROWS UNBOUNDED PRECEDING)
+)
+SELECT id, kind,
+       CASE WHEN position = 1 OR bytes_through <= $8 THEN data END,
+       created_at, idempotency_key
+FROM measured
+WHERE position <= 2 OR bytes_through - octet_length(data) <= $8
+ORDER BY ",
+            $order
         )
     };
 }
@@ -313,12 +345,12 @@ pub struct EntryPage {
         ("cursor" = Option<String>, Query, description = "The `next` of the previous page, opaque; only with the same kind, created_after, created_before and order"),
     ),
     responses(
-        (status = 200, description = "A page of entries, in (created_at, id) order; an entry written while paging appears at most once, and every entry that existed when paging began appears exactly once", body = EntryPage, content_type = "application/json"),
+        (status = 200, description = "A page of entries, in (created_at, id) order; an entry written while paging appears at most once, and every entry that existed when paging began appears exactly once. A page ends early, with `next`, before the entry that would take its entries' data past 1 MiB (its first entry comes whatever its size)", body = EntryPage, content_type = "application/json"),
         (status = 400, description = "An unknown, repeated or invalid query parameter, or a cursor that was altered or belongs to another query (`invalid-request`; the detail names the parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
-        (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "Database unavailable, or too many listings served at once (`storage-unavailable`)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
     ),
     security(("bearer" = [])),
@@ -331,12 +363,24 @@ pub async fn list_entries(
 ) -> Result<HttpResponse, ApiError> {
     let client_id = state.auth.admit(&request).await?.id.clone();
     let query = parse_query(request.query_string(), &client_id)?;
+    // Held while the page is read and shaped: the bound on the pages in memory at once (the
+    // body, once built, is written out after).
+    let _turn = tokio::time::timeout(state.read_wait, state.listings.acquire())
+        .await
+        .map_err(|_| {
+            ApiError::Busy(format!(
+                "{CONCURRENT_LISTINGS} listings are being served and none finished within {}",
+                humantime::format_duration(state.read_wait)
+            ))
+        })?
+        .expect("the listings' semaphore is never closed");
     let statement = match query.order {
         Order::NewestFirst => LIST_NEWEST_FIRST,
         Order::OldestFirst => LIST_OLDEST_FIRST,
     };
     // One more than the page: whether there is a next page, without counting.
     let fetch = query.limit + 1;
+    let page_bytes = PAGE_BYTES;
     let (after_time, after_id) = match query.after {
         Some(position) => (Some(position.created_at), Some(position.id)),
         None => (None, None),
@@ -356,26 +400,32 @@ pub async fn list_entries(
                         &after_time,
                         &after_id,
                         &fetch,
+                        &page_bytes,
                     ],
                 )
                 .await?)
         })
         .await?;
-    let more = rows.len() as i64 > query.limit;
     let mut entries = Vec::with_capacity(rows.len().min(query.limit as usize));
     let mut last = None;
+    // The page: the rows that came with their data (a prefix), at most `limit` of them. A row
+    // after it, with or without its data, says there is a next page.
     for row in rows.iter().take(query.limit as usize) {
+        let Some(data) = row.get::<_, Option<String>>(2) else {
+            break;
+        };
         let created_at: DateTime<Utc> = row.get(3);
         let id: Uuid = row.get(0);
         entries.push(ListedEntry {
             id,
             kind: row.get(1),
-            data: entry_data(row.get(2))?,
+            data: entry_data(data)?,
             created_at: format_time(created_at),
             idempotency_key: row.get(4),
         });
         last = Some(Position { created_at, id });
     }
+    let more = rows.len() > entries.len();
     let next = match last {
         Some(position) if more => Some(Cursor::encode(position, &query.fingerprint(&client_id))),
         _ => None,

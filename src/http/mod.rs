@@ -3,12 +3,14 @@
 pub mod auth;
 pub mod entries;
 pub mod health;
+pub mod host;
 pub mod keys;
 pub mod limits;
 pub mod listing;
 pub mod observe;
 pub mod openapi;
 pub mod problem;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +42,12 @@ pub struct AppState {
     pub mismatch_status: actix_web::http::StatusCode,
     /// Turns for decoding large bodies off the HTTP workers.
     pub decoders: Arc<tokio::sync::Semaphore>,
+    /// Turns for `GET /v1/entries`, each holding a page in memory
+    /// ([`listing::CONCURRENT_LISTINGS`]).
+    pub listings: Arc<tokio::sync::Semaphore>,
+    /// How long a read waits for a turn: as long as for a pooled connection
+    /// (`database.connect_timeout`).
+    pub read_wait: Duration,
     /// The database's readiness, shared by every probe.
     pub readiness: Arc<health::ReadinessMonitor>,
 }
@@ -67,6 +75,8 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
+            listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
+            read_wait: settings.database.connect_timeout.0,
             // As many at once as there are cores to run them, and never fewer than two.
             decoders: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism()
@@ -82,8 +92,14 @@ impl AppState {
     }
 }
 
-/// Registers every route.
+/// Registers every route: what one listener serves when `http.operations_listen` is not set.
 pub fn routes(config: &mut web::ServiceConfig) {
+    api_routes(config);
+    operations_routes(config);
+}
+
+/// The API, and `/healthz`: what `http.listen` serves.
+pub fn api_routes(config: &mut web::ServiceConfig) {
     config
         .service(
             Methods::on(entries::ENTRIES_PATH)
@@ -101,7 +117,13 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .get(keys::get_key)
                 .finish(),
         )
-        .service(Methods::on("/healthz").get(health::healthz).finish())
+        .service(Methods::on("/healthz").get(health::healthz).finish());
+}
+
+/// `/readyz`, `/metrics` and `/openapi.json`: what `http.operations_listen` serves, with its own
+/// `/healthz`.
+pub fn operations_routes(config: &mut web::ServiceConfig) {
+    config
         .service(Methods::on("/readyz").get(health::readyz).finish())
         .service(Methods::on("/metrics").get(observe::metrics).finish())
         .service(
@@ -109,6 +131,12 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .get(openapi::openapi_json)
                 .finish(),
         );
+}
+
+/// What `http.operations_listen` serves.
+pub fn operations_listener_routes(config: &mut web::ServiceConfig) {
+    config.service(Methods::on("/healthz").get(health::healthz).finish());
+    operations_routes(config);
 }
 
 /// A resource and the methods it answers: every GET route answers HEAD too (RFC 9110), and any

@@ -154,8 +154,10 @@ fn idempotency_key_schema() -> RefOr<Schema> {
         .into()
 }
 
-/// The OpenAPI 3.1 description of every route. Bearer authentication is marked optional when
-/// no clients are configured (every request is then the anonymous client).
+/// The OpenAPI 3.1 description of every route. When no clients are configured (every request
+/// is then the anonymous client), bearer authentication is marked optional, and every operation
+/// may answer 421 `misdirected-request` (a `Host` that is not loopback, see
+/// [`crate::http::host`]).
 #[utoipa::path(
     get,
     path = "/openapi.json",
@@ -165,6 +167,13 @@ fn idempotency_key_schema() -> RefOr<Schema> {
 pub async fn openapi_json(state: SharedState) -> HttpResponse {
     let mut openapi = ApiDoc::openapi();
     if state.auth.is_anonymous() {
+        let misdirected = ResponseBuilder::new()
+            .description("The `Host` header, or the request target, names a host other than localhost, 127.0.0.0/8 or [::1]: without clients configured the daemon answers only requests to a loopback host (`misdirected-request`)")
+            .content(
+                "application/problem+json",
+                Content::new(Some(Ref::from_schema_name("Problem"))),
+            )
+            .build();
         for item in openapi.paths.paths.values_mut() {
             for operation in [&mut item.get, &mut item.head, &mut item.post]
                 .into_iter()
@@ -173,6 +182,10 @@ pub async fn openapi_json(state: SharedState) -> HttpResponse {
                 if let Some(security) = operation.security.as_mut() {
                     security.push(SecurityRequirement::default());
                 }
+                operation
+                    .responses
+                    .responses
+                    .insert("421".into(), RefOr::T(misdirected.clone()));
             }
         }
     }

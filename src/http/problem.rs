@@ -164,6 +164,14 @@ pub const METHOD_NOT_ALLOWED: ProblemType = problem(
     Outcome::Invalid,
     false,
 );
+/// Anonymous mode only: a `Host` that is not a loopback host (see [`crate::http::host`]).
+pub const MISDIRECTED_REQUEST: ProblemType = problem(
+    StatusCode::MISDIRECTED_REQUEST,
+    "misdirected-request",
+    "Misdirected request",
+    Outcome::Invalid,
+    false,
+);
 pub const INTERNAL_ERROR: ProblemType = problem(
     StatusCode::INTERNAL_SERVER_ERROR,
     "internal-error",
@@ -173,7 +181,7 @@ pub const INTERNAL_ERROR: ProblemType = problem(
 );
 
 /// Every problem type the API answers with.
-pub const ALL: [&ProblemType; 15] = [
+pub const ALL: [&ProblemType; 16] = [
     &UNAUTHORIZED,
     &MISSING_IDEMPOTENCY_KEY,
     &INVALID_IDEMPOTENCY_KEY,
@@ -188,6 +196,7 @@ pub const ALL: [&ProblemType; 15] = [
     &STORAGE_UNAVAILABLE,
     &NOT_FOUND,
     &METHOD_NOT_ALLOWED,
+    &MISDIRECTED_REQUEST,
     &INTERNAL_ERROR,
 ];
 
@@ -233,6 +242,9 @@ pub enum ApiError {
     /// writers saturated, too many large bodies being decoded): nothing was written.
     #[error("overloaded: {0}")]
     Overloaded(String),
+    /// A read shed before it ran (too many listings at once): nothing to retry but the request.
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{detail}")]
@@ -241,6 +253,9 @@ pub enum ApiError {
         /// The methods the resource answers, for the `Allow` header.
         allow: String,
     },
+    /// Anonymous mode: the request does not name a loopback host; the text says what it named.
+    #[error("{0}")]
+    MisdirectedRequest(String),
     #[error("internal error: {0:#}")]
     Internal(anyhow::Error),
 }
@@ -287,9 +302,11 @@ impl ApiError {
             ApiError::WriteNotConfirmed(_)
             | ApiError::StorageUnavailable(_)
             | ApiError::CannotWrite { .. }
-            | ApiError::Overloaded(_) => &STORAGE_UNAVAILABLE,
+            | ApiError::Overloaded(_)
+            | ApiError::Busy(_) => &STORAGE_UNAVAILABLE,
             ApiError::NotFound(_) => &NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => &METHOD_NOT_ALLOWED,
+            ApiError::MisdirectedRequest(_) => &MISDIRECTED_REQUEST,
             ApiError::Internal(_) => &INTERNAL_ERROR,
         }
     }
@@ -310,6 +327,9 @@ impl ApiError {
                 blocker.describe(),
                 blocker.remedy()
             ),
+            ApiError::Busy(reason) => {
+                format!("{reason}; retry after the time in Retry-After")
+            }
             ApiError::Overloaded(reason) => format!(
                 "{reason}; nothing was written for this request: retry it with the same Idempotency-Key after the time in Retry-After"
             ),
@@ -340,7 +360,9 @@ impl ApiError {
             | ApiError::CannotWrite { reason, .. } => {
                 tracing::warn!(reason = %reason, "storage unavailable")
             }
-            ApiError::Overloaded(reason) => tracing::warn!(reason = %reason, "load shed"),
+            ApiError::Overloaded(reason) | ApiError::Busy(reason) => {
+                tracing::warn!(reason = %reason, "load shed")
+            }
             _ => {}
         }
     }

@@ -33,6 +33,7 @@ use uuid::Uuid;
 use crate::db::{Database, StorageError};
 use crate::entry::format_time;
 use crate::idempotency::canonical_json;
+use crate::operator::Operator;
 use crate::outbox::publish::{publish_all, Destination, PublishResult};
 use crate::outbox::store::{pending_event, PendingEvent};
 
@@ -416,7 +417,12 @@ pub struct ReplayRecord {
     pub id: i64,
     pub selection: serde_json::Value,
     pub target: String,
+    /// The user (looked up from the id) and host: `alice@ops1`, `alice (as root)@ops1`.
     pub requested_by: String,
+    /// The operating-system user id of the command; None for replays recorded before V5.
+    pub requested_uid: Option<i64>,
+    /// The database role the command's session ran as (`current_user`); None before V5.
+    pub requested_db_user: Option<String>,
     pub started_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -435,7 +441,7 @@ macro_rules! replay_columns {
     () => {
         "id, selection::text, target, requested_by, started_at, updated_at, finished_at, status,
          created_since, created_until, max_event_id, events_total, events_sent, last_event_id,
-         last_error"
+         last_error, requested_uid, requested_db_user"
     };
 }
 
@@ -461,6 +467,8 @@ impl ReplayRecord {
             events_sent: row.get(12),
             last_event_id: row.get(13),
             last_error: row.get(14),
+            requested_uid: row.get(15),
+            requested_db_user: row.get(16),
         })
     }
 
@@ -486,10 +494,12 @@ const FIND_UNFINISHED: &str = concat!(
 );
 
 /// `DO NOTHING` when another process started the same replay a moment ago: it is resumed.
+/// `current_user` is the database's own name for the session: who ran it, as the server knows.
 const INSERT_REPLAY: &str = concat!(
-    "INSERT INTO replays (selection, selection_hash, target, requested_by, status, created_since,
-                     created_until, max_event_id, events_total, last_event_id)
-VALUES ($1::text::jsonb, $2, $3, $4, 'running', $5, $6, $7, $8, $9)
+    "INSERT INTO replays (selection, selection_hash, target, requested_by, requested_uid,
+                     requested_db_user, status, created_since, created_until, max_event_id,
+                     events_total, last_event_id)
+VALUES ($1::text::jsonb, $2, $3, $4, $10, current_user, 'running', $5, $6, $7, $8, $9)
 ON CONFLICT (selection_hash) WHERE status <> 'completed' DO NOTHING
 RETURNING ",
     replay_columns!()
@@ -693,7 +703,7 @@ async fn new_event_set(
 pub async fn start(
     db: &Database,
     plan: &Plan,
-    requested_by: &str,
+    operator: &Operator,
 ) -> Result<ReplayRecord, ReplayError> {
     if let Some(replay) = &plan.resumes {
         return resume(db, replay.id).await;
@@ -702,6 +712,7 @@ pub async fn start(
         .map_err(|error| StorageError::from(anyhow::Error::from(error)))?;
     let target = plan.target.as_text();
     let total = plan.to_send();
+    let uid = i64::from(operator.uid);
     let inserted = db
         .run(async |connection| {
             one_record(
@@ -712,12 +723,13 @@ pub async fn start(
                             &selection_text,
                             &&plan.selection_hash[..],
                             &target,
-                            &requested_by,
+                            &operator.display,
                             &plan.set.created_since,
                             &plan.set.created_until,
                             &plan.set.max_event_id,
                             &total,
                             &plan.start_after,
+                            &uid,
                         ],
                     )
                     .await?,

@@ -18,6 +18,9 @@ use rustls::ServerConfig;
 use crate::telemetry;
 use crate::tls::{load_configured_identity, CertificateInfo, KeyedTlsError, TlsError};
 
+/// The one application protocol the HTTPS listener speaks, by its ALPN name.
+pub const HTTP_1_1: &[u8] = b"http/1.1";
+
 /// The listener's certificate and key, and where they are read from.
 #[derive(Debug)]
 pub struct ServerCertificate {
@@ -119,13 +122,17 @@ impl ServerCertificate {
         }
     }
 
-    /// A server configuration that takes its certificate from `self` at every handshake.
+    /// A server configuration that takes its certificate from `self` at every handshake, and
+    /// whose ALPN offers `http/1.1` alone: a client that offers `h2` too gets HTTP/1.1, one that
+    /// offers only `h2` fails its handshake (src/http/server.rs says why).
     pub fn server_config(self: &Arc<Self>) -> Result<ServerConfig, TlsError> {
-        Ok(ServerConfig::builder_with_provider(crate::tls::provider())
+        let mut config = ServerConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()
             .map_err(|error| TlsError::Config(error.to_string()))?
             .with_no_client_auth()
-            .with_cert_resolver(self.clone()))
+            .with_cert_resolver(self.clone());
+        config.alpn_protocols = vec![HTTP_1_1.to_vec()];
+        Ok(config)
     }
 }
 

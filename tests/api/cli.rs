@@ -382,3 +382,93 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
         stdout(&purge)
     );
 }
+
+/// What a valid configuration may still get wrong is said, not refused: a database reached
+/// without a checked certificate (libpq's default `sslmode=prefer` checks none, and falls back
+/// to a plain connection), an operations listener off loopback, a file others may read or
+/// write.
+#[test]
+fn check_config_warns_about_an_unauthenticated_database_an_open_operations_listener_and_the_files_mode(
+) {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let warned = temp_file(
+        "[database]\nurl = \"postgres://app:hunter2@db.example.internal:5432/x\"\n\n[http]\noperations_listen = \"0.0.0.0:9090\"\n",
+    );
+    chmod(&warned, 0o644);
+    let output = retrysafe(&["check-config", "--config", warned.to_str().unwrap()], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stderr(&output);
+    for needle in [
+        "warning: database.url: db.example.internal is not a loopback address, and sslmode=prefer",
+        "set sslmode=verify-full and sslrootcert",
+        "warning: http.operations_listen: 0.0.0.0:9090 is not a loopback address",
+        &format!(
+            "warning: {}: every user of the machine may read this file (mode 0644)",
+            warned.display()
+        ),
+    ] {
+        assert!(text.contains(needle), "no {needle:?} in: {text}");
+    }
+    assert!(!text.contains("hunter2"), "{text}");
+    chmod(&warned, 0o660);
+    let text = stderr(&retrysafe(
+        &["check-config", "--config", warned.to_str().unwrap()],
+        &[],
+    ));
+    assert!(
+        text.contains("its group may write this file (mode 0660)"),
+        "{text}"
+    );
+
+    let quiet = temp_file(
+        "[database]\nurl = \"postgres://app:hunter2@127.0.0.1:5432/x\"\n\n[http]\noperations_listen = \"127.0.0.1:9090\"\n",
+    );
+    chmod(&quiet, 0o600);
+    let output = retrysafe(&["check-config", "--config", quiet.to_str().unwrap()], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!stderr(&output).contains("warning"), "{}", stderr(&output));
+    for file in [warned, quiet] {
+        std::fs::remove_file(file).unwrap();
+    }
+}
+
+/// The same warnings at start, at WARN, beside the one that says the API is unauthenticated
+/// (no clients). The database is named by a host off loopback and reached through
+/// `hostaddr=127.0.0.1`, so that the daemon starts.
+#[actix_web::test]
+async fn serve_warns_at_start_about_the_database_the_files_mode_and_anonymous_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let settings = test_settings();
+    let database = crate::common::helpers::database_name(&settings.database.url);
+    let port = crate::common::daemon::free_port();
+    let config = temp_file(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\n\n[database]\nurl = \"postgres://postgres@db.example.internal:5432/{database}?hostaddr=127.0.0.1\"\n\n[amqp]\nexchange = \"{}\"\n",
+        settings.amqp.exchange
+    ));
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let serve = config.clone();
+    let daemon = crate::common::daemon::spawn_binary_as(settings, port, move |log| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
+        command.args(["serve", "--config"]).arg(&serve).env_clear();
+        crate::common::daemon::log_to(&mut command, log);
+        command
+    })
+    .await;
+    let log = daemon.log_text();
+    let warnings: Vec<&str> = log.lines().filter(|line| line.contains("WARN")).collect();
+    for needle in [
+        "db.example.internal is not a loopback address, and sslmode=prefer",
+        "every user of the machine may read this file (mode 0644)",
+        "the api is unauthenticated",
+    ] {
+        assert!(
+            warnings.iter().any(|line| line.contains(needle)),
+            "no WARN with {needle:?}: {log}"
+        );
+    }
+    drop(daemon);
+    std::fs::remove_file(config).unwrap();
+}

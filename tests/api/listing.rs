@@ -167,7 +167,7 @@ async fn paging_through_ten_thousand_entries_during_writes_returns_each_once_and
 /// execution and in the generic plan it may switch a prepared statement to.
 async fn assert_listing_uses_the_index(app: &TestDaemon) {
     app.db.batch_execute("ANALYZE entries").await.unwrap();
-    let types = "text, text, timestamptz, timestamptz, timestamptz, uuid, bigint";
+    let types = "text, text, timestamptz, timestamptz, timestamptz, uuid, bigint, bigint";
     app.db
         .batch_execute(&format!(
             "PREPARE newest_first ({types}) AS {};
@@ -184,9 +184,9 @@ async fn assert_listing_uses_the_index(app: &TestDaemon) {
             .unwrap();
         for statement in ["newest_first", "oldest_first"] {
             for arguments in [
-                "'billing', NULL, NULL, NULL, NULL, NULL, 1001",
-                "'billing', 'invoice.paid', NULL, NULL, NULL, NULL, 1001",
-                "'billing', NULL, '2000-01-01Z', NULL, '2100-01-01Z', '01a23833-187e-72d5-a313-eeb958536846', 101",
+                "'billing', NULL, NULL, NULL, NULL, NULL, 1001, 1048576",
+                "'billing', 'invoice.paid', NULL, NULL, NULL, NULL, 1001, 1048576",
+                "'billing', NULL, '2000-01-01Z', NULL, '2100-01-01Z', '01a23833-187e-72d5-a313-eeb958536846', 101, 1048576",
             ] {
                 let plan: Vec<String> = app
                     .db

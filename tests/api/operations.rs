@@ -236,6 +236,7 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         "not-found",
         "method-not-allowed",
         "request-timeout",
+        "misdirected-request",
         "internal-error",
     ];
     let mut table: Vec<&str> = retrysafe::http::problem::ALL
@@ -295,6 +296,15 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         .as_array()
         .unwrap();
     assert!(security.contains(&serde_json::json!({})), "{security:?}");
+    // ... and a Host that is not loopback is refused, on every operation.
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            assert!(
+                operation["responses"]["421"].is_object(),
+                "{method} {path} documents no 421"
+            );
+        }
+    }
     assert!(!text.contains("spawn_outbox_gauges"), "no rustdoc links");
 }
 
@@ -309,6 +319,71 @@ async fn openapi_json_requires_bearer_authentication_when_clients_are_configured
         .as_array()
         .unwrap();
     assert_eq!(security, &vec![serde_json::json!({"bearer": []})]);
+}
+
+/// `http.operations_listen`: `/readyz`, `/metrics` and `/openapi.json` move to an address of
+/// their own, so that the API's port tells nobody the backlog, the request counts, the version
+/// or whether anonymous mode is on; on `http.listen` they answer 404. `/healthz` is on both, the
+/// API on `http.listen` only.
+#[actix_web::test]
+async fn operations_routes_move_to_their_own_listener() {
+    let app = spawn_app_with(|settings| {
+        settings.http.operations_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let operations = app
+        .operations_address
+        .clone()
+        .expect("the daemon reports the operations port");
+    let on_operations = |path: &str| {
+        let request = app.http.get(format!("{operations}{path}"));
+        app.send(request, Vec::new())
+    };
+    for path in ["/readyz", "/metrics", "/openapi.json"] {
+        app.get(path, None).await.assert_problem(404, "not-found");
+        let answer = on_operations(path).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.describe());
+    }
+    for answer in [
+        app.get("/healthz", None).await,
+        on_operations("/healthz").await,
+    ] {
+        assert_eq!(answer.status, 200, "{}", answer.describe());
+    }
+    app.post_entry("split-1", &entry_body(1))
+        .await
+        .assert_created();
+    let posted_to_operations = app
+        .send(
+            app.http
+                .post(format!("{operations}/v1/entries"))
+                .insert_header(("Idempotency-Key", "split-2"))
+                .insert_header(("Content-Type", "application/json")),
+            entry_body(2).to_string(),
+        )
+        .await;
+    posted_to_operations.assert_problem(404, "not-found");
+    on_operations("/v1/idempotency-keys/split-1")
+        .await
+        .assert_problem(404, "not-found");
+    assert_eq!(app.row_counts().await.0, 1, "only the write to http.listen");
+    let metrics = on_operations("/metrics").await.text();
+    assert!(
+        metrics.contains("route=\"/v1/entries\",outcome=\"created\"")
+            || metrics.contains("outcome=\"created\",route=\"/v1/entries\""),
+        "the operations listener's metrics count the API's requests: {metrics}"
+    );
+}
+
+#[test]
+fn the_operations_listener_must_be_another_address() {
+    let mut settings = test_settings();
+    settings.http.listen = "127.0.0.1:9090".parse().unwrap();
+    settings.http.operations_listen = Some("127.0.0.1:9090".parse().unwrap());
+    let error = settings.validate().unwrap_err().to_string();
+    assert!(error.contains("http.operations_listen"), "{error}");
+    settings.http.operations_listen = Some("127.0.0.1:9091".parse().unwrap());
+    settings.validate().unwrap();
 }
 
 /// One sample's value in Prometheus text (0 when absent).

@@ -321,7 +321,7 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     stream
         .write_all(
-            b"POST /v1/entries HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow-1\r\n\
+            b"POST /v1/entries HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: slow-1\r\n\
               Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"kind\"",
         )
         .await

@@ -504,3 +504,51 @@ async fn a_dry_run_sends_and_records_nothing_and_careless_or_impossible_replays_
     let delivered = consumer.drain(QUIET).await;
     assert_eq!(ids(&delivered), [events[2].clone()]);
 }
+
+/// Who ran a replay is the process's user id (and the name the user database gives it) and the
+/// database role of its session, not `$USER`, `$LOGNAME` or `$SUDO_USER`, which whoever runs
+/// the command sets as they like.
+#[actix_web::test]
+async fn a_replay_records_the_os_user_id_and_the_database_user_not_the_environment() {
+    let app = spawn_app_without_relays(|_| {}).await;
+    let exchange = app.settings.amqp.exchange.clone();
+    write_entries(&app, "who", 3).await;
+    let queue = format!("{exchange}.who");
+    let mut target = TestConsumer::declare(&exchange, &queue, None).await;
+    let mut environment = env(&app).to_vec();
+    environment.extend([
+        ("USER", "mallory"),
+        ("LOGNAME", "mallory"),
+        ("SUDO_USER", "mallory"),
+    ]);
+    let output = retrysafe(
+        &["outbox", "replay", "--all", "--to-queue", &queue],
+        &environment,
+    );
+    assert_says(&output, "completed: 3 event(s) sent in this run, 3 of 3");
+    assert_eq!(target.drain(QUIET).await.len(), 3);
+
+    let row = app
+        .db
+        .query_one(
+            "SELECT requested_by, requested_uid, requested_db_user, current_user::text FROM replays",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (requested_by, uid, db_user, test_user): (String, Option<i64>, Option<String>, String) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    // SAFETY: getuid has no preconditions. The binary runs as this test's user.
+    let own_uid = i64::from(unsafe { libc::getuid() });
+    assert_eq!(uid, Some(own_uid));
+    assert_eq!(db_user.as_deref(), Some(test_user.as_str()));
+    assert!(!requested_by.contains("mallory"), "{requested_by}");
+    let expected = retrysafe::operator::Operator::current().display;
+    assert_eq!(requested_by, expected);
+
+    let status = retrysafe(&["outbox", "status", "--json"], &env(&app));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let replay = &status["replays"][0];
+    assert_eq!(replay["requested_uid"], own_uid, "{replay}");
+    assert_eq!(replay["requested_db_user"], test_user.as_str(), "{replay}");
+}

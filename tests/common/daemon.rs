@@ -30,6 +30,9 @@ pub struct TestDaemon {
     /// The daemon run in this process; None for a binary. Dropped as early, for the same reason.
     in_process: Option<InProcess>,
     pub address: String,
+    /// `http://127.0.0.1:<port>` of `http.operations_listen`, for an in-process daemon that sets
+    /// it.
+    pub operations_address: Option<String>,
     pub settings: Settings,
     pub db: tokio_postgres::Client,
     pub http: awc::Client,
@@ -96,6 +99,9 @@ async fn start_in_process(
     TestDaemon {
         process: None,
         address: format!("http://127.0.0.1:{}", in_process.port),
+        operations_address: in_process
+            .operations_port
+            .map(|port| format!("http://127.0.0.1:{port}")),
         in_process: Some(in_process),
         settings,
         db: connect(&database.name).await,
@@ -111,6 +117,7 @@ async fn start_in_process(
 /// after the test had deleted the exchange, and re-declared it on their next reconnect.
 struct InProcess {
     port: u16,
+    operations_port: Option<u16>,
     server: actix_web::dev::ServerHandle,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -124,7 +131,11 @@ impl InProcess {
                 actix_web::rt::System::new().block_on(async move {
                     match Application::build_with(settings, options).await {
                         Ok(application) => {
-                            let handle = (application.port(), application.server_handle());
+                            let handle = (
+                                application.port(),
+                                application.operations_port(),
+                                application.server_handle(),
+                            );
                             let _ = started.send(Ok(handle));
                             let _ = application.run_until_stopped().await;
                         }
@@ -135,12 +146,13 @@ impl InProcess {
                 })
             })
             .expect("a thread for the daemon");
-        let (port, server) = answer
+        let (port, operations_port, server) = answer
             .await
             .expect("the daemon's thread answers")
             .expect("the app starts");
         Self {
             port,
+            operations_port,
             server,
             thread: Some(thread),
         }
@@ -196,6 +208,7 @@ async fn binary_daemon(
 ) -> TestDaemon {
     TestDaemon {
         address: process.address.clone(),
+        operations_address: None,
         process: Some(process),
         in_process: None,
         settings,

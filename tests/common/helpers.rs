@@ -14,6 +14,29 @@ pub const PG_HOST_PORT: &str = "127.0.0.1:5432";
 pub const AMQP_HOST_PORT: &str = "127.0.0.1:5672";
 pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// Reads from `stream` until what came holds `marker` (a line end, the end of a head), the
+/// stream ends or fails; returns what came. For raw exchanges, where the daemon may answer and
+/// close before it has read the whole request.
+pub async fn read_until(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    marker: &[u8],
+) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return answer,
+            Ok(n) => {
+                answer.extend_from_slice(&buffer[..n]);
+                if answer.windows(marker.len()).any(|window| window == marker) {
+                    return answer;
+                }
+            }
+        }
+    }
+}
+
 /// The most of an answer's body a test reads.
 const BODY_LIMIT: usize = 4 << 20;
 

@@ -259,3 +259,144 @@ async fn a_batch_cancelled_by_the_statement_timeout_is_committed_in_smaller_part
     }
     assert_eq!(app.row_counts().await, (30, 30, 30));
 }
+
+/// Inserts `count` entries of the anonymous client, each with `blob_bytes` of hex in its data,
+/// one millisecond apart (the newest has the lowest n), straight into the table: quicker than
+/// writing them, and past what a write may carry when `blob_bytes` is large.
+async fn insert_large_entries(app: &TestDaemon, prefix: &str, count: i64, blob_bytes: i64) {
+    app.db
+        .execute(
+            "INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at)
+             SELECT gen_random_uuid(), 'anonymous', $1 || '-' || g, 'bulk',
+                    jsonb_build_object('blob', left(repeat(md5(g::text), ($2::bigint / 32 + 1)::int), $2::bigint::int)),
+                    now() - g * interval '1 ms'
+             FROM generate_series(1, $3::bigint) AS g",
+            &[&prefix, &blob_bytes, &count],
+        )
+        .await
+        .unwrap();
+}
+
+/// Walks every page of `GET /v1/entries?limit=1000`; returns each page's keys.
+async fn walk_pages(app: &TestDaemon) -> Vec<Vec<String>> {
+    let mut pages = Vec::new();
+    let mut query = "limit=1000".to_owned();
+    loop {
+        let page = app.get(&format!("/v1/entries?{query}"), None).await;
+        assert_eq!(page.status, 200, "{}", page.describe());
+        let page = page.json();
+        let keys = page["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["idempotency_key"].as_str().unwrap().to_owned())
+            .collect();
+        pages.push(keys);
+        match page["next"].as_str() {
+            Some(cursor) => query = format!("limit=1000&cursor={cursor}"),
+            None => return pages,
+        }
+        assert!(pages.len() < 100, "the pages never end");
+    }
+}
+
+/// The issue's listing: `limit=1000` over entries of 60 KB answered 1000 of them at once (60 MB
+/// a page, several times that in the daemon while it shaped the page: 8 such listings at once
+/// took a debug build from 50 to 770-800 MiB). A page now ends before the entry that would take
+/// its data past 1 MiB, and `next` goes on after the last entry it holds.
+#[actix_web::test]
+async fn a_page_ends_at_its_byte_bound_and_next_continues_after_its_last_entry() {
+    let app = spawn_app_with(|_| {}).await;
+    insert_large_entries(&app, "large", 40, 60_000).await;
+    // A single entry past the bound (written by another program, or under a larger
+    // http.max_body_bytes) comes alone: the first entry of a page always does.
+    insert_large_entries(&app, "huge", 1, 2 * 1024 * 1024).await;
+    app.db
+        .execute(
+            "UPDATE entries SET created_at = created_at - interval '1 hour' WHERE idempotency_key = 'huge-1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let entry_bytes: i32 = app
+        .db
+        .query_one(
+            "SELECT octet_length(data::text) FROM entries WHERE idempotency_key = 'large-1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let per_page = (retrysafe::http::listing::PAGE_BYTES / i64::from(entry_bytes)) as usize;
+
+    let pages = walk_pages(&app).await;
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    let mut expected = vec![per_page; 40 / per_page];
+    expected.push(40 % per_page);
+    expected.retain(|size| *size > 0);
+    expected.push(1);
+    assert_eq!(sizes, expected, "pages of {entry_bytes}-byte entries");
+    let keys: Vec<String> = pages.concat();
+    let mut in_order: Vec<String> = (1..=40).map(|n| format!("large-{n}")).collect();
+    in_order.push("huge-1".into());
+    assert_eq!(keys, in_order, "every entry once, newest first");
+}
+
+/// Listings are served `CONCURRENT_LISTINGS` at a time, daemon-wide: one that finds every turn
+/// taken for `database.connect_timeout` gets 503 `storage-unavailable` with `Retry-After`, as a
+/// read that finds no pooled connection does. Here the turns are held by listings stuck behind
+/// a lock on `entries`; the reads' pool has connections to spare, so the turns are the bound.
+#[actix_web::test]
+async fn listings_beyond_the_concurrent_bound_wait_then_get_503() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let turns = retrysafe::http::listing::CONCURRENT_LISTINGS;
+    let app = spawn_app_with(|settings| {
+        // A quarter for reads: more connections than turns.
+        settings.database.pool_size = 64;
+        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(60));
+    })
+    .await;
+    insert_large_entries(&app, "few", 3, 100).await;
+    let stall = LockHolder::take(
+        &app.database.name,
+        "LOCK TABLE entries IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let answered = Rc::new(Cell::new(0));
+    let listings = join_all((0..turns + 2).map(|_| {
+        let (app, answered) = (&app, answered.clone());
+        async move {
+            let answer = app.get("/v1/entries", None).await;
+            answered.set(answered.get() + 1);
+            answer
+        }
+    }));
+    // The lock goes once the listings without a turn have had their answer.
+    let release = async {
+        let started = std::time::Instant::now();
+        while answered.get() < 2 {
+            assert!(started.elapsed() < REQUEST_LIMIT, "no listing gave up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stall.release().await;
+    };
+    let (answers, ()) = tokio::join!(listings, release);
+    let refused: Vec<&TestResponse> = answers.iter().filter(|a| a.status == 503).collect();
+    assert_eq!(
+        refused.len(),
+        2,
+        "{:?}",
+        answers.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    for answer in refused {
+        answer.assert_problem(503, "storage-unavailable");
+        assert_eq!(answer.header("retry-after").as_deref(), Some("1"));
+        assert!(answer.text().contains("listings"), "{}", answer.describe());
+    }
+    assert_eq!(
+        answers.iter().filter(|a| a.status == 200).count(),
+        turns,
+        "the listings that had a turn are answered once the lock is gone"
+    );
+}

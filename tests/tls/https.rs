@@ -13,7 +13,7 @@ use retrysafe::tls::{CertificateInfo, ServerVerification};
 use rustls_pki_types::{CertificateDer, ServerName};
 
 use crate::common::daemon::{spawn_app_with, DaemonProcess, TestDaemon};
-use crate::common::helpers::{entry_body, pg_url, TestDatabase, TestExchange};
+use crate::common::helpers::{entry_body, pg_url, read_until, TestDatabase, TestExchange};
 use crate::pki::{Issued, Request, TestCa, TestDir};
 
 /// An HTTP client that trusts only the certificates of `ca_file`.
@@ -121,6 +121,98 @@ async fn only_a_client_that_verifies_the_certificate_gets_answers() {
         "{untrusted:?}"
     );
     assert_eq!(app.row_counts().await, (1, 1, 1), "only the trusted write");
+}
+
+/// A TLS connection to `port` that offers `protocols` by ALPN, trusting `ca_file`.
+async fn handshake(
+    port: u16,
+    ca_file: &Path,
+    protocols: &[&[u8]],
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let roots = retrysafe::tls::roots_from_file(ca_file).unwrap();
+    let mut config =
+        retrysafe::tls::client_config(ServerVerification::ChainAndName(roots), None).unwrap();
+    config.alpn_protocols = protocols.iter().map(|protocol| protocol.to_vec()).collect();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .map_err(|error| error.to_string())
+}
+
+/// Writes `request` on `stream` and returns the answer's status line.
+async fn status_line(
+    stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    request: &[u8],
+) -> String {
+    use tokio::io::AsyncWriteExt;
+    // The daemon may answer and close before it has read everything: the answer is the verdict.
+    let _ = stream.write_all(request).await;
+    let answer = tokio::time::timeout(Duration::from_secs(30), read_until(stream, b"\r\n"))
+        .await
+        .expect("the daemon answers");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+/// HTTP/2 stays off the HTTPS listener: actix-web's own HTTPS listener offered `h2` first
+/// whenever actix-http was built with HTTP/2 (awc, the client side, builds it so), which
+/// brought the h2 0.3 server (RUSTSEC-2026-0258, no 0.3 fix) to every client and took 300
+/// headers where HTTP/1 answers 431.
+#[actix_web::test]
+async fn the_https_listener_speaks_http_1_1_only() {
+    let (_dir, ca_file, app) = https_app(Request {
+        serial: 22,
+        ..Request::default()
+    })
+    .await;
+    let port = port_of(&app.address);
+
+    // Offered h2 first, as browsers and curl do: the listener picks http/1.1.
+    let mut stream = handshake(port, &ca_file, &[b"h2", b"http/1.1"])
+        .await
+        .expect("a client offering h2 and http/1.1 connects");
+    assert_eq!(
+        stream.get_ref().1.alpn_protocol(),
+        Some(&b"http/1.1"[..]),
+        "the listener chose another protocol than http/1.1"
+    );
+    let many: String = (0..300).map(|i| format!("X-Header-{i}: {i}\r\n")).collect();
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}\r\n");
+    let status = status_line(&mut stream, request.as_bytes()).await;
+    assert!(
+        status.starts_with("HTTP/1.1 431"),
+        "300 headers: {status:?}"
+    );
+
+    // Offered h2 alone: nothing in common, the handshake fails.
+    let h2_only = handshake(port, &ca_file, &[b"h2"]).await;
+    assert!(
+        h2_only
+            .as_ref()
+            .is_err_and(|error| error.contains("NoApplicationProtocol")),
+        "a client offering only h2: {:?}",
+        h2_only.map(|stream| stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec))
+    );
+
+    // No ALPN, and the HTTP/2 connection preface (prior knowledge): not HTTP/2.
+    let mut stream = handshake(port, &ca_file, &[]).await.unwrap();
+    let status = status_line(&mut stream, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    assert!(
+        status.is_empty() || status.starts_with("HTTP/1.1 4"),
+        "an HTTP/2 preface got {status:?}"
+    );
+
+    // The listener still serves HTTP/1.1 with ALPN.
+    let mut stream = handshake(port, &ca_file, &[b"http/1.1"]).await.unwrap();
+    let status = status_line(
+        &mut stream,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
 }
 
 #[actix_web::test]
