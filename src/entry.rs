@@ -319,12 +319,6 @@ pub fn format_time(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
-/// Now, truncated to the microsecond precision PostgreSQL keeps.
-pub fn now_micros() -> DateTime<Utc> {
-    let now = Utc::now();
-    DateTime::from_timestamp_micros(now.timestamp_micros()).expect("the current time is in range")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

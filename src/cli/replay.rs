@@ -148,7 +148,11 @@ pub async fn run(
     config: Option<&Path>,
     args: &ReplayArgs,
 ) -> anyhow::Result<ExitCode> {
-    let now = crate::entry::now_micros();
+    // Relative times (`--since 24h`) count back from the database's clock, as everything else
+    // that decides does: this machine's may be wrong.
+    let now = db
+        .run(async |connection| crate::outbox::store::database_now(&**connection).await)
+        .await?;
     let planned = replay::plan(db, args.selection(), args.target(settings), now).await;
     let plan = match planned {
         Ok(plan) => plan,
