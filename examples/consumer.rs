@@ -82,7 +82,7 @@ async fn connect_to_any(settings: &AmqpSettings) -> anyhow::Result<Connection> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let settings = Settings::load(&args.config)?;
+    let settings = Settings::load(&args.config)?.validated()?;
 
     // As the daemon connects: each host of database.url in turn, with its sslmode.
     let mut db = retrysafe::db::connect(&settings.database).await?.client;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{is_valid_client_id, Settings};
+use crate::config::{is_valid_client_id, Config, Settings};
 use crate::startup::{notify_systemd, Application};
 use crate::{db, http, janitor, outbox, telemetry};
 
@@ -125,6 +125,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
 fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
     let path = cli.config_path();
     let settings = cli.settings()?;
+    let config = settings.validated()?;
     let stray = crate::config::stray_environment();
     let done = match &cli.command {
         Command::CheckConfig => {
@@ -134,24 +135,24 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             for warning in crate::config::warnings(&settings, &path) {
                 eprintln!("warning: {warning}");
             }
-            check_tls_files(&settings)?;
+            check_tls_files(&config)?;
             println!("{}: configuration is valid", path.display());
             Ok(())
         }
         Command::Serve => {
-            telemetry::init_logging(&settings.log);
+            telemetry::init_logging(&config.log);
             for name in &stray {
                 tracing::warn!(variable = %name, "ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
             }
             for warning in crate::config::warnings(&settings, &path) {
                 tracing::warn!(key = %warning.key, "{}", warning.message);
             }
-            actix_web::rt::System::new().block_on(serve(settings))
+            actix_web::rt::System::new().block_on(serve(config))
         }
         Command::Migrate => {
-            telemetry::init_logging(&settings.log);
+            telemetry::init_logging(&config.log);
             let applied = block_on(async {
-                db::migrate(&settings.database)
+                db::migrate(&config.database)
                     .await
                     .map_err(|error| anyhow::anyhow!("{error}"))
             })?;
@@ -162,16 +163,16 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             Ok(())
         }
         Command::Outbox { command } => {
-            return block_on(outbox_command(&settings, cli.config.as_deref(), command));
+            return block_on(outbox_command(&config, cli.config.as_deref(), command));
         }
         Command::Purge => block_on(async {
-            let db = db::Database::new(&settings.database)?;
-            let report = janitor::purge_once(&db, settings.outbox.retention.0).await?;
+            let db = db::Database::new(&config.database)?;
+            let report = janitor::purge_once(&db, config.outbox.retention).await?;
             println!(
                 "deleted {} expired idempotency record(s) and {} sent event(s) older than {}",
                 report.records_deleted,
                 report.events_deleted,
-                humantime::format_duration(settings.outbox.retention.0)
+                humantime::format_duration(config.outbox.retention)
             );
             Ok(())
         }),
@@ -185,8 +186,8 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
 /// Reads every TLS file the configuration names, as `serve` would at start, without
 /// connecting: each is readable, PEM, with a certificate or a key as expected, and each key
 /// matches its certificate. An error names the key and the file.
-fn check_tls_files(settings: &Settings) -> anyhow::Result<()> {
-    if let Some((certificate_file, key_file)) = settings.http.tls_files() {
+fn check_tls_files(config: &Config) -> anyhow::Result<()> {
+    if let Some((certificate_file, key_file)) = config.http.tls_files() {
         let info = crate::tls::server::ServerCertificate::check(certificate_file, key_file)
             .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?;
         if info.has_expired() {
@@ -197,13 +198,12 @@ fn check_tls_files(settings: &Settings) -> anyhow::Result<()> {
             );
         }
     }
-    let database = db::tls::split(&settings.database.url)
-        .map_err(|error| anyhow::anyhow!("invalid configuration: database.url: {error}"))?;
-    database
+    config
+        .database
         .tls
         .connector()
         .map_err(|error| anyhow::anyhow!("invalid configuration: database.url: {error}"))?;
-    outbox::broker::tls_config(&settings.amqp)?;
+    outbox::broker::tls_config(&config.amqp)?;
     Ok(())
 }
 
@@ -215,13 +215,13 @@ fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> 
 }
 
 async fn outbox_command(
-    settings: &Settings,
-    config: Option<&Path>,
+    config: &Config,
+    config_path: Option<&Path>,
     command: &OutboxCommand,
 ) -> anyhow::Result<ExitCode> {
-    let db = db::Database::new(&settings.database)?;
+    let db = db::Database::new(&config.database)?;
     match command {
-        OutboxCommand::Replay(args) => return replay::run(settings, &db, config, args).await,
+        OutboxCommand::Replay(args) => return replay::run(config, &db, config_path, args).await,
         OutboxCommand::Status { json } => {
             let (rows, parked) = db
                 .run(async |connection| {
@@ -331,14 +331,14 @@ fn print_replays(replays: &[outbox::replay::ReplayRecord]) {
     }
 }
 
-async fn serve(settings: Settings) -> anyhow::Result<()> {
+async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        database = %crate::config::redact_url(&settings.database.url),
-        broker = %settings.amqp.url.redacted(),
+        database = %config.database.url,
+        broker = %config.amqp.url.redacted(),
         "starting"
     );
-    let application = Application::build(settings).await?;
+    let application = Application::build(config).await?;
     // Migrations are applied and the listener is bound: tell systemd (Type=notify).
     notify_systemd(&[sd_notify::NotifyState::Ready]);
     spawn_watchdog();

@@ -1,20 +1,27 @@
 //! Layered configuration: built-in defaults, then `config.toml`, then `RETRYSAFE_<SECTION>__<KEY>`
 //! environment variables. Unknown keys and invalid values are errors that name the key.
+//!
+//! Every key is declared once ([`keys::section!`]): its type, default, bounds and doc line.
+//! [`Settings::load`] reads and checks them, and [`Settings::validated`] turns them into the
+//! [`Config`] the rest of the program takes, with the two URLs parsed once.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub mod keys;
 mod redact;
+mod validated;
 mod warnings;
 
+use keys::{minutes, section, Bound, Key, HOUR, TEN_YEARS};
 pub use redact::{redact_url, UNPARSABLE};
+pub use validated::{AmqpConfig, BrokerEndpoint, Config, DatabaseConfig};
 pub use warnings::{warnings, ConfigWarning};
 
 /// Prefix of the environment variables that override configuration keys.
@@ -53,30 +60,68 @@ pub struct Settings {
     pub log: LogSettings,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpSettings {
-    /// Address the HTTP server binds; port 0 picks a free port.
-    pub listen: SocketAddr,
-    /// Largest request body accepted; larger ones get 413.
-    pub max_body_bytes: usize,
-    /// How long a shutdown waits for requests in flight and queued writes.
-    pub shutdown_timeout: ConfigDuration,
-    /// How long a client may take to send a request body; slower ones get 408.
-    pub body_timeout: ConfigDuration,
-    /// How long a client may take to send a request's head (request line and headers); slower
-    /// ones get 408 and the connection is closed.
-    pub head_timeout: ConfigDuration,
-    /// HTTP worker threads; 0 is one per CPU core.
-    pub workers: usize,
-    /// PEM certificate (and its chain) of the HTTPS listener; with `tls_key_file`, the listener
-    /// speaks HTTPS only. Reloaded on SIGHUP.
-    pub tls_cert_file: Option<PathBuf>,
-    /// PEM private key of `tls_cert_file`.
-    pub tls_key_file: Option<PathBuf>,
-    /// When set, `/readyz`, `/metrics` and `/openapi.json` are served on this address (plain
-    /// HTTP) and no longer on `listen`; `/healthz` is on both.
-    pub operations_listen: Option<SocketAddr>,
+impl Settings {
+    /// Every key of every section, as declared.
+    pub fn keys() -> impl Iterator<Item = &'static Key> {
+        [
+            HttpSettings::KEYS,
+            DatabaseSettings::KEYS,
+            AmqpSettings::KEYS,
+            IdempotencySettings::KEYS,
+            OutboxSettings::KEYS,
+            EventSettings::KEYS,
+            AuthSettings::KEYS,
+            LogSettings::KEYS,
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    fn check_bounds(&self) -> Result<(), ConfigError> {
+        self.http.check_bounds()?;
+        self.database.check_bounds()?;
+        self.amqp.check_bounds()?;
+        self.idempotency.check_bounds()?;
+        self.outbox.check_bounds()?;
+        self.events.check_bounds()?;
+        self.auth.check_bounds()?;
+        self.log.check_bounds()
+    }
+}
+
+fn localhost(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
+}
+
+section! {
+    /// `[http]`: the listeners.
+    pub struct HttpSettings("http") {
+        /// Address the HTTP server binds; port 0 picks a free port.
+        listen: SocketAddr = localhost(8080), Bound::Any;
+        /// Largest request body accepted; larger ones get 413.
+        max_body_bytes: usize = 64 * 1024, Bound::Count(64, 64 << 20);
+        /// How long a shutdown waits for requests in flight, and then for the relays' batches.
+        shutdown_timeout: Duration = secs(30), Bound::Duration(HOUR);
+        /// How long a client may take to send a request body; slower ones get 408.
+        body_timeout: Duration = secs(30), Bound::Duration(HOUR);
+        /// How long a client may take to send a request's head (request line and headers);
+        /// slower ones get 408 and the connection is closed.
+        head_timeout: Duration = secs(5), Bound::Duration(HOUR);
+        /// HTTP worker threads; 0 is one per CPU core.
+        workers: usize = 0, Bound::Count(0, 256);
+        /// PEM certificate (and its chain) of the HTTPS listener; with `tls_key_file`, the
+        /// listener speaks HTTPS only. Reloaded on SIGHUP.
+        tls_cert_file: Option<PathBuf> = None, Bound::Any;
+        /// PEM private key of `tls_cert_file`.
+        tls_key_file: Option<PathBuf> = None, Bound::Any;
+        /// When set, `/readyz`, `/metrics` and `/openapi.json` are served on this address (plain
+        /// HTTP) and no longer on `listen`; `/healthz` is on both.
+        operations_listen: Option<SocketAddr> = None, Bound::Any;
+    }
 }
 
 impl HttpSettings {
@@ -89,60 +134,50 @@ impl HttpSettings {
     }
 }
 
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatabaseSettings {
-    /// libpq-style URL; the database it names is created at start when missing.
-    pub url: String,
-    /// Connections in the pool, shared by writers, relays and reads.
-    pub pool_size: u32,
-    /// Writer actors; each commits one batch at a time.
-    pub writers: usize,
-    /// Most writes one batch (one transaction) takes.
-    pub max_batch: usize,
-    /// Bound on opening a connection and on waiting for a pooled one.
-    pub connect_timeout: ConfigDuration,
-    /// How long `serve` (and `migrate`) wait at start for a database that is not there yet
-    /// (unreachable, starting up, every connection slot taken), trying again with backoff,
-    /// before they give up. Keep it below systemd's start timeout (the unit's
-    /// `TimeoutStartSec`).
-    pub start_timeout: ConfigDuration,
-    /// Server-side bound on any one statement, including time spent waiting for locks.
-    pub statement_timeout: ConfigDuration,
-    /// Bound on the bytes held by writes queued or being committed; past it, 503 at once.
-    pub max_pending_bytes: usize,
-}
-
-impl fmt::Debug for DatabaseSettings {
-    // The URL may carry a password: show only where it points.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatabaseSettings")
-            .field("url", &redact_url(&self.url))
-            .field("pool_size", &self.pool_size)
-            .field("writers", &self.writers)
-            .field("max_batch", &self.max_batch)
-            .field("max_pending_bytes", &self.max_pending_bytes)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("start_timeout", &self.start_timeout)
-            .field("statement_timeout", &self.statement_timeout)
-            .finish()
+section! {
+    /// `[database]`: PostgreSQL.
+    pub struct DatabaseSettings("database") {
+        /// libpq-style URL; the database it names is created at start when missing.
+        url: ConnectionString = ConnectionString::from("postgres://postgres@127.0.0.1:5432/retrysafe"), Bound::Any;
+        /// Connections in the pool, shared by writers, relays and reads.
+        pool_size: u32 = 16, Bound::Count(2, 1000);
+        /// Writer actors; each commits one batch at a time.
+        writers: usize = 2, Bound::Count(1, 64);
+        /// Most writes one batch (one transaction) takes.
+        max_batch: usize = 256, Bound::Count(1, 10_000);
+        /// Bound on opening a connection and on waiting for a pooled one.
+        connect_timeout: Duration = secs(2), Bound::Duration(minutes(5));
+        /// How long `serve` (and `migrate`) wait at start for a database that is not there yet
+        /// (unreachable, starting up, every connection slot taken), trying again with backoff,
+        /// before they give up. Keep it below systemd's start timeout (the unit's
+        /// `TimeoutStartSec`).
+        start_timeout: Duration = secs(60), Bound::Duration(HOUR);
+        /// Server-side bound on any one statement, including time spent waiting for locks.
+        statement_timeout: Duration = secs(5), Bound::Duration(HOUR);
+        /// Bound on the bytes held by writes queued or being committed; past it, 503 at once.
+        /// At least one write of the largest body must fit (checked with `http.max_body_bytes`).
+        max_pending_bytes: usize = 64 * 1024 * 1024, Bound::Count(64 + 1024, 16 << 30);
     }
 }
 
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AmqpSettings {
-    /// One broker URL, or several (the nodes of a cluster), tried in turn.
-    pub url: UrlList,
-    /// Durable topic exchange the daemon declares and publishes to.
-    pub exchange: String,
-    /// PEM CA certificates that an `amqps://` broker's certificate must chain to; without it,
-    /// the platform's roots.
-    pub tls_ca_file: Option<PathBuf>,
-    /// PEM client certificate for brokers that authenticate with one (with `tls_key_file`).
-    pub tls_cert_file: Option<PathBuf>,
-    /// PEM private key of `tls_cert_file`.
-    pub tls_key_file: Option<PathBuf>,
+section! {
+    /// `[amqp]`: RabbitMQ.
+    pub struct AmqpSettings("amqp") {
+        /// One broker URL, or several (the nodes of a cluster), tried in turn.
+        url: UrlList = UrlList::one("amqp://guest:guest@127.0.0.1:5672/%2f"), Bound::Any;
+        /// Durable topic exchange the daemon declares and publishes to.
+        exchange: String = "retrysafe.events".into(), Bound::Any;
+        /// Bound on connecting to one broker and on opening a channel.
+        connect_timeout: Duration = secs(10), Bound::Duration(minutes(10));
+        /// PEM CA certificates that an `amqps://` broker's certificate must chain to; without
+        /// it, the platform's roots.
+        tls_ca_file: Option<PathBuf> = None, Bound::Any;
+        /// PEM client certificate for brokers that authenticate with one (with
+        /// `tls_key_file`).
+        tls_cert_file: Option<PathBuf> = None, Bound::Any;
+        /// PEM private key of `tls_cert_file`.
+        tls_key_file: Option<PathBuf> = None, Bound::Any;
+    }
 }
 
 impl AmqpSettings {
@@ -152,20 +187,60 @@ impl AmqpSettings {
     }
 }
 
-impl fmt::Debug for AmqpSettings {
+/// A PostgreSQL connection string (a URL, or libpq's `key=value` pairs). It may hold a
+/// password: shown (`Display`, `Debug`) without it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ConnectionString(String);
+
+impl ConnectionString {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The text itself (to build or change one), as a `String`; only `Display` and `Debug` hide the
+/// password.
+impl std::ops::Deref for ConnectionString {
+    type Target = String;
+
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ConnectionString {
+    fn deref_mut(&mut self) -> &mut String {
+        &mut self.0
+    }
+}
+
+impl From<&str> for ConnectionString {
+    fn from(text: &str) -> Self {
+        Self(text.to_owned())
+    }
+}
+
+impl From<String> for ConnectionString {
+    fn from(text: String) -> Self {
+        Self(text)
+    }
+}
+
+impl fmt::Display for ConnectionString {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AmqpSettings")
-            .field("url", &self.url.redacted())
-            .field("exchange", &self.exchange)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_cert_file", &self.tls_cert_file)
-            .field("tls_key_file", &self.tls_key_file)
-            .finish()
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+impl fmt::Debug for ConnectionString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
     }
 }
 
 /// One URL or several: a TOML string or array of strings; a string (as an environment variable
-/// gives) may list several URLs separated by commas.
+/// gives) may list several URLs separated by commas. Shown without passwords.
 #[derive(Clone, PartialEq, Eq)]
 pub struct UrlList(pub Vec<String>);
 
@@ -181,6 +256,12 @@ impl UrlList {
     /// The URLs without their passwords, comma-separated, for logs.
     pub fn redacted(&self) -> String {
         self.iter().map(redact_url).collect::<Vec<_>>().join(",")
+    }
+}
+
+impl fmt::Debug for UrlList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
     }
 }
 
@@ -206,59 +287,64 @@ impl<'de> Deserialize<'de> for UrlList {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IdempotencySettings {
-    /// How long a completed key is remembered; afterwards it is new again.
-    pub retention: ConfigDuration,
-    /// How long a duplicate waits for the first request of its key before 409.
-    pub wait_timeout: ConfigDuration,
-    /// Status for a key reused with another request: 409, or 422 as in the IETF draft.
-    pub mismatch_status: u16,
-    /// KeyShard actors.
-    pub shards: usize,
-    /// Completed responses kept in memory, across all shards.
-    pub cache_entries: usize,
+section! {
+    /// `[idempotency]`: keys, their records and the write path's in-memory state.
+    pub struct IdempotencySettings("idempotency") {
+        /// How long a completed key is remembered, on the database's clock; afterwards it is
+        /// new again.
+        retention: Duration = secs(24 * 3600), Bound::Duration(TEN_YEARS);
+        /// How long a request waits for its answer, and a duplicate for the first request of
+        /// its key before 409.
+        wait_timeout: Duration = secs(10), Bound::Duration(minutes(10));
+        /// Status for a key reused with another request: 409, or 422 as in the IETF draft.
+        mismatch_status: u16 = 409, Bound::Count(409, 422);
+        /// KeyShard actors.
+        shards: usize = 8, Bound::Count(1, 1024);
+        /// Completed responses kept in memory, across all shards.
+        cache_entries: usize = 100_000, Bound::Count(0, 100_000_000);
+    }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OutboxSettings {
-    pub workers: usize,
-    pub batch_size: usize,
-    pub poll_interval: ConfigDuration,
-    pub confirm_timeout: ConfigDuration,
-    pub max_attempts: i32,
-    pub retention: ConfigDuration,
+section! {
+    /// `[outbox]`: relaying committed events to the broker, and keeping them.
+    pub struct OutboxSettings("outbox") {
+        /// Relay actors in this daemon.
+        workers: usize = 2, Bound::Count(1, 64);
+        /// Most events one relay batch claims, publishes and marks in one transaction.
+        batch_size: usize = 1000, Bound::Count(1, 10_000);
+        /// How often an idle relay looks for due events written by other processes.
+        poll_interval: Duration = secs(1), Bound::Duration(HOUR);
+        /// One deadline for a relay batch's publishes and their confirms.
+        confirm_timeout: Duration = secs(10), Bound::Duration(minutes(10));
+        /// Failed publishes after which an event is parked.
+        max_attempts: i32 = 20, Bound::Count(1, 1000);
+        /// How long sent events stay in the outbox before the janitor deletes them.
+        retention: Duration = secs(7 * 24 * 3600), Bound::Duration(TEN_YEARS);
+    }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EventSettings {
-    /// Also emit `audit.entry.created` for every write.
-    pub audit: bool,
+section! {
+    /// `[events]`: what a write emits besides `entry.created`.
+    pub struct EventSettings("events") {
+        /// Also emit `audit.entry.created` for every write.
+        audit: bool = false, Bound::Any;
+    }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthSettings {
-    pub clients: Vec<ClientSettings>,
-    /// Writes of one client in flight at once, at most (past it, 429 at once); 0 is no limit.
-    /// The default for every client, the anonymous one included; a client may set its own.
-    pub max_concurrent_writes: u32,
-    /// Requests of one client per second, at most, on any `/v1/` route, with a burst of one
-    /// second's worth (past it, 429 at once); 0 is no limit. The default for every client; a
-    /// client may set its own.
-    pub max_requests_per_second: f64,
-}
-
-impl Default for AuthSettings {
-    fn default() -> Self {
-        Self {
-            clients: Vec::new(),
-            max_concurrent_writes: 128,
-            max_requests_per_second: 0.0,
-        }
+section! {
+    /// `[auth]`: the clients and their limits.
+    pub struct AuthSettings("auth") {
+        /// The clients (`[[auth.clients]]`); none: every request is the anonymous client,
+        /// allowed on a loopback address only.
+        clients: Vec<ClientSettings> = Vec::new(), Bound::Any;
+        /// Writes of one client in flight at once, at most (past it, 429 at once); 0 is no
+        /// limit. The default for every client, the anonymous one included; a client may set
+        /// its own.
+        max_concurrent_writes: u32 = 128, Bound::Count(0, 1_000_000);
+        /// Requests of one client per second, at most, on any `/v1/` route, with a burst of
+        /// one second's worth (past it, 429 at once); 0 is no limit. The default for every
+        /// client; a client may set its own.
+        max_requests_per_second: f64 = 0.0, Bound::Any;
     }
 }
 
@@ -301,12 +387,14 @@ impl fmt::Debug for ClientSettings {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogSettings {
-    pub format: LogFormat,
-    /// A tracing filter: `info`, or `retrysafe=debug,info`.
-    pub level: String,
+section! {
+    /// `[log]`: what the daemon writes to stderr.
+    pub struct LogSettings("log") {
+        /// `text` for terminals, `json` for journald and collectors.
+        format: LogFormat = LogFormat::Text, Bound::Any;
+        /// A tracing filter: `info`, or `retrysafe=debug,info`.
+        level: String = "info".into(), Bound::Any;
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,86 +404,9 @@ pub enum LogFormat {
     Json,
 }
 
-impl Default for HttpSettings {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            max_body_bytes: 64 * 1024,
-            shutdown_timeout: ConfigDuration::from_secs(30),
-            body_timeout: ConfigDuration::from_secs(30),
-            head_timeout: ConfigDuration::from_secs(5),
-            workers: 0,
-            tls_cert_file: None,
-            tls_key_file: None,
-            operations_listen: None,
-        }
-    }
-}
-
-impl Default for DatabaseSettings {
-    fn default() -> Self {
-        Self {
-            url: "postgres://postgres@127.0.0.1:5432/retrysafe".into(),
-            pool_size: 16,
-            writers: 2,
-            max_batch: 256,
-            connect_timeout: ConfigDuration::from_secs(2),
-            start_timeout: ConfigDuration::from_secs(60),
-            statement_timeout: ConfigDuration::from_secs(5),
-            max_pending_bytes: 64 * 1024 * 1024,
-        }
-    }
-}
-
-impl Default for AmqpSettings {
-    fn default() -> Self {
-        Self {
-            url: UrlList::one("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            exchange: "retrysafe.events".into(),
-            tls_ca_file: None,
-            tls_cert_file: None,
-            tls_key_file: None,
-        }
-    }
-}
-
-impl Default for IdempotencySettings {
-    fn default() -> Self {
-        Self {
-            retention: ConfigDuration::from_secs(24 * 3600),
-            wait_timeout: ConfigDuration::from_secs(10),
-            mismatch_status: 409,
-            shards: 8,
-            cache_entries: 100_000,
-        }
-    }
-}
-
-impl Default for OutboxSettings {
-    fn default() -> Self {
-        Self {
-            workers: 2,
-            batch_size: 1000,
-            poll_interval: ConfigDuration::from_secs(1),
-            confirm_timeout: ConfigDuration::from_secs(10),
-            max_attempts: 20,
-            retention: ConfigDuration::from_secs(7 * 24 * 3600),
-        }
-    }
-}
-
-impl Default for LogSettings {
-    fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            level: "info".into(),
-        }
-    }
-}
-
 impl Settings {
-    /// Loads defaults, then the file at `path` (which must exist), then the environment, and
-    /// validates the result.
+    /// Loads defaults, then the file at `path` (which must exist), then the environment; the
+    /// keys as given, not yet validated ([`validated`](Self::validated)).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         if !path.exists() {
             return Err(ConfigError::MissingFile {
@@ -417,17 +428,33 @@ impl Settings {
     }
 
     fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let settings: Settings = figment
+        figment
             .extract()
-            .map_err(|error| ConfigError::Parse(describe_figment_error(error)))?;
-        settings.validate()?;
-        Ok(settings)
+            .map_err(|error| ConfigError::Parse(describe_figment_error(error)))
     }
 
-    /// Checks what the types alone do not: ranges, and that an open listener has credentials.
-    /// A list of independent checks, one per rule; long because the rules are many.
+    /// Checks every key ([`validated`](Self::validated)), keeping nothing of what it parsed.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_ranges()?;
+        self.validated().map(drop)
+    }
+
+    /// Checks what the types alone do not (bounds, keys that go together, an open listener's
+    /// credentials) and parses the two URLs, once: the [`Config`] the daemon runs with.
+    pub fn validated(&self) -> Result<Config, ConfigError> {
+        self.check_bounds()?;
+        // At least one write of the largest body must fit among the pending ones.
+        let smallest_pending = self.http.max_body_bytes as u64 + 1024;
+        if (self.database.max_pending_bytes as u64) < smallest_pending {
+            return Err(invalid(
+                "database.max_pending_bytes",
+                format!(
+                    "must be at least http.max_body_bytes + 1024 ({smallest_pending}), so that a write of the largest body fits"
+                ),
+            ));
+        }
+        if !matches!(self.idempotency.mismatch_status, 409 | 422) {
+            return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
+        }
         both_or_neither(
             ("http.tls_cert_file", &self.http.tls_cert_file),
             ("http.tls_key_file", &self.http.tls_key_file),
@@ -440,48 +467,6 @@ impl Settings {
                 ));
             }
         }
-        // The TLS parameters (libpq's) are checked here and taken out: tokio-postgres knows
-        // only a few of them. Their files are read by check-config and at start.
-        let database = crate::db::tls::split(&self.database.url)
-            .map_err(|error| invalid("database.url", error))?;
-        let database = tokio_postgres::Config::from_str(&database.rest).map_err(|error| {
-            invalid(
-                "database.url",
-                format!("not a valid PostgreSQL URL: {error}"),
-            )
-        })?;
-        let hosts = database.get_hosts().len();
-        if hosts > 1
-            && database.get_target_session_attrs()
-                != tokio_postgres::config::TargetSessionAttrs::ReadWrite
-        {
-            return Err(invalid(
-                "database.url",
-                format!(
-                    "lists {hosts} hosts but not target_session_attrs=read-write: without it a connection may land on a standby, where every write fails; add ?target_session_attrs=read-write (an HA formation), or list one host"
-                ),
-            ));
-        }
-        if self.amqp.url.0.is_empty() || self.amqp.url.iter().any(str::is_empty) {
-            return Err(invalid(
-                "amqp.url",
-                "must list at least one URL, and no empty one",
-            ));
-        }
-        for url in self.amqp.url.iter() {
-            if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
-                return Err(invalid(
-                    "amqp.url",
-                    format!("{}: must start with amqp:// or amqps://", redact_url(url)),
-                ));
-            }
-            url.parse::<lapin::uri::AMQPUri>().map_err(|error| {
-                invalid(
-                    "amqp.url",
-                    format!("{}: not a valid AMQP URL: {error}", redact_url(url)),
-                )
-            })?;
-        }
         both_or_neither(
             ("amqp.tls_cert_file", &self.amqp.tls_cert_file),
             ("amqp.tls_key_file", &self.amqp.tls_key_file),
@@ -489,123 +474,10 @@ impl Settings {
         if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
             return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
         }
-        if !matches!(self.idempotency.mismatch_status, 409 | 422) {
-            return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
-        }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| invalid("log.level", error.to_string()))?;
-        self.validate_clients()
-    }
-
-    /// Every count and duration within its range: a value past what the daemon or the systems
-    /// it talks to can take would otherwise fail only at start (a 30-day statement timeout
-    /// overflows the TCP user timeout) or later, far from the key that caused it.
-    /// A table, one line per key; long because the keys are many.
-    fn validate_ranges(&self) -> Result<(), ConfigError> {
-        const MINUTE: u64 = 60;
-        const HOUR: u64 = 60 * MINUTE;
-        const TEN_YEARS: u64 = 3650 * 24 * HOUR;
-        let durations = [
-            ("http.shutdown_timeout", self.http.shutdown_timeout, HOUR),
-            ("http.body_timeout", self.http.body_timeout, HOUR),
-            ("http.head_timeout", self.http.head_timeout, HOUR),
-            (
-                "database.connect_timeout",
-                self.database.connect_timeout,
-                5 * MINUTE,
-            ),
-            ("database.start_timeout", self.database.start_timeout, HOUR),
-            (
-                "database.statement_timeout",
-                self.database.statement_timeout,
-                HOUR,
-            ),
-            (
-                "idempotency.retention",
-                self.idempotency.retention,
-                TEN_YEARS,
-            ),
-            (
-                "idempotency.wait_timeout",
-                self.idempotency.wait_timeout,
-                10 * MINUTE,
-            ),
-            ("outbox.poll_interval", self.outbox.poll_interval, HOUR),
-            (
-                "outbox.confirm_timeout",
-                self.outbox.confirm_timeout,
-                10 * MINUTE,
-            ),
-            ("outbox.retention", self.outbox.retention, TEN_YEARS),
-        ];
-        for (key, value, max_seconds) in durations {
-            if value.0.is_zero() {
-                return Err(invalid(key, "must be longer than zero"));
-            }
-            let max = Duration::from_secs(max_seconds);
-            if value.0 > max {
-                return Err(invalid(
-                    key,
-                    format!("must be at most {}", humantime::format_duration(max)),
-                ));
-            }
-        }
-        let max_body = self.http.max_body_bytes as u64;
-        let counts = [
-            ("http.max_body_bytes", max_body, 64, 64 << 20),
-            (
-                "database.pool_size",
-                u64::from(self.database.pool_size),
-                2,
-                1000,
-            ),
-            ("database.writers", self.database.writers as u64, 1, 64),
-            (
-                "database.max_batch",
-                self.database.max_batch as u64,
-                1,
-                10_000,
-            ),
-            // At least one write of the largest body must fit.
-            (
-                "database.max_pending_bytes",
-                self.database.max_pending_bytes as u64,
-                max_body + 1024,
-                16 << 30,
-            ),
-            (
-                "idempotency.shards",
-                self.idempotency.shards as u64,
-                1,
-                1024,
-            ),
-            (
-                "idempotency.cache_entries",
-                self.idempotency.cache_entries as u64,
-                0,
-                100_000_000,
-            ),
-            ("http.workers", self.http.workers as u64, 0, 256),
-            ("outbox.workers", self.outbox.workers as u64, 1, 64),
-            (
-                "outbox.batch_size",
-                self.outbox.batch_size as u64,
-                1,
-                10_000,
-            ),
-            (
-                "outbox.max_attempts",
-                u64::try_from(self.outbox.max_attempts).unwrap_or(0),
-                1,
-                1000,
-            ),
-        ];
-        for (key, value, min, max) in counts {
-            if value < min || value > max {
-                return Err(invalid(key, format!("must be between {min} and {max}")));
-            }
-        }
-        Ok(())
+        self.validate_clients()?;
+        Config::from_settings(self)
     }
 
     fn validate_clients(&self) -> Result<(), ConfigError> {
@@ -766,44 +638,14 @@ fn describe_figment_error(error: figment::Error) -> String {
         .join("; ")
 }
 
-/// A duration written as a string such as `"30s"`, `"250ms"` or `"24h"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConfigDuration(pub Duration);
-
-impl ConfigDuration {
-    pub const fn from_secs(secs: u64) -> Self {
-        Self(Duration::from_secs(secs))
-    }
-}
-
-impl From<ConfigDuration> for Duration {
-    fn from(value: ConfigDuration) -> Self {
-        value.0
-    }
-}
-
-impl Serialize for ConfigDuration {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&humantime::format_duration(self.0).to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for ConfigDuration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text)
-            .map(ConfigDuration)
-            .map_err(|error| {
-                serde::de::Error::custom(format!(
-                    "{text:?} is not a duration such as \"30s\" or \"24h\": {error}"
-                ))
-            })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `load` reads, validated.
+    fn checked(figment: Figment) -> Result<Config, ConfigError> {
+        Settings::from_figment(figment)?.validated()
+    }
 
     #[test]
     fn only_well_formed_variables_are_keys() {
@@ -828,7 +670,7 @@ mod tests {
     #[test]
     fn durations_and_counts_have_upper_bounds() {
         let mut settings = Settings::default();
-        settings.database.statement_timeout = ConfigDuration::from_secs(30 * 24 * 3600);
+        settings.database.statement_timeout = std::time::Duration::from_secs(30 * 24 * 3600);
         let error = settings.validate().unwrap_err().to_string();
         assert!(error.contains("database.statement_timeout"), "{error}");
         let mut settings = Settings::default();
@@ -839,6 +681,85 @@ mod tests {
         settings.database.max_pending_bytes = 1000;
         let error = settings.validate().unwrap_err().to_string();
         assert!(error.contains("database.max_pending_bytes"), "{error}");
+    }
+
+    /// docs/operations.md's tables of keys are the declarations': the same keys, section by
+    /// section, and each documented default, read as the configuration file would give it,
+    /// is the declared default.
+    #[test]
+    fn the_operations_guide_documents_every_key_with_its_default() {
+        let guide = include_str!("../docs/operations.md");
+        let declared: std::collections::BTreeSet<&str> =
+            Settings::keys().map(|key| key.name).collect();
+        let mut documented = std::collections::BTreeSet::new();
+        let mut section = None;
+        for line in guide.lines() {
+            if let Some(name) = line
+                .strip_prefix("### `[")
+                .and_then(|rest| rest.strip_suffix("]`"))
+            {
+                section = Some(name.to_owned());
+                continue;
+            }
+            if line.starts_with("## ") {
+                section = None;
+            }
+            let (Some(section), Some(row)) = (&section, line.strip_prefix("| `")) else {
+                continue;
+            };
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let key = cells[0].trim_end_matches('`');
+            let name = format!("{section}.{key}");
+            let default = cells[2].trim();
+            let read = match default {
+                "none" | "empty" => None,
+                _ => {
+                    let value = default
+                        .split('`')
+                        .nth(1)
+                        .unwrap_or_else(|| panic!("{name}: no default in `{default}`"));
+                    Some(format!("[{section}]\n{key} = {value}\n"))
+                }
+            };
+            let declared_default =
+                serde_json::to_value(Settings::default()).unwrap()[section][key].clone();
+            let documented_default = match read {
+                None => serde_json::Value::Null,
+                Some(toml) => {
+                    let settings: Settings =
+                        Figment::from(Serialized::defaults(Settings::default()))
+                            .merge(Toml::string(&toml))
+                            .extract()
+                            .unwrap_or_else(|error| panic!("{name}: `{default}`: {error}"));
+                    serde_json::to_value(settings).unwrap()[section][key].clone()
+                }
+            };
+            let empty = serde_json::Value::Array(Vec::new());
+            let documented_default = if default == "empty" {
+                empty
+            } else {
+                documented_default
+            };
+            assert_eq!(
+                documented_default, declared_default,
+                "{name}: documented default `{default}`"
+            );
+            documented.insert(name);
+        }
+        let declared: std::collections::BTreeSet<String> =
+            declared.into_iter().map(str::to_owned).collect();
+        assert_eq!(
+            documented, declared,
+            "the keys documented are the keys declared"
+        );
+    }
+
+    #[test]
+    fn every_key_has_a_doc_line_and_a_bound_fit_for_its_type() {
+        for key in Settings::keys() {
+            assert!(!key.doc.trim().is_empty(), "{}", key.name);
+        }
+        Settings::default().check_bounds().unwrap();
     }
 
     #[test]
@@ -870,16 +791,16 @@ mod tests {
         let one = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
             "[amqp]\nurl = \"amqp://a/%2f, amqp://b/%2f\"\n",
         ));
-        let settings = Settings::from_figment(one).unwrap();
+        let settings = checked(one).unwrap();
         assert_eq!(settings.amqp.url.0, ["amqp://a/%2f", "amqp://b/%2f"]);
         let many = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
             "[amqp]\nurl = [\"amqp://a/%2f\", \"amqp://b/%2f\", \"amqp://c/%2f\"]\n",
         ));
-        assert_eq!(Settings::from_figment(many).unwrap().amqp.url.0.len(), 3);
+        assert_eq!(checked(many).unwrap().amqp.url.0.len(), 3);
         let bad = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
             "[amqp]\nurl = [\"amqp://a/%2f\", \"http://b\"]\n",
         ));
-        let error = Settings::from_figment(bad).unwrap_err().to_string();
+        let error = checked(bad).unwrap_err().to_string();
         assert!(
             error.contains("amqp.url") && error.contains("http://b"),
             "{error}"
@@ -890,7 +811,7 @@ mod tests {
     fn database_tls_parameters_are_checked_by_name() {
         let mut settings = Settings::default();
         for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
-            settings.database.url = format!("postgres://app:pw@db/x?sslmode={mode}");
+            settings.database.url = format!("postgres://app:pw@db/x?sslmode={mode}").into();
             settings.validate().unwrap();
         }
         settings.database.url = "postgres://app:hunter2@db/x?sslmode=verify-everything".into();
@@ -907,7 +828,7 @@ mod tests {
         let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
             "[amqp]\nurl = [\"amqps://a/%2f\", \"amqp://b/%2f\"]\ntls_ca_file = \"/ca.pem\"\n",
         ));
-        let settings = Settings::from_figment(figment).unwrap();
+        let settings = checked(figment).unwrap();
         assert!(settings.amqp.uses_tls());
         for (section, given, missing) in [
             ("http", "tls_cert_file", "tls_key_file"),
@@ -917,7 +838,7 @@ mod tests {
             let figment = Figment::from(Serialized::defaults(Settings::default())).merge(
                 Toml::string(&format!("[{section}]\n{given} = \"/x.pem\"\n")),
             );
-            let error = Settings::from_figment(figment).unwrap_err().to_string();
+            let error = checked(figment).unwrap_err().to_string();
             assert!(error.contains(&format!("{section}.{missing}")), "{error}");
         }
     }
@@ -927,12 +848,12 @@ mod tests {
         let figment = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
             "[http]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n",
         ));
-        let error = Settings::from_figment(figment).unwrap_err().to_string();
+        let error = checked(figment).unwrap_err().to_string();
         assert!(error.contains("bogus"), "{error}");
 
         let figment = Figment::from(Serialized::defaults(Settings::default()))
             .merge(Toml::string("[outbox]\npoll_interval = \"soon\"\n"));
-        let error = Settings::from_figment(figment).unwrap_err().to_string();
+        let error = checked(figment).unwrap_err().to_string();
         assert!(error.contains("outbox.poll_interval"), "{error}");
     }
 }

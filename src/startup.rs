@@ -10,7 +10,7 @@ use actix::Addr;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::web;
 
-use crate::config::Settings;
+use crate::config::Config;
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
 use crate::http::observe::{self, OutboxGauges};
@@ -44,7 +44,7 @@ pub struct Application {
     ports: Ports,
     server: Server,
     certificate: Option<Arc<ServerCertificate>>,
-    settings: Settings,
+    config: Config,
     broker: Arc<Broker>,
     writers: Vec<Addr<Writer>>,
     relays: Vec<Addr<OutboxRelay>>,
@@ -63,69 +63,66 @@ struct WritePath {
 impl Application {
     /// Migrates the database, starts the actors and binds `http.listen` (port 0 picks a free one).
     /// Must run inside an actix system.
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        Self::build_with(settings, Options::default()).await
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        Self::build_with(config, Options::default()).await
     }
 
     /// [`build`](Self::build), with parts left out as `options` say.
-    pub async fn build_with(settings: Settings, options: Options) -> anyhow::Result<Self> {
+    pub async fn build_with(config: Config, options: Options) -> anyhow::Result<Self> {
         crate::telemetry::metrics_handle();
         crate::telemetry::spawn_metrics_upkeep();
         // Read before anything else: a certificate that cannot be used stops the start at once.
-        let certificate = match settings.http.tls_files() {
+        let certificate = match config.http.tls_files() {
             Some((certificate_file, key_file)) => Some(
                 ServerCertificate::load(certificate_file, key_file)
                     .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?,
             ),
             None => None,
         };
-        db::migrate(&settings.database)
+        db::migrate(&config.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
-        let (db, reads) = Database::split(&settings.database)?;
+        let (db, reads) = Database::split(&config.database)?;
         let clock = read_database_clock(&db).await;
-        let broker = Arc::new(Broker::new(
-            &settings.amqp,
-            settings.outbox.confirm_timeout.0,
-        )?);
+        let broker = Arc::new(Broker::new(&config.amqp)?);
 
         let relay_arbiter = actix::Arbiter::new();
         let relays = if options.relays {
-            start_relays(&settings, &db, &broker, &relay_arbiter)
+            start_relays(&config, &db, &broker, &relay_arbiter)
         } else {
             Vec::new()
         };
         let write_health = WriteHealth::default();
         let write_path = start_write_path(
-            &settings,
+            &config,
             &db,
             (clock, write_health.clone()),
             OutboxWaker::new(relays.clone()),
         );
-        let janitor = Janitor::start(db.clone(), settings.outbox.retention.0);
+        let janitor = Janitor::start(db.clone(), config.outbox.retention);
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let readiness = Arc::new(ReadinessMonitor::new(
             reads.clone(),
-            settings.database.connect_timeout.0 + Duration::from_secs(1),
+            config.database.connect_timeout + Duration::from_secs(1),
             write_health,
         ));
         let gauges = OutboxGauges::start(reads.clone(), readiness.clone());
 
         let state = AppState::new(
-            &settings,
+            &config,
             db,
             reads,
             write_path.shards,
             broker.clone(),
             readiness,
         );
-        let (server, ports) = start_http(&settings, state, certificate.as_ref())?;
+        let (server, ports) = start_http(&config, state, certificate.as_ref())?;
         Ok(Self {
             ports,
             server,
             certificate,
-            settings,
+            config,
             broker,
             writers: write_path.writers,
             relays,
@@ -170,7 +167,7 @@ impl Application {
     /// batch and stop; the janitor and the gauges stop; the broker connection is closed.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
-        let limit = self.settings.http.shutdown_timeout.0;
+        let limit = self.config.http.shutdown_timeout;
         tracing::info!("http server stopped; committing queued writes");
         let drained = stop_all(&self.writers, writer::Drain, limit).await;
         if !drained {
@@ -205,20 +202,20 @@ where
 }
 
 fn start_relays(
-    settings: &Settings,
+    config: &Config,
     db: &Database,
     broker: &Arc<Broker>,
     arbiter: &actix::Arbiter,
 ) -> Vec<Addr<OutboxRelay>> {
-    let config = RelayConfig::from_settings(settings);
-    (0..settings.outbox.workers)
+    let relay_config = RelayConfig::from_config(config);
+    (0..config.outbox.workers)
         .map(|index| {
             OutboxRelay::start(
                 &arbiter.handle(),
                 index,
                 db.clone(),
                 broker.clone(),
-                config.clone(),
+                relay_config.clone(),
             )
         })
         .collect()
@@ -238,32 +235,32 @@ async fn read_database_clock(db: &Database) -> DatabaseClock {
 }
 
 fn start_write_path(
-    settings: &Settings,
+    config: &Config,
     db: &Database,
     (clock, health): (DatabaseClock, WriteHealth),
     waker: OutboxWaker,
 ) -> WritePath {
     let on_commit: CommitHook = Arc::new(move || waker.wake());
-    let config = WriterConfig {
-        max_batch: settings.database.max_batch,
-        retention: settings.idempotency.retention.0,
-        audit: settings.events.audit,
+    let writer_config = WriterConfig {
+        max_batch: config.database.max_batch,
+        retention: config.idempotency.retention,
+        audit: config.events.audit,
         clock,
         health,
     };
-    let writers: Vec<Addr<Writer>> = (0..settings.database.writers)
-        .map(|_| Writer::start(db.clone(), config.clone(), on_commit.clone()))
+    let writers: Vec<Addr<Writer>> = (0..config.database.writers)
+        .map(|_| Writer::start(db.clone(), writer_config.clone(), on_commit.clone()))
         .collect();
-    let pending = PendingBytes::new(settings.database.max_pending_bytes);
-    let shards = settings.idempotency.shards;
+    let pending = PendingBytes::new(config.database.max_pending_bytes);
+    let shards = config.idempotency.shards;
     let shards = (0..shards)
         .map(|_| {
             KeyShard::start(
                 writers.clone(),
-                settings.idempotency.cache_entries.div_ceil(shards),
+                config.idempotency.cache_entries.div_ceil(shards),
                 CACHE_BYTES / shards,
                 pending.clone(),
-                settings.idempotency.wait_timeout.0,
+                config.idempotency.wait_timeout,
             )
         })
         .collect();
@@ -273,7 +270,7 @@ fn start_write_path(
 /// Binds `http.listen` (HTTPS with `certificate`) and `http.operations_listen` if set, and
 /// starts serving; returns the server and the ports they got.
 fn start_http(
-    settings: &Settings,
+    config: &Config,
     state: AppState,
     certificate: Option<&Arc<ServerCertificate>>,
 ) -> anyhow::Result<(Server, Ports)> {
@@ -283,11 +280,11 @@ fn start_http(
         TcpListener::bind(address)
             .map_err(|error| anyhow::anyhow!("cannot listen on {address}: {error}"))
     };
-    let socket = bind(settings.http.listen)?;
+    let socket = bind(config.http.listen)?;
     let port = socket.local_addr()?.port();
     let mut listeners = vec![Listener {
         socket,
-        serves: match settings.http.operations_listen {
+        serves: match config.http.operations_listen {
             Some(_) => Serves::Api,
             None => Serves::Everything,
         },
@@ -296,7 +293,7 @@ fn start_http(
             .transpose()?,
     }];
     let mut operations_port = None;
-    if let Some(address) = settings.http.operations_listen {
+    if let Some(address) = config.http.operations_listen {
         let socket = bind(address)?;
         operations_port = Some(socket.local_addr()?.port());
         listeners.push(Listener {
@@ -305,10 +302,10 @@ fn start_http(
             tls: None,
         });
     }
-    let server = http::server::serve(listeners, state, &settings.http)?;
+    let server = http::server::serve(listeners, state, &config.http)?;
     if anonymous {
         tracing::warn!(
-            address = %settings.http.listen,
+            address = %config.http.listen,
             "the api is unauthenticated: no [[auth.clients]] are configured, so every process on this machine may write as the client anonymous (requests must name a loopback host: localhost, 127.0.0.1 or [::1]); add clients with retrysafe token new unless the machine has one user"
         );
     }
@@ -317,8 +314,8 @@ fn start_http(
     } else {
         "http"
     };
-    tracing::info!(address = %settings.http.listen.ip(), port, scheme, "listening");
-    if let (Some(address), Some(port)) = (settings.http.operations_listen, operations_port) {
+    tracing::info!(address = %config.http.listen.ip(), port, scheme, "listening");
+    if let (Some(address), Some(port)) = (config.http.operations_listen, operations_port) {
         tracing::info!(
             address = %address.ip(),
             port,
@@ -326,9 +323,9 @@ fn start_http(
             "listening for /healthz, /readyz, /metrics and /openapi.json"
         );
     }
-    if tokens_travel_in_clear(settings) {
+    if tokens_travel_in_clear(config) {
         tracing::warn!(
-            address = %settings.http.listen,
+            address = %config.http.listen,
             "bearer tokens travel in clear: http.listen is not a loopback address and the listener is plain http; set http.tls_cert_file and http.tls_key_file, or put a tls-terminating proxy in front"
         );
     }
@@ -353,10 +350,10 @@ struct Ports {
 /// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,
 /// the address is not loopback, and the listener is plain HTTP. (A TLS-terminating proxy in
 /// front may make this fine; the daemon cannot tell, so it only warns.)
-fn tokens_travel_in_clear(settings: &Settings) -> bool {
-    settings.http.tls_files().is_none()
-        && !settings.auth.clients.is_empty()
-        && !settings.http.listen.ip().is_loopback()
+fn tokens_travel_in_clear(config: &Config) -> bool {
+    config.http.tls_files().is_none()
+        && !config.auth.clients.is_empty()
+        && !config.http.listen.ip().is_loopback()
 }
 
 async fn wait_for_termination() {
@@ -413,18 +410,18 @@ mod tests {
 
     #[test]
     fn tokens_travel_in_clear_only_to_a_plain_listener_off_loopback_with_clients() {
-        let mut settings = Settings::default();
-        settings.auth.clients = vec![ClientSettings {
+        let mut config = crate::config::Settings::default().validated().unwrap();
+        config.auth.clients = vec![ClientSettings {
             id: "jobs".into(),
             token_sha256: "0".repeat(64),
             max_concurrent_writes: None,
             max_requests_per_second: None,
         }];
-        assert!(!tokens_travel_in_clear(&settings), "loopback");
-        settings.http.listen = "10.1.2.3:8080".parse().unwrap();
-        assert!(tokens_travel_in_clear(&settings));
-        settings.http.tls_cert_file = Some("/etc/retrysafe/cert.pem".into());
-        settings.http.tls_key_file = Some("/etc/retrysafe/key.pem".into());
-        assert!(!tokens_travel_in_clear(&settings), "https");
+        assert!(!tokens_travel_in_clear(&config), "loopback");
+        config.http.listen = "10.1.2.3:8080".parse().unwrap();
+        assert!(tokens_travel_in_clear(&config));
+        config.http.tls_cert_file = Some("/etc/retrysafe/cert.pem".into());
+        config.http.tls_key_file = Some("/etc/retrysafe/key.pem".into());
+        assert!(!tokens_travel_in_clear(&config), "https");
     }
 }

@@ -15,7 +15,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::config::{is_valid_client_id, Settings};
+use crate::config::{is_valid_client_id, Config};
 use crate::db::Database;
 use crate::entry::format_time;
 use crate::events::{AUDIT_ENTRY_CREATED, ENTRY_CREATED};
@@ -130,10 +130,10 @@ impl ReplayArgs {
         }
     }
 
-    fn target(&self, settings: &Settings) -> Target {
+    fn target(&self, config: &Config) -> Target {
         match &self.to_queue {
             Some(queue) => Target::Queue(queue.clone()),
-            None => Target::Exchange(settings.amqp.exchange.clone()),
+            None => Target::Exchange(config.amqp.exchange.clone()),
         }
     }
 }
@@ -143,9 +143,9 @@ impl ReplayArgs {
 /// A command's script, step by step (plan, dry run, checks, start, send, summary); each step is
 /// a call, and the length is their sequence.
 pub async fn run(
-    settings: &Settings,
+    config: &Config,
     db: &Database,
-    config: Option<&Path>,
+    config_path: Option<&Path>,
     args: &ReplayArgs,
 ) -> anyhow::Result<ExitCode> {
     // Relative times (`--since 24h`) count back from the database's clock, as everything else
@@ -153,12 +153,12 @@ pub async fn run(
     let now = db
         .run(async |connection| crate::outbox::store::database_now(&**connection).await)
         .await?;
-    let planned = replay::plan(db, args.selection(), args.target(settings), now).await;
+    let planned = replay::plan(db, args.selection(), args.target(config), now).await;
     let plan = match planned {
         Ok(plan) => plan,
         Err(ReplayError::UnknownEvent(event_id)) => {
             let extent = replay::outbox_extent(db).await?;
-            let gone = horizon(&extent, None, settings.outbox.retention.0, now);
+            let gone = horizon(&extent, None, config.outbox.retention, now);
             anyhow::bail!("no event with id {event_id} in the outbox; {}", gone.holds);
         }
         Err(error) => return Err(error.into()),
@@ -166,10 +166,10 @@ pub async fn run(
     let gone = horizon(
         &plan.extent,
         plan.set.created_since,
-        settings.outbox.retention.0,
+        config.outbox.retention,
         now,
     );
-    let broker = Broker::new(&settings.amqp, settings.outbox.confirm_timeout.0)?;
+    let broker = Broker::new(&config.amqp)?;
     if args.dry_run {
         print_dry_run(&plan, &broker, &gone).await;
         broker.close().await;
@@ -190,7 +190,7 @@ pub async fn run(
             broker.close().await;
             anyhow::bail!(
                 "no queue named {queue:?} on the broker; declare it first (and bind it to {:?} for the events written from now on), then replay into it",
-                settings.amqp.exchange
+                config.amqp.exchange
             );
         }
     }
@@ -208,7 +208,7 @@ pub async fn run(
     let report = replay::send(
         db,
         &channel,
-        settings.outbox.confirm_timeout.0,
+        config.outbox.confirm_timeout,
         &plan,
         replay,
         pace,
@@ -219,7 +219,7 @@ pub async fn run(
     progress.finish();
     broker.close().await;
     let report = report?;
-    let resume = resume_command(config, &plan);
+    let resume = resume_command(config_path, &plan);
     Ok(print_summary(
         &report,
         &resume,

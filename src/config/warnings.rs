@@ -36,7 +36,7 @@ impl fmt::Display for ConfigWarning {
 /// Every warning for `settings`, loaded from the file at `file`.
 pub fn warnings(settings: &Settings, file: &Path) -> Vec<ConfigWarning> {
     let mut warnings = Vec::new();
-    warnings.extend(unauthenticated_database(&settings.database.url));
+    warnings.extend(unauthenticated_database(settings.database.url.as_str()));
     if let Some(address) = settings.http.operations_listen {
         if !address.ip().is_loopback() {
             warnings.push(ConfigWarning {

@@ -14,13 +14,12 @@ pub mod tls;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_postgres::{Client, Statement};
 
-use crate::config::DatabaseSettings;
+use crate::config::DatabaseConfig;
 pub use blocked::{Blocker, WriteHealth};
 pub use clock::DatabaseClock;
 use connect::{ConnectError, Connection, Connector};
@@ -164,7 +163,7 @@ pub struct Database {
 
 impl Database {
     /// A pool of `database.pool_size` connections, for a command that runs alone.
-    pub fn new(settings: &DatabaseSettings) -> Result<Self, StorageError> {
+    pub fn new(settings: &DatabaseConfig) -> Result<Self, StorageError> {
         Self::build(settings, settings.pool_size, None)
     }
 
@@ -172,7 +171,7 @@ impl Database {
     /// janitor, and a quarter of it (at least one connection) for reads, readiness checks and
     /// the gauges, so that no flood of reads or probes can take the connections writes need.
     /// The reads' connections are named `<application_name> (reads)` in `pg_stat_activity`.
-    pub fn split(settings: &DatabaseSettings) -> Result<(Self, Self), StorageError> {
+    pub fn split(settings: &DatabaseConfig) -> Result<(Self, Self), StorageError> {
         let reads = (settings.pool_size / 4).max(1);
         let writes = settings.pool_size - reads;
         Ok((
@@ -184,11 +183,11 @@ impl Database {
     /// Builds the pool without connecting: connections are opened on demand, so a database that
     /// is down at this moment makes requests fail with 503 until it is back, not the daemon exit.
     fn build(
-        settings: &DatabaseSettings,
+        settings: &DatabaseConfig,
         size: u32,
         name_suffix: Option<&str>,
     ) -> Result<Self, StorageError> {
-        let (mut config, tls) = pg_config(settings)?;
+        let (mut config, tls) = pg_config(settings);
         if let Some(suffix) = name_suffix {
             let name = format!(
                 "{}{suffix}",
@@ -201,7 +200,7 @@ impl Database {
         let pool = bb8::Pool::builder()
             .max_size(size)
             .min_idle(Some(1))
-            .connection_timeout(settings.connect_timeout.0)
+            .connection_timeout(settings.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(600)))
             .test_on_check_out(false)
             .error_sink(Box::new(last_connect_error.clone()))
@@ -210,7 +209,7 @@ impl Database {
             pool,
             max_size: size,
             operation_timeout: operation_timeout(settings),
-            connect_timeout: settings.connect_timeout.0,
+            connect_timeout: settings.connect_timeout,
             last_connect_error,
         })
     }
@@ -292,8 +291,8 @@ impl Database {
 }
 
 /// The client-side deadline of one operation: `database.statement_timeout` plus a margin.
-pub fn operation_timeout(settings: &DatabaseSettings) -> Duration {
-    settings.statement_timeout.0 + DEADLINE_MARGIN
+pub fn operation_timeout(settings: &DatabaseConfig) -> Duration {
+    settings.statement_timeout + DEADLINE_MARGIN
 }
 
 mod embedded {
@@ -303,43 +302,39 @@ mod embedded {
 /// Serializes migrations across daemons that start together on one database.
 const MIGRATION_LOCK_ID: i64 = 0x7265_7472_7973_6166; // "retrysaf"
 
-/// Parses `database.url` and applies what every connection needs: a connect timeout, an
-/// application name, and TCP keepalives so that dead peers behind a cut network are noticed.
-/// The URL's TLS parameters (libpq's) are taken out first: tokio-postgres knows only a few.
-fn base_pg_config(
-    settings: &DatabaseSettings,
-) -> Result<(tokio_postgres::Config, tls::PgTls), StorageError> {
-    let split = tls::split(&settings.url)
-        .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
-    let mut config = tokio_postgres::Config::from_str(&split.rest)
-        .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
-    config.ssl_mode(split.tls.tokio_ssl_mode());
-    config.connect_timeout(settings.connect_timeout.0);
+/// `database.url` as parsed by the validation, with what every connection needs: a connect
+/// timeout, an application name, and TCP keepalives so that dead peers behind a cut network
+/// are noticed; and the URL's TLS parameters (libpq's), which tokio-postgres knows only a few
+/// of.
+fn base_pg_config(settings: &DatabaseConfig) -> (tokio_postgres::Config, tls::PgTls) {
+    let mut config = settings.connection.clone();
+    config.ssl_mode(settings.tls.tokio_ssl_mode());
+    config.connect_timeout(settings.connect_timeout);
     if config.get_application_name().is_none() {
         config.application_name("retrysafe");
     }
     config.keepalives_idle(Duration::from_secs(30));
-    config.tcp_user_timeout(settings.statement_timeout.0 + settings.connect_timeout.0);
-    Ok((config, split.tls))
+    config.tcp_user_timeout(settings.statement_timeout + settings.connect_timeout);
+    (config, settings.tls.clone())
 }
 
 /// A connector for `config` with the TLS that `database.url` asks for. Fails when a TLS file
 /// cannot be used, naming the parameter and the file.
 fn connector(
-    settings: &DatabaseSettings,
+    settings: &DatabaseConfig,
     (config, tls): (tokio_postgres::Config, tls::PgTls),
 ) -> Result<Connector, StorageError> {
     let tls = tls
         .connector()
         .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
-    Ok(Connector::new(&config, tls, settings.connect_timeout.0))
+    Ok(Connector::new(&config, tls, settings.connect_timeout))
 }
 
 /// One connection to the database of `database.url`, as the daemon makes them (each host in
 /// turn, TLS as the URL says), without the pool's statement bounds: for programs beside the
 /// daemon, such as consumers using [`crate::inbox`].
-pub async fn connect(settings: &DatabaseSettings) -> Result<Connection, StorageError> {
-    Ok(connector(settings, base_pg_config(settings)?)?
+pub async fn connect(settings: &DatabaseConfig) -> Result<Connection, StorageError> {
+    Ok(connector(settings, base_pg_config(settings))?
         .connect()
         .await?)
 }
@@ -349,13 +344,11 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<Connection, StorageE
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The pool's connections: the base settings, and server-side bounds on every statement.
-fn pg_config(
-    settings: &DatabaseSettings,
-) -> Result<(tokio_postgres::Config, tls::PgTls), StorageError> {
-    let (mut config, tls) = base_pg_config(settings)?;
+fn pg_config(settings: &DatabaseConfig) -> (tokio_postgres::Config, tls::PgTls) {
+    let (mut config, tls) = base_pg_config(settings);
     // A statement that waits past this (for a lock held by a stuck session, say) is cancelled,
     // so that a request fails with 503 instead of hanging.
-    let timeout_ms = settings.statement_timeout.0.as_millis();
+    let timeout_ms = settings.statement_timeout.as_millis();
     let idle_ms = IDLE_IN_TRANSACTION_TIMEOUT.as_millis();
     let options = format!(
         "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c idle_in_transaction_session_timeout={idle_ms}"
@@ -365,7 +358,7 @@ fn pg_config(
         None => options,
     };
     config.options(&options);
-    Ok((config, tls))
+    (config, tls)
 }
 
 /// Creates the database named in the URL, connecting to the `postgres` maintenance database as
@@ -393,9 +386,9 @@ async fn create_database(connector: &Connector) -> Result<(), StorageError> {
 /// client-side deadline: building an index on a large table, or waiting for another daemon's
 /// migration, may take longer (systemd's start timeout bounds a start that hangs here).
 /// Connecting is bounded as everywhere: each host within `database.connect_timeout`.
-pub async fn migrate(settings: &DatabaseSettings) -> Result<usize, StorageError> {
-    let connector = connector(settings, base_pg_config(settings)?)?;
-    let deadline = tokio::time::Instant::now() + settings.start_timeout.0;
+pub async fn migrate(settings: &DatabaseConfig) -> Result<usize, StorageError> {
+    let connector = connector(settings, base_pg_config(settings))?;
+    let deadline = tokio::time::Instant::now() + settings.start_timeout;
     let mut connection = match connect_at_start(&connector, deadline).await {
         Ok(connection) => connection,
         Err(error) if error.is_invalid_catalog_name() => {

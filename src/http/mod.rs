@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use crate::config::Settings;
 use crate::db::Database;
 use crate::outbox::Broker;
 use crate::write::{shard_index, ScopedKey, ShardHandle};
@@ -54,7 +53,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(
-        settings: &Settings,
+        settings: &crate::config::Config,
         writes: Database,
         db: Database,
         shards: Vec<ShardHandle>,
@@ -68,15 +67,15 @@ impl AppState {
             broker,
             auth: Authenticator::new(&settings.auth),
             max_body_bytes: settings.http.max_body_bytes,
-            body_timeout: settings.http.body_timeout.0,
-            wait_timeout: settings.idempotency.wait_timeout.0,
+            body_timeout: settings.http.body_timeout,
+            wait_timeout: settings.idempotency.wait_timeout,
             mismatch_status: actix_web::http::StatusCode::from_u16(
                 settings.idempotency.mismatch_status,
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
             listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
-            read_wait: settings.database.connect_timeout.0,
+            read_wait: settings.database.connect_timeout,
             // As many at once as there are cores to run them, and never fewer than two.
             decoders: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism()

@@ -67,14 +67,14 @@ pub fn serve(
     settings: &HttpSettings,
 ) -> std::io::Result<Server> {
     let mut builder = Server::build()
-        .shutdown_timeout(settings.shutdown_timeout.0.as_secs())
+        .shutdown_timeout(settings.shutdown_timeout.as_secs())
         // Signals are handled by `run_until_signal` (serve); embedded, the owner stops the
         // server.
         .disable_signals();
     if settings.workers > 0 {
         builder = builder.workers(settings.workers);
     }
-    let head_timeout = settings.head_timeout.0;
+    let head_timeout = settings.head_timeout;
     for listener in listeners {
         let local = listener.socket.local_addr()?;
         let policy = HostPolicy::for_listener(state.auth.is_anonymous(), local.ip());

@@ -30,13 +30,9 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Channel, Connection, ConnectionProperties, Event, ExchangeKind};
 use rustls::ClientConfig;
 
-use crate::config::{redact_url, AmqpSettings};
+use crate::config::{redact_url, AmqpConfig, AmqpSettings, BrokerEndpoint};
 use crate::telemetry;
 use crate::tls::{self, ServerVerification, TlsError};
-
-/// Heartbeat asked for when the URL sets none: a silently dead peer is noticed within about
-/// two heartbeats instead of RabbitMQ's default of two minutes.
-const DEFAULT_HEARTBEAT_SECONDS: u16 = 10;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
@@ -48,15 +44,8 @@ pub enum BrokerError {
     Protocol(#[from] lapin::Error),
 }
 
-/// A broker of `amqp.url`: where to connect, and how to name it in logs.
-struct Endpoint {
-    uri: AMQPUri,
-    /// The URL without its password.
-    display: String,
-}
-
 pub struct Broker {
-    endpoints: Vec<Endpoint>,
+    endpoints: Vec<BrokerEndpoint>,
     /// For the `amqps://` endpoints; `None` when every one is `amqp://`.
     tls: Option<Arc<ClientConfig>>,
     exchange: String,
@@ -98,31 +87,14 @@ pub struct BrokerChannel {
 }
 
 impl Broker {
-    pub fn new(settings: &AmqpSettings, connect_timeout: Duration) -> Result<Self, BrokerError> {
-        let endpoints = settings
-            .url
-            .iter()
-            .map(|url| {
-                let mut uri: AMQPUri = url.parse().map_err(|error| {
-                    BrokerError::Connect(format!(
-                        "amqp.url {} is not a valid AMQP URL: {error}",
-                        redact_url(url)
-                    ))
-                })?;
-                if uri.query.heartbeat.is_none() {
-                    uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECONDS);
-                }
-                Ok(Endpoint {
-                    uri,
-                    display: redact_url(url),
-                })
-            })
-            .collect::<Result<Vec<_>, BrokerError>>()?;
+    /// The brokers of `amqp.url`, as the validation parsed them, reached with `amqp`'s TLS
+    /// settings and within `amqp.connect_timeout`.
+    pub fn new(amqp: &AmqpConfig) -> Result<Self, BrokerError> {
         Ok(Self {
-            endpoints,
-            tls: tls_config(settings)?,
-            exchange: settings.exchange.clone(),
-            connect_timeout,
+            endpoints: amqp.brokers.clone(),
+            tls: tls_config(amqp)?,
+            exchange: amqp.exchange.clone(),
+            connect_timeout: amqp.connect_timeout,
             state: tokio::sync::Mutex::new(ConnectionState {
                 connection: None,
                 next_endpoint: 0,
@@ -252,7 +224,11 @@ impl Broker {
 
     /// Connects to one broker; the connection will be generation `generation` if it becomes
     /// the one in use.
-    async fn connect(&self, endpoint: &Endpoint, generation: u64) -> Result<Connection, String> {
+    async fn connect(
+        &self,
+        endpoint: &BrokerEndpoint,
+        generation: u64,
+    ) -> Result<Connection, String> {
         let properties = ConnectionProperties::default().with_connection_name("retrysafe".into());
         let connection = tokio::time::timeout(
             self.connect_timeout,

@@ -34,25 +34,25 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
-    pub fn from_settings(settings: &crate::config::Settings) -> Self {
+    pub fn from_config(config: &crate::config::Config) -> Self {
         Self {
-            exchange: settings.amqp.exchange.clone(),
-            batch_size: settings.outbox.batch_size,
-            poll_interval: settings.outbox.poll_interval.0,
-            confirm_timeout: settings.outbox.confirm_timeout.0,
-            max_attempts: settings.outbox.max_attempts,
+            exchange: config.amqp.exchange.clone(),
+            batch_size: config.outbox.batch_size,
+            poll_interval: config.outbox.poll_interval,
+            confirm_timeout: config.outbox.confirm_timeout,
+            max_attempts: config.outbox.max_attempts,
         }
     }
 }
 
-/// Publishes every due event of the outbox in `settings`' database, batch after batch, until a
+/// Publishes every due event of the outbox in `config`'s database, batch after batch, until a
 /// batch finds nothing due; returns how many were marked sent. What a relay does, once, without
 /// a relay running: for tests and tools that must not wait for a poll. Events that fail are
 /// scheduled for a later attempt as a relay would, and are not due again within this call.
-pub async fn relay_until_empty(settings: &crate::config::Settings) -> anyhow::Result<usize> {
-    let db = Database::new(&settings.database)?;
-    let config = RelayConfig::from_settings(settings);
-    let broker = Broker::new(&settings.amqp, config.confirm_timeout)?;
+pub async fn relay_until_empty(config: &crate::config::Config) -> anyhow::Result<usize> {
+    let db = Database::new(&config.database)?;
+    let broker = Broker::new(&config.amqp)?;
+    let config = RelayConfig::from_config(config);
     let channel = broker.open_channel().await?;
     let mut sent = 0;
     loop {

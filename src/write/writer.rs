@@ -649,7 +649,13 @@ mod tests {
 
     #[actix_web::test]
     async fn a_batch_is_bounded_in_bytes_as_well_as_in_writes() {
-        let db = Database::new(&crate::config::DatabaseSettings::default()).unwrap();
+        let db = Database::new(
+            &crate::config::Settings::default()
+                .validated()
+                .expect("the defaults are valid")
+                .database,
+        )
+        .unwrap();
         let config = WriterConfig {
             max_batch: 256,
             retention: Duration::from_secs(60),

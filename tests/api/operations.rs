@@ -3,7 +3,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use retrysafe::config::ConfigDuration;
 use retrysafe::janitor::purge_once;
 
 use crate::common::consumer::{header, TestConsumer};
@@ -16,11 +15,9 @@ const WAIT: Duration = Duration::from_secs(30);
 
 #[actix_web::test]
 async fn after_its_retention_a_key_is_new_again() {
-    let app = spawn_app_with(|settings| {
-        settings.idempotency.retention = ConfigDuration(Duration::from_secs(1))
-    })
-    .await;
-    let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
+    let app =
+        spawn_app_with(|settings| settings.idempotency.retention = Duration::from_secs(1)).await;
+    let db = retrysafe::db::Database::new(&app.config().database).unwrap();
     let body = entry_body(1);
     let first = app.post_entry("expiring", &body).await;
     first.assert_created();
@@ -31,7 +28,7 @@ async fn after_its_retention_a_key_is_new_again() {
     app.get("/v1/idempotency-keys/expiring", None)
         .await
         .assert_problem(404, "not-found");
-    let report = purge_once(&db, app.settings.outbox.retention.0)
+    let report = purge_once(&db, app.settings.outbox.retention)
         .await
         .unwrap();
     assert_eq!(report.records_deleted, 1);
@@ -54,17 +51,15 @@ async fn after_its_retention_a_key_is_new_again() {
 
 #[actix_web::test]
 async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
-    let app = spawn_app_with(|settings| {
-        settings.idempotency.retention = ConfigDuration(Duration::from_secs(1))
-    })
-    .await;
+    let app =
+        spawn_app_with(|settings| settings.idempotency.retention = Duration::from_secs(1)).await;
     let first = app.post_entry("expired-unpurged", &entry_body(1)).await;
     first.assert_created();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     // Another daemon (no cache) meets the expired record in the database and takes it over. Its
     // own record is kept an hour, so that a slow machine cannot expire it before it is read.
     let other = spawn_second_app_with(&app, |settings| {
-        settings.idempotency.retention = ConfigDuration(Duration::from_secs(3600))
+        settings.idempotency.retention = Duration::from_secs(3600)
     })
     .await;
     let again = other.post_entry("expired-unpurged", &entry_body(1)).await;
@@ -94,10 +89,9 @@ async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
 
 #[actix_web::test]
 async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_ones() {
-    let app = spawn_app_without_relays(|settings| {
-        settings.outbox.retention = ConfigDuration(Duration::from_secs(1))
-    })
-    .await;
+    let app =
+        spawn_app_without_relays(|settings| settings.outbox.retention = Duration::from_secs(1))
+            .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     app.post_entry("retained", &entry_body(1))
         .await
@@ -128,8 +122,8 @@ async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_o
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
-    let report = purge_once(&db, app.settings.outbox.retention.0)
+    let db = retrysafe::db::Database::new(&app.config().database).unwrap();
+    let report = purge_once(&db, app.settings.outbox.retention)
         .await
         .unwrap();
     assert_eq!(report.events_deleted, 1);

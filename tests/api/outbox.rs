@@ -214,7 +214,7 @@ async fn several_relays_in_two_daemons_publish_a_backlog_exactly_once() {
         // A batch whose confirms take longer than confirm_timeout is published again (at least
         // once, as designed); on a loaded machine that can pass the default 10 s, and this
         // test is about relays never claiming the same rows, not about slow confirms.
-        settings.outbox.confirm_timeout = retrysafe::config::ConfigDuration::from_secs(60);
+        settings.outbox.confirm_timeout = std::time::Duration::from_secs(60);
     })
     .await;
     let second = spawn_second_app(&first).await;
@@ -375,13 +375,13 @@ async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     insert_backlog(&app.db, EVENTS).await;
 
-    let config = RelayConfig::from_settings(&app.settings);
-    let broker = Broker::new(&app.settings.amqp, config.confirm_timeout).unwrap();
+    let config = RelayConfig::from_config(&app.config());
+    let broker = Broker::new(&app.config().amqp).unwrap();
     let arbiter = actix::Arbiter::new();
     let relay = OutboxRelay::start(
         &arbiter.handle(),
         0,
-        Database::new(&app.settings.database).unwrap(),
+        Database::new(&app.config().database).unwrap(),
         std::sync::Arc::new(broker),
         config,
     );

@@ -313,8 +313,7 @@ async fn compressed_bodies_are_refused() {
 async fn a_body_that_does_not_arrive_in_time_gets_408_and_writes_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let app = crate::common::daemon::spawn_app_with(|settings| {
-        settings.http.body_timeout =
-            retrysafe::config::ConfigDuration(std::time::Duration::from_millis(500));
+        settings.http.body_timeout = std::time::Duration::from_millis(500);
     })
     .await;
     let address = app.address.trim_start_matches("http://").to_owned();

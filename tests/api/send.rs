@@ -341,10 +341,9 @@ async fn a_reused_key_with_another_body_is_refused_at_once() {
 #[actix_web::test]
 async fn request_in_progress_is_retried_after_the_advised_wait() {
     let app = spawn_app_with(|settings| {
-        settings.idempotency.wait_timeout =
-            retrysafe::config::ConfigDuration(Duration::from_millis(200));
+        settings.idempotency.wait_timeout = Duration::from_millis(200);
         // The first attempt's write waits on the test's lock; it must outlive the test's hold.
-        settings.database.statement_timeout = retrysafe::config::ConfigDuration::from_secs(60);
+        settings.database.statement_timeout = std::time::Duration::from_secs(60);
     })
     .await;
     let intent = intent("in-progress");

@@ -2,8 +2,6 @@
 
 use std::net::SocketAddr;
 
-use retrysafe::config::ConfigDuration;
-
 use crate::common::daemon::spawn_app_with;
 use crate::common::helpers::{entry_body, reach_database_through, PG_HOST_PORT};
 use crate::common::proxy::TcpProxy;
@@ -18,7 +16,7 @@ async fn an_unreachable_database_gives_503_and_the_same_key_succeeds_once_it_is_
         // harness's 1 s is tight on a loaded machine (a slower connection would make that
         // write a 503). While the proxy is cut every attempt fails at once, and a 503 comes
         // when this bound has passed.
-        settings.database.connect_timeout = ConfigDuration::from_secs(3);
+        settings.database.connect_timeout = std::time::Duration::from_secs(3);
     })
     .await;
     app.post_entry("before-outage", &entry_body(0))

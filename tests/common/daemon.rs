@@ -129,7 +129,8 @@ impl InProcess {
             .name("in-process daemon".into())
             .spawn(move || {
                 actix_web::rt::System::new().block_on(async move {
-                    match Application::build_with(settings, options).await {
+                    let config = settings.validated().expect("the test's settings are valid");
+                    match Application::build_with(config, options).await {
                         Ok(application) => {
                             let handle = (
                                 application.port(),
@@ -222,7 +223,10 @@ async fn binary_daemon(
 /// The environment that points the binary at `settings`' database and exchange, and `env`.
 fn binary_env(settings: &Settings, env: &[(&str, String)]) -> Vec<(String, String)> {
     [
-        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
+        (
+            "RETRYSAFE_DATABASE__URL",
+            settings.database.url.as_str().to_owned(),
+        ),
         ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
     ]
     .iter()
@@ -322,6 +326,13 @@ impl TestDaemon {
             .unwrap_or_else(|| panic!("{name_and_labels} is not in /metrics"))
     }
 
+    /// The daemon's settings, validated: what the library's functions take.
+    pub fn config(&self) -> retrysafe::config::Config {
+        self.settings
+            .validated()
+            .expect("the daemon started with these settings")
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         count(&self.db, sql).await
     }
@@ -342,7 +353,7 @@ impl TestDaemon {
     /// for up to a minute.
     pub async fn relay_until_empty(&self) -> usize {
         eventually(Duration::from_secs(60), || async {
-            retrysafe::outbox::relay_until_empty(&self.settings)
+            retrysafe::outbox::relay_until_empty(&self.config())
                 .await
                 .map_err(|error| format!("relaying the outbox: {error}"))
         })

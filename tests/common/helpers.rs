@@ -53,15 +53,15 @@ pub fn knob(name: &str, default: usize) -> usize {
 pub fn test_settings() -> Settings {
     let mut settings = Settings::default();
     settings.http.listen = "127.0.0.1:0".parse().unwrap();
-    settings.http.shutdown_timeout = retrysafe::config::ConfigDuration::from_secs(5);
-    settings.database.url = pg_url(&format!("retrysafe_test_{}", Uuid::new_v4().simple()));
+    settings.http.shutdown_timeout = std::time::Duration::from_secs(5);
+    settings.database.url = pg_url(&format!("retrysafe_test_{}", Uuid::new_v4().simple())).into();
     // Longer than the daemon's default (2 s): on a loaded machine a connection can take over a
     // second, and a start that fails on it fails the test for the wrong reason. Tests of a hung
     // database set their own, short, bound.
-    settings.database.connect_timeout = retrysafe::config::ConfigDuration::from_secs(5);
+    settings.database.connect_timeout = std::time::Duration::from_secs(5);
     settings.log.level = "warn".into();
     settings.amqp.exchange = format!("retrysafe.test.{}", Uuid::new_v4().simple());
-    settings.outbox.poll_interval = retrysafe::config::ConfigDuration(Duration::from_millis(100));
+    settings.outbox.poll_interval = Duration::from_millis(100);
     settings
 }
 
@@ -81,9 +81,11 @@ pub fn database_name(url: &str) -> String {
 /// Points the daemon at its database through a proxy on `port` (the test's own connection stays
 /// direct).
 pub fn reach_database_through(settings: &mut Settings, port: u16) {
-    let direct = settings.database.url.clone();
-    settings.database.url = direct.replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"));
-    assert_ne!(settings.database.url, direct);
+    let direct = settings.database.url.as_str().to_owned();
+    settings.database.url = direct
+        .replace(PG_HOST_PORT, &format!("127.0.0.1:{port}"))
+        .into();
+    assert_ne!(settings.database.url.as_str(), direct);
 }
 
 /// The broker's URL through a proxy on `port`: the daemon's connection goes through it, the
@@ -141,7 +143,7 @@ impl TestDatabase {
     /// The database of `settings.database.url`.
     pub fn new(settings: &Settings) -> Self {
         Self {
-            name: database_name(&settings.database.url),
+            name: database_name(settings.database.url.as_str()),
         }
     }
 }

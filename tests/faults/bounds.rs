@@ -11,8 +11,6 @@ use crate::common::helpers::{
     client, count, entry_body, insert_backlog, post_bounded, LockHolder, TestResponse,
 };
 
-use retrysafe::config::ConfigDuration;
-
 const REQUEST_LIMIT: Duration = Duration::from_secs(60);
 
 async fn post(app: &TestDaemon, key: &str, body: &str) -> TestResponse {
@@ -154,10 +152,10 @@ async fn writes_queued_behind_a_stalled_database_are_bounded_in_bytes_and_answer
         // Long enough that, on a loaded machine too, the bodies are decoded (each waits at
         // most this for a turn on the blocking pool) and reach the pending bound; well below
         // the statement timeout, which is what must not decide when clients are answered.
-        settings.idempotency.wait_timeout = ConfigDuration(Duration::from_secs(5));
+        settings.idempotency.wait_timeout = Duration::from_secs(5);
         // The server would give up on the lock only after this: the daemon's own bound is what
         // answers the clients.
-        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(30));
+        settings.database.statement_timeout = Duration::from_secs(30);
     })
     .await;
     let body = |n: usize| {
@@ -234,8 +232,8 @@ async fn writes_queued_behind_a_stalled_database_are_bounded_in_bytes_and_answer
 #[actix_web::test]
 async fn a_batch_cancelled_by_the_statement_timeout_is_committed_in_smaller_parts() {
     let app = spawn_app_with(|settings| {
-        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(1));
-        settings.idempotency.wait_timeout = ConfigDuration(Duration::from_secs(60));
+        settings.database.statement_timeout = Duration::from_secs(1);
+        settings.idempotency.wait_timeout = Duration::from_secs(60);
         settings.database.writers = 1;
     })
     .await;
@@ -354,7 +352,7 @@ async fn listings_beyond_the_concurrent_bound_wait_then_get_503() {
     let app = spawn_app_with(|settings| {
         // A quarter for reads: more connections than turns.
         settings.database.pool_size = 64;
-        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(60));
+        settings.database.statement_timeout = Duration::from_secs(60);
     })
     .await;
     insert_large_entries(&app, "few", 3, 100).await;

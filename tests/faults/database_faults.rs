@@ -196,8 +196,7 @@ async fn cutting_the_database_under_load_gives_201_or_503_and_leaves_nothing_hal
 
 async fn app_with_short_statement_timeout() -> TestDaemon {
     spawn_app_with(|settings| {
-        settings.database.statement_timeout =
-            retrysafe::config::ConfigDuration(Duration::from_millis(500));
+        settings.database.statement_timeout = Duration::from_millis(500);
     })
     .await
 }

@@ -69,8 +69,7 @@ async fn a_retry_of_the_saved_request_is_a_replay_while_another_body_for_its_key
 #[actix_web::test]
 async fn a_body_that_arrives_while_the_first_write_of_its_key_fails_is_run_not_refused() {
     let app = spawn_app_with(|settings| {
-        settings.database.statement_timeout =
-            retrysafe::config::ConfigDuration(Duration::from_secs(1));
+        settings.database.statement_timeout = Duration::from_secs(1);
     })
     .await;
     // Another session's uncommitted claim of the key makes the first write wait, then fail with

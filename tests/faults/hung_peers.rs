@@ -15,7 +15,7 @@ use crate::common::helpers::{
 use crate::common::helpers::{amqp_url_through, entry_body, AMQP_HOST_PORT, PG_HOST_PORT};
 use crate::common::proxy::TcpProxy;
 
-use retrysafe::config::{ConfigDuration, UrlList};
+use retrysafe::config::UrlList;
 
 /// Posts `key` until the daemon answers 201, each attempt bounded by a generous client timeout
 /// (a hang fails the test instead of stalling it); returns every answer.
@@ -50,12 +50,13 @@ async fn a_hung_database_host_costs_503s_then_writes_go_to_the_other_host_withou
     let app = spawn_app_with(|settings| {
         // Two hosts in the URL, both the same read-write server behind a proxy each: freezing
         // the first is a primary that hangs, with the second standing in for the promoted one.
-        settings.database.url = settings.database.url.replace(
+        settings.database.url = (settings.database.url.replace(
             PG_HOST_PORT,
             &format!("127.0.0.1:{first_port},127.0.0.1:{second_port}"),
-        ) + "?target_session_attrs=read-write";
-        settings.database.statement_timeout = ConfigDuration(Duration::from_secs(1));
-        settings.database.connect_timeout = ConfigDuration(Duration::from_secs(1));
+        ) + "?target_session_attrs=read-write")
+            .into();
+        settings.database.statement_timeout = Duration::from_secs(1);
+        settings.database.connect_timeout = Duration::from_secs(1);
     })
     .await;
     let body = entry_body(1).to_string();
@@ -99,7 +100,7 @@ async fn a_hung_broker_is_left_for_the_next_one_and_no_event_is_lost() {
         .collect();
     let app = spawn_app_with(|settings| {
         settings.amqp.url = UrlList(urls);
-        settings.outbox.confirm_timeout = ConfigDuration(Duration::from_secs(1));
+        settings.outbox.confirm_timeout = Duration::from_secs(1);
     })
     .await;
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;

@@ -55,7 +55,7 @@ async fn parked_events_do_not_stop_the_janitor_and_readyz_counts_them() {
         )
         .await
         .unwrap();
-    let db = retrysafe::db::Database::new(&app.settings.database).unwrap();
+    let db = retrysafe::db::Database::new(&app.config().database).unwrap();
     let report = retrysafe::janitor::purge_once(&db, Duration::from_secs(7 * 24 * 3600))
         .await
         .unwrap();

@@ -159,7 +159,7 @@ async fn a_daemon_a_day_ahead_does_not_make_records_outlive_their_retention() {
     );
     // A janitor pass at the database's time deletes nothing of them: they have not expired.
     let report = retrysafe::janitor::purge_once(
-        &retrysafe::db::Database::new(&ahead.settings.database).unwrap(),
+        &retrysafe::db::Database::new(&ahead.config().database).unwrap(),
         Duration::from_secs(7 * 24 * 3600),
     )
     .await

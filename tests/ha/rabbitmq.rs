@@ -144,7 +144,10 @@ async fn losing_cluster_nodes_under_load_loses_no_event_and_fails_no_write() {
     let exchange = settings.amqp.exchange.clone();
     declare_quorum_queue(&urls, &exchange).await;
     let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", settings.database.url.clone()),
+        (
+            "RETRYSAFE_DATABASE__URL",
+            settings.database.url.as_str().to_owned(),
+        ),
         ("RETRYSAFE_AMQP__EXCHANGE", exchange.clone()),
         // A list in an environment variable: comma-separated.
         ("RETRYSAFE_AMQP__URL", urls.join(",")),

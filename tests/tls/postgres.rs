@@ -332,8 +332,9 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
 
     // Read back over the same TLS settings, through the crate's own connect.
     let mut settings = retrysafe::config::Settings::default();
-    settings.database.url = url;
-    let connection = retrysafe::db::connect(&settings.database).await.unwrap();
+    settings.database.url = url.into();
+    let config = settings.validated().unwrap();
+    let connection = retrysafe::db::connect(&config.database).await.unwrap();
     let written: i64 = connection
         .client
         .query_one(

@@ -19,6 +19,7 @@ fn settings(url: &str, ca_file: &Path, client: Option<&(PathBuf, PathBuf)>) -> A
         tls_ca_file: Some(ca_file.to_owned()),
         tls_cert_file: client.map(|(certificate, _)| certificate.clone()),
         tls_key_file: client.map(|(_, key)| key.clone()),
+        ..AmqpSettings::default()
     }
 }
 

@@ -1,0 +1,176 @@
+//! The configuration as the daemon runs with it: every key checked, and the two URLs parsed
+//! once, here. The database and the broker take what was parsed, never the text again.
+
+use std::fmt;
+use std::ops::Deref;
+use std::str::FromStr;
+
+use lapin::uri::{AMQPScheme, AMQPUri};
+
+use crate::config::{
+    invalid, redact_url, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings, EventSettings,
+    HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, Settings,
+};
+use crate::db::tls::{self, PgTls};
+
+/// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
+/// about two heartbeats instead of RabbitMQ's default of two minutes.
+const DEFAULT_HEARTBEAT_SECONDS: u16 = 10;
+
+/// [`Settings`], validated ([`Settings::validated`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub http: HttpSettings,
+    pub database: DatabaseConfig,
+    pub amqp: AmqpConfig,
+    pub idempotency: IdempotencySettings,
+    pub outbox: OutboxSettings,
+    pub events: EventSettings,
+    pub auth: AuthSettings,
+    pub log: LogSettings,
+}
+
+/// `[database]`, with `database.url` parsed: what tokio-postgres reads, and libpq's TLS
+/// parameters, which tokio-postgres does not know and the daemon applies itself.
+#[derive(Clone)]
+pub struct DatabaseConfig {
+    pub settings: DatabaseSettings,
+    pub connection: tokio_postgres::Config,
+    pub tls: PgTls,
+}
+
+/// `[amqp]`, with `amqp.url` parsed: the brokers, in the order they are tried.
+#[derive(Debug, Clone)]
+pub struct AmqpConfig {
+    pub settings: AmqpSettings,
+    pub brokers: Vec<BrokerEndpoint>,
+}
+
+/// One broker of `amqp.url`: where to connect (a heartbeat asked for unless the URL sets one),
+/// and how to name it in logs.
+#[derive(Clone)]
+pub struct BrokerEndpoint {
+    pub uri: AMQPUri,
+    /// The URL without its password.
+    pub display: String,
+}
+
+impl Config {
+    /// Parses what [`Settings::validated`] has checked key by key.
+    pub(super) fn from_settings(settings: &Settings) -> Result<Self, ConfigError> {
+        Ok(Self {
+            http: settings.http.clone(),
+            database: DatabaseConfig::parse(&settings.database)?,
+            amqp: AmqpConfig::parse(&settings.amqp)?,
+            idempotency: settings.idempotency.clone(),
+            outbox: settings.outbox.clone(),
+            events: settings.events.clone(),
+            auth: settings.auth.clone(),
+            log: settings.log.clone(),
+        })
+    }
+}
+
+impl DatabaseConfig {
+    fn parse(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
+        let split =
+            tls::split(settings.url.as_str()).map_err(|error| invalid("database.url", error))?;
+        let connection = tokio_postgres::Config::from_str(&split.rest).map_err(|error| {
+            invalid(
+                "database.url",
+                format!("not a valid PostgreSQL URL: {error}"),
+            )
+        })?;
+        let hosts = connection.get_hosts().len();
+        if hosts > 1
+            && connection.get_target_session_attrs()
+                != tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        {
+            return Err(invalid(
+                "database.url",
+                format!(
+                    "lists {hosts} hosts but not target_session_attrs=read-write: without it a connection may land on a standby, where every write fails; add ?target_session_attrs=read-write (an HA formation), or list one host"
+                ),
+            ));
+        }
+        Ok(Self {
+            settings: settings.clone(),
+            connection,
+            tls: split.tls,
+        })
+    }
+}
+
+impl Deref for DatabaseConfig {
+    type Target = DatabaseSettings;
+
+    fn deref(&self) -> &DatabaseSettings {
+        &self.settings
+    }
+}
+
+impl fmt::Debug for DatabaseConfig {
+    // The parsed form holds the password: shown as the settings show it, without.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("settings", &self.settings)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpConfig {
+    fn parse(settings: &AmqpSettings) -> Result<Self, ConfigError> {
+        if settings.url.0.is_empty() || settings.url.iter().any(str::is_empty) {
+            return Err(invalid(
+                "amqp.url",
+                "must list at least one URL, and no empty one",
+            ));
+        }
+        let brokers = settings
+            .url
+            .iter()
+            .map(|url| BrokerEndpoint::parse(url).map_err(|error| invalid("amqp.url", error)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            settings: settings.clone(),
+            brokers,
+        })
+    }
+}
+
+impl Deref for AmqpConfig {
+    type Target = AmqpSettings;
+
+    fn deref(&self) -> &AmqpSettings {
+        &self.settings
+    }
+}
+
+impl BrokerEndpoint {
+    /// Parses one broker URL, `amqp://` or `amqps://`. Errors show it without its password.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let display = redact_url(url);
+        if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+            return Err(format!("{display}: must start with amqp:// or amqps://"));
+        }
+        let mut uri: AMQPUri = url
+            .parse()
+            .map_err(|error| format!("{display}: not a valid AMQP URL: {error}"))?;
+        if uri.query.heartbeat.is_none() {
+            uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECONDS);
+        }
+        Ok(Self { uri, display })
+    }
+
+    /// Whether it is reached over TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.uri.scheme == AMQPScheme::AMQPS
+    }
+}
+
+impl fmt::Debug for BrokerEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display)
+    }
+}
