@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::config::{is_valid_client_id, Config, Settings};
-use crate::startup::{notify_systemd, Application};
+use crate::startup::Application;
 use crate::{db, http, janitor, outbox, telemetry};
 
 /// Where the configuration is looked for when `--config` is not given: the working directory,
@@ -339,29 +339,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "starting"
     );
     let application = Application::build(config).await?;
-    // Migrations are applied and the listener is bound: tell systemd (Type=notify).
-    notify_systemd(&[sd_notify::NotifyState::Ready]);
-    spawn_watchdog();
     application.run_until_signal().await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Pings the systemd watchdog at half its interval, from the actor system's own thread: if that
-/// thread stalls, the pings stop and systemd restarts the daemon.
-fn spawn_watchdog() {
-    let mut interval_usec = 0;
-    if !sd_notify::watchdog_enabled(false, &mut interval_usec) {
-        return;
-    }
-    let period = Duration::from_micros(interval_usec / 2);
-    actix::spawn(async move {
-        let mut ticks = tokio::time::interval(period);
-        loop {
-            ticks.tick().await;
-            notify_systemd(&[sd_notify::NotifyState::Watchdog]);
-        }
-    });
 }
 
 fn token_new(client: &str) -> anyhow::Result<()> {

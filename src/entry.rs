@@ -49,26 +49,28 @@ pub enum DecodeError {
     Invalid(Vec<FieldError>),
 }
 
-/// A decoded `POST /v1/entries` body, in the compact form a pending write keeps.
+/// A decoded `POST /v1/entries` body, in the compact form a pending write keeps: the canonical
+/// text of its data, not the decoded tree (which takes many times the body's size in memory).
 #[derive(Debug, Clone, PartialEq)]
-pub struct DecodedWrite {
+pub struct WriteRequest {
     pub kind: String,
     /// `data` as canonical JSON text.
     pub data_json: String,
-    pub request_hash: RequestHash,
+    /// The request's hash: what tells the same request from another.
+    pub hash: RequestHash,
     /// The hash of the body's bytes as they arrived: the bytes of a `POST /v1/entries`, the one
     /// route that writes (see [`BodyHash`]).
-    pub body_hash: BodyHash,
+    pub bytes_hash: BodyHash,
 }
 
 /// [`decode_new_entry`], then the data in canonical form: the decoded tree is dropped here.
-pub fn decode_write(body: &[u8]) -> Result<DecodedWrite, DecodeError> {
-    let (entry, request_hash) = decode_new_entry(body)?;
-    Ok(DecodedWrite {
-        body_hash: BodyHash::of(body),
+pub fn decode_write(body: &[u8]) -> Result<WriteRequest, DecodeError> {
+    let (entry, hash) = decode_new_entry(body)?;
+    Ok(WriteRequest {
+        bytes_hash: BodyHash::of(body),
         data_json: canonical_object(&entry.data),
         kind: entry.kind,
-        request_hash,
+        hash,
     })
 }
 

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use actix::prelude::*;
+use tokio_util::sync::CancellationToken;
 
 use crate::db::{Database, StorageError};
-use crate::telemetry;
+use crate::{lifecycle, telemetry};
 
 /// Rows one DELETE removes at most.
 pub const PURGE_BATCH: i64 = 1000;
@@ -98,65 +98,22 @@ pub async fn purge_once(
     Ok(report)
 }
 
-/// Runs [`purge_once`] every [`PURGE_INTERVAL`], and at start.
-pub struct Janitor {
-    db: Database,
-    outbox_retention: Duration,
-    pass_running: bool,
-}
-
-/// Stop: the pass in progress, if any, is abandoned (each of its deletes stands or not on its
-/// own; the next start deletes what is left).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Stop;
-
-impl Janitor {
-    pub fn start(db: Database, outbox_retention: Duration) -> Addr<Self> {
-        Self {
-            db,
-            outbox_retention,
-            pass_running: false,
-        }
-        .start()
-    }
-
-    fn run_pass(&mut self, ctx: &mut Context<Self>) {
-        if self.pass_running {
-            return;
-        }
-        self.pass_running = true;
-        let db = self.db.clone();
-        let retention = self.outbox_retention;
-        let pass = async move { purge_once(&db, retention).await };
-        ctx.spawn(pass.into_actor(self).map(|result, janitor, _| {
-            janitor.pass_running = false;
-            match result {
-                Ok(report) if report != PurgeReport::default() => tracing::info!(
-                    records_deleted = report.records_deleted,
-                    events_deleted = report.events_deleted,
-                    "janitor pass"
-                ),
-                Ok(_) => {}
-                Err(error) => tracing::warn!(error = %error, "janitor pass failed; retrying at the next interval"),
+/// Runs [`purge_once`] at start and then every [`PURGE_INTERVAL`], until `shutdown`: a plain
+/// task of the daemon ([`crate::lifecycle`]). A pass in progress at shutdown is abandoned (each
+/// of its deletes stands or not on its own; the next start deletes what is left).
+pub async fn run(db: Database, outbox_retention: Duration, shutdown: CancellationToken) {
+    lifecycle::every(PURGE_INTERVAL, shutdown, || async {
+        match purge_once(&db, outbox_retention).await {
+            Ok(report) if report != PurgeReport::default() => tracing::info!(
+                records_deleted = report.records_deleted,
+                events_deleted = report.events_deleted,
+                "janitor pass"
+            ),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(error = %error, "janitor pass failed; retrying at the next interval")
             }
-        }));
-    }
-}
-
-impl Actor for Janitor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        self.run_pass(ctx);
-        ctx.run_interval(PURGE_INTERVAL, |janitor, ctx| janitor.run_pass(ctx));
-    }
-}
-
-impl Handler<Stop> for Janitor {
-    type Result = ();
-
-    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
-        ctx.stop();
-    }
+        }
+    })
+    .await
 }

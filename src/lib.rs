@@ -38,6 +38,7 @@ pub mod http;
 pub mod idempotency;
 pub mod inbox;
 pub mod janitor;
+pub mod lifecycle;
 pub mod operator;
 pub mod outbox;
 pub mod startup;

@@ -1,6 +1,7 @@
 //! Wiring and the shutdown protocol: the database and the broker, the write path (writers and
 //! key shards), the outbox (relays, the janitor, the gauges), and the HTTP server; then, when
-//! asked, every part stopped in order, in one place ([`Application::run_until_stopped`]).
+//! asked, every part stopped in order, in one place ([`Application::run_until_stopped`]), as
+//! [`crate::lifecycle`] describes.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -13,14 +14,14 @@ use actix_web::web;
 use crate::config::Config;
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
-use crate::http::observe::{self, OutboxGauges};
 use crate::http::server::{Listener, Serves};
 use crate::http::{self, AppState};
-use crate::janitor::{self, Janitor};
-use crate::outbox::{relay, Broker, OutboxRelay, OutboxWaker, RelayConfig};
+use crate::lifecycle::{self, systemd, Tasks};
+use crate::outbox::{gauges, Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::tls::server::ServerCertificate;
-use crate::write::writer::{self, CommitHook};
+use crate::write::writer::CommitHook;
 use crate::write::{KeyShard, PendingBytes, ShardHandle, Writer, WriterConfig};
+use crate::{janitor, telemetry};
 
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -46,12 +47,13 @@ pub struct Application {
     certificate: Option<Arc<ServerCertificate>>,
     config: Config,
     broker: Arc<Broker>,
+    shards: Vec<Addr<KeyShard>>,
     writers: Vec<Addr<Writer>>,
     relays: Vec<Addr<OutboxRelay>>,
     /// The relays' thread.
     relay_arbiter: actix::Arbiter,
-    janitor: Addr<Janitor>,
-    gauges: Addr<OutboxGauges>,
+    /// The janitor, the outbox gauges, the metrics' upkeep, the systemd watchdog.
+    tasks: Tasks,
 }
 
 /// The write path: its writers, and the shards the HTTP layer submits writes to.
@@ -69,8 +71,9 @@ impl Application {
 
     /// [`build`](Self::build), with parts left out as `options` say.
     pub async fn build_with(config: Config, options: Options) -> anyhow::Result<Self> {
-        crate::telemetry::metrics_handle();
-        crate::telemetry::spawn_metrics_upkeep();
+        telemetry::metrics_handle();
+        let tasks = Tasks::default();
+        tasks.spawn(telemetry::metrics_upkeep);
         // Read before anything else: a certificate that cannot be used stops the start at once.
         let certificate = match config.http.tls_files() {
             Some((certificate_file, key_file)) => Some(
@@ -82,24 +85,26 @@ impl Application {
         db::migrate(&config.database)
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
-        let (db, reads) = Database::split(&config.database)?;
-        let clock = read_database_clock(&db).await;
+        let (writes, reads) = Database::split(&config.database)?;
+        let clock = read_database_clock(&writes).await;
         let broker = Arc::new(Broker::new(&config.amqp)?);
 
         let relay_arbiter = actix::Arbiter::new();
         let relays = if options.relays {
-            start_relays(&config, &db, &broker, &relay_arbiter)
+            start_relays(&config, &writes, &broker, &relay_arbiter)
         } else {
             Vec::new()
         };
         let write_health = WriteHealth::default();
         let write_path = start_write_path(
             &config,
-            &db,
+            &writes,
             (clock, write_health.clone()),
             OutboxWaker::new(relays.clone()),
         );
-        let janitor = Janitor::start(db.clone(), config.outbox.retention);
+        let retention = config.outbox.retention;
+        let janitor_pool = writes.clone();
+        tasks.spawn(move |shutdown| janitor::run(janitor_pool, retention, shutdown));
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let readiness = Arc::new(ReadinessMonitor::new(
@@ -107,11 +112,17 @@ impl Application {
             config.database.connect_timeout + Duration::from_secs(1),
             write_health,
         ));
-        let gauges = OutboxGauges::start(reads.clone(), readiness.clone());
+        let (gauges_pool, gauges_readiness) = (reads.clone(), readiness.clone());
+        tasks.spawn(move |shutdown| gauges::run(gauges_pool, gauges_readiness, shutdown));
 
+        let shards = write_path
+            .shards
+            .iter()
+            .map(|shard| shard.actor().clone())
+            .collect();
         let state = AppState::new(
             &config,
-            db,
+            writes,
             reads,
             write_path.shards,
             broker.clone(),
@@ -124,11 +135,11 @@ impl Application {
             certificate,
             config,
             broker,
+            shards,
             writers: write_path.writers,
             relays,
             relay_arbiter,
-            janitor,
-            gauges,
+            tasks,
         })
     }
 
@@ -148,14 +159,17 @@ impl Application {
     }
 
     /// Serves until SIGTERM or SIGINT, then shuts down ([`run_until_stopped`](Self::run_until_stopped)).
-    /// SIGHUP meanwhile reloads the HTTPS listener's certificate. Tells systemd when it stops.
+    /// SIGHUP meanwhile reloads the HTTPS listener's certificate. Tells systemd that it is
+    /// ready (and pings its watchdog), and when it stops.
     pub async fn run_until_signal(self) -> std::io::Result<()> {
         let server = self.server_handle();
         spawn_reload_on_hangup(self.certificate.clone());
+        systemd::ready();
+        systemd::watchdog(&self.tasks);
         actix::spawn(async move {
             wait_for_termination().await;
             tracing::info!("shutting down: finishing requests in flight");
-            notify_systemd(&[sd_notify::NotifyState::Stopping]);
+            systemd::stopping();
             server.stop(true).await;
         });
         self.run_until_stopped().await
@@ -163,42 +177,29 @@ impl Application {
 
     /// Serves until the server is stopped (by a signal, or its handle), then shuts down, in
     /// order, each step bounded by `http.shutdown_timeout`: the server has finished the
-    /// requests in flight; the writers commit what they have queued; the relays finish their
-    /// batch and stop; the janitor and the gauges stop; the broker connection is closed.
+    /// requests in flight; the key shards stop (nothing waits on them any more); the writers
+    /// commit what they have queued; the relays finish their batches; the tasks (janitor,
+    /// gauges, upkeep, watchdog) end; the broker connection is closed.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
         let limit = self.config.http.shutdown_timeout;
         tracing::info!("http server stopped; committing queued writes");
-        let drained = stop_all(&self.writers, writer::Drain, limit).await;
-        if !drained {
+        lifecycle::stop_all(&self.shards, limit).await;
+        if !lifecycle::stop_all(&self.writers, limit).await {
             tracing::warn!("writers did not commit their queues within http.shutdown_timeout");
         }
         tracing::info!("stopping relays after their batches in flight");
-        if !stop_all(&self.relays, relay::Stop, limit).await {
+        if !lifecycle::stop_all(&self.relays, limit).await {
             tracing::warn!("relays did not finish within http.shutdown_timeout");
         }
-        // Neither holds anything that must be finished: a pass or a refresh is abandoned.
-        self.janitor.do_send(janitor::Stop);
-        self.gauges.do_send(observe::Stop);
+        // None holds anything that must be finished: a pass or a refresh is abandoned.
+        if !self.tasks.stop(limit).await {
+            tracing::warn!("tasks did not end within http.shutdown_timeout");
+        }
         self.broker.close().await;
         self.relay_arbiter.stop();
         served
     }
-}
-
-/// Sends `message` to every actor and waits for all the answers, at most `limit`; false when
-/// the time ran out.
-async fn stop_all<A, M>(actors: &[Addr<A>], message: M, limit: Duration) -> bool
-where
-    A: actix::Actor + actix::Handler<M>,
-    A::Context: actix::dev::ToEnvelope<A, M>,
-    M: actix::Message + Send + Clone + 'static,
-    M::Result: Send,
-{
-    let answers =
-        futures_util::future::join_all(actors.iter().map(|actor| actor.send(message.clone())));
-    // An actor already stopped answers with a mailbox error: it has nothing left to do.
-    tokio::time::timeout(limit, answers).await.is_ok()
 }
 
 fn start_relays(
@@ -393,14 +394,6 @@ fn spawn_reload_on_hangup(certificate: Option<Arc<ServerCertificate>>) {
             }
         }
     });
-}
-
-/// Tells systemd (`Type=notify`) what the daemon is doing. Outside systemd (no NOTIFY_SOCKET)
-/// this does nothing.
-pub fn notify_systemd(state: &[sd_notify::NotifyState]) {
-    if let Err(error) = sd_notify::notify(false, state) {
-        tracing::warn!(error = %error, "cannot notify systemd");
-    }
 }
 
 #[cfg(test)]

@@ -510,16 +510,14 @@ pub fn collect_process_metrics() {
         .collect();
 }
 
-/// Keeps histogram storage bounded; run every few seconds.
-pub fn spawn_metrics_upkeep() {
+/// Keeps histogram storage bounded, every few seconds until `shutdown`: a plain task of the
+/// daemon ([`crate::lifecycle`]).
+pub async fn metrics_upkeep(shutdown: tokio_util::sync::CancellationToken) {
     let handle = metrics_handle();
-    actix::spawn(async move {
-        let mut interval = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            interval.tick().await;
-            handle.run_upkeep();
-        }
-    });
+    crate::lifecycle::every(Duration::from_secs(5), shutdown, || async {
+        handle.run_upkeep();
+    })
+    .await
 }
 
 /// Every metric's description: a table, one entry per metric.

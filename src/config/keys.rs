@@ -187,7 +187,7 @@ impl ConfigValue for Duration {
 /// Declares a configuration section: a struct whose every field is a key with its type, its
 /// default, its bounds and its doc line, all in one place:
 ///
-/// ```ignore
+/// ```text
 /// section! {
 ///     /// The HTTP listener.
 ///     pub struct HttpSettings("http") {

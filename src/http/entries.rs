@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::entry::{decode_write, format_time, DecodedWrite, EntryView, ENTRIES_ROUTE};
+use crate::entry::{decode_write, format_time, EntryView, WriteRequest, ENTRIES_ROUTE};
 use crate::http::observe::Outcome;
 use crate::http::openapi::NewEntryRequest;
 use crate::http::problem::ApiError;
@@ -82,13 +82,9 @@ pub async fn create_entry(
     if let Some(answer) = shard.replay_of_same_body(&key, &body) {
         return respond(&state, answer);
     }
-    let decoded = decode(&state, body).await?;
     let write = Write {
         key,
-        request_hash: decoded.request_hash,
-        body_hash: decoded.body_hash,
-        kind: decoded.kind,
-        data_json: decoded.data_json,
+        request: decode(&state, body).await?,
         remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
     };
     respond(&state, shard.submit(write).await)
@@ -113,7 +109,7 @@ const INLINE_DECODE_BYTES: usize = 16 * 1024;
 
 /// Decodes, validates, hashes and canonicalizes the body. A large one goes to the blocking
 /// pool, at most `decoders` at a time; waiting for a turn is bounded by `wait_timeout`.
-async fn decode(state: &SharedState, body: Bytes) -> Result<DecodedWrite, ApiError> {
+async fn decode(state: &SharedState, body: Bytes) -> Result<WriteRequest, ApiError> {
     if body.len() <= INLINE_DECODE_BYTES {
         return Ok(decode_write(&body)?);
     }

@@ -13,88 +13,9 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use crate::db::Database;
-use crate::http::health::ReadinessMonitor;
 use crate::http::SharedState;
-use crate::outbox::store;
 use crate::telemetry;
-
-/// How often the outbox gauges are read from the database.
-const OUTBOX_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Refreshes the readiness gauge and the outbox backlog gauges every few seconds, so that
-/// scrapes and probes cost the database nothing. If the database does not answer in time, the
-/// backlog gauges keep their last value.
-pub struct OutboxGauges {
-    db: Database,
-    readiness: Arc<ReadinessMonitor>,
-    refreshing: bool,
-}
-
-/// Stop refreshing (a refresh in progress is abandoned: it only reads).
-#[derive(actix::Message)]
-#[rtype(result = "()")]
-pub struct Stop;
-
-impl OutboxGauges {
-    pub fn start(db: Database, readiness: Arc<ReadinessMonitor>) -> actix::Addr<Self> {
-        actix::Actor::start(Self {
-            db,
-            readiness,
-            refreshing: false,
-        })
-    }
-
-    fn refresh(&mut self, ctx: &mut actix::Context<Self>) {
-        use actix::{ActorFutureExt, AsyncContext, WrapFuture};
-        if self.refreshing {
-            return;
-        }
-        self.refreshing = true;
-        let (db, readiness) = (self.db.clone(), self.readiness.clone());
-        let refresh = async move {
-            readiness.current().await;
-            match db
-                .run(async |connection| store::totals(&**connection).await)
-                .await
-            {
-                Ok(totals) => {
-                    readiness.set_outbox(totals.unsent, totals.parked);
-                    metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
-                    metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
-                    metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)
-                        .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
-                }
-                Err(error) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
-            }
-        };
-        ctx.spawn(
-            refresh
-                .into_actor(self)
-                .map(|(), gauges, _| gauges.refreshing = false),
-        );
-    }
-}
-
-impl actix::Actor for OutboxGauges {
-    type Context = actix::Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        use actix::AsyncContext;
-        self.refresh(ctx);
-        ctx.run_interval(OUTBOX_GAUGES_INTERVAL, |gauges, ctx| gauges.refresh(ctx));
-    }
-}
-
-impl actix::Handler<Stop> for OutboxGauges {
-    type Result = ();
-
-    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
-        actix::ActorContext::stop(ctx);
-    }
-}
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 

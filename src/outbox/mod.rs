@@ -2,6 +2,7 @@
 //! replayed on an operator's request.
 
 pub mod broker;
+pub mod gauges;
 pub mod publish;
 pub mod relay;
 pub mod replay;

@@ -11,6 +11,7 @@ use lapin::Channel;
 use tokio::sync::oneshot;
 
 use crate::db::{Database, PgClient, StorageError};
+use crate::lifecycle::Stop;
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
 use crate::outbox::store::{self, Failure, RelayStatements};
@@ -314,11 +315,6 @@ impl OutboxWaker {
 #[rtype(result = "()")]
 pub struct Wake;
 
-/// Finish the batches in progress, then stop. Answered once the relay has stopped.
-#[derive(Message, Clone)]
-#[rtype(result = "()")]
-pub struct Stop;
-
 /// What a relay has done, for tests and diagnostics.
 #[derive(Message)]
 #[rtype(result = "RelayState")]
@@ -609,6 +605,7 @@ impl Handler<Wake> for OutboxRelay {
     }
 }
 
+/// Lets the batches in progress finish, then stops; answered then.
 impl Handler<Stop> for OutboxRelay {
     type Result = ResponseFuture<()>;
 

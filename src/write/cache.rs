@@ -18,7 +18,7 @@ use metrics::Counter;
 
 use crate::idempotency::{BodyHash, RequestHash};
 use crate::telemetry;
-use crate::write::{Answer, SavedResponse, ScopedKey};
+use crate::write::{Answer, SavedRecord, ScopedKey};
 
 /// A shard's replay cache, shared by the shard (which writes it) and the HTTP workers (which
 /// read it).
@@ -69,7 +69,7 @@ impl ReplayCache {
     /// `answer` that follows.
     pub fn replay_of_same_body(&self, key: &ScopedKey, body: &[u8]) -> Option<Answer> {
         let (saved_hash, response) = self.with_live(key, |cached| {
-            Some((cached.body_hash?, cached.response.clone()))
+            Some((cached.bytes_hash?, cached.record.response.clone()))
         })?;
         if BodyHash::of(body) != saved_hash {
             return None;
@@ -80,13 +80,7 @@ impl ReplayCache {
 
     /// [`answer`](Self::answer) without counting the lookup (the shard's second look).
     pub(crate) fn lookup(&self, key: &ScopedKey, request_hash: RequestHash) -> Option<Answer> {
-        self.with_live(key, |cached| {
-            Some(if cached.request_hash == request_hash {
-                Answer::Replayed(cached.response.clone())
-            } else {
-                Answer::Conflict
-            })
-        })
+        self.with_live(key, |cached| Some(cached.record.answer_for(request_hash)))
     }
 
     /// `read` of the entry for `key`, if there is one and its record has not expired.
@@ -99,27 +93,21 @@ impl ReplayCache {
             // matters (at worst an entry is missing), so a poisoned lock is used as it is.
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cached = entries.entries.get(key)?;
-        if cached.response.live_until <= Instant::now() {
+        if cached.record.response.live_until <= Instant::now() {
             return None;
         }
         read(cached)
     }
 
-    /// Caches `response` for `key`, saved for a request with `request_hash` (and, when known,
-    /// whose body's bytes had `body_hash`), evicting the oldest entries past the bounds. Only
-    /// the shard calls it.
-    pub(crate) fn insert(
-        &self,
-        key: ScopedKey,
-        request_hash: RequestHash,
-        body_hash: Option<BodyHash>,
-        response: SavedResponse,
-    ) {
+    /// Caches `record` for `key` (with, when known, the hash of the bytes of a request body
+    /// that completed it), evicting the oldest entries past the bounds. Only the shard calls
+    /// it.
+    pub(crate) fn insert(&self, key: ScopedKey, record: SavedRecord, bytes_hash: Option<BodyHash>) {
         self.0
             .entries
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(key, request_hash, body_hash, response);
+            .insert(key, record, bytes_hash);
     }
 }
 
@@ -138,28 +126,21 @@ struct Entries {
 }
 
 struct Cached {
-    request_hash: RequestHash,
-    /// The hash of the body bytes of a request known to have `request_hash`: the one that
+    record: SavedRecord,
+    /// The hash of the body bytes of a request known to be the record's: the one that
     /// completed the key through this daemon. None for a record read back from the database.
-    body_hash: Option<BodyHash>,
-    response: SavedResponse,
+    bytes_hash: Option<BodyHash>,
     generation: u64,
 }
 
-/// What a cached response costs, roughly: its body, its key, and the bookkeeping around them.
-fn cached_size(key: &ScopedKey, response: &SavedResponse) -> usize {
-    response.body.len() + key.client_id.len() + key.key.as_str().len() + 200
+/// What a cached record costs, roughly: its body, its key, and the bookkeeping around them.
+fn cached_size(key: &ScopedKey, record: &SavedRecord) -> usize {
+    record.response.body.len() + key.client_id.len() + key.key.as_str().len() + 200
 }
 
 impl Entries {
-    fn insert(
-        &mut self,
-        key: ScopedKey,
-        request_hash: RequestHash,
-        body_hash: Option<BodyHash>,
-        response: SavedResponse,
-    ) {
-        let size = cached_size(&key, &response);
+    fn insert(&mut self, key: ScopedKey, record: SavedRecord, bytes_hash: Option<BodyHash>) {
+        let size = cached_size(&key, &record);
         if self.capacity == 0 || size > self.capacity_bytes {
             return;
         }
@@ -171,9 +152,8 @@ impl Entries {
         self.entries.insert(
             key,
             Cached {
-                request_hash,
-                body_hash,
-                response,
+                record,
+                bytes_hash,
                 generation,
             },
         );
@@ -198,7 +178,7 @@ impl Entries {
 
     fn remove(&mut self, key: &ScopedKey) {
         if let Some(cached) = self.entries.remove(key) {
-            let size = cached_size(key, &cached.response);
+            let size = cached_size(key, &cached.record);
             self.bytes -= size;
             metrics::gauge!(telemetry::REPLAY_CACHE_ENTRIES).decrement(1.0);
             metrics::gauge!(telemetry::REPLAY_CACHE_BYTES).decrement(size as f64);
@@ -210,7 +190,26 @@ impl Entries {
 mod tests {
     use super::*;
     use crate::idempotency::IdempotencyKey;
+    use crate::write::SavedResponse;
     use actix_web::web::Bytes;
+
+    /// Caches `response` saved for a request with `request_hash`.
+    fn put(
+        cache: &ReplayCache,
+        key: ScopedKey,
+        request_hash: RequestHash,
+        bytes_hash: Option<BodyHash>,
+        response: SavedResponse,
+    ) {
+        cache.insert(
+            key,
+            SavedRecord {
+                request_hash,
+                response,
+            },
+            bytes_hash,
+        );
+    }
 
     fn response(expires_in: chrono::Duration) -> SavedResponse {
         let now = Instant::now();
@@ -241,13 +240,32 @@ mod tests {
     fn cache_is_bounded_and_honors_expiry() {
         let cache = ReplayCache::new(2, 1 << 20);
         let hash = RequestHash([0; 32]);
-        cache.insert(key("a"), hash, None, response(chrono::Duration::hours(1)));
-        cache.insert(key("b"), hash, None, response(chrono::Duration::hours(1)));
-        cache.insert(key("c"), hash, None, response(chrono::Duration::hours(1)));
+        put(
+            &cache,
+            key("a"),
+            hash,
+            None,
+            response(chrono::Duration::hours(1)),
+        );
+        put(
+            &cache,
+            key("b"),
+            hash,
+            None,
+            response(chrono::Duration::hours(1)),
+        );
+        put(
+            &cache,
+            key("c"),
+            hash,
+            None,
+            response(chrono::Duration::hours(1)),
+        );
         assert!(!cached(&cache, "a"), "oldest evicted");
         assert!(cached(&cache, "b"));
         assert!(cached(&cache, "c"));
-        cache.insert(
+        put(
+            &cache,
             key("d"),
             hash,
             None,
@@ -269,16 +287,29 @@ mod tests {
         let hash = RequestHash([0; 32]);
         let cache = ReplayCache::new(100, 2500);
         for name in ["a", "b", "c"] {
-            cache.insert(key(name), hash, None, big(chrono::Duration::hours(1)));
+            put(
+                &cache,
+                key(name),
+                hash,
+                None,
+                big(chrono::Duration::hours(1)),
+            );
         }
         let bytes = |cache: &ReplayCache| cache.0.entries.read().unwrap().bytes;
         let len = |cache: &ReplayCache| cache.0.entries.read().unwrap().entries.len();
         assert!(bytes(&cache) <= 2500);
         assert!(!cached(&cache, "a"), "the oldest is evicted by size");
         assert!(cached(&cache, "c"));
-        cache.insert(key("c"), hash, None, big(chrono::Duration::hours(1)));
+        put(
+            &cache,
+            key("c"),
+            hash,
+            None,
+            big(chrono::Duration::hours(1)),
+        );
         assert_eq!(len(&cache), 2, "re-inserting a key replaces it");
-        cache.insert(
+        put(
+            &cache,
             key("huge"),
             hash,
             None,
@@ -299,19 +330,22 @@ mod tests {
         let hash = RequestHash([7; 32]);
         let bytes = br#"{"kind":"a","data":{}}"#;
         let body = BodyHash::of(bytes);
-        cache.insert(
+        put(
+            &cache,
             key("known"),
             hash,
             Some(body),
             response(chrono::Duration::hours(1)),
         );
-        cache.insert(
+        put(
+            &cache,
             key("read-back"),
             hash,
             None,
             response(chrono::Duration::hours(1)),
         );
-        cache.insert(
+        put(
+            &cache,
             key("old"),
             hash,
             Some(body),

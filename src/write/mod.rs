@@ -6,8 +6,10 @@
 //! - [`writer`]: `Writer` actors, which commit writes in batches, one transaction each.
 //! - [`pending`]: the bound on the bytes pending writes hold.
 //!
-//! The types here are the write path's vocabulary: a [`Write`] (what a client asked for) goes
-//! in, an [`Answer`] comes out, and between them a writer saves a [`SavedResponse`].
+//! The types here are the write path's vocabulary, one per concept: a [`Write`] (what a client
+//! asked for, its [`WriteRequest`] under its [`ScopedKey`]) goes in, an [`Answer`] comes out,
+//! and between them a writer saves a [`SavedRecord`], which judges every later request for its
+//! key ([`SavedRecord::answer_for`]: the same request is a replay, another one a conflict).
 
 pub mod cache;
 pub mod pending;
@@ -21,7 +23,8 @@ use actix_web::web::Bytes;
 use uuid::Uuid;
 
 use crate::db::StorageError;
-use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
+pub use crate::entry::WriteRequest;
+use crate::idempotency::{IdempotencyKey, RequestHash};
 
 pub use cache::ReplayCache;
 pub use pending::{PendingBytes, PendingPermit};
@@ -35,17 +38,11 @@ pub struct ScopedKey {
     pub key: IdempotencyKey,
 }
 
-/// One write a client asked for, validated and hashed, in compact form: the canonical text of
-/// its data, not the decoded tree (which takes many times the body's size in memory).
+/// One write a client asked for: its request, validated and hashed, under its key.
 #[derive(Debug)]
 pub struct Write {
     pub key: ScopedKey,
-    pub request_hash: RequestHash,
-    /// The hash of the body's bytes as they arrived (see [`BodyHash`]).
-    pub body_hash: BodyHash,
-    pub kind: String,
-    /// `data`, as canonical JSON text.
-    pub data_json: String,
+    pub request: WriteRequest,
     /// The client's address, for the audit event.
     pub remote_addr: Option<String>,
 }
@@ -55,7 +52,27 @@ impl Write {
     /// kind and key, and the bookkeeping around them. (While its batch commits, the statement's
     /// copies take a few times that.)
     pub fn pending_size(&self) -> usize {
-        self.data_json.len() + self.kind.len() + self.key.key.as_str().len() + 512
+        self.request.data_json.len() + self.request.kind.len() + self.key.key.as_str().len() + 512
+    }
+}
+
+/// A completed key's record as the write path knows it: the hash of the request that completed
+/// it, and the answer saved for that request.
+#[derive(Debug, Clone)]
+pub struct SavedRecord {
+    pub request_hash: RequestHash,
+    pub response: SavedResponse,
+}
+
+impl SavedRecord {
+    /// The answer to a request with `request_hash` for this record's key: the same request is a
+    /// replay of the saved answer, another one a conflict. The rule, in one place.
+    pub fn answer_for(&self, request_hash: RequestHash) -> Answer {
+        if request_hash == self.request_hash {
+            Answer::Replayed(self.response.clone())
+        } else {
+            Answer::Conflict
+        }
     }
 }
 
@@ -105,7 +122,7 @@ pub enum WriteError {
     /// The key's record was deleted (it had expired) between the claim and the read-back.
     #[error("the key's record changed during the write")]
     RecordChanged,
-    /// The writer stopped before answering (the daemon is shutting down).
-    #[error("the writer stopped before answering")]
-    WriterGone,
+    /// The key's shard or its writer stopped before answering: the daemon is shutting down.
+    #[error("the daemon is shutting down")]
+    Stopping,
 }

@@ -1,12 +1,13 @@
 //! KeyShard actors: where requests for one idempotency key meet.
 //!
 //! Keys are spread over shards by a hash of (client, key). A shard holds the keys now in flight
-//! and a [`ReplayCache`] of completed responses. A request is judged only against a committed
-//! record, never against another request still in flight: any request for a key in flight
-//! (the same body or not) waits for that write's outcome, and is then answered as a replay or a
-//! conflict against the saved record, or, if nothing was saved, its own write runs next. A
-//! cached completed key is answered from memory. The database's unique key stays the final
-//! guard: another daemon on the same database is answered through the writer's read-back.
+//! and a [`ReplayCache`] of completed records. A request is judged only against a saved record,
+//! never against another request still in flight: any request for a key in flight (the same
+//! body or not) waits for that write's outcome, and is then answered by the saved record (a
+//! replay or a conflict, [`SavedRecord::answer_for`]), or, if nothing was saved, its own write
+//! runs next. A cached completed key is answered from memory. The database's unique key stays
+//! the final guard: another daemon on the same database is answered through the writer's
+//! read-back.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -16,10 +17,11 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
+use crate::lifecycle::Stop;
 use crate::telemetry;
 use crate::write::writer::{Commit, Committed, Writer};
 use crate::write::{
-    Answer, PendingBytes, PendingPermit, ReplayCache, SavedResponse, ScopedKey, Write, WriteError,
+    Answer, PendingBytes, PendingPermit, ReplayCache, ScopedKey, Write, WriteError,
 };
 
 /// Which of `shard_count` shards owns the key.
@@ -38,11 +40,14 @@ pub struct ShardHandle {
     cache: ReplayCache,
     /// Shared by every shard: the bytes all pending writes may hold.
     pending: PendingBytes,
-    /// How long a request waits for its answer (`idempotency.wait_timeout`).
-    wait_timeout: Duration,
 }
 
 impl ShardHandle {
+    /// The shard actor, for the shutdown.
+    pub fn actor(&self) -> &Addr<KeyShard> {
+        &self.addr
+    }
+
     /// A replay answered before the body is decoded: `key` is cached as completed by a request
     /// whose body had these very bytes. None otherwise: the request is decoded and
     /// [`submit`](Self::submit)ted.
@@ -51,13 +56,9 @@ impl ShardHandle {
     }
 
     /// What becomes of `write`: a replay or a conflict from the cache, at once; otherwise the
-    /// answer of its own write, or of the write in flight for its key, awaited at most
-    /// `idempotency.wait_timeout`. Past that, a request whose write was sent to a writer is
-    /// [`WriteError::NotConfirmed`] (the write may still commit: a retry with the same key then
-    /// gets its answer), and one that waited for another write of its key is
-    /// [`Answer::InProgress`].
+    /// shard's answer ([`Submit`]), awaited once.
     pub async fn submit(&self, write: Write) -> Answer {
-        if let Some(answer) = self.cache.answer(&write.key, write.request_hash) {
+        if let Some(answer) = self.cache.answer(&write.key, write.request.hash) {
             return answer;
         }
         let Some(permit) = self.pending.try_acquire(write.pending_size()) else {
@@ -66,58 +67,44 @@ impl ShardHandle {
                 "too many writes are pending (database.max_pending_bytes): the database is slow or stalled",
             ));
         };
-        let admission = match self.addr.send(Submit { write, permit }).await {
-            Ok(admission) => admission,
+        self.addr
+            .send(Submit { write, permit })
+            .await
             // The shard is gone only when the daemon is shutting down.
-            Err(_) => return Answer::Failed(WriteError::WriterGone),
-        };
-        let (answer, leads) = match admission {
-            Admission::Ready(answer) => return answer,
-            Admission::Leader(answer) => (answer, true),
-            Admission::Follower(answer) => (answer, false),
-        };
-        match tokio::time::timeout(self.wait_timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_dropped)) => Answer::Failed(WriteError::WriterGone),
-            Err(_elapsed) if leads => Answer::Failed(WriteError::NotConfirmed(self.wait_timeout)),
-            Err(_elapsed) => Answer::InProgress,
-        }
+            .unwrap_or(Answer::Failed(WriteError::Stopping))
     }
 }
 
-/// How a shard admits a request.
-#[derive(Debug)]
-pub enum Admission {
-    /// Answered at once, from the cache.
-    Ready(Answer),
-    /// Its write was sent to a writer; the answer comes when it is committed.
-    Leader(oneshot::Receiver<Answer>),
-    /// Another write of its key is in flight; the answer comes once that one is done.
-    Follower(oneshot::Receiver<Answer>),
-}
-
-/// A write for the shard, with its share of the pending bytes.
+/// A write for the shard, with its share of the pending bytes. Answered with what became of
+/// it, within `idempotency.wait_timeout`: past that, a request whose write was sent to a
+/// writer is [`WriteError::NotConfirmed`] (the write may still commit: a retry with the same key
+/// then gets its answer), and one that waited for another write of its key is
+/// [`Answer::InProgress`].
 #[derive(Message)]
-#[rtype(result = "Admission")]
+#[rtype(result = "Answer")]
 pub struct Submit {
     pub write: Write,
     pub permit: PendingPermit,
 }
 
-struct InFlight {
-    /// The hashes of the request whose write is being committed.
-    request_hash: RequestHash,
-    body_hash: BodyHash,
-    /// Who gets that write's answer.
+/// A write the shard holds, with what it needs until it is answered: its share of the pending
+/// bytes and the channel its answer goes back on.
+struct PendingWrite {
+    write: Write,
+    permit: PendingPermit,
     reply: oneshot::Sender<Answer>,
-    /// Requests for the key that arrived meanwhile, in order, each with its own write: the next
-    /// one runs if the write in flight saves nothing.
-    waiting: VecDeque<Waiting>,
 }
 
-struct Waiting {
-    submit: Submit,
+/// A key whose write is being committed.
+struct InFlight {
+    /// The hashes of the request whose write it is.
+    request_hash: RequestHash,
+    bytes_hash: BodyHash,
+    /// Who gets that write's answer.
     reply: oneshot::Sender<Answer>,
+    /// Requests for the key that arrived meanwhile, in order: each is judged by the saved
+    /// record, or, if nothing was saved, the first runs its own write.
+    waiting: VecDeque<PendingWrite>,
 }
 
 pub struct KeyShard {
@@ -125,11 +112,13 @@ pub struct KeyShard {
     next_writer: usize,
     in_flight: HashMap<ScopedKey, InFlight>,
     cache: ReplayCache,
+    /// How long a request waits for its answer (`idempotency.wait_timeout`).
+    wait_timeout: Duration,
 }
 
 impl KeyShard {
     /// Starts a shard sending its writes to `writers`, with a cache of at most
-    /// `cache_capacity` responses and `cache_bytes` bytes.
+    /// `cache_capacity` records and `cache_bytes` bytes.
     pub fn start(
         writers: Vec<Addr<Writer>>,
         cache_capacity: usize,
@@ -144,13 +133,13 @@ impl KeyShard {
             next_writer: 0,
             in_flight: HashMap::new(),
             cache: cache.clone(),
+            wait_timeout,
         }
         .start();
         ShardHandle {
             addr,
             cache,
             pending,
-            wait_timeout,
         }
     }
 
@@ -162,9 +151,12 @@ impl KeyShard {
     /// Sends the write to a writer and records it as its key's write in flight.
     fn start_write(
         &mut self,
-        Submit { write, permit }: Submit,
-        reply: oneshot::Sender<Answer>,
-        waiting: VecDeque<Waiting>,
+        PendingWrite {
+            write,
+            permit,
+            reply,
+        }: PendingWrite,
+        waiting: VecDeque<PendingWrite>,
         ctx: &mut Context<Self>,
     ) {
         metrics::gauge!(telemetry::SHARD_IN_FLIGHT).increment(1.0);
@@ -172,8 +164,8 @@ impl KeyShard {
         self.in_flight.insert(
             key.clone(),
             InFlight {
-                request_hash: write.request_hash,
-                body_hash: write.body_hash,
+                request_hash: write.request.hash,
+                bytes_hash: write.request.bytes_hash,
                 reply,
                 waiting,
             },
@@ -203,32 +195,25 @@ impl KeyShard {
         metrics::gauge!(telemetry::SHARD_IN_FLIGHT).decrement(1.0);
         metrics::gauge!(telemetry::SHARD_WAITERS).decrement(in_flight.waiting.len() as f64);
         // A receiver that is gone belongs to a client that gave up; nothing to tell it.
-        let (saved_hash, response) = match result {
-            Ok(Ok(Committed::Created(response))) => {
-                self.cache.insert(
-                    key,
-                    in_flight.request_hash,
-                    Some(in_flight.body_hash),
-                    response.clone(),
-                );
-                let _ = in_flight.reply.send(Answer::Created(response.clone()));
-                (in_flight.request_hash, response)
+        let record = match result {
+            Ok(Ok(Committed::Created(record))) => {
+                let _ = in_flight
+                    .reply
+                    .send(Answer::Created(record.response.clone()));
+                self.cache
+                    .insert(key, record.clone(), Some(in_flight.bytes_hash));
+                record
             }
-            Ok(Ok(Committed::Existing {
-                request_hash,
-                response,
-            })) => {
+            Ok(Ok(Committed::Existing(record))) => {
+                let _ = in_flight
+                    .reply
+                    .send(record.answer_for(in_flight.request_hash));
                 // Saved by another request (perhaps another daemon's): this request's body
                 // bytes stand for it only if the two are the same request.
-                let body_hash =
-                    (request_hash == in_flight.request_hash).then_some(in_flight.body_hash);
-                self.cache
-                    .insert(key, request_hash, body_hash, response.clone());
-                let _ =
-                    in_flight
-                        .reply
-                        .send(judge(in_flight.request_hash, request_hash, &response));
-                (request_hash, response)
+                let bytes_hash =
+                    (record.request_hash == in_flight.request_hash).then_some(in_flight.bytes_hash);
+                self.cache.insert(key, record.clone(), bytes_hash);
+                record
             }
             Ok(Err(error)) => {
                 let _ = in_flight.reply.send(Answer::Failed(error));
@@ -236,42 +221,31 @@ impl KeyShard {
                 return;
             }
             Err(_writer_gone) => {
-                let _ = in_flight.reply.send(Answer::Failed(WriteError::WriterGone));
+                let _ = in_flight.reply.send(Answer::Failed(WriteError::Stopping));
                 self.run_next(in_flight.waiting, ctx);
                 return;
             }
         };
-        // Every request that waited is judged against the record now saved.
+        // Every request that waited is judged by the record now saved.
         for waiting in in_flight.waiting {
-            let _ = waiting.reply.send(judge(
-                waiting.submit.write.request_hash,
-                saved_hash,
-                &response,
-            ));
+            let _ = waiting
+                .reply
+                .send(record.answer_for(waiting.write.request.hash));
         }
     }
 
     /// Nothing was saved for the key: the first request still waiting runs its own write, and
     /// the others wait on it. Requests whose clients gave up are dropped, not written.
-    fn run_next(&mut self, mut waiting: VecDeque<Waiting>, ctx: &mut Context<Self>) {
+    fn run_next(&mut self, mut waiting: VecDeque<PendingWrite>, ctx: &mut Context<Self>) {
         while let Some(next) = waiting.pop_front() {
             if next.reply.is_closed() {
                 continue;
             }
             // The rest wait on, now for `next`.
             metrics::gauge!(telemetry::SHARD_WAITERS).increment(waiting.len() as f64);
-            self.start_write(next.submit, next.reply, waiting, ctx);
+            self.start_write(next, waiting, ctx);
             return;
         }
-    }
-}
-
-/// The answer to a request with `request_hash` for a key whose saved record has `saved_hash`.
-fn judge(request_hash: RequestHash, saved_hash: RequestHash, response: &SavedResponse) -> Answer {
-    if request_hash == saved_hash {
-        Answer::Replayed(response.clone())
-    } else {
-        Answer::Conflict
     }
 }
 
@@ -280,24 +254,55 @@ impl Actor for KeyShard {
 }
 
 impl Handler<Submit> for KeyShard {
-    type Result = MessageResult<Submit>;
+    type Result = ResponseFuture<Answer>;
 
-    fn handle(&mut self, submit: Submit, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(
+        &mut self,
+        Submit { write, permit }: Submit,
+        ctx: &mut Self::Context,
+    ) -> Self::Result {
         // Checked again here: the key may have completed since the HTTP worker looked.
-        if let Some(answer) = self
-            .cache
-            .lookup(&submit.write.key, submit.write.request_hash)
-        {
-            return MessageResult(Admission::Ready(answer));
+        if let Some(answer) = self.cache.lookup(&write.key, write.request.hash) {
+            return Box::pin(std::future::ready(answer));
         }
         let (reply, answer) = oneshot::channel();
-        if let Some(in_flight) = self.in_flight.get_mut(&submit.write.key) {
-            in_flight.waiting.push_back(Waiting { submit, reply });
-            metrics::gauge!(telemetry::SHARD_WAITERS).increment(1.0);
-            return MessageResult(Admission::Follower(answer));
-        }
-        self.start_write(submit, reply, VecDeque::new(), ctx);
-        MessageResult(Admission::Leader(answer))
+        let pending = PendingWrite {
+            write,
+            permit,
+            reply,
+        };
+        let wait_timeout = self.wait_timeout;
+        // What a request is told when its wait ends without an answer: a write sent to a writer
+        // may still commit; a request waiting for another write of its key is still waiting.
+        let unanswered = match self.in_flight.get_mut(&pending.write.key) {
+            Some(in_flight) => {
+                in_flight.waiting.push_back(pending);
+                metrics::gauge!(telemetry::SHARD_WAITERS).increment(1.0);
+                Answer::InProgress
+            }
+            None => {
+                self.start_write(pending, VecDeque::new(), ctx);
+                Answer::Failed(WriteError::NotConfirmed(wait_timeout))
+            }
+        };
+        Box::pin(async move {
+            match tokio::time::timeout(wait_timeout, answer).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(_dropped)) => Answer::Failed(WriteError::Stopping),
+                Err(_elapsed) => unanswered,
+            }
+        })
+    }
+}
+
+/// Stops at once: it is asked to only once the HTTP server has finished its requests, so no
+/// request waits on the shard any more. A write it sent to a writer is committed by the writer
+/// all the same (the writers stop after the shards).
+impl Handler<Stop> for KeyShard {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }
 

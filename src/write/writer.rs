@@ -23,8 +23,9 @@ use crate::db::{Database, DatabaseClock, PgClient, StorageError, WriteHealth};
 use crate::entry::{entry_json, format_time, CREATED_STATUS};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
 use crate::idempotency::{canonical_json, RequestHash};
+use crate::lifecycle::Stop;
 use crate::telemetry;
-use crate::write::{PendingPermit, SavedResponse, Write, WriteError};
+use crate::write::{PendingPermit, SavedRecord, SavedResponse, Write, WriteError};
 
 /// Writes a writer queues at most, in batches' worth: past that it refuses new writes with
 /// 503 at once (shedding load) rather than letting latency and memory grow without bound.
@@ -48,35 +49,13 @@ pub struct Commit {
     pub reply: oneshot::Sender<Result<Committed, WriteError>>,
 }
 
-/// What a committed batch did for one write.
+/// What a committed batch did for one write: the key's record, saved by this write or found.
 #[derive(Debug, Clone)]
 pub enum Committed {
     /// This write claimed the key and committed the entry.
-    Created(SavedResponse),
+    Created(SavedRecord),
     /// The key was already completed (by another process, or before a restart).
-    Existing {
-        request_hash: RequestHash,
-        response: SavedResponse,
-    },
-}
-
-/// Answers once the writer has committed everything queued before it (for shutdown).
-#[derive(Message, Clone)]
-#[rtype(result = "()")]
-pub struct Drain;
-
-/// What a writer is doing, for tests and diagnostics.
-#[derive(Message)]
-#[rtype(result = "WriterState")]
-pub struct GetState;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriterState {
-    /// Writes waiting for the next batch.
-    pub queued: usize,
-    pub batch_in_flight: bool,
-    /// Batches committed or failed since the writer started.
-    pub batches: u64,
+    Existing(SavedRecord),
 }
 
 #[derive(Clone)]
@@ -100,10 +79,9 @@ pub struct Writer {
     config: WriterConfig,
     queue: VecDeque<Commit>,
     batch_in_flight: bool,
-    batches: u64,
     on_commit: CommitHook,
-    /// `Drain` requests waiting for the queue to empty.
-    drained: Vec<oneshot::Sender<()>>,
+    /// [`Stop`] requests, answered once the queue is committed.
+    stopping: Vec<oneshot::Sender<()>>,
 }
 
 impl Writer {
@@ -113,9 +91,8 @@ impl Writer {
             config,
             queue: VecDeque::new(),
             batch_in_flight: false,
-            batches: 0,
             on_commit,
-            drained: Vec::new(),
+            stopping: Vec::new(),
         }
         .start()
     }
@@ -125,8 +102,11 @@ impl Writer {
             return;
         }
         if self.queue.is_empty() {
-            for drained in self.drained.drain(..) {
-                let _ = drained.send(());
+            if !self.stopping.is_empty() {
+                for stopped in self.stopping.drain(..) {
+                    let _ = stopped.send(());
+                }
+                ctx.stop();
             }
             return;
         }
@@ -143,7 +123,6 @@ impl Writer {
         };
         ctx.spawn(work.into_actor(self).map(|(), writer, ctx| {
             writer.batch_in_flight = false;
-            writer.batches += 1;
             writer.start_batch(ctx);
         }));
     }
@@ -201,28 +180,17 @@ impl Handler<Commit> for Writer {
     }
 }
 
-impl Handler<Drain> for Writer {
+/// Commits what is queued, then stops; answered then.
+impl Handler<Stop> for Writer {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: Drain, ctx: &mut Self::Context) -> Self::Result {
-        let (drained, wait) = oneshot::channel();
-        self.drained.push(drained);
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) -> Self::Result {
+        let (stopped, wait) = oneshot::channel();
+        self.stopping.push(stopped);
         self.start_batch(ctx);
         Box::pin(async move {
             // Dropped only if the writer stops, which is also the end of its queue.
             let _ = wait.await;
-        })
-    }
-}
-
-impl Handler<GetState> for Writer {
-    type Result = MessageResult<GetState>;
-
-    fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {
-        MessageResult(WriterState {
-            queued: self.queue.len(),
-            batch_in_flight: self.batch_in_flight,
-            batches: self.batches,
         })
     }
 }
@@ -243,11 +211,17 @@ fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
     let created_at = config.clock.now();
     let created_at_text = format_time(created_at);
     let entry_id = Uuid::now_v7();
-    let response_body = entry_json(entry_id, &write.kind, &write.data_json, &created_at_text);
+    let request = &write.request;
+    let response_body = entry_json(
+        entry_id,
+        &request.kind,
+        &request.data_json,
+        &created_at_text,
+    );
     let audit = config.audit.then(|| AuditFacts {
         client_id: &write.key.client_id,
         idempotency_key: write.key.key.as_str(),
-        request_hash_hex: write.request_hash.to_hex(),
+        request_hash_hex: request.hash.to_hex(),
         remote_addr: write.remote_addr.as_deref(),
     });
     let subject = EventSubject {
@@ -266,15 +240,18 @@ fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
 }
 
 impl PreparedWrite<'_> {
-    /// The answer saved for this write, once committed: its record lives at least `retention`
-    /// from the commit on the database's clock, so the daemon's monotonic clock may count that
-    /// long from now.
-    fn saved_response(&self, retention: Duration) -> SavedResponse {
-        SavedResponse {
-            status: CREATED_STATUS,
-            body: Bytes::from(self.response_body.clone()),
-            entry_id: Some(self.entry_id),
-            live_until: live_until(retention),
+    /// The record saved for this write, once committed: it lives at least `retention` from
+    /// the commit on the database's clock, so the daemon's monotonic clock may count that long
+    /// from now.
+    fn saved_record(&self, retention: Duration) -> SavedRecord {
+        SavedRecord {
+            request_hash: self.write.request.hash,
+            response: SavedResponse {
+                status: CREATED_STATUS,
+                body: Bytes::from(self.response_body.clone()),
+                entry_id: Some(self.entry_id),
+                live_until: live_until(retention),
+            },
         }
     }
 }
@@ -488,10 +465,12 @@ impl<'a> Columns<'a> {
         Self {
             client_ids: writes().map(|p| &*p.write.key.client_id).collect(),
             keys: writes().map(|p| p.write.key.key.as_str()).collect(),
-            hashes: writes().map(|p| &p.write.request_hash.0[..]).collect(),
+            hashes: writes().map(|p| &p.write.request.hash.0[..]).collect(),
             entry_ids: writes().map(|p| p.entry_id).collect(),
-            kinds: writes().map(|p| p.write.kind.as_str()).collect(),
-            data: writes().map(|p| p.write.data_json.as_str()).collect(),
+            kinds: writes().map(|p| p.write.request.kind.as_str()).collect(),
+            data: writes()
+                .map(|p| p.write.request.data_json.as_str())
+                .collect(),
             created: writes().map(|p| p.created_at).collect(),
             responses: writes().map(|p| p.response_body.as_str()).collect(),
             event_ids: events().map(|(_, e)| e.event_id).collect(),
@@ -564,7 +543,7 @@ async fn commit(
     };
 
     let unclaimed: Vec<&PreparedWrite> = prepared.iter().filter(|p| !is_claimed(p)).collect();
-    let mut existing: HashMap<(String, String), (RequestHash, SavedResponse)> = HashMap::new();
+    let mut existing: HashMap<(String, String), SavedRecord> = HashMap::new();
     if !unclaimed.is_empty() {
         let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.write.key.client_id).collect();
         let keys: Vec<&str> = unclaimed.iter().map(|p| p.write.key.key.as_str()).collect();
@@ -578,17 +557,14 @@ async fn commit(
         .iter()
         .map(|p| {
             if is_claimed(p) {
-                return Ok(Committed::Created(p.saved_response(config.retention)));
+                return Ok(Committed::Created(p.saved_record(config.retention)));
             }
             let id = (
                 p.write.key.client_id.to_string(),
                 p.write.key.key.as_str().to_owned(),
             );
             match existing.remove(&id) {
-                Some((request_hash, response)) => Ok(Committed::Existing {
-                    request_hash,
-                    response,
-                }),
+                Some(record) => Ok(Committed::Existing(record)),
                 // Deleted by the janitor between the claim and the read: a retry starts afresh.
                 None => Err(WriteError::RecordChanged),
             }
@@ -597,9 +573,7 @@ async fn commit(
 }
 
 /// Decodes an idempotency record row of the form `READ_BACK` selects.
-fn saved_record_from_row(
-    row: &tokio_postgres::Row,
-) -> Result<(RequestHash, SavedResponse), StorageError> {
+fn saved_record_from_row(row: &tokio_postgres::Row) -> Result<SavedRecord, StorageError> {
     let hash_bytes: Vec<u8> = row.get("request_hash");
     let request_hash = RequestHash::from_slice(&hash_bytes).ok_or_else(|| {
         StorageError::from(anyhow::anyhow!("stored request hash is not 32 bytes"))
@@ -609,9 +583,9 @@ fn saved_record_from_row(
     let json: serde_json::Value = serde_json::from_str(&json_text).map_err(|error| {
         StorageError::from(anyhow::anyhow!("stored response is not JSON: {error}"))
     })?;
-    Ok((
+    Ok(SavedRecord {
         request_hash,
-        SavedResponse {
+        response: SavedResponse {
             status: status as u16,
             body: Bytes::from(canonical_json(&json)),
             entry_id: row.get("entry_id"),
@@ -619,7 +593,7 @@ fn saved_record_from_row(
                 row.get::<_, f64>("remaining_seconds").clamp(0.0, 1e12),
             )),
         },
-    ))
+    })
 }
 
 #[cfg(test)]
@@ -634,10 +608,12 @@ mod tests {
                 client_id: Arc::from("c"),
                 key: IdempotencyKey::parse(key.as_bytes()).unwrap(),
             },
-            request_hash: RequestHash([0; 32]),
-            body_hash: crate::idempotency::BodyHash([0; 32]),
-            kind: "k".into(),
-            data_json: format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes)),
+            request: crate::write::WriteRequest {
+                hash: RequestHash([0; 32]),
+                bytes_hash: crate::idempotency::BodyHash([0; 32]),
+                kind: "k".into(),
+                data_json: format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes)),
+            },
             remote_addr: None,
         };
         Commit {
@@ -668,9 +644,8 @@ mod tests {
             config,
             queue: VecDeque::new(),
             batch_in_flight: false,
-            batches: 0,
             on_commit: Arc::new(|| {}),
-            drained: Vec::new(),
+            stopping: Vec::new(),
         };
         let pending = PendingBytes::new(usize::MAX);
         for n in 0..10 {

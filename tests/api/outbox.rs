@@ -400,7 +400,7 @@ async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    relay.send(retrysafe::outbox::relay::Stop).await.unwrap();
+    relay.send(retrysafe::lifecycle::Stop).await.unwrap();
     arbiter.stop();
 
     assert_eq!(
