@@ -1771,4 +1771,105 @@ mod tests {
         assert!(report.settings.mode_line().len() > 10);
         assert!(file.contains(&report.settings.mode_line()));
     }
+
+    /// The text of `file` between the first `before` and the first `after` that follows it.
+    fn between<'a>(file: &'a str, before: &str, after: &str) -> &'a str {
+        let start = file.find(before).unwrap() + before.len();
+        let len = file[start..].find(after).unwrap();
+        &file[start..start + len]
+    }
+
+    /// The committed BENCHMARKS.md as a report: its settings, machine and per-run values.
+    fn committed_report(file: &str) -> Report {
+        let per_run = section(file, "## Per-run values", "<!--");
+        let runs = per_run
+            .iter()
+            .find(|l| l.starts_with("| scenario"))
+            .unwrap()
+            .matches(" run ")
+            .count();
+        let mut report = report();
+        report.writes = vec![WritesRun::default(); runs];
+        report.replays = vec![ReplaysRun::default(); runs];
+        report.storm = vec![StormRun::default(); runs];
+        report.drain = vec![DrainRun::default(); runs];
+        report.e2e = vec![E2eRun::default(); runs];
+        for line in per_run
+            .iter()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| scenario"))
+        {
+            let row: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+            for run in 0..runs {
+                let value = Num::parse(row[2 + run]);
+                match row[0] {
+                    "writes" => *writes_slot(&mut report.writes[run], row[1]) = value,
+                    "replays" => *replays_slot(&mut report.replays[run], row[1]) = value,
+                    "storm" => *storm_slot(&mut report.storm[run], row[1]) = value,
+                    "drain" => *drain_slot(&mut report.drain[run], row[1]) = value,
+                    "e2e" => *e2e_slot(&mut report.e2e[run], row[1]) = value,
+                    other => panic!("scenario {other}"),
+                }
+            }
+        }
+        let quick = file.contains("**QUICK RUN");
+        let tools = between(file, "| tools | wrk ", " |\n");
+        let (wrk, rest) = tools.split_once(", pgbench ").unwrap();
+        let (pgbench, rustc) = rest.split_once(", ").unwrap();
+        let (cpu_model, nproc) = between(file, "| CPU | ", " cores (nproc)")
+            .rsplit_once(", ")
+            .unwrap();
+        let (config, daemon_settings) = between(file, "Daemon settings from `", ".\n")
+            .split_once("`: ")
+            .unwrap();
+        report.settings = Settings {
+            quick,
+            runs: runs as u32,
+            duration: number_after(
+                file,
+                if quick {
+                    "(BENCH_QUICK=1): "
+                } else {
+                    "Full run: "
+                },
+            ) as u32,
+            drain_events: number_after(file, "| outbox drain ("),
+            e2e_seconds: number_after(file, "-event drain, ") as u32,
+            e2e_rate: number_after(file, "| end-to-end at ") as u32,
+            connections: number_after(file, "| unique-key writes, ") as u32,
+            wrk_threads: number_after(file, "wrk -t") as u32,
+            replay_keys: number_after(file, "| replays (") as u32,
+            storm_keys: number_after(file, "| duplicate storm (") as u32,
+            publish_window: number_after(file, "(window ") as u32,
+            port: number_after(file, "RETRYSAFE_HTTP__LISTEN=127.0.0.1:") as u16,
+            config: config.into(),
+            pg_base: between(file, "RETRYSAFE_DATABASE__URL=", "/<db>").into(),
+        };
+        report.machine = Machine {
+            cpu_model: cpu_model.into(),
+            nproc: nproc.into(),
+            mem_gib: between(file, "| memory | ", " GiB |").into(),
+            kernel: between(file, "| kernel | ", " |\n").into(),
+            pg_version: between(file, "| PostgreSQL | ", " (the distribution package's").into(),
+            autovacuum: between(file, "autovacuum: ", ") |").into(),
+            rabbit_version: between(file, "| RabbitMQ | ", " |\n").into(),
+            wrk_version: wrk.into(),
+            pgbench_version: pgbench.into(),
+            rustc_version: rustc.into(),
+            commit: between(file, "daemon at commit\n`", "`. Every").into(),
+            daemon_settings: daemon_settings.into(),
+        };
+        report.written_at = between(file, "Written by `bench/run` on ", " (run id").into();
+        report.run_id = between(file, "(run id `", "`)").into();
+        report
+    }
+
+    /// The committed BENCHMARKS.md, rendered again from its own settings, machine and per-run
+    /// values, is the same file to the byte: the generated part and the hand-written one.
+    #[test]
+    fn the_committed_file_is_rendered_again_byte_for_byte() {
+        let file = include_str!("../BENCHMARKS.md");
+        let report = committed_report(file);
+        assert_eq!(report.writes.len(), 3);
+        assert_eq!(report.render(Some(file)), file);
+    }
 }
