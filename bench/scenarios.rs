@@ -8,7 +8,6 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -16,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::harness::{
     self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, seconds_per_1000,
-    unix_ns, Binaries, Broker, Cleanup, Daemon, DaemonSpec, MachineTicks, Pg, ServiceTicks,
+    unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks, Pg, ServiceTicks,
 };
 use crate::report::{
     quoted_settings, DrainRun, E2eRun, Machine, ReplaysRun, Report, Run, Scenario, Settings,
@@ -112,26 +111,30 @@ impl RunArgs {
 /// Everything a scenario needs.
 struct Bench {
     s: Settings,
-    bin: Binaries,
-    pg: Pg,
-    broker: Broker,
-    cleanup: Arc<Cleanup>,
-    work: PathBuf,
+    h: Harness,
     run_id: String,
     setup_sql: Option<String>,
     amqp: String,
 }
 
-/// wrk's figures from its `BENCH_RESULT`, in the order of the runs' metrics: rps, p50_ms,
-/// p99_ms, requests, errors (connect + read + write + status + timeout), status_errors.
-fn wrk_figures(map: &Map<String, Value>) -> [Option<Num>; 6] {
-    let errors: Option<i64> = ["connect", "read", "write", "status", "timeout"]
-        .iter()
-        .map(|kind| field(map, &format!("errors_{kind}")).map(|n| n.value as i64))
-        .sum();
-    let [rps, p50, p99, requests, status] =
-        ["rps", "p50_ms", "p99_ms", "requests", "errors_status"].map(|key| field(map, key));
-    [rps, p50, p99, requests, errors.map(Num::int), status]
+/// wrk's figure of a metric, from its `BENCH_RESULT`: rps, p50_ms, p99_ms and requests as wrk
+/// printed them, errors (connect + read + write + status + timeout), status_errors (non-2xx
+/// answers); None for any other metric.
+fn wrk_figure(result: &Map<String, Value>, metric: &str) -> Option<Num> {
+    match metric {
+        "rps" | "p50_ms" | "p99_ms" | "requests" => field(result, metric),
+        "status_errors" => field(result, "errors_status"),
+        "errors" => {
+            let kinds = ["connect", "read", "write", "status", "timeout"];
+            let count = |kind| field(result, &format!("errors_{kind}")).map(|n| n.value as i64);
+            kinds
+                .into_iter()
+                .map(count)
+                .sum::<Option<i64>>()
+                .map(Num::int)
+        }
+        _ => None,
+    }
 }
 
 /// pgbench's figures, from its output: tps, the average latency (ms), the failed transactions,
@@ -203,6 +206,11 @@ impl Window {
         let ticks = daemon.cpu_ticks()? - self.ticks;
         Ok(cpu_share(ticks, unix_ns() - self.unix_ns))
     }
+
+    /// `cores`, and the daemon's peak RSS (MiB) right after.
+    fn close(&self, daemon: &Daemon) -> anyhow::Result<[Option<Num>; 2]> {
+        Ok([self.cores(daemon)?, mib(daemon.status_kb("VmHWM")?)])
+    }
 }
 
 /// A scenario's run: its fresh database and exchange, with a durable queue bound for '#'.
@@ -214,7 +222,7 @@ struct Stage {
 
 impl Bench {
     fn path(&self, name: &str) -> PathBuf {
-        self.work.join(name)
+        self.h.work.join(name)
     }
 
     fn db_name(&self, scenario: &str, run: u32) -> String {
@@ -224,11 +232,11 @@ impl Bench {
     /// Drops the database if present, creates and migrates it with `retrysafe migrate`, then
     /// runs BENCH_SETUP_SQL on it.
     fn fresh_db(&self, db: &str) -> anyhow::Result<()> {
-        self.pg.drop_db(db)?;
+        self.h.pg.drop_db(db)?;
         let log = self.path("migrate.log");
-        let status = Command::new(&self.bin.daemon)
+        let status = Command::new(&self.h.bin.daemon)
             .args(["migrate", "--config", &self.s.config])
-            .env("RETRYSAFE_DATABASE__URL", self.pg.url(db))
+            .env("RETRYSAFE_DATABASE__URL", self.h.pg.url(db))
             .env("RETRYSAFE_LOG__LEVEL", "warn")
             .stdout(append(&log)?)
             .stderr(append(&log)?)
@@ -237,7 +245,7 @@ impl Bench {
             bail!("migrate {db} failed (see {})", log.display());
         }
         if let Some(sql) = &self.setup_sql {
-            self.pg.query(db, sql)?;
+            self.h.pg.query(db, sql)?;
         }
         Ok(())
     }
@@ -251,14 +259,15 @@ impl Bench {
             exchange,
         };
         self.fresh_db(&stage.db)?;
-        self.broker
-            .bind(&self.cleanup, &stage.exchange, &stage.queue)?;
+        self.h
+            .broker
+            .bind(&self.h.cleanup, &stage.exchange, &stage.queue)?;
         Ok(stage)
     }
 
     fn unstage(&self, stage: Stage) -> anyhow::Result<()> {
-        self.pg.drop_db(&stage.db)?;
-        self.broker.delete(&stage.exchange, &stage.queue)
+        self.h.pg.drop_db(&stage.db)?;
+        self.h.broker.delete(&stage.exchange, &stage.queue)
     }
 
     /// The daemon on `db` and `exchange`, its output in `log`; unless `wait` is false, once it
@@ -272,15 +281,14 @@ impl Bench {
         wait: bool,
     ) -> anyhow::Result<Daemon> {
         let spec = DaemonSpec {
-            binary: &self.bin.daemon,
             config: &self.s.config,
             port: self.s.port,
-            db_url: self.pg.url(db),
+            db_url: self.h.pg.url(db),
             amqp,
             exchange,
             log: self.path(log),
         };
-        Daemon::start(spec, &self.cleanup, wait)
+        self.h.start(spec, wait)
     }
 
     /// Stops the daemon; its WARN/ERROR log lines under load and after the SIGTERM.
@@ -290,36 +298,38 @@ impl Bench {
         Ok([under_load, after].map(|lines| Some(Num::int(lines as i64))))
     }
 
-    /// The standard wrk command of every HTTP scenario; its `BENCH_RESULT`.
+    /// The standard wrk command of every HTTP scenario; its figures (see `wrk_figure`).
     fn wrk(
         &self,
         out: &str,
         script: &str,
         path: &str,
         env: &[(&str, String)],
-    ) -> anyhow::Result<Map<String, Value>> {
+    ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
         let out = self.path(out);
         let s = &self.s;
+        let (threads, connections) = (s.wrk_threads, s.connections);
         let mut command = Command::new("wrk");
         command
-            .args([
-                format!("-t{}", s.wrk_threads),
-                format!("-c{}", s.connections),
-            ])
+            .args([format!("-t{threads}"), format!("-c{connections}")])
             .arg(format!("-d{}s", s.duration))
             .args(["--timeout", "10s", "--latency", "-s", script])
             .arg(format!("{}{path}", s.url()))
             .envs(env.iter().map(|(name, value)| (name, value)));
         let text = run_ok(&mut command, &out, "wrk")?;
-        result_line(&text, "BENCH_RESULT")
-            .with_context(|| format!("wrk printed no result; see {}", out.display()))
+        let result = result_line(&text, "BENCH_RESULT")
+            .with_context(|| format!("wrk printed no result; see {}", out.display()))?;
+        Ok(move |metric: &str| wrk_figure(&result, metric))
     }
 
     /// wrk's unique-key writes: every request with a fresh key, kept apart from other runs'
     /// keys by `nonce`.
-    fn unique_key_writes(&self, out: &str, nonce: String) -> anyhow::Result<[Option<Num>; 6]> {
-        let result = self.wrk(out, "bench/unique_keys.lua", "/", &[("BENCH_NONCE", nonce)])?;
-        Ok(wrk_figures(&result))
+    fn unique_key_writes(
+        &self,
+        out: &str,
+        nonce: String,
+    ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
+        self.wrk(out, "bench/unique_keys.lua", "/", &[("BENCH_NONCE", nonce)])
     }
 
     /// pgbench against `db`; its figures (a failure is logged, not fatal, as its figures say).
@@ -355,18 +365,15 @@ impl Bench {
         Ok(pgbench_figures(&text))
     }
 
-    /// Runs a helper program (`bench-e2e`, `bench-publisher`) into `out`; its `BENCH_RESULT`.
-    fn helper(
-        &self,
-        binary: &Path,
-        args: &[&str],
-        out: &str,
-        what: &str,
-    ) -> anyhow::Result<Map<String, Value>> {
+    /// Runs a helper program (`bench-e2e`, `bench-publisher`) with `words` (none has a space)
+    /// into `out`; its `BENCH_RESULT`.
+    fn helper(&self, binary: &Path, words: &str, out: &str) -> anyhow::Result<Map<String, Value>> {
         let mut command = Command::new(binary);
-        command.env("BENCH_AMQP_URL", &self.amqp).args(args);
+        command.env("BENCH_AMQP_URL", &self.amqp);
+        command.args(words.split_whitespace());
+        let what = format!("{} {words}", binary.display());
         result_line(
-            &run_ok(&mut command, &self.path(out), what)?,
+            &run_ok(&mut command, &self.path(out), &what)?,
             "BENCH_RESULT",
         )
     }
@@ -375,9 +382,9 @@ impl Bench {
     /// (and a log line) if they were not.
     fn outbox_emptied(&self, db: &str) -> anyhow::Result<bool> {
         let deadline = Instant::now() + EMPTY_OUTBOX_WAIT;
-        while self.pg.count(db, ANY_UNSENT_SQL)? != 0 {
+        while self.h.pg.count(db, ANY_UNSENT_SQL)? != 0 {
             if Instant::now() >= deadline {
-                let unsent = self.pg.count(db, UNSENT_SQL)?;
+                let unsent = self.h.pg.count(db, UNSENT_SQL)?;
                 log(TAG, &format!("{unsent} events still unsent after {EMPTY_OUTBOX_WAIT:?}: no CPU cost per write"));
                 return Ok(false);
             }
@@ -390,7 +397,7 @@ impl Bench {
     fn sessions_closed(&self, db: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'");
-        while self.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
+        while self.h.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
@@ -401,6 +408,7 @@ impl Bench {
         let mut counts = [0; N];
         for (count, table) in counts.iter_mut().zip(tables) {
             *count = self
+                .h
                 .pg
                 .count(db, &format!("SELECT count(*) FROM {table}"))?;
         }
@@ -408,24 +416,22 @@ impl Bench {
     }
 
     fn measure(&self, scenario: Scenario, run: u32) -> anyhow::Result<Run> {
-        Ok(match scenario {
-            Scenario::Writes => self.writes(run)?.into(),
-            Scenario::Replays => self.replays(run)?.into(),
-            Scenario::Storm => self.storm(run)?.into(),
-            Scenario::Drain => self.drain(run)?.into(),
-            Scenario::E2e => self.e2e(run)?,
-        })
+        match scenario {
+            Scenario::Writes => self.writes(run),
+            Scenario::Replays => self.replays(run),
+            Scenario::Storm => self.storm(run),
+            Scenario::Drain => self.drain(run),
+            Scenario::E2e => self.e2e(run),
+        }
     }
 
-    fn writes(&self, run: u32) -> anyhow::Result<WritesRun> {
+    fn writes(&self, run: u32) -> anyhow::Result<Run> {
         let (connections, duration) = (self.s.connections, self.s.duration);
-        log(
-            TAG,
-            &format!("run {run}: unique-key writes (wrk -c{connections}, {duration}s)"),
-        );
+        let load = format!("(wrk -c{connections}, {duration}s)");
+        log(TAG, &format!("run {run}: unique-key writes {load}"));
         let stage = self.stage("writes", run)?;
-        let log_name = format!("daemon-writes-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &log_name, true)?;
+        let daemon_log = format!("daemon-writes-{run}.log");
+        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
         let window = Window::open(&daemon)?;
         let nonce = format!("{}{run}", self.run_id);
@@ -433,18 +439,10 @@ impl Bench {
         let mut r = WritesRun {
             cpu_cores: window.cores(&daemon)?,
             machine_busy_pct: MachineTicks::now()?.since(machine0).busy_pct(),
-            backlog_at_end: self.pg.number(&stage.db, UNSENT_SQL)?,
+            backlog_at_end: self.h.pg.number(&stage.db, UNSENT_SQL)?,
             rss_mb: mib(daemon.status_kb("VmHWM")?),
             ..WritesRun::default()
         };
-        [
-            r.rps,
-            r.p50_ms,
-            r.p99_ms,
-            r.requests,
-            r.errors,
-            r.status_errors,
-        ] = wrk;
         // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
         if self.outbox_emptied(&stage.db)? {
             let services = ServiceTicks::now().since(services0);
@@ -458,40 +456,43 @@ impl Bench {
         // Sanity: every 201 has its entry; at most the requests in flight at the end (wrk
         // closes those connections; the daemon may still commit them) and timed-out ones come
         // on top.
-        let [entries, records, events] = self.counts(
-            &stage.db,
-            ["entries", "idempotency_records", "outbox_events"],
-        )?;
-        let value = |figure: &Option<Num>| figure.as_ref().map_or(0.0, |n| n.value) as i64;
-        let answered_2xx = value(&r.requests) - value(&r.status_errors);
+        let tables = ["entries", "idempotency_records", "outbox_events"];
+        let [entries, records, events] = self.counts(&stage.db, tables)?;
+        let value = |metric| wrk(metric).map_or(0.0, |n| n.value) as i64;
+        let answered_2xx = value("requests") - value("status_errors");
         r.entries = Some(Num::int(entries));
         r.entries_minus_2xx = Some(Num::int(entries - answered_2xx));
         r.rows_consistent = Some(Num::flag(entries == records && entries == events));
-        r.payload_bytes = self.pg.number(&stage.db, PAYLOAD_SQL)?;
-        self.pg.drop_db(&stage.db)?;
+        r.payload_bytes = self.h.pg.number(&stage.db, PAYLOAD_SQL)?;
+        self.h.pg.drop_db(&stage.db)?;
         self.write_then_deliver(run, &stage.exchange, &mut r)?;
-        self.broker.delete(&stage.exchange, &stage.queue)?;
+        self.h.broker.delete(&stage.exchange, &stage.queue)?;
 
-        log(TAG, &format!("run {run}: baseline pgbench conventional transaction (-c{connections}, {duration}s)"));
+        log(
+            TAG,
+            &format!("run {run}: baseline pgbench conventional transaction {load}"),
+        );
         let db = self.db_name("pgwrites", run);
         self.fresh_db(&db)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
         let out = format!("writes-pgbench-{run}.txt");
-        let [tps, latency, failed, transactions] =
-            self.pgbench(&out, &db, "bench/conventional.sql", &[])?;
+        let pgbench = self.pgbench(&out, &db, "bench/conventional.sql", &[])?;
         r.pg_machine_busy_pct = MachineTicks::now()?.since(machine0).busy_pct();
         // Read once pgbench's backends are gone, so that their whole time is counted.
         self.sessions_closed(&db)?;
         let services = ServiceTicks::now().since(services0);
         let machine = MachineTicks::now()?.since(machine0);
+        let [tps, latency, failed, transactions] = pgbench;
         (r.pg_tps, r.pg_latency_ms, r.pg_failed) = (tps, latency, failed);
         let transactions = transactions.map_or(0, |n| n.value as i64);
         [r.pg_cost, _] = service_costs(services, transactions, "pgbench");
         if services.is_some() {
             r.pg_machine_cost = seconds_per_1000(machine.work, transactions);
         }
-        self.pg.drop_db(&db)?;
-        Ok(r)
+        self.h.pg.drop_db(&db)?;
+        let mut run = Run::from(r);
+        run.fill(wrk);
+        Ok(run)
     }
 
     /// The writes' load again on a fresh database, first with the broker unreachable (the
@@ -504,30 +505,27 @@ impl Bench {
         r: &mut WritesRun,
     ) -> anyhow::Result<()> {
         let db = self.db_name("writes_alone", run);
-        log(
-            TAG,
-            &format!("run {run}: the same writes with the broker unreachable, then delivered"),
-        );
+        let what = "the same writes with the broker unreachable, then delivered";
+        log(TAG, &format!("run {run}: {what}"));
         self.fresh_db(&db)?;
-        let log_name = format!("daemon-writes-alone-{run}.log");
-        let mut daemon = self.start(&db, exchange, UNREACHABLE_AMQP, &log_name, true)?;
+        let daemon_log = format!("daemon-writes-alone-{run}.log");
+        let mut daemon = self.start(&db, exchange, UNREACHABLE_AMQP, &daemon_log, true)?;
         let services0 = ServiceTicks::now();
         let t0 = daemon.cpu_ticks()?;
         let nonce = format!("{}{run}alone", self.run_id);
-        let [rps, _, p99, ..] =
-            self.unique_key_writes(&format!("writes-alone-{run}.wrk"), nonce)?;
+        let wrk = self.unique_key_writes(&format!("writes-alone-{run}.wrk"), nonce)?;
         let t1 = daemon.cpu_ticks()?;
         daemon.stop(TAG)?;
         let services = ServiceTicks::now().since(services0);
         let [written] = self.counts(&db, ["entries"])?;
-        (r.alone_rps, r.alone_p99_ms) = (rps, p99);
+        (r.alone_rps, r.alone_p99_ms) = (wrk("rps"), wrk("p99_ms"));
         r.alone_cost_daemon = seconds_per_1000(t1 - t0, written);
         [r.alone_cost_postgres, r.alone_cost_rabbitmq] =
             service_costs(services, written, "writes alone");
 
         let services0 = ServiceTicks::now();
-        let log_name = format!("daemon-deliver-{run}.log");
-        let mut daemon = self.start(&db, exchange, &self.amqp, &log_name, false)?;
+        let daemon_log = format!("daemon-deliver-{run}.log");
+        let mut daemon = self.start(&db, exchange, &self.amqp, &daemon_log, false)?;
         if self.outbox_emptied(&db)? {
             let services = ServiceTicks::now().since(services0);
             let [events] = self.counts(&db, ["outbox_events"])?;
@@ -536,118 +534,74 @@ impl Bench {
                 service_costs(services, events, "delivery");
         }
         daemon.stop(TAG)?;
-        self.pg.drop_db(&db)
+        self.h.pg.drop_db(&db)
     }
 
-    fn replays(&self, run: u32) -> anyhow::Result<ReplaysRun> {
+    fn replays(&self, run: u32) -> anyhow::Result<Run> {
         let keys = self.s.replay_keys;
         log(
             TAG,
             &format!("run {run}: replays of {keys} keys, /healthz, pgbench PK select"),
         );
         let stage = self.stage("replays", run)?;
-        let log_name = format!("daemon-replays-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &log_name, true)?;
-        let (url, count) = (self.s.url(), keys.to_string());
-        let args = [
-            "precreate",
-            "--url",
-            &url,
-            "--kind",
-            "bench.replay",
-            "--prefix",
-            "replay-",
-            "--count",
-            &count,
-        ];
+        let daemon_log = format!("daemon-replays-{run}.log");
+        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
+        let url = self.s.url();
+        let words =
+            format!("precreate --url {url} --kind bench.replay --prefix replay- --count {keys}");
         self.helper(
-            &self.bin.e2e,
-            &args,
+            &self.h.bin.e2e,
+            &words,
             &format!("replays-precreate-{run}.txt"),
-            "precreate",
         )?;
         let window = Window::open(&daemon)?;
-        let keys_env = [("BENCH_REPLAY_KEYS", count.clone())];
-        let wrk = self.wrk(
-            &format!("replays-{run}.wrk"),
-            "bench/replay.lua",
-            "/",
-            &keys_env,
-        )?;
+        let env = [("BENCH_REPLAY_KEYS", keys.to_string())];
+        let wrk = self.wrk(&format!("replays-{run}.wrk"), "bench/replay.lua", "/", &env)?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
+        let out = format!("healthz-{run}.wrk");
+        let healthz = self.wrk(&out, "bench/healthz.lua", "/healthz", &[])?;
+        let out = format!("replays-pgbench-{run}.txt");
+        let keys_var = ["-D".into(), format!("keys={keys}")];
+        let [pg_tps, pg_latency_ms, ..] =
+            self.pgbench(&out, &stage.db, "bench/replay_select.sql", &keys_var)?;
         let mut r = ReplaysRun {
-            cpu_cores: window.cores(&daemon)?,
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
+            cpu_cores,
+            rss_mb,
+            pg_tps,
+            pg_latency_ms,
+            rss_mb_after_all: mib(daemon.status_kb("VmHWM")?),
             ..ReplaysRun::default()
         };
-        [
-            r.rps,
-            r.p50_ms,
-            r.p99_ms,
-            r.requests,
-            r.errors,
-            r.status_errors,
-        ] = wrk_figures(&wrk);
-        let healthz = self.wrk(
-            &format!("healthz-{run}.wrk"),
-            "bench/healthz.lua",
-            "/healthz",
-            &[],
-        )?;
-        [
-            r.healthz_rps,
-            r.healthz_p50_ms,
-            r.healthz_p99_ms,
-            r.healthz_requests,
-            r.healthz_errors,
-            r.healthz_status_errors,
-        ] = wrk_figures(&healthz);
-        let out = format!("replays-pgbench-{run}.txt");
-        let extra = ["-D".into(), format!("keys={keys}")];
-        [r.pg_tps, r.pg_latency_ms, ..] =
-            self.pgbench(&out, &stage.db, "bench/replay_select.sql", &extra)?;
-        r.rss_mb_after_all = mib(daemon.status_kb("VmHWM")?);
         [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
         r.entries = Some(Num::int(self.counts(&stage.db, ["entries"])?[0]));
         self.unstage(stage)?;
-        Ok(r)
+        let mut run = Run::from(r);
+        run.fill(wrk);
+        run.fill(|metric| healthz(metric.strip_prefix("healthz_")?));
+        Ok(run)
     }
 
-    fn storm(&self, run: u32) -> anyhow::Result<StormRun> {
-        let keys = self.s.storm_keys;
-        let connections = self.s.connections;
+    fn storm(&self, run: u32) -> anyhow::Result<Run> {
+        let (keys, connections) = (self.s.storm_keys, self.s.connections);
         log(
             TAG,
             &format!("run {run}: duplicate storm ({connections} connections, {keys} keys)"),
         );
         let stage = self.stage("storm", run)?;
-        let log_name = format!("daemon-storm-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &log_name, true)?;
+        let daemon_log = format!("daemon-storm-{run}.log");
+        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
         let window = Window::open(&daemon)?;
-        let keys_env = [("BENCH_STORM_KEYS", keys.to_string())];
-        let wrk = self.wrk(
-            &format!("storm-{run}.wrk"),
-            "bench/storm.lua",
-            "/",
-            &keys_env,
-        )?;
+        let env = [("BENCH_STORM_KEYS", keys.to_string())];
+        let wrk = self.wrk(&format!("storm-{run}.wrk"), "bench/storm.lua", "/", &env)?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
         let mut r = StormRun {
-            cpu_cores: window.cores(&daemon)?,
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
+            cpu_cores,
+            rss_mb,
             ..StormRun::default()
         };
-        [
-            r.rps,
-            r.p50_ms,
-            r.p99_ms,
-            r.requests,
-            r.errors,
-            r.status_errors,
-        ] = wrk_figures(&wrk);
         [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        let counts = self.counts(
-            &stage.db,
-            ["entries", "idempotency_records", "outbox_events"],
-        )?;
+        let tables = ["entries", "idempotency_records", "outbox_events"];
+        let counts = self.counts(&stage.db, tables)?;
         let ok = counts.iter().all(|count| *count == i64::from(keys));
         if !ok {
             let [entries, records, events] = counts;
@@ -656,36 +610,34 @@ impl Bench {
         [r.entries, r.records, r.events] = counts.map(|count| Some(Num::int(count)));
         r.count_ok = Some(Num::flag(ok));
         self.unstage(stage)?;
-        Ok(r)
+        let mut run = Run::from(r);
+        run.fill(wrk);
+        Ok(run)
     }
 
-    fn drain(&self, run: u32) -> anyhow::Result<DrainRun> {
+    fn drain(&self, run: u32) -> anyhow::Result<Run> {
         let events = self.s.drain_events;
         log(TAG, &format!("run {run}: outbox drain of {events} events"));
         let stage = self.stage("drain", run)?;
         let backlog = BACKLOG_SQL.replace(":events", &events.to_string());
-        self.pg
-            .query(&stage.db, &format!("{backlog}\nANALYZE outbox_events;"))?;
-        let payload = self.pg.number(&stage.db, PAYLOAD_SQL)?;
+        let pg = &self.h.pg;
+        pg.query(&stage.db, &format!("{backlog}\nANALYZE outbox_events;"))?;
+        let payload = pg.number(&stage.db, PAYLOAD_SQL)?;
         let expected = i64::try_from(events)?;
         let (start_ns, services0) = (unix_ns(), ServiceTicks::now());
-        let log_name = format!("daemon-drain-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &log_name, false)?;
-        // The window opens just before the daemon is spawned: its CPU time so far is all in it.
+        let daemon_log = format!("daemon-drain-{run}.log");
+        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, false)?;
+        // The window opens just before the daemon is spawned: all its CPU time is in it.
         let window = Window {
             ticks: 0,
             unix_ns: start_ns,
         };
-        let (db_url, start) = (self.pg.url(&stage.db), start_ns.to_string());
-        let args = ["wait-drained", "--db", &db_url, "--start-unix-ns", &start];
-        let what = "the drain (bench-publisher wait-drained)";
+        let words = format!(
+            "wait-drained --db {} --start-unix-ns {start_ns}",
+            pg.url(&stage.db)
+        );
         let drained = self
-            .helper(
-                &self.bin.publisher,
-                &args,
-                &format!("drain-{run}.txt"),
-                what,
-            )
+            .helper(&self.h.bin.publisher, &words, &format!("drain-{run}.txt"))
             .with_context(|| format!("the backlog did not drain; see {}", daemon.log.display()))?;
         let cpu_cores = window.cores(&daemon)?;
         let services = ServiceTicks::now().since(services0);
@@ -699,11 +651,11 @@ impl Bench {
                 .as_ref()
                 .and_then(|s| Num::fixed(events as f64 / s.value, 1)),
             seconds,
-            rabbitmq_cost: service_costs(services, expected, "drain")[1].clone(),
             ..DrainRun::default()
         };
+        [_, r.rabbitmq_cost] = service_costs(services, expected, "drain");
         [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        r.queued = self.broker.count(&stage.queue, expected, 15)?;
+        r.queued = self.h.broker.count(&stage.queue, expected, 15)?;
         let queued_ok = r.queued.as_ref().map(|n| n.value) == Some(events as f64);
         r.queued_ok = Some(Num::flag(queued_ok));
         if !queued_ok {
@@ -718,64 +670,46 @@ impl Bench {
         self.unstage(stage)?;
 
         let payload = payload.map_or("400".to_owned(), |n| n.text);
-        let window_size = self.s.publish_window.to_string();
-        log(TAG, &format!("run {run}: baseline plain lapin publisher ({events} messages of {payload} bytes, window {window_size})"));
+        let window = self.s.publish_window;
+        let baseline = format!("{events} messages of {payload} bytes, window {window}");
+        log(
+            TAG,
+            &format!("run {run}: baseline plain lapin publisher ({baseline})"),
+        );
         let exchange = format!("retrysafe.bench.{}.publisher.{run}", self.run_id);
         let queue = format!("{exchange}.q");
-        self.broker.bind(&self.cleanup, &exchange, &queue)?;
+        self.h.broker.bind(&self.h.cleanup, &exchange, &queue)?;
         let services0 = ServiceTicks::now();
-        let count = events.to_string();
-        let args = [
-            "publish",
-            "--exchange",
-            &exchange,
-            "--count",
-            &count,
-            "--payload-bytes",
-            &payload,
-            "--window",
-            &window_size,
-        ];
-        let published = self.helper(
-            &self.bin.publisher,
-            &args,
-            &format!("publisher-{run}.txt"),
-            "the baseline publisher",
-        )?;
+        let words = format!(
+            "publish --exchange {exchange} --count {events} --payload-bytes {payload} --window {window}"
+        );
+        let out = format!("publisher-{run}.txt");
+        let published = self.helper(&self.h.bin.publisher, &words, &out)?;
         let services = ServiceTicks::now().since(services0);
-        r.pub_rabbitmq_cost = service_costs(services, expected, "publisher")[1].clone();
+        [_, r.pub_rabbitmq_cost] = service_costs(services, expected, "publisher");
         r.pub_events_per_s = field(&published, "events_per_s");
-        r.pub_queued = self.broker.count(&queue, expected, 15)?;
-        self.broker.delete(&exchange, &queue)?;
-        Ok(r)
+        r.pub_queued = self.h.broker.count(&queue, expected, 15)?;
+        self.h.broker.delete(&exchange, &queue)?;
+        Ok(r.into())
     }
 
     fn e2e(&self, run: u32) -> anyhow::Result<Run> {
-        let (rate, seconds) = (self.s.e2e_rate.to_string(), self.s.e2e_seconds.to_string());
+        let (rate, seconds) = (self.s.e2e_rate, self.s.e2e_seconds);
         log(
             TAG,
             &format!("run {run}: end-to-end latency at {rate} requests/s for {seconds}s"),
         );
         let stage = self.stage("e2e", run)?;
-        let log_name = format!("daemon-e2e-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &log_name, true)?;
+        let daemon_log = format!("daemon-e2e-{run}.log");
+        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
         let window = Window::open(&daemon)?;
-        let url = self.s.url();
-        let args = [
-            "run",
-            "--url",
-            &url,
-            "--queue",
-            &stage.queue,
-            "--rate",
-            &rate,
-            "--seconds",
-            &seconds,
-        ];
-        let result = self.helper(&self.bin.e2e, &args, &format!("e2e-{run}.txt"), "bench-e2e")?;
+        let (url, queue) = (self.s.url(), &stage.queue);
+        let words = format!("run --url {url} --queue {queue} --rate {rate} --seconds {seconds}");
+        let result = self.helper(&self.h.bin.e2e, &words, &format!("e2e-{run}.txt"))?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
         let mut r = E2eRun {
-            cpu_cores: window.cores(&daemon)?,
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
+            cpu_cores,
+            rss_mb,
             ..E2eRun::default()
         };
         [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
@@ -848,57 +782,31 @@ pub fn run_id() -> String {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let scenarios = Scenario::list(&args.scenarios)?;
-    let pg = Pg::from_env();
-    let settings = args.settings(&pg);
-    if !Path::new(&settings.config).is_file() {
-        bail!("no {}", settings.config);
+    if !Path::new(&args.config).is_file() {
+        bail!("no {}", args.config);
     }
     ensure_tools()?;
     let bin = Binaries::beside_this_program()?;
-    pg.query("postgres", "SELECT 1")
-        .with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
     let run_id = run_id();
     let work = PathBuf::from("bench/results").join(&run_id);
-    fs::create_dir_all(&work)?;
-    let cleanup = Cleanup::new(
-        TAG,
-        pg.clone(),
-        bin.publisher.clone(),
-        format!("retrysafe_bench_{run_id}_"),
-    );
-    cleanup.on_signals()?;
-    let broker = Broker {
-        publisher: bin.publisher.clone(),
-        amqp: args.amqp.clone(),
-    };
+    let db_prefix = format!("retrysafe_bench_{run_id}_");
+    let h = Harness::new(TAG, bin, &args.amqp, work, db_prefix)?;
     let bench = Bench {
-        s: settings,
-        bin,
-        pg,
-        broker,
-        cleanup: cleanup.clone(),
-        work: work.clone(),
+        s: args.settings(&h.pg),
+        h,
         run_id,
         setup_sql: args.setup_sql.clone().filter(|sql| !sql.trim().is_empty()),
         amqp: args.amqp.clone(),
     };
-    let result = measure(&bench, &scenarios, &args.output);
-    cleanup.finish();
-    if let Err(error) = &result {
-        log(
-            TAG,
-            &format!("ERROR: {error:#}; raw output in {}", work.display()),
-        );
-    }
-    result
+    bench.h.finish(measure(&bench, &scenarios, &args.output))
 }
 
 fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Result<()> {
-    bench.broker.reachable()?;
+    bench.h.broker.reachable()?;
     if harness::port_in_use(bench.s.port) {
         bail!("port {} is in use; set BENCH_PORT", bench.s.port);
     }
-    let machine = machine(&bench.pg, &bench.s.config);
+    let machine = machine(&bench.h.pg, &bench.s.config);
     let s = &bench.s;
     let mode = if s.quick { "quick" } else { "full" };
     log(
@@ -930,7 +838,7 @@ fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Resu
         &format!(
             "wrote {}; raw output in {}",
             output.display(),
-            bench.work.display()
+            bench.h.work.display()
         ),
     );
     Ok(())
@@ -952,9 +860,18 @@ mod tests {
     #[test]
     fn wrk_result_line() {
         let text = "Running 5s test\nBENCH_RESULT {\"requests\":97333,\"duration_s\":15.06,\"rps\":6461.60,\"p50_ms\":8.644,\"p90_ms\":20.1,\"p99_ms\":32.912,\"mean_ms\":9.9,\"max_ms\":80.0,\"errors_connect\":0,\"errors_read\":1,\"errors_write\":0,\"errors_status\":2,\"errors_timeout\":3}\n";
-        let figures = wrk_figures(&result_line(text, "BENCH_RESULT").unwrap());
-        let texts = figures.map(|figure| figure.unwrap().text);
+        let result = result_line(text, "BENCH_RESULT").unwrap();
+        let metrics = [
+            "rps",
+            "p50_ms",
+            "p99_ms",
+            "requests",
+            "errors",
+            "status_errors",
+        ];
+        let texts = metrics.map(|metric| wrk_figure(&result, metric).unwrap().text);
         assert_eq!(texts, ["6461.60", "8.644", "32.912", "97333", "6", "2"]);
+        assert_eq!(wrk_figure(&result, "max_ms"), None);
     }
 
     #[test]
