@@ -234,6 +234,28 @@ impl Memory {
         }
     }
 
+    /// The end check of the verdict.
+    pub fn check(&self) -> Check {
+        let after = format!(
+            "{} samples after {:.1} min",
+            self.samples,
+            self.warmup_s / 60.0
+        );
+        Check {
+            name: format!(
+                "RSS slope after the warm-up ≤ {} MiB/h",
+                self.limit_mib_per_h
+            ),
+            passed: self.passed(),
+            detail: match self.slope_mib_per_h() {
+                Some(slope) if self.verdict != MemoryVerdict::Inconclusive => {
+                    format!("{slope:+.2} MiB/h over {after}")
+                }
+                _ => format!("no verdict: {after}"),
+            },
+        }
+    }
+
     pub fn slope_mib_per_h(&self) -> Option<f64> {
         self.line.map(|line| line.slope * 3600.0)
     }
@@ -282,6 +304,17 @@ pub struct Check {
     /// `None`: no verdict (does not fail the run).
     pub passed: Option<bool>,
     pub detail: String,
+}
+
+impl Check {
+    fn new(name: &str, passed: bool, detail: String) -> Check {
+        let (name, passed) = (name.to_owned(), Some(passed));
+        Check {
+            name,
+            passed,
+            detail,
+        }
+    }
 }
 
 pub fn check_table(checks: &[Check]) -> String {
@@ -533,31 +566,7 @@ impl Soak {
         let load_s = f64::from(slices * a.slice_seconds);
         let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
         let memory = Memory::judge(&samples, warmup_s, a.rss_slope_limit);
-        let after = format!(
-            "{} samples after {:.1} min",
-            memory.samples,
-            warmup_s / 60.0
-        );
-        checks.push(Check {
-            name: format!("RSS slope after the warm-up ≤ {} MiB/h", a.rss_slope_limit),
-            passed: memory.passed(),
-            detail: match memory.slope_mib_per_h() {
-                Some(slope) if memory.verdict != MemoryVerdict::Inconclusive => {
-                    format!("{slope:+.2} MiB/h over {after}")
-                }
-                _ => format!("no verdict: {after}"),
-            },
-        });
-
-        let (cpu, mem) = harness::cpu_and_memory();
-        let pg_version = pg
-            .query("postgres", "SHOW server_version")
-            .unwrap_or_default();
-        let vacuum_note = if a.vacuum {
-            format!("autovacuum {autovacuum}; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice")
-        } else {
-            format!("autovacuum {autovacuum}")
-        };
+        checks.push(memory.check());
         let report = SoakReport {
             id: self.id.clone(),
             written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
@@ -568,13 +577,7 @@ impl Soak {
             slice_seconds: a.slice_seconds,
             rate: a.rate,
             connections: a.connections,
-            machine: format!(
-                "{cpu}, {} cores, {mem} GiB, {}; PostgreSQL {pg_version} ({vacuum_note}), RabbitMQ {}, wrk {}",
-                harness::command_line("nproc", &[]),
-                harness::command_line("uname", &["-sr"]),
-                harness::rabbit_package_version(),
-                harness::wrk_version()
-            ),
+            machine: self.machine(&autovacuum),
             rows,
             hwm_mib,
             memory,
@@ -591,6 +594,23 @@ impl Soak {
         let (output, work) = (self.output.display(), self.h.work.display());
         log(TAG, &format!("wrote {output}; raw output in {work}"));
         Ok(!report.failed())
+    }
+
+    /// The machine and the servers, as the report names them.
+    fn machine(&self, autovacuum: &str) -> String {
+        let (cpu, mem) = harness::cpu_and_memory();
+        let nproc = harness::command_line("nproc", &[]);
+        let kernel = harness::command_line("uname", &["-sr"]);
+        let pg = self.h.pg.query("postgres", "SHOW server_version");
+        let pg = pg.unwrap_or_default();
+        let vacuum = if self.args.vacuum {
+            "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice"
+        } else {
+            ""
+        };
+        let rabbit = harness::rabbit_package_version();
+        let wrk = harness::wrk_version();
+        format!("{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}")
     }
 
     /// One slice: wrk at the held rate while the daemon's VmRSS is sampled every second (into
@@ -692,114 +712,98 @@ impl Soak {
         slices: u32,
         unexpected_lines: &[String],
     ) -> anyhow::Result<(Vec<Check>, String)> {
-        let (db, pg) = (&self.db, &self.h.pg);
         let mut checks = Vec::new();
-        let mut check = |name: &str, passed: bool, detail: String| {
-            let name = name.to_owned();
-            checks.push(Check {
-                name,
-                passed: Some(passed),
-                detail,
-            })
-        };
+        let entries = self.store_checks(&mut checks)?;
         // The first 160 characters of a line.
         let cut = |line: &str| line.chars().take(160).collect::<String>();
-        let mut unsent = -1;
-        for _ in 0..600 {
-            unsent = pg.count(
-                db,
-                "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
-            )?;
-            if unsent == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        check(
-            "outbox drained within 60 s of the load",
-            unsent == 0,
-            format!("{unsent} unsent"),
-        );
-        let records = pg.count(db, "SELECT count(*) FROM idempotency_records")?;
-        let entries = pg.count(db, "SELECT count(*) FROM entries")?;
-        let events = pg.count(db, "SELECT count(*) FROM outbox_events")?;
-        let parked = pg.count(
-            db,
-            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL",
-        )?;
-        let not_201 = pg.count(
-            db,
-            "SELECT count(*) FROM idempotency_records WHERE response_status <> 201",
-        )?;
-        let orphans = pg.count(
-            db,
-            "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
-                + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))",
-        )?;
-        check(
-            "one record, one entry, one event per key",
-            records == entries && entries == events && orphans == 0,
-            format!("{records} records, {entries} entries, {events} events, {orphans} without their entry or event"),
-        );
-        check(
-            "every record is a 201",
-            not_201 == 0,
-            format!("{not_201} other"),
-        );
-        check("no event parked", parked == 0, format!("{parked} parked"));
-        let queued = self.h.broker.count(&self.queue, events, 60)?;
-        let all_queued = queued.as_ref().is_some_and(|q| q.value as i64 >= events);
-        let queued = queued.map_or("?".into(), |n| n.text);
-        check(
-            "every event reached the bound queue",
-            all_queued,
-            format!(
-                "{queued} messages for {events} events (more: redeliveries after a lost confirm)"
-            ),
-        );
         let created: u64 = rows.iter().map(|r| r.created).sum();
         let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
         let sockets: u64 = rows.iter().map(|r| r.socket_errors).sum();
         // Every 201 that said "created" is a row; the rows may exceed them by the requests wrk
         // abandoned in flight at the end of each slice (at most one per connection per slice).
         let extra = entries - created as i64;
-        check(
+        checks.push(Check::new(
             "rows = fresh 201s (+ requests in flight at slice ends)",
             extra >= 0 && extra <= i64::from(self.args.connections * slices),
             format!("{entries} entries, {created} fresh 201s"),
-        );
-        let example = unexpected_lines.first();
-        check(
-            "no unexpected answer",
-            unexpected == 0,
-            example.map_or(unexpected.to_string(), |line| {
-                format!("{unexpected}; e.g. {}", cut(line))
-            }),
-        );
-        check("no socket error", sockets == 0, sockets.to_string());
+        ));
+        let example = unexpected_lines.first().map(|line| cut(line));
+        let detail = example.map_or(unexpected.to_string(), |e| {
+            format!("{unexpected}; e.g. {e}")
+        });
+        checks.push(Check::new("no unexpected answer", unexpected == 0, detail));
+        checks.push(Check::new(
+            "no socket error",
+            sockets == 0,
+            sockets.to_string(),
+        ));
         let (problems, _) = daemon.log_problems();
         let first = daemon.first_problem().filter(|_| problems > 0);
-        check(
+        checks.push(Check::new(
             "no WARN or ERROR in the daemon's log under load",
             problems == 0,
             first.map_or(problems.to_string(), |line| {
                 format!("{problems}; first: {}", cut(&line))
             }),
-        );
+        ));
         let hwm = daemon.status_kb("VmHWM");
         let hwm = hwm.map_or_else(|_| "?".into(), |kb| format!("{:.1}", kb as f64 / 1024.0));
         let (status, took) = daemon.stop(TAG)?;
         let (_, after) = daemon.log_problems();
         let code = status.code().map_or("by signal".into(), |c| c.to_string());
-        check(
+        let millis = took.as_millis();
+        checks.push(Check::new(
             "clean exit on SIGTERM",
             status.success() && after == 0,
-            format!(
-                "exit {code} after {} ms, {after} WARN/ERROR lines",
-                took.as_millis()
-            ),
-        );
+            format!("exit {code} after {millis} ms, {after} WARN/ERROR lines"),
+        ));
         Ok((checks, hwm))
+    }
+
+    /// The checks of what the load left in the database and the bound queue, once the outbox
+    /// is drained (or a minute has passed); the entries.
+    fn store_checks(&self, checks: &mut Vec<Check>) -> anyhow::Result<i64> {
+        let count = |sql: &str| self.h.pg.count(&self.db, sql);
+        let mut unsent = -1;
+        for _ in 0..600 {
+            unsent = count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")?;
+            if unsent == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let drained = "outbox drained within 60 s of the load";
+        checks.push(Check::new(drained, unsent == 0, format!("{unsent} unsent")));
+        let records = count("SELECT count(*) FROM idempotency_records")?;
+        let entries = count("SELECT count(*) FROM entries")?;
+        let events = count("SELECT count(*) FROM outbox_events")?;
+        let parked = count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")?;
+        let not_201 =
+            count("SELECT count(*) FROM idempotency_records WHERE response_status <> 201")?;
+        let orphans = count(
+            "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
+                + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))",
+        )?;
+        checks.push(Check::new(
+            "one record, one entry, one event per key",
+            records == entries && entries == events && orphans == 0,
+            format!("{records} records, {entries} entries, {events} events, {orphans} without their entry or event"),
+        ));
+        let other = format!("{not_201} other");
+        checks.push(Check::new("every record is a 201", not_201 == 0, other));
+        let parked_detail = format!("{parked} parked");
+        checks.push(Check::new("no event parked", parked == 0, parked_detail));
+        let queued = self.h.broker.count(&self.queue, events, 60)?;
+        let all_queued = queued.as_ref().is_some_and(|q| q.value as i64 >= events);
+        let queued = queued.map_or("?".into(), |n| n.text);
+        checks.push(Check::new(
+            "every event reached the bound queue",
+            all_queued,
+            format!(
+                "{queued} messages for {events} events (more: redeliveries after a lost confirm)"
+            ),
+        ));
+        Ok(entries)
     }
 }
 
