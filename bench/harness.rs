@@ -231,6 +231,17 @@ pub fn field(map: &Map<String, Value>, key: &str) -> Option<Num> {
     }
 }
 
+/// wrk as the benchmark and the soak run it: `threads` threads, `connections` connections for
+/// `seconds`, `script`'s requests to `url`, latency percentiles, 10 s before a request times out.
+pub fn wrk(threads: u32, connections: u32, seconds: u32, script: &str, url: &str) -> Command {
+    let mut command = Command::new("wrk");
+    let load = format!("-t{threads} -c{connections} -d{seconds}s --timeout 10s --latency");
+    command
+        .args(load.split_whitespace())
+        .args(["-s", script, url]);
+    command
+}
+
 /// Runs `command` with standard output and error into `out`; returns what it printed and its
 /// status. Fails only when it cannot be started.
 pub fn run_to_file(command: &mut Command, out: &Path) -> anyhow::Result<(ExitStatus, String)> {
@@ -1048,6 +1059,21 @@ mod tests {
         let ticks = (clock_ticks() * 3.0) as u64;
         assert_eq!(seconds_per_1000(ticks, 10_000).unwrap().text, "0.300");
         assert!(seconds_per_1000(ticks, 0).is_none());
+    }
+
+    /// The command line the report's "Commands" section shows.
+    #[test]
+    fn wrk_as_the_report_shows_it() {
+        let command = wrk(2, 64, 15, "bench/storm.lua", "http://127.0.0.1:18437/");
+        let args: Vec<_> = command.get_args().map(|a| a.to_string_lossy()).collect();
+        assert_eq!(
+            format!(
+                "{} {}",
+                command.get_program().to_string_lossy(),
+                args.join(" ")
+            ),
+            "wrk -t2 -c64 -d15s --timeout 10s --latency -s bench/storm.lua http://127.0.0.1:18437/"
+        );
     }
 
     #[test]

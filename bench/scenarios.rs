@@ -215,6 +215,8 @@ impl Window {
 
 /// A scenario's run: its fresh database and exchange, with a durable queue bound for '#'.
 struct Stage {
+    /// `<scenario>-<run>`, in the names of its files.
+    name: String,
     db: String,
     exchange: String,
     queue: String,
@@ -254,6 +256,7 @@ impl Bench {
     fn stage(&self, scenario: &str, run: u32) -> anyhow::Result<Stage> {
         let exchange = format!("retrysafe.bench.{}.{scenario}.{run}", self.run_id);
         let stage = Stage {
+            name: format!("{scenario}-{run}"),
             db: self.db_name(scenario, run),
             queue: format!("{exchange}.q"),
             exchange,
@@ -291,6 +294,12 @@ impl Bench {
         self.h.start(spec, wait)
     }
 
+    /// The daemon on the stage, its output in `daemon-<scenario>-<run>.log`.
+    fn start_on(&self, stage: &Stage, wait: bool) -> anyhow::Result<Daemon> {
+        let log = format!("daemon-{}.log", stage.name);
+        self.start(&stage.db, &stage.exchange, &self.amqp, &log, wait)
+    }
+
     /// Stops the daemon; its WARN/ERROR log lines under load and after the SIGTERM.
     fn stop(&self, daemon: &mut Daemon) -> anyhow::Result<[Option<Num>; 2]> {
         daemon.stop(TAG)?;
@@ -308,14 +317,9 @@ impl Bench {
     ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
         let out = self.path(out);
         let s = &self.s;
-        let (threads, connections) = (s.wrk_threads, s.connections);
-        let mut command = Command::new("wrk");
-        command
-            .args([format!("-t{threads}"), format!("-c{connections}")])
-            .arg(format!("-d{}s", s.duration))
-            .args(["--timeout", "10s", "--latency", "-s", script])
-            .arg(format!("{}{path}", s.url()))
-            .envs(env.iter().map(|(name, value)| (name, value)));
+        let url = format!("{}{path}", s.url());
+        let mut command = harness::wrk(s.wrk_threads, s.connections, s.duration, script, &url);
+        command.envs(env.iter().map(|(name, value)| (name, value)));
         let text = run_ok(&mut command, &out, "wrk")?;
         let result = result_line(&text, "BENCH_RESULT")
             .with_context(|| format!("wrk printed no result; see {}", out.display()))?;
@@ -430,8 +434,7 @@ impl Bench {
         let load = format!("(wrk -c{connections}, {duration}s)");
         log(TAG, &format!("run {run}: unique-key writes {load}"));
         let stage = self.stage("writes", run)?;
-        let daemon_log = format!("daemon-writes-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
+        let mut daemon = self.start_on(&stage, true)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
         let window = Window::open(&daemon)?;
         let nonce = format!("{}{run}", self.run_id);
@@ -544,8 +547,7 @@ impl Bench {
             &format!("run {run}: replays of {keys} keys, /healthz, pgbench PK select"),
         );
         let stage = self.stage("replays", run)?;
-        let daemon_log = format!("daemon-replays-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
+        let mut daemon = self.start_on(&stage, true)?;
         let url = self.s.url();
         let words =
             format!("precreate --url {url} --kind bench.replay --prefix replay- --count {keys}");
@@ -588,8 +590,7 @@ impl Bench {
             &format!("run {run}: duplicate storm ({connections} connections, {keys} keys)"),
         );
         let stage = self.stage("storm", run)?;
-        let daemon_log = format!("daemon-storm-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
+        let mut daemon = self.start_on(&stage, true)?;
         let window = Window::open(&daemon)?;
         let env = [("BENCH_STORM_KEYS", keys.to_string())];
         let wrk = self.wrk(&format!("storm-{run}.wrk"), "bench/storm.lua", "/", &env)?;
@@ -625,8 +626,7 @@ impl Bench {
         let payload = pg.number(&stage.db, PAYLOAD_SQL)?;
         let expected = i64::try_from(events)?;
         let (start_ns, services0) = (unix_ns(), ServiceTicks::now());
-        let daemon_log = format!("daemon-drain-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, false)?;
+        let mut daemon = self.start_on(&stage, false)?;
         // The window opens just before the daemon is spawned: all its CPU time is in it.
         let window = Window {
             ticks: 0,
@@ -714,8 +714,7 @@ impl Bench {
             &format!("run {run}: end-to-end latency at {rate} requests/s for {seconds}s"),
         );
         let stage = self.stage("e2e", run)?;
-        let daemon_log = format!("daemon-e2e-{run}.log");
-        let mut daemon = self.start(&stage.db, &stage.exchange, &self.amqp, &daemon_log, true)?;
+        let mut daemon = self.start_on(&stage, true)?;
         let window = Window::open(&daemon)?;
         let (url, queue) = (self.s.url(), &stage.queue);
         let words = format!("run --url {url} --queue {queue} --rate {rate} --seconds {seconds}");

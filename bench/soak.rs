@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -626,11 +626,9 @@ impl Soak {
         let out = self.h.work.join(format!("slice-{slice}.txt"));
         let (t0, n0, m0) = (daemon.cpu_ticks()?, unix_ns(), MachineTicks::now()?);
         let file = fs::File::create(&out)?;
-        let mut wrk = Command::new("wrk")
-            .args([format!("-t{THREADS}"), format!("-c{}", a.connections)])
-            .arg(format!("-d{}s", a.slice_seconds))
-            .args(["--timeout", "10s", "--latency", "-s", "scripts/soak.lua"])
-            .arg(format!("http://127.0.0.1:{}/", self.port))
+        let url = format!("http://127.0.0.1:{}/", self.port);
+        let script = "scripts/soak.lua";
+        let mut wrk = harness::wrk(THREADS, a.connections, a.slice_seconds, script, &url)
             .env("SOAK_NONCE", &self.id)
             .env("SOAK_SLICE", slice.to_string())
             .env("SOAK_STATE", self.h.work.join("keys.txt"))
