@@ -118,9 +118,9 @@ macro_rules! runs {
     )*};
 }
 
-// wrk's figures (see `wrk_figures`): rps, p50_ms, p99_ms, requests, errors (connect + read +
-// write + status + timeout), status_errors (non-2xx answers). The daemon's WARN/ERROR log lines:
-// log_problems under load, shutdown_log_problems after the SIGTERM that stopped it.
+// wrk's figures (see `scenarios::wrk_figure`): rps, p50_ms, p99_ms, requests, errors (connect +
+// read + write + status + timeout), status_errors (non-2xx answers). The daemon's WARN/ERROR log
+// lines: log_problems under load, shutdown_log_problems after the SIGTERM that stopped it.
 runs! {
     WritesRun {
         cpu_cores, rss_mb, rps, p50_ms, p99_ms, requests, errors, status_errors,
@@ -166,7 +166,7 @@ runs! {
         /// until the outbox was empty), and while the plain publisher ran.
         rabbitmq_cost, pub_rabbitmq_cost,
     }
-    /// Between cpu_cores and the log lines: `bench-e2e run`'s figures, as it printed them.
+    /// Between rss_mb and the log lines: `bench-e2e run`'s figures, as it printed them.
     E2eRun {
         cpu_cores, rss_mb, p50_ms, p99_ms, max_ms, matched, created, errors, sent,
         achieved_rate, http_p50_ms, http_p99_ms, negative, duplicate_deliveries,

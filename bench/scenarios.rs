@@ -431,8 +431,8 @@ impl Bench {
 
     fn writes(&self, run: u32) -> anyhow::Result<Run> {
         let (connections, duration) = (self.s.connections, self.s.duration);
-        let load = format!("(wrk -c{connections}, {duration}s)");
-        log(TAG, &format!("run {run}: unique-key writes {load}"));
+        let load = format!("-c{connections}, {duration}s");
+        log(TAG, &format!("run {run}: unique-key writes (wrk {load})"));
         let stage = self.stage("writes", run)?;
         let mut daemon = self.start_on(&stage, true)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
@@ -473,7 +473,7 @@ impl Bench {
 
         log(
             TAG,
-            &format!("run {run}: baseline pgbench conventional transaction {load}"),
+            &format!("run {run}: baseline pgbench conventional transaction ({load})"),
         );
         let db = self.db_name("pgwrites", run);
         self.fresh_db(&db)?;
