@@ -560,6 +560,17 @@ impl Cleanup {
         self.state().daemon_pid = pid;
     }
 
+    /// Runs `create` (what makes a database, an exchange or a daemon) unless the clean-up has
+    /// begun, and never while it runs: after a signal the work goes on until it fails, and what
+    /// it made after the clean-up would be left behind.
+    pub fn guard<T>(&self, create: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.state().done {
+            bail!("interrupted");
+        }
+        create()
+    }
+
     pub fn bound(&self, exchange: &str, queue: &str) {
         let words = ["--exchange", exchange, "--queue", queue];
         self.state().bound.extend(words.map(str::to_owned));
@@ -687,9 +698,11 @@ impl Broker {
 
     /// A durable topic exchange and a durable queue bound for '#', deleted by `cleanup`.
     pub fn bind(&self, cleanup: &Cleanup, exchange: &str, queue: &str) -> anyhow::Result<()> {
-        cleanup.bound(exchange, queue);
-        let words = format!("bind --exchange {exchange} --queue {queue}");
-        self.run(&words, &format!("bind {queue} to {exchange}"))
+        cleanup.guard(|| {
+            cleanup.bound(exchange, queue);
+            let words = format!("bind --exchange {exchange} --queue {queue}");
+            self.run(&words, &format!("bind {queue} to {exchange}"))
+        })
     }
 
     pub fn delete(&self, exchange: &str, queue: &str) -> anyhow::Result<()> {
@@ -745,7 +758,8 @@ impl Daemon {
             bail!("port {} is in use; choose another", spec.port);
         }
         let log = File::create(&spec.log)?;
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(["serve", "--config", spec.config])
             .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{}", spec.port))
             .env("RETRYSAFE_DATABASE__URL", &spec.db_url)
@@ -754,11 +768,14 @@ impl Daemon {
             .env("RETRYSAFE_LOG__LEVEL", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+            .stderr(log);
+        let child = cleanup.guard(|| {
+            let child = command.spawn();
+            let child = child.with_context(|| format!("starting {}", binary.display()))?;
+            cleanup.running(Some(child.id()));
+            Ok(child)
+        })?;
         let pid = child.id();
-        cleanup.running(Some(pid));
         let mut daemon = Daemon {
             child,
             pid,

@@ -232,24 +232,26 @@ impl Bench {
     }
 
     /// Drops the database if present, creates and migrates it with `retrysafe migrate`, then
-    /// runs BENCH_SETUP_SQL on it.
+    /// runs BENCH_SETUP_SQL on it; not once the clean-up has begun.
     fn fresh_db(&self, db: &str) -> anyhow::Result<()> {
-        self.h.pg.drop_db(db)?;
-        let log = self.path("migrate.log");
-        let status = Command::new(&self.h.bin.daemon)
-            .args(["migrate", "--config", &self.s.config])
-            .env("RETRYSAFE_DATABASE__URL", self.h.pg.url(db))
-            .env("RETRYSAFE_LOG__LEVEL", "warn")
-            .stdout(append(&log)?)
-            .stderr(append(&log)?)
-            .status()?;
-        if !status.success() {
-            bail!("migrate {db} failed (see {})", log.display());
-        }
-        if let Some(sql) = &self.setup_sql {
-            self.h.pg.query(db, sql)?;
-        }
-        Ok(())
+        self.h.cleanup.guard(|| {
+            self.h.pg.drop_db(db)?;
+            let log = self.path("migrate.log");
+            let status = Command::new(&self.h.bin.daemon)
+                .args(["migrate", "--config", &self.s.config])
+                .env("RETRYSAFE_DATABASE__URL", self.h.pg.url(db))
+                .env("RETRYSAFE_LOG__LEVEL", "warn")
+                .stdout(append(&log)?)
+                .stderr(append(&log)?)
+                .status()?;
+            if !status.success() {
+                bail!("migrate {db} failed (see {})", log.display());
+            }
+            if let Some(sql) = &self.setup_sql {
+                self.h.pg.query(db, sql)?;
+            }
+            Ok(())
+        })
     }
 
     /// A fresh database and exchange (its queue bound) for one run of `scenario`.
