@@ -338,35 +338,24 @@ impl Bench {
         self.wrk(out, "bench/unique_keys.lua", "/", &[("BENCH_NONCE", nonce)])
     }
 
-    /// pgbench against `db`; its figures (a failure is logged, not fatal, as its figures say).
+    /// pgbench against `db` with `script` and the `extra` options; its figures (a failure is
+    /// logged, not fatal, as its figures say).
     fn pgbench(
         &self,
         out: &str,
         db: &str,
         script: &str,
-        extra: &[String],
+        extra: &str,
     ) -> anyhow::Result<[Option<Num>; 4]> {
         let out = self.path(out);
-        let (c, t, d) = (self.s.connections, self.s.wrk_threads, self.s.duration);
+        let (c, j, t) = (self.s.connections, self.s.wrk_threads, self.s.duration);
+        let words = format!("-n -M prepared -c {c} -j {j} -T {t} {extra} -f {script} {db}");
         let mut command = Command::new("pgbench");
-        command
-            .args(["-n", "-M", "prepared"])
-            .args([
-                "-c",
-                &c.to_string(),
-                "-j",
-                &t.to_string(),
-                "-T",
-                &d.to_string(),
-            ])
-            .args(extra)
-            .args(["-f", script, db]);
+        command.args(words.split_whitespace());
         let (status, text) = run_to_file(&mut command, &out)?;
         if !status.success() {
-            log(
-                TAG,
-                &format!("pgbench exited with {status}; see {}", out.display()),
-            );
+            let out = out.display();
+            log(TAG, &format!("pgbench exited with {status}; see {out}"));
         }
         Ok(pgbench_figures(&text))
     }
@@ -481,7 +470,7 @@ impl Bench {
         self.fresh_db(&db)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
         let out = format!("writes-pgbench-{run}.txt");
-        let pgbench = self.pgbench(&out, &db, "bench/conventional.sql", &[])?;
+        let pgbench = self.pgbench(&out, &db, "bench/conventional.sql", "")?;
         r.pg_machine_busy_pct = MachineTicks::now()?.since(machine0).busy_pct();
         // Read once pgbench's backends are gone, so that their whole time is counted.
         self.sessions_closed(&db)?;
@@ -565,9 +554,9 @@ impl Bench {
         let out = format!("healthz-{run}.wrk");
         let healthz = self.wrk(&out, "bench/healthz.lua", "/healthz", &[])?;
         let out = format!("replays-pgbench-{run}.txt");
-        let keys_var = ["-D".into(), format!("keys={keys}")];
+        let keys = format!("-D keys={keys}");
         let [pg_tps, pg_latency_ms, ..] =
-            self.pgbench(&out, &stage.db, "bench/replay_select.sql", &keys_var)?;
+            self.pgbench(&out, &stage.db, "bench/replay_select.sql", &keys)?;
         let mut r = ReplaysRun {
             cpu_cores,
             rss_mb,
