@@ -26,6 +26,7 @@ pub fn log(tag: &str, message: &str) {
 
 /// What a run of the benchmark or the soak stands on.
 pub struct Harness {
+    /// The program's name in its progress lines: `bench` or `soak`.
     pub tag: &'static str,
     pub bin: Binaries,
     pub pg: Pg,
@@ -36,9 +37,9 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// Checks that PostgreSQL answers, makes `work`, and arms the clean-up of the databases
-    /// named `db_prefix`... (and of the daemon, exchanges and queues it is told of) for every
-    /// exit, a signal's included.
+    /// Checks that PostgreSQL answers, makes `work`, and arms the clean-up for every exit, a
+    /// signal's included: the databases whose names start with `db_prefix`, and the daemon,
+    /// exchanges and queues it is told of.
     pub fn new(
         tag: &'static str,
         bin: Binaries,

@@ -111,6 +111,7 @@ impl RunArgs {
 /// Everything a scenario needs.
 struct Bench {
     s: Settings,
+    /// What the run stands on: binaries, PostgreSQL, the broker helpers, the clean-up.
     h: Harness,
     run_id: String,
     setup_sql: Option<String>,

@@ -433,6 +433,7 @@ fn count(map: &Map<String, Value>, keys: &[&str]) -> u64 {
 
 struct Soak {
     args: SoakArgs,
+    /// What the run stands on: binaries, PostgreSQL, the broker helpers, the clean-up.
     h: Harness,
     output: PathBuf,
     id: String,
