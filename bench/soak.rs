@@ -431,6 +431,9 @@ fn count(map: &Map<String, Value>, keys: &[&str]) -> u64 {
     keys.iter().map(|key| num(map, key).max(0.0) as u64).sum()
 }
 
+/// A soak's load: each slice's row, the RSS samples, the unexpected answers.
+type Load = (Vec<SliceRow>, Vec<(f64, f64)>, Vec<String>);
+
 struct Soak {
     args: SoakArgs,
     /// What the run stands on: binaries, PostgreSQL, the broker helpers, the clean-up.
@@ -527,41 +530,7 @@ impl Soak {
                 self.id, a.slice_seconds, a.rate, a.connections, self.interval_us(), describe_daemon(&self.h.bin.daemon), daemon.pid, self.port
             ),
         );
-        fs::write(self.h.work.join("keys.txt"), "")?;
-        let mut rows: Vec<SliceRow> = Vec::new();
-        let mut samples: Vec<(f64, f64)> = Vec::new();
-        let mut unexpected_lines = Vec::new();
-        let started = Instant::now();
-        for slice in 1..=slices {
-            let (row, text) = self.slice(&mut daemon, slice, started, &mut samples)?;
-            if a.vacuum {
-                pg.query(
-                    &self.db,
-                    "VACUUM outbox_events, idempotency_records, entries",
-                )?;
-            }
-            let unexpected = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "));
-            unexpected_lines.extend(unexpected.map(|line| format!("slice {slice}: {line}")));
-            eprintln!(
-                "[soak] slice {} ({}): {:.0} req/s (offered {}), p50 {:.2} ms, p99 {:.2} ms, 2xx {}, 409 {}, unexpected {}, socket errors {}, RSS {:.1} MiB, CPU {:.2}, machine {:.0}%, backlog {}",
-                row.slice, clock(row.end_s), row.rps, a.rate, row.p50_ms, row.p99_ms, row.ok,
-                row.reused, row.unexpected, row.socket_errors, row.rss_mib, row.daemon_cores,
-                row.machine_pct, row.unsent
-            );
-            rows.push(row);
-        }
-        let rss: String = samples
-            .iter()
-            .map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"))
-            .collect();
-        fs::write(self.h.work.join("rss.tsv"), rss)?;
-        if !unexpected_lines.is_empty() {
-            let text = unexpected_lines.join("\n") + "\n";
-            fs::write(self.h.work.join("unexpected.txt"), text)?;
-        }
-
+        let (rows, samples, unexpected_lines) = self.load(&mut daemon, slices)?;
         let (mut checks, hwm_mib) =
             self.end_checks(&mut daemon, &rows, slices, &unexpected_lines)?;
         let load_s = f64::from(slices * a.slice_seconds);
@@ -595,6 +564,43 @@ impl Soak {
         let (output, work) = (self.output.display(), self.h.work.display());
         log(TAG, &format!("wrote {output}; raw output in {work}"));
         Ok(!report.failed())
+    }
+
+    /// The load, slice after slice: each slice's row, the daemon's VmRSS samples (seconds since
+    /// the load started, MiB; also written to rss.tsv) and the unexpected answers wrk noted
+    /// (also in unexpected.txt).
+    fn load(&self, daemon: &mut Daemon, slices: u32) -> anyhow::Result<Load> {
+        let (a, work) = (&self.args, &self.h.work);
+        fs::write(work.join("keys.txt"), "")?;
+        let mut rows: Vec<SliceRow> = Vec::new();
+        let mut samples: Vec<(f64, f64)> = Vec::new();
+        let mut unexpected_lines = Vec::new();
+        let started = Instant::now();
+        for slice in 1..=slices {
+            let (row, text) = self.slice(daemon, slice, started, &mut samples)?;
+            if a.vacuum {
+                let vacuum = "VACUUM outbox_events, idempotency_records, entries";
+                self.h.pg.query(&self.db, vacuum)?;
+            }
+            let unexpected = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "));
+            unexpected_lines.extend(unexpected.map(|line| format!("slice {slice}: {line}")));
+            eprintln!(
+                "[soak] slice {} ({}): {:.0} req/s (offered {}), p50 {:.2} ms, p99 {:.2} ms, 2xx {}, 409 {}, unexpected {}, socket errors {}, RSS {:.1} MiB, CPU {:.2}, machine {:.0}%, backlog {}",
+                row.slice, clock(row.end_s), row.rps, a.rate, row.p50_ms, row.p99_ms, row.ok,
+                row.reused, row.unexpected, row.socket_errors, row.rss_mib, row.daemon_cores,
+                row.machine_pct, row.unsent
+            );
+            rows.push(row);
+        }
+        let rss = samples.iter().map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"));
+        fs::write(work.join("rss.tsv"), rss.collect::<String>())?;
+        if !unexpected_lines.is_empty() {
+            let text = unexpected_lines.join("\n") + "\n";
+            fs::write(work.join("unexpected.txt"), text)?;
+        }
+        Ok((rows, samples, unexpected_lines))
     }
 
     /// The machine and the servers, as the report names them.
