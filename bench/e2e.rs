@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use awc::http::StatusCode;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -46,73 +46,52 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create keys <prefix>1..<prefix>N (each answered 201), for the replay scenario.
-    Precreate {
-        #[arg(long)]
-        url: String,
-        #[arg(long, default_value = "bench.replay")]
-        kind: String,
-        #[arg(long, default_value = "replay-")]
-        prefix: String,
-        #[arg(long, default_value_t = 1000)]
-        count: usize,
-        #[arg(long, default_value_t = 32)]
-        concurrency: usize,
-    },
-    /// Open-loop POSTs at --rate per second, and the latency from each 201 to its event.
-    Run {
-        #[arg(long)]
-        url: String,
-        #[arg(
-            long,
-            env = "BENCH_AMQP_URL",
-            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-        )]
-        amqp: String,
-        /// A queue bound to the daemon's exchange; it should be empty.
-        #[arg(long)]
-        queue: String,
-        #[arg(long, default_value_t = 1000)]
-        rate: u32,
-        #[arg(long, default_value_t = 20)]
-        seconds: u32,
-        /// How long to wait for outstanding deliveries once the last 201 arrived.
-        #[arg(long, default_value_t = 15)]
-        drain_timeout_secs: u64,
-    },
+    Precreate(Precreate),
+    Run(Run),
+}
+
+/// Create keys <prefix>1..<prefix>N (each answered 201), for the replay scenario.
+#[derive(Args)]
+struct Precreate {
+    #[arg(long)]
+    url: String,
+    #[arg(long, default_value = "bench.replay")]
+    kind: String,
+    #[arg(long, default_value = "replay-")]
+    prefix: String,
+    #[arg(long, default_value_t = 1000)]
+    count: usize,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+}
+
+/// Open-loop POSTs at --rate per second, and the latency from each 201 to its event.
+#[derive(Args)]
+struct Run {
+    #[arg(long)]
+    url: String,
+    #[arg(
+        long,
+        env = "BENCH_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp: String,
+    /// A queue bound to the daemon's exchange; it should be empty.
+    #[arg(long)]
+    queue: String,
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
+    #[arg(long, default_value_t = 20)]
+    seconds: u32,
+    /// How long to wait for outstanding deliveries once the last 201 arrived.
+    #[arg(long, default_value_t = 15)]
+    drain_timeout_secs: u64,
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Precreate {
-            url,
-            kind,
-            prefix,
-            count,
-            concurrency,
-        } => actix_web::rt::System::new().block_on(precreate(
-            &url,
-            &kind,
-            &prefix,
-            count,
-            concurrency,
-        )),
-        Command::Run {
-            url,
-            amqp,
-            queue,
-            rate,
-            seconds,
-            drain_timeout_secs,
-        } => run(
-            &url,
-            &amqp,
-            &queue,
-            rate,
-            seconds,
-            Duration::from_secs(drain_timeout_secs),
-        ),
+    match Cli::parse().command {
+        Command::Precreate(args) => actix_web::rt::System::new().block_on(precreate(args)),
+        Command::Run(args) => run(args),
     }
 }
 
@@ -123,27 +102,31 @@ fn http_client(connections: usize) -> awc::Client {
         .finish()
 }
 
+/// POST /v1/entries with an idempotency key.
+fn post(client: &awc::Client, endpoint: &str, key: &str, body: String) -> awc::SendClientRequest {
+    client
+        .post(endpoint)
+        .insert_header(("Idempotency-Key", key))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(body)
+}
+
 fn body(kind: &str, i: usize) -> String {
     format!(r#"{{"kind":"{kind}","data":{{"i":{i},"note":"{NOTE}"}}}}"#)
 }
 
-async fn precreate(
-    url: &str,
-    kind: &str,
-    prefix: &str,
-    count: usize,
-    concurrency: usize,
-) -> anyhow::Result<()> {
+async fn precreate(args: Precreate) -> anyhow::Result<()> {
+    let (count, concurrency) = (args.count, args.concurrency);
     let client = http_client(concurrency);
-    let endpoint = format!("{url}/v1/entries");
+    let endpoint = format!("{}/v1/entries", args.url);
     let next = Rc::new(RefCell::new(1usize));
     let mut workers = Vec::new();
     for _ in 0..concurrency.max(1) {
         let client = client.clone();
         let endpoint = endpoint.clone();
         let next = next.clone();
-        let kind = kind.to_owned();
-        let prefix = prefix.to_owned();
+        let kind = args.kind.clone();
+        let prefix = args.prefix.clone();
         workers.push(actix_web::rt::spawn(async move {
             let mut created = 0usize;
             loop {
@@ -157,11 +140,7 @@ async fn precreate(
                     return Ok::<usize, anyhow::Error>(created);
                 }
                 let key = format!("{prefix}{i}");
-                let mut response = client
-                    .post(&endpoint)
-                    .insert_header(("Idempotency-Key", key.as_str()))
-                    .insert_header(("Content-Type", "application/json"))
-                    .send_body(body(&kind, i))
+                let mut response = post(&client, &endpoint, &key, body(&kind, i))
                     .await
                     .map_err(|e| anyhow::anyhow!("POST {key}: {e}"))?;
                 let status = response.status();
@@ -288,6 +267,14 @@ struct Requests {
     first_error: Option<String>,
 }
 
+impl Requests {
+    /// A request that got no 201.
+    fn failed(&mut self, error: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(error);
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
@@ -304,111 +291,76 @@ fn signed_ms(later: Instant, earlier: Instant) -> f64 {
     }
 }
 
-fn run(
-    url: &str,
-    amqp: &str,
-    queue: &str,
+/// Sends a POST with each of `keys` every 1/rate seconds, whether or not earlier ones have been
+/// answered, and notes when each was sent and when its 201 arrived; the seconds the sending
+/// took (the answers awaited after).
+async fn send_open_loop(
+    endpoint: &str,
     rate: u32,
-    seconds: u32,
-    drain_timeout: Duration,
-) -> anyhow::Result<()> {
-    let total = rate as usize * seconds as usize;
+    keys: &[String],
+    requests: &Rc<RefCell<Requests>>,
+) -> f64 {
+    let client = http_client(1024);
+    let in_flight = Rc::new(AtomicUsize::new(0));
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let mut ticker = actix_web::rt::time::interval(period);
+    // Open loop: a late tick is made up at once, so the average rate holds.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        ticker.tick().await;
+        let (client, endpoint, key) = (client.clone(), endpoint.to_owned(), key.clone());
+        let (requests, in_flight) = (requests.clone(), in_flight.clone());
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        actix_web::rt::spawn(async move {
+            requests.borrow_mut().sent_at[i] = Some(Instant::now());
+            match post(&client, &endpoint, &key, body("bench.e2e", i)).await {
+                Ok(mut response) if response.status() == StatusCode::CREATED => {
+                    requests.borrow_mut().created_at[i] = Some(Instant::now());
+                    let _ = response.body().await;
+                }
+                Ok(mut response) => {
+                    let status = response.status();
+                    let text = response.body().await.unwrap_or_default();
+                    let text = String::from_utf8_lossy(&text);
+                    requests.borrow_mut().failed(format!("{status}: {text}"));
+                }
+                Err(error) => requests.borrow_mut().failed(error.to_string()),
+            }
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    let sending = started.elapsed().as_secs_f64();
+    while in_flight.load(Ordering::Relaxed) > 0 {
+        actix_web::rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    sending
+}
+
+fn run(args: Run) -> anyhow::Result<()> {
+    let (rate, total) = (args.rate, args.rate as usize * args.seconds as usize);
     let nonce = uuid::Uuid::new_v4().simple().to_string();
-    let key_of = |i: usize| format!("e2e-{}-{i}", &nonce[..12]);
+    let prefix = format!("e2e-{}-", &nonce[..12]);
+    let keys: Vec<String> = (0..total).map(|i| format!("{prefix}{i}")).collect();
 
     let deliveries = Arc::new(Mutex::new(Deliveries::default()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let consumer = start_consumer(
-        amqp.to_owned(),
-        queue.to_owned(),
-        deliveries.clone(),
-        stop_rx,
-    )?;
-
+    let consumer = start_consumer(args.amqp, args.queue, deliveries.clone(), stop_rx)?;
     let requests = Rc::new(RefCell::new(Requests {
         sent_at: vec![None; total],
         created_at: vec![None; total],
         ..Requests::default()
     }));
-    let endpoint = format!("{url}/v1/entries");
-    let system = actix_web::rt::System::new();
-    let sending_seconds = system.block_on({
-        let requests = requests.clone();
-        let key_of = &key_of;
-        async move {
-            let client = http_client(1024);
-            let in_flight = Rc::new(AtomicUsize::new(0));
-            let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
-            let mut ticker = actix_web::rt::time::interval(period);
-            // Open loop: a late tick is made up at once, so the average rate holds.
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let started = Instant::now();
-            for i in 0..total {
-                ticker.tick().await;
-                let client = client.clone();
-                let endpoint = endpoint.clone();
-                let requests = requests.clone();
-                let in_flight = in_flight.clone();
-                let key = key_of(i);
-                in_flight.fetch_add(1, Ordering::Relaxed);
-                actix_web::rt::spawn(async move {
-                    let sent = Instant::now();
-                    requests.borrow_mut().sent_at[i] = Some(sent);
-                    let result = client
-                        .post(&endpoint)
-                        .insert_header(("Idempotency-Key", key.as_str()))
-                        .insert_header(("Content-Type", "application/json"))
-                        .send_body(body("bench.e2e", i))
-                        .await;
-                    match result {
-                        Ok(mut response) if response.status() == StatusCode::CREATED => {
-                            requests.borrow_mut().created_at[i] = Some(Instant::now());
-                            let _ = response.body().await;
-                        }
-                        Ok(mut response) => {
-                            let status = response.status();
-                            let text = response.body().await.unwrap_or_default();
-                            let mut requests = requests.borrow_mut();
-                            requests.errors += 1;
-                            requests.first_error.get_or_insert_with(|| {
-                                format!("{status}: {}", String::from_utf8_lossy(&text))
-                            });
-                        }
-                        Err(error) => {
-                            let mut requests = requests.borrow_mut();
-                            requests.errors += 1;
-                            requests
-                                .first_error
-                                .get_or_insert_with(|| error.to_string());
-                        }
-                    }
-                    in_flight.fetch_sub(1, Ordering::Relaxed);
-                });
-            }
-            let sending = started.elapsed().as_secs_f64();
-            while in_flight.load(Ordering::Relaxed) > 0 {
-                actix_web::rt::time::sleep(Duration::from_millis(5)).await;
-            }
-            sending
-        }
-    });
+    let endpoint = format!("{}/v1/entries", args.url);
+    let sending = send_open_loop(&endpoint, rate, &keys, &requests);
+    let sending_seconds = actix_web::rt::System::new().block_on(sending);
 
-    let created = requests
-        .borrow()
-        .created_at
-        .iter()
-        .filter(|t| t.is_some())
-        .count();
+    let requests = requests.borrow();
+    let created = requests.created_at.iter().flatten().count();
     // Wait for the events of every created key (or the timeout).
-    let deadline = Instant::now() + drain_timeout;
-    loop {
-        let have = {
-            let seen = deliveries.lock().expect("not poisoned");
-            seen.first.len()
-        };
-        if have >= created || Instant::now() > deadline {
-            break;
-        }
+    let deadline = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
+    let delivered = || deliveries.lock().expect("not poisoned").first.len();
+    while delivered() < created && Instant::now() <= deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = stop_tx.send(true);
@@ -416,27 +368,22 @@ fn run(
         .join()
         .map_err(|_| anyhow::anyhow!("the consumer thread panicked"))?;
 
-    let requests = requests.borrow();
     let seen = deliveries.lock().expect("not poisoned");
     let mut latencies = Vec::with_capacity(created);
     let mut http = Vec::with_capacity(created);
-    for i in 0..total {
+    for (i, key) in keys.iter().enumerate() {
         let (Some(sent), Some(done)) = (requests.sent_at[i], requests.created_at[i]) else {
             continue;
         };
         http.push(signed_ms(done, sent));
-        if let Some(&delivered) = seen.first.get(&key_of(i)) {
+        if let Some(&delivered) = seen.first.get(key) {
             latencies.push(signed_ms(delivered, done));
         }
     }
     latencies.sort_by(f64::total_cmp);
     http.sort_by(f64::total_cmp);
     let negative = latencies.iter().filter(|&&ms| ms < 0.0).count();
-    let foreign = seen
-        .first
-        .keys()
-        .filter(|key| !key.starts_with(&format!("e2e-{}-", &nonce[..12])))
-        .count();
+    let foreign = seen.first.keys().filter(|key| !key.starts_with(&prefix));
 
     println!(
         "BENCH_RESULT {}",
@@ -451,7 +398,7 @@ fn run(
             "deliveries": seen.total,
             "duplicate_deliveries": seen.total - seen.without_key - seen.first.len(),
             "deliveries_without_key": seen.without_key,
-            "foreign_keys": foreign,
+            "foreign_keys": foreign.count(),
             "matched": latencies.len(),
             "negative": negative,
             "p50_ms": percentile(&latencies, 50.0),

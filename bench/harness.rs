@@ -1,6 +1,7 @@
-//! The plumbing that the benchmark and the soak share: the release binaries, PostgreSQL, the
-//! broker helpers (`bench-publisher`), the daemon as a child process, /proc readings, running a
-//! tool into a file and reading its result line, and the clean-up that runs on every exit.
+//! The plumbing that the benchmark and the soak share: what a run stands on (`Harness`: the
+//! release binaries, PostgreSQL, the broker helpers, the clean-up that runs on every exit), the
+//! daemon as a child process, /proc readings, and running a tool into a file and reading its
+//! result line.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -23,6 +24,66 @@ pub fn log(tag: &str, message: &str) {
     eprintln!("[{tag} {}] {message}", chrono::Local::now().format("%T"));
 }
 
+/// What a run of the benchmark or the soak stands on.
+pub struct Harness {
+    /// The program's name in its progress lines: `bench` or `soak`.
+    pub tag: &'static str,
+    pub bin: Binaries,
+    pub pg: Pg,
+    pub broker: Broker,
+    pub cleanup: Arc<Cleanup>,
+    /// Where the raw output goes.
+    pub work: PathBuf,
+}
+
+impl Harness {
+    /// Checks that PostgreSQL answers, makes `work`, and arms the clean-up for every exit, a
+    /// signal's included: the databases whose names start with `db_prefix`, and the daemon,
+    /// exchanges and queues it is told of.
+    pub fn new(
+        tag: &'static str,
+        bin: Binaries,
+        amqp: &str,
+        work: PathBuf,
+        db_prefix: String,
+    ) -> anyhow::Result<Harness> {
+        let pg = Pg::from_env();
+        pg.query("postgres", "SELECT 1")
+            .with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
+        fs::create_dir_all(&work)?;
+        let cleanup = Cleanup::new(tag, pg.clone(), bin.publisher.clone(), db_prefix);
+        cleanup.on_signals()?;
+        let broker = Broker {
+            publisher: bin.publisher.clone(),
+            amqp: amqp.to_owned(),
+        };
+        Ok(Harness {
+            tag,
+            bin,
+            pg,
+            broker,
+            cleanup,
+            work,
+        })
+    }
+
+    /// After the work: cleans up (exiting as the signal says if one interrupted it) and notes
+    /// where the raw output of a failed run is.
+    pub fn finish<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        self.cleanup.finish();
+        if let Err(error) = &result {
+            let work = self.work.display();
+            log(self.tag, &format!("ERROR: {error:#}; raw output in {work}"));
+        }
+        result
+    }
+
+    /// Starts the daemon; unless `wait` is false, waits until /healthz answers.
+    pub fn start(&self, spec: DaemonSpec<'_>, wait: bool) -> anyhow::Result<Daemon> {
+        Daemon::start(&self.bin.daemon, spec, &self.cleanup, wait)
+    }
+}
+
 /// The release binaries: the daemon, and the helpers beside this program.
 #[derive(Clone, Debug)]
 pub struct Binaries {
@@ -36,12 +97,10 @@ impl Binaries {
     /// daemon is in the directory above.
     pub fn beside_this_program() -> anyhow::Result<Binaries> {
         let exe = std::env::current_exe().context("cannot find this program's path")?;
-        let examples = exe
-            .parent()
-            .ok_or_else(|| anyhow!("{} has no directory", exe.display()))?;
+        let examples = exe.parent().context("this program has no directory")?;
         let profile = examples
             .parent()
-            .ok_or_else(|| anyhow!("{} has no parent directory", examples.display()))?;
+            .context("no directory above this program's")?;
         let binaries = Binaries {
             daemon: profile.join("retrysafe"),
             publisher: examples.join("bench-publisher"),
@@ -78,17 +137,17 @@ pub struct Pg {
 
 impl Pg {
     pub fn from_env() -> Pg {
-        let var = |name: &str, default: &str| {
-            let value = std::env::var(name)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| default.to_owned());
+        let [host, port, user] = [
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "5432"),
+            ("PGUSER", "postgres"),
+        ]
+        .map(|(name, default)| {
+            let value = std::env::var(name).ok().filter(|v| !v.is_empty());
+            let value = value.unwrap_or_else(|| default.to_owned());
             std::env::set_var(name, &value);
             value
-        };
-        let host = var("PGHOST", "127.0.0.1");
-        let port = var("PGPORT", "5432");
-        let user = var("PGUSER", "postgres");
+        });
         Pg {
             base: format!("postgres://{user}@{host}:{port}"),
         }
@@ -103,13 +162,11 @@ impl Pg {
     pub fn query(&self, db: &str, sql: &str) -> anyhow::Result<String> {
         let url = self.url(db);
         block_on(async {
-            let (client, connection) = tokio::time::timeout(
-                Duration::from_secs(10),
-                tokio_postgres::connect(&url, NoTls),
-            )
-            .await
-            .with_context(|| format!("no answer from {url} within 10 s"))?
-            .with_context(|| format!("cannot connect to {url}"))?;
+            let connect = tokio_postgres::connect(&url, NoTls);
+            let (client, connection) = tokio::time::timeout(Duration::from_secs(10), connect)
+                .await
+                .with_context(|| format!("no answer from {url} within 10 s"))?
+                .with_context(|| format!("cannot connect to {url}"))?;
             let connection = tokio::spawn(connection);
             let messages = client
                 .simple_query(sql)
@@ -117,13 +174,11 @@ impl Pg {
                 .with_context(|| format!("on {db}: {sql}"))?;
             drop(client);
             let _ = connection.await;
-            Ok(messages
-                .iter()
-                .find_map(|message| match message {
-                    SimpleQueryMessage::Row(row) => Some(row.get(0).unwrap_or("").to_owned()),
-                    _ => None,
-                })
-                .unwrap_or_default())
+            let first = messages.iter().find_map(|message| match message {
+                SimpleQueryMessage::Row(row) => Some(row.get(0).unwrap_or("").to_owned()),
+                _ => None,
+            });
+            Ok(first.unwrap_or_default())
         })
     }
 
@@ -139,28 +194,18 @@ impl Pg {
     }
 
     pub fn drop_db(&self, db: &str) -> anyhow::Result<()> {
-        self.query(
-            "postgres",
-            &format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"),
-        )
-        .map(drop)
+        let sql = format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)");
+        self.query("postgres", &sql).map(drop)
     }
 
-    /// The databases whose name starts with `prefix`.
+    /// The databases whose name starts with `prefix` (letters, digits and `_`).
     pub fn databases_like(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
-        let url = self.url("postgres");
-        let pattern = format!("{}%", prefix.replace('_', "\\_"));
-        block_on(async {
-            let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
-            tokio::spawn(connection);
-            let rows = client
-                .query(
-                    "SELECT datname FROM pg_database WHERE datname LIKE $1",
-                    &[&pattern],
-                )
-                .await?;
-            Ok(rows.iter().map(|row| row.get(0)).collect())
-        })
+        let pattern = prefix.replace('_', "\\_");
+        let sql = format!(
+            "SELECT string_agg(datname, ' ') FROM pg_database WHERE datname LIKE '{pattern}%'"
+        );
+        let names = self.query("postgres", &sql)?;
+        Ok(names.split_whitespace().map(str::to_owned).collect())
     }
 }
 
@@ -187,6 +232,17 @@ pub fn field(map: &Map<String, Value>, key: &str) -> Option<Num> {
     }
 }
 
+/// wrk as the benchmark and the soak run it: `threads` threads, `connections` connections for
+/// `seconds`, `script`'s requests to `url`, latency percentiles, 10 s before a request times out.
+pub fn wrk(threads: u32, connections: u32, seconds: u32, script: &str, url: &str) -> Command {
+    let mut command = Command::new("wrk");
+    let load = format!("-t{threads} -c{connections} -d{seconds}s --timeout 10s --latency");
+    command
+        .args(load.split_whitespace())
+        .args(["-s", script, url]);
+    command
+}
+
 /// Runs `command` with standard output and error into `out`; returns what it printed and its
 /// status. Fails only when it cannot be started.
 pub fn run_to_file(command: &mut Command, out: &Path) -> anyhow::Result<(ExitStatus, String)> {
@@ -211,10 +267,8 @@ pub fn run_ok(command: &mut Command, out: &Path, what: &str) -> anyhow::Result<S
 }
 
 pub fn unix_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH);
+    since_epoch.map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 /// Clock ticks per second of /proc's CPU times.
@@ -226,13 +280,6 @@ pub fn clock_ticks() -> f64 {
     } else {
         100.0
     }
-}
-
-/// utime + stime of a process, in clock ticks.
-pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    proc_stat(pid)
-        .map(|process| process.ticks)
-        .ok_or_else(|| anyhow!("cannot read /proc/{pid}/stat"))
 }
 
 /// One process as /proc/PID/stat shows it.
@@ -264,6 +311,13 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     })
 }
 
+fn all_processes() -> HashMap<u32, ProcStat> {
+    let pids = fs::read_dir("/proc").into_iter().flatten().flatten();
+    pids.filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, proc_stat(pid)?)))
+        .collect()
+}
+
 /// CPU time, in clock ticks, of the machine's PostgreSQL and RabbitMQ servers, for the cost of a
 /// write: the services' share of it, beside the daemon's own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -286,52 +340,26 @@ impl ServiceTicks {
     pub fn now() -> ServiceTicks {
         let mut processes = all_processes();
         for _ in 0..10 {
-            let roots = Self::roots_reaped(&processes);
-            let unchanged = roots
-                .iter()
-                .all(|(pid, reaped)| proc_stat(*pid).is_some_and(|p| p.child_ticks == *reaped));
+            let unchanged = processes.iter().all(|(pid, process)| {
+                Self::root(process, processes.get(&process.ppid)).is_none()
+                    || proc_stat(*pid).is_some_and(|now| now.child_ticks == process.child_ticks)
+            });
             if unchanged {
                 break;
             }
             processes = all_processes();
         }
-        Self::sum(&processes)
-    }
-
-    fn is_root(process: &ProcStat, parent: Option<&ProcStat>) -> Option<Service> {
-        let parent_comm = parent.map(|p| p.comm.as_str());
-        match (process.comm.as_str(), parent_comm) {
-            ("postgres", Some("postgres")) => None,
-            ("postgres", _) => Some(Service::Postgres),
-            ("beam.smp", _) => Some(Service::Rabbitmq),
-            _ => None,
-        }
-    }
-
-    fn roots_reaped(processes: &HashMap<u32, ProcStat>) -> Vec<(u32, u64)> {
-        let mut roots: Vec<(u32, u64)> = processes
-            .iter()
-            .filter(|(_, p)| Self::is_root(p, processes.get(&p.ppid)).is_some())
-            .map(|(pid, p)| (*pid, p.child_ticks))
-            .collect();
-        roots.sort_unstable();
-        roots
-    }
-
-    fn sum(processes: &HashMap<u32, ProcStat>) -> ServiceTicks {
         let mut ticks = ServiceTicks::default();
-        for (pid, process) in processes {
+        for (pid, process) in &processes {
             // The service whose tree the process is in: walk up to a root.
-            let mut at = (*pid, process);
-            let mut service = None;
+            let (mut at, mut service) = ((*pid, process), None);
             for _ in 0..64 {
                 let parent = processes.get(&at.1.ppid);
-                if let Some(found) = Self::is_root(at.1, parent) {
-                    service = Some(found);
-                    break;
-                }
+                service = Self::root(at.1, parent);
                 match parent {
-                    Some(parent) if at.1.ppid != at.0 => at = (at.1.ppid, parent),
+                    Some(parent) if service.is_none() && at.1.ppid != at.0 => {
+                        at = (at.1.ppid, parent)
+                    }
                     _ => break,
                 }
             }
@@ -343,6 +371,16 @@ impl ServiceTicks {
             }
         }
         ticks
+    }
+
+    /// The service whose tree `process` is the root of, if it is one.
+    fn root(process: &ProcStat, parent: Option<&ProcStat>) -> Option<Service> {
+        match (process.comm.as_str(), parent.map(|p| p.comm.as_str())) {
+            ("postgres", Some("postgres")) => None,
+            ("postgres", _) => Some(Service::Postgres),
+            ("beam.smp", _) => Some(Service::Rabbitmq),
+            _ => None,
+        }
     }
 
     /// What was used since `earlier`; None if a figure went down (a server restarted).
@@ -360,33 +398,12 @@ enum Service {
     Rabbitmq,
 }
 
-fn all_processes() -> HashMap<u32, ProcStat> {
-    fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((pid, proc_stat(pid)?)))
-        .collect()
-}
-
 /// CPU seconds per 1,000 operations, from `ticks` spent on `operations`.
 pub fn seconds_per_1000(ticks: u64, operations: i64) -> Option<Num> {
+    let seconds = ticks as f64 / clock_ticks();
     (operations > 0)
-        .then(|| Num::fixed(ticks as f64 / clock_ticks() / operations as f64 * 1000.0, 3))
+        .then(|| Num::fixed(seconds / operations as f64 * 1000.0, 3))
         .flatten()
-}
-
-/// A `kB` line of /proc/PID/status (VmRSS, VmHWM).
-pub fn status_kb(pid: u32, key: &str) -> anyhow::Result<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|line| {
-            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .ok_or_else(|| anyhow!("no {key} in /proc/{pid}/status"))
 }
 
 /// Cores used over a window: CPU seconds / wall seconds.
@@ -416,11 +433,8 @@ pub struct MachineTicks {
 impl MachineTicks {
     pub fn now() -> anyhow::Result<MachineTicks> {
         let stat = fs::read_to_string("/proc/stat")?;
-        let line = stat
-            .lines()
-            .find(|line| line.starts_with("cpu "))
-            .ok_or_else(|| anyhow!("no cpu line in /proc/stat"))?;
-        Ok(Self::parse(line))
+        let line = stat.lines().find(|line| line.starts_with("cpu "));
+        Ok(Self::parse(line.context("no cpu line in /proc/stat")?))
     }
 
     /// `cpu  user nice system idle iowait irq softirq steal ...` (guest time is already in
@@ -457,12 +471,12 @@ impl MachineTicks {
     }
 }
 
+fn connect(port: u16, timeout: Duration) -> std::io::Result<TcpStream> {
+    TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout)
+}
+
 pub fn port_in_use(port: u16) -> bool {
-    TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(200),
-    )
-    .is_ok()
+    connect(port, Duration::from_millis(200)).is_ok()
 }
 
 /// A free port of 127.0.0.1, as the kernel hands one out.
@@ -474,19 +488,14 @@ pub fn free_port() -> anyhow::Result<u16> {
 /// Whether GET /healthz on 127.0.0.1:port answers 2xx.
 pub fn healthy(port: u16) -> bool {
     let check = || -> std::io::Result<bool> {
-        let mut stream = TcpStream::connect_timeout(
-            &SocketAddr::from(([127, 0, 0, 1], port)),
-            Duration::from_secs(1),
-        )?;
+        let mut stream = connect(port, Duration::from_secs(1))?;
         stream.set_read_timeout(Some(Duration::from_secs(2)))?;
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
         let mut status = String::new();
         BufReader::new(stream).read_line(&mut status)?;
-        Ok(status
-            .split_whitespace()
-            .nth(1)
-            .is_some_and(|code| code.starts_with('2')))
+        let code = status.split_whitespace().nth(1);
+        Ok(code.is_some_and(|code| code.starts_with('2')))
     };
     check().unwrap_or(false)
 }
@@ -515,8 +524,8 @@ pub struct Cleanup {
 #[derive(Default)]
 struct CleanupState {
     daemon_pid: Option<u32>,
-    exchanges: Vec<String>,
-    queues: Vec<String>,
+    /// `--exchange X` and `--queue Q` of `bench-publisher delete`.
+    bound: Vec<String>,
     done: bool,
 }
 
@@ -533,20 +542,13 @@ impl Cleanup {
         })
     }
 
-    /// The exit code (130, 143) when a signal interrupted the run.
-    pub fn interrupted(&self) -> Option<i32> {
-        match self.interrupted.load(Ordering::SeqCst) {
-            0 => None,
-            code => Some(code),
-        }
-    }
-
     /// After the work stopped: cleans up (or waits for the signal handler's clean-up) and, when
     /// a signal interrupted the run, exits with its code: the work's error is only its echo.
     pub fn finish(&self) {
         self.run();
-        if let Some(code) = self.interrupted() {
-            std::process::exit(code);
+        match self.interrupted.load(Ordering::SeqCst) {
+            0 => {}
+            code => std::process::exit(code),
         }
     }
 
@@ -554,81 +556,75 @@ impl Cleanup {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn daemon_started(&self, pid: u32) {
-        self.state().daemon_pid = Some(pid);
+    /// The daemon that runs now, if any.
+    pub fn running(&self, pid: Option<u32>) {
+        self.state().daemon_pid = pid;
     }
 
-    pub fn daemon_stopped(&self) {
-        self.state().daemon_pid = None;
+    /// Runs `create` (what makes a database, an exchange or a daemon) unless the clean-up has
+    /// begun, and never while it runs: after a signal the work goes on until it fails, and what
+    /// it made after the clean-up would be left behind.
+    pub fn guard<T>(&self, create: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.state().done {
+            bail!("interrupted");
+        }
+        create()
     }
 
     pub fn bound(&self, exchange: &str, queue: &str) {
-        let mut state = self.state();
-        state.exchanges.push(exchange.to_owned());
-        state.queues.push(queue.to_owned());
+        let words = ["--exchange", exchange, "--queue", queue];
+        self.state().bound.extend(words.map(str::to_owned));
     }
 
     /// Stops the daemon, drops the databases, deletes the exchanges and queues; once.
     pub fn run(&self) {
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let (pid, exchanges, queues) = {
+        let (pid, bound) = {
             let mut state = self.state();
-            if state.done {
+            if std::mem::replace(&mut state.done, true) {
                 return;
             }
-            state.done = true;
-            (
-                state.daemon_pid.take(),
-                std::mem::take(&mut state.exchanges),
-                std::mem::take(&mut state.queues),
-            )
+            (state.daemon_pid.take(), std::mem::take(&mut state.bound))
         };
         if let Some(pid) = pid {
             send_signal(pid, libc::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(10);
-            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-                if fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .map(|s| s.contains(") Z "))
-                    .unwrap_or(true)
-                {
+            while Instant::now() < deadline {
+                // Gone, or a zombie: it has exited.
+                let stat = fs::read_to_string(format!("/proc/{pid}/stat"));
+                if stat.map(|s| s.contains(") Z ")).unwrap_or(true) {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
             send_signal(pid, libc::SIGKILL);
         }
-        match self.pg.databases_like(&self.db_prefix) {
-            Ok(databases) => {
-                for db in databases {
-                    if let Err(error) = self.pg.drop_db(&db) {
-                        log(
-                            self.tag,
-                            &format!("could not drop database {db}: {error:#}"),
-                        );
-                    }
-                }
-            }
-            Err(error) => log(
+        let databases = self.pg.databases_like(&self.db_prefix);
+        let databases = databases.unwrap_or_else(|error| {
+            log(
                 self.tag,
                 &format!("could not list the databases to drop: {error:#}"),
-            ),
+            );
+            Vec::new()
+        });
+        for db in databases {
+            if let Err(error) = self.pg.drop_db(&db) {
+                log(
+                    self.tag,
+                    &format!("could not drop database {db}: {error:#}"),
+                );
+            }
         }
-        if !exchanges.is_empty() || !queues.is_empty() {
+        if !bound.is_empty() {
             let mut command = Command::new(&self.publisher);
-            command.arg("delete");
-            for queue in &queues {
-                command.args(["--queue", queue]);
-            }
-            for exchange in &exchanges {
-                command.args(["--exchange", exchange]);
-            }
-            let ok = command
+            let status = command
+                .arg("delete")
+                .args(&bound)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if !ok {
+                .status();
+            if !status.is_ok_and(|s| s.success()) {
                 log(self.tag, "could not delete the exchanges and queues");
             }
         }
@@ -643,10 +639,9 @@ impl Cleanup {
             .spawn(move || {
                 let code = block_on(async move {
                     use tokio::signal::unix::{signal, SignalKind};
-                    let (Ok(mut int), Ok(mut term)) = (
-                        signal(SignalKind::interrupt()),
-                        signal(SignalKind::terminate()),
-                    ) else {
+                    let int = signal(SignalKind::interrupt());
+                    let term = signal(SignalKind::terminate());
+                    let (Ok(mut int), Ok(mut term)) = (int, term) else {
                         let _ = ready_tx.send(false);
                         return None;
                     };
@@ -678,86 +673,63 @@ pub struct Broker {
 }
 
 impl Broker {
-    fn command(&self) -> Command {
+    /// `bench-publisher` with `words` (none has a space).
+    fn command(&self, words: &str) -> Command {
         let mut command = Command::new(&self.publisher);
-        command.env("BENCH_AMQP_URL", &self.amqp);
         command
+            .env("BENCH_AMQP_URL", &self.amqp)
+            .args(words.split_whitespace());
+        command
+    }
+
+    /// Runs `bench-publisher` with `words`; an error with what it printed if it fails.
+    fn run(&self, words: &str, what: &str) -> anyhow::Result<()> {
+        let output = self.command(words).output()?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            bail!("cannot {what} at {}: {}", self.amqp, stderr.trim());
+        }
+        Ok(())
     }
 
     /// Checks that the broker answers.
     pub fn reachable(&self) -> anyhow::Result<()> {
-        let status = self
-            .command()
-            .arg("delete")
-            .stdout(Stdio::null())
-            .status()?;
-        if !status.success() {
-            bail!("cannot reach RabbitMQ at {}", self.amqp);
-        }
-        Ok(())
+        self.run("delete", "reach RabbitMQ")
     }
 
     /// A durable topic exchange and a durable queue bound for '#', deleted by `cleanup`.
     pub fn bind(&self, cleanup: &Cleanup, exchange: &str, queue: &str) -> anyhow::Result<()> {
-        cleanup.bound(exchange, queue);
-        let output = self
-            .command()
-            .args(["bind", "--exchange", exchange, "--queue", queue])
-            .output()?;
-        if !output.status.success() {
-            bail!(
-                "cannot bind {queue} to {exchange} at {}: {}",
-                self.amqp,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(())
+        cleanup.guard(|| {
+            cleanup.bound(exchange, queue);
+            let words = format!("bind --exchange {exchange} --queue {queue}");
+            self.run(&words, &format!("bind {queue} to {exchange}"))
+        })
     }
 
     pub fn delete(&self, exchange: &str, queue: &str) -> anyhow::Result<()> {
-        let output = self
-            .command()
-            .args(["delete", "--exchange", exchange, "--queue", queue])
-            .output()?;
-        if !output.status.success() {
-            bail!(
-                "cannot delete {exchange} / {queue}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(())
+        let words = format!("delete --exchange {exchange} --queue {queue}");
+        self.run(&words, &format!("delete {exchange} / {queue}"))
     }
 
-    /// Messages ready in `queue`, waiting a while for `expect` of them.
+    /// Messages ready in `queue`, waiting up to `timeout_secs` for `expect` of them; none if
+    /// they could not be counted.
     pub fn count(
         &self,
         queue: &str,
         expect: i64,
         timeout_secs: u64,
     ) -> anyhow::Result<Option<Num>> {
-        let output = self
-            .command()
-            .args([
-                "count",
-                "--queue",
-                queue,
-                "--expect",
-                &expect.max(0).to_string(),
-                "--timeout-secs",
-                &timeout_secs.to_string(),
-            ])
-            .stderr(Stdio::inherit())
-            .output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        Ok(result_line(&text, "BENCH_RESULT")
-            .ok()
-            .and_then(|map| field(&map, "messages")))
+        let expect = expect.max(0);
+        let words =
+            format!("count --queue {queue} --expect {expect} --timeout-secs {timeout_secs}");
+        let output = self.command(&words).stderr(Stdio::inherit()).output()?;
+        let result = result_line(&String::from_utf8_lossy(&output.stdout), "BENCH_RESULT");
+        Ok(result.ok().and_then(|map| field(&map, "messages")))
     }
 }
 
 /// How the daemon is started.
 pub struct DaemonSpec<'a> {
-    pub binary: &'a Path,
     pub config: &'a str,
     pub port: u16,
     pub db_url: String,
@@ -777,8 +749,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts the daemon; unless `wait` is false, waits until /healthz answers.
-    pub fn start(
+    fn start(
+        binary: &Path,
         spec: DaemonSpec<'_>,
         cleanup: &Arc<Cleanup>,
         wait: bool,
@@ -787,7 +759,8 @@ impl Daemon {
             bail!("port {} is in use; choose another", spec.port);
         }
         let log = File::create(&spec.log)?;
-        let child = Command::new(spec.binary)
+        let mut command = Command::new(binary);
+        command
             .args(["serve", "--config", spec.config])
             .env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{}", spec.port))
             .env("RETRYSAFE_DATABASE__URL", &spec.db_url)
@@ -796,11 +769,14 @@ impl Daemon {
             .env("RETRYSAFE_LOG__LEVEL", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", spec.binary.display()))?;
+            .stderr(log);
+        let child = cleanup.guard(|| {
+            let child = command.spawn();
+            let child = child.with_context(|| format!("starting {}", binary.display()))?;
+            cleanup.running(Some(child.id()));
+            Ok(child)
+        })?;
         let pid = child.id();
-        cleanup.daemon_started(pid);
         let mut daemon = Daemon {
             child,
             pid,
@@ -816,40 +792,43 @@ impl Daemon {
     }
 
     pub fn wait_healthy(&mut self) -> anyhow::Result<()> {
+        let log = self.log.display();
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "the daemon exited at start ({status}); see {}",
-                    self.log.display()
-                );
+                bail!("the daemon exited at start ({status}); see {log}");
             }
             if healthy(self.port) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        bail!(
-            "the daemon did not answer /healthz within 30 s; see {}",
-            self.log.display()
-        )
+        bail!("the daemon did not answer /healthz within 30 s; see {log}")
     }
 
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// utime + stime, in clock ticks.
     pub fn cpu_ticks(&self) -> anyhow::Result<u64> {
-        cpu_ticks(self.pid)
+        let stat = proc_stat(self.pid);
+        stat.map(|process| process.ticks)
+            .ok_or_else(|| anyhow!("cannot read /proc/{}/stat", self.pid))
     }
 
+    /// A `kB` line of /proc/PID/status (VmRSS, VmHWM).
     pub fn status_kb(&self, key: &str) -> anyhow::Result<u64> {
-        status_kb(self.pid, key)
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
+        let kb = status.lines().find_map(|line| {
+            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse().ok()
+        });
+        kb.ok_or_else(|| anyhow!("no {key} in /proc/{}/status", self.pid))
     }
 
     pub fn open_fds(&self) -> usize {
-        fs::read_dir(format!("/proc/{}/fd", self.pid))
-            .map(|dir| dir.count())
-            .unwrap_or(0)
+        let fds = fs::read_dir(format!("/proc/{}/fd", self.pid));
+        fds.map(|dir| dir.count()).unwrap_or(0)
     }
 
     fn log_lines(&self) -> Vec<String> {
@@ -882,7 +861,7 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         };
         let took = started.elapsed();
-        self.cleanup.daemon_stopped();
+        self.cleanup.running(None);
         if !status.success() {
             log(
                 tag,
@@ -944,20 +923,17 @@ pub fn append(path: &Path) -> anyhow::Result<File> {
     Ok(OpenOptions::new().create(true).append(true).open(path)?)
 }
 
-/// The first line of a command's output (standard output, else standard error); "" on failure.
+/// What a command printed (standard output, else standard error), trimmed; "" on failure.
 pub fn command_line(program: &str, args: &[&str]) -> String {
-    Command::new(program)
-        .args(args)
-        .output()
-        .map(|out| {
-            let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            if stdout.is_empty() {
-                String::from_utf8_lossy(&out.stderr).trim().to_owned()
-            } else {
-                stdout
-            }
-        })
-        .unwrap_or_default()
+    let Ok(out) = Command::new(program).args(args).output() else {
+        return String::new();
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if stdout.is_empty() {
+        String::from_utf8_lossy(&out.stderr).trim().to_owned()
+    } else {
+        stdout
+    }
 }
 
 /// The short commit, noting uncommitted changes to what the daemon is built from.
@@ -968,20 +944,10 @@ pub fn commit() -> String {
     } else {
         short
     };
-    let dirty = command_line(
-        "git",
-        &[
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            "src",
-            "Cargo.toml",
-            "Cargo.lock",
-            "migrations",
-        ],
-    );
-    if dirty.is_empty() {
+    let paths = ["src", "Cargo.toml", "Cargo.lock", "migrations"];
+    let mut args = vec!["status", "--porcelain", "--untracked-files=no", "--"];
+    args.extend(paths);
+    if command_line("git", &args).is_empty() {
         short
     } else {
         format!("{short} (with uncommitted changes in src/)")
@@ -990,78 +956,61 @@ pub fn commit() -> String {
 
 /// The CPU model and the memory in GiB (one decimal), from /proc.
 pub fn cpu_and_memory() -> (String, String) {
-    let cpu = fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(": "))
-                .map(|(_, model)| model.to_owned())
-        })
-        .unwrap_or_default();
-    let mem = fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| format!("{:.1}", kb / 1_048_576.0))
-        .unwrap_or_default();
-    (cpu, mem)
+    let line = |file: &str, prefix: &str| {
+        let text = fs::read_to_string(file).unwrap_or_default();
+        let line = text.lines().find(|l| l.starts_with(prefix)).unwrap_or("");
+        line.to_owned()
+    };
+    let cpu = line("/proc/cpuinfo", "model name");
+    let cpu = cpu.split_once(": ").map(|(_, model)| model.to_owned());
+    let mem = line("/proc/meminfo", "MemTotal:");
+    let kb = mem
+        .split_whitespace()
+        .nth(1)
+        .and_then(|kb| kb.parse::<f64>().ok());
+    let mem = kb.map(|kb| format!("{:.1}", kb / 1_048_576.0));
+    (cpu.unwrap_or_default(), mem.unwrap_or_default())
+}
+
+/// RabbitMQ's version from the Debian package; "unknown" without it.
+pub fn rabbit_package_version() -> String {
+    let version = command_line("dpkg-query", &["-W", "-f=${Version}", "rabbitmq-server"]);
+    if version.is_empty() || version.contains("no packages") {
+        "unknown".into()
+    } else {
+        version
+    }
 }
 
 /// RabbitMQ's version from rabbitmqctl, else the Debian package's.
 pub fn rabbit_version() -> String {
-    let from_ctl = Command::new("timeout")
+    let output = Command::new("timeout")
         .args(["20", "rabbitmqctl", "version"])
-        .output()
+        .output();
+    let from_ctl = output
         .ok()
         .filter(|out| out.status.success())
         .and_then(|out| {
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .map(str::to_owned)
-        })
-        .filter(|v| !v.trim().is_empty());
-    from_ctl.unwrap_or_else(|| {
-        let v = command_line("dpkg-query", &["-W", "-f=${Version}", "rabbitmq-server"]);
-        if v.is_empty() || v.contains("no packages") {
-            "unknown".into()
-        } else {
-            v
-        }
-    })
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines().last().map(str::to_owned)
+        });
+    from_ctl
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(rabbit_package_version)
 }
 
 /// wrk's version: the second word of `wrk -v`'s first line.
 pub fn wrk_version() -> String {
-    Command::new("wrk")
-        .arg("-v")
-        .output()
-        .ok()
-        .and_then(|out| {
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            text.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .map(str::to_owned)
-        })
-        .unwrap_or_default()
+    let text = command_line("wrk", &["-v"]);
+    let first = text.lines().next().unwrap_or("");
+    first.split_whitespace().nth(1).unwrap_or("").to_owned()
 }
 
 pub fn have(tool: &str) -> bool {
-    Command::new("sh")
+    let found = Command::new("sh")
         .args(["-c", &format!("command -v {tool} >/dev/null")])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+        .status();
+    found.is_ok_and(|s| s.success())
 }
 
 /// Installs missing Debian packages with apt-get (as root, or through sudo).
@@ -1069,40 +1018,33 @@ pub fn apt_install(tag: &str, packages: &[&str]) -> anyhow::Result<()> {
     if packages.is_empty() {
         return Ok(());
     }
+    let packages = packages.join(" ");
     if !have("apt-get") {
-        bail!(
-            "missing {} and no apt-get to install them",
-            packages.join(" ")
-        );
+        bail!("missing {packages} and no apt-get to install them");
     }
-    log(
-        tag,
-        &format!("installing {} with apt-get", packages.join(" ")),
-    );
+    log(tag, &format!("installing {packages} with apt-get"));
     // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let run = |args: &[&str]| -> anyhow::Result<()> {
-        let mut command = if root {
-            Command::new(args[0])
-        } else {
-            let mut sudo = Command::new("sudo");
-            sudo.arg(args[0]);
-            sudo
-        };
-        command
-            .args(&args[1..])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdout(Stdio::null());
-        let status = command.status()?;
-        if !status.success() {
-            bail!("{} failed", args.join(" "));
-        }
-        Ok(())
+    let sudo = if unsafe { libc::geteuid() } == 0 {
+        ""
+    } else {
+        "sudo "
     };
-    run(&["apt-get", "update", "-qq"])?;
-    let mut args = vec!["apt-get", "install", "-y", "-qq"];
-    args.extend_from_slice(packages);
-    run(&args)
+    for args in [
+        "update -qq".to_owned(),
+        format!("install -y -qq {packages}"),
+    ] {
+        let line = format!("{sudo}apt-get {args}");
+        let mut words = line.split_whitespace();
+        let status = Command::new(words.next().expect("a program"))
+            .args(words)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("apt-get {args} failed");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1113,14 +1055,12 @@ mod tests {
     fn the_machine_line_splits_work_steal_and_idle() {
         // user nice system idle iowait irq softirq steal guest guest_nice
         let before = MachineTicks::parse("cpu  100 5 40 800 20 3 2 10 7 0");
-        assert_eq!(
-            before,
-            MachineTicks {
-                work: 150,
-                steal: 10,
-                total: 980
-            }
-        );
+        let expected = MachineTicks {
+            work: 150,
+            steal: 10,
+            total: 980,
+        };
+        assert_eq!(before, expected);
         let after = MachineTicks::parse("cpu  250 5 90 850 20 3 2 30 9 0");
         let spent = after.since(before);
         assert_eq!((spent.work, spent.steal, spent.total), (200, 20, 270));
@@ -1141,7 +1081,7 @@ mod tests {
         while start.elapsed() < Duration::from_millis(50) {
             x = std::hint::black_box(x.wrapping_add(1));
         }
-        assert!(cpu_ticks(std::process::id()).unwrap() >= me.ticks);
+        assert!(proc_stat(std::process::id()).unwrap().ticks >= me.ticks);
     }
 
     #[test]
@@ -1163,9 +1103,31 @@ mod tests {
 
     #[test]
     fn cost_per_1000() {
-        let hz = clock_ticks();
-        let ticks = (hz * 3.0) as u64;
+        let ticks = (clock_ticks() * 3.0) as u64;
         assert_eq!(seconds_per_1000(ticks, 10_000).unwrap().text, "0.300");
         assert!(seconds_per_1000(ticks, 0).is_none());
+    }
+
+    /// The command line the report's "Commands" section shows.
+    #[test]
+    fn wrk_as_the_report_shows_it() {
+        let command = wrk(2, 64, 15, "bench/storm.lua", "http://127.0.0.1:18437/");
+        let args: Vec<_> = command.get_args().map(|a| a.to_string_lossy()).collect();
+        assert_eq!(
+            format!(
+                "{} {}",
+                command.get_program().to_string_lossy(),
+                args.join(" ")
+            ),
+            "wrk -t2 -c64 -d15s --timeout 10s --latency -s bench/storm.lua http://127.0.0.1:18437/"
+        );
+    }
+
+    #[test]
+    fn databases_by_prefix() {
+        let pg = Pg::from_env();
+        let names = pg.databases_like("postgre").unwrap();
+        assert!(names.contains(&"postgres".to_owned()), "{names:?}");
+        assert!(pg.databases_like("retrysafe_no_such_").unwrap().is_empty());
     }
 }

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -51,106 +51,84 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Declare a durable topic exchange and a durable queue, and bind the queue for a routing key.
-    Bind {
-        #[arg(long)]
-        exchange: String,
-        #[arg(long)]
-        queue: String,
-        #[arg(long, default_value = "#")]
-        routing_key: String,
-    },
-    /// Print how many messages are ready in a queue; with --expect, wait (up to --timeout-secs)
-    /// until the count reaches that number, as the broker may lag a little.
-    Count {
-        #[arg(long)]
-        queue: String,
-        #[arg(long)]
-        expect: Option<u32>,
-        #[arg(long, default_value_t = 15)]
-        timeout_secs: u64,
-    },
-    /// Delete queues and exchanges; a missing one is not an error.
-    Delete {
-        #[arg(long)]
-        exchange: Vec<String>,
-        #[arg(long)]
-        queue: Vec<String>,
-    },
-    /// Publish --count persistent mandatory messages with at most --window confirms outstanding.
-    Publish {
-        #[arg(long)]
-        exchange: String,
-        #[arg(long, default_value = "entry.created")]
-        routing_key: String,
-        #[arg(long, default_value_t = 100_000)]
-        count: usize,
-        /// Size of each message body in bytes (the daemon's event payload size).
-        #[arg(long, default_value_t = 400)]
-        payload_bytes: usize,
-        #[arg(long, default_value_t = 1_000)]
-        window: usize,
-    },
-    /// Poll until no outbox row has `sent_at` null and print the seconds elapsed since
-    /// --start-unix-ns (taken by the caller just before it started the daemon).
-    WaitDrained {
-        #[arg(long)]
-        db: String,
-        #[arg(long)]
-        start_unix_ns: u128,
-        #[arg(long, default_value_t = 100)]
-        interval_ms: u64,
-        #[arg(long, default_value_t = 900)]
-        timeout_secs: u64,
-    },
+    Bind(Bind),
+    Count(Count),
+    Delete(Delete),
+    Publish(Publish),
+    WaitDrained(WaitDrained),
+}
+
+/// Declare a durable topic exchange and a durable queue, and bind the queue for a routing key.
+#[derive(Args)]
+struct Bind {
+    #[arg(long)]
+    exchange: String,
+    #[arg(long)]
+    queue: String,
+    #[arg(long, default_value = "#")]
+    routing_key: String,
+}
+
+/// Print how many messages are ready in a queue; with --expect, wait (up to --timeout-secs)
+/// until the count reaches that number, as the broker may lag a little.
+#[derive(Args)]
+struct Count {
+    #[arg(long)]
+    queue: String,
+    #[arg(long)]
+    expect: Option<u32>,
+    #[arg(long, default_value_t = 15)]
+    timeout_secs: u64,
+}
+
+/// Delete queues and exchanges; a missing one is not an error.
+#[derive(Args)]
+struct Delete {
+    #[arg(long)]
+    exchange: Vec<String>,
+    #[arg(long)]
+    queue: Vec<String>,
+}
+
+/// Publish --count persistent mandatory messages with at most --window confirms outstanding.
+#[derive(Args)]
+struct Publish {
+    #[arg(long)]
+    exchange: String,
+    #[arg(long, default_value = "entry.created")]
+    routing_key: String,
+    #[arg(long, default_value_t = 100_000)]
+    count: usize,
+    /// Size of each message body in bytes (the daemon's event payload size).
+    #[arg(long, default_value_t = 400)]
+    payload_bytes: usize,
+    #[arg(long, default_value_t = 1_000)]
+    window: usize,
+}
+
+/// Poll until no outbox row has `sent_at` null and print the seconds elapsed since
+/// --start-unix-ns (taken by the caller just before it started the daemon).
+#[derive(Args)]
+struct WaitDrained {
+    #[arg(long)]
+    db: String,
+    #[arg(long)]
+    start_unix_ns: u128,
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    #[arg(long, default_value_t = 900)]
+    timeout_secs: u64,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Bind {
-            exchange,
-            queue,
-            routing_key,
-        } => bind(&cli.amqp, &exchange, &queue, &routing_key).await,
-        Command::Count {
-            queue,
-            expect,
-            timeout_secs,
-        } => count(&cli.amqp, &queue, expect, Duration::from_secs(timeout_secs)).await,
-        Command::Delete { exchange, queue } => delete(&cli.amqp, &exchange, &queue).await,
-        Command::Publish {
-            exchange,
-            routing_key,
-            count,
-            payload_bytes,
-            window,
-        } => {
-            publish(
-                &cli.amqp,
-                &exchange,
-                &routing_key,
-                count,
-                payload_bytes,
-                window,
-            )
-            .await
-        }
-        Command::WaitDrained {
-            db,
-            start_unix_ns,
-            interval_ms,
-            timeout_secs,
-        } => {
-            wait_drained(
-                &db,
-                start_unix_ns,
-                Duration::from_millis(interval_ms),
-                Duration::from_secs(timeout_secs),
-            )
-            .await
-        }
+        Command::Bind(args) => bind(&cli.amqp, args).await,
+        Command::Count(args) => count(&cli.amqp, args).await,
+        Command::Delete(args) => delete(&cli.amqp, args).await,
+        Command::Publish(args) => publish(&cli.amqp, args).await,
+        Command::WaitDrained(args) => wait_drained(args).await,
     }
 }
 
@@ -165,7 +143,12 @@ async fn connect(amqp: &str) -> anyhow::Result<Connection> {
     .with_context(|| format!("cannot connect to {amqp}"))
 }
 
-async fn bind(amqp: &str, exchange: &str, queue: &str, routing_key: &str) -> anyhow::Result<()> {
+async fn bind(amqp: &str, args: Bind) -> anyhow::Result<()> {
+    let Bind {
+        exchange,
+        queue,
+        routing_key,
+    } = &args;
     let connection = connect(amqp).await?;
     let channel = connection.create_channel().await?;
     // The daemon's own declaration (durable topic), so either may come first.
@@ -174,7 +157,7 @@ async fn bind(amqp: &str, exchange: &str, queue: &str, routing_key: &str) -> any
         .with_context(|| format!("declaring exchange {exchange}"))?;
     channel
         .queue_declare(
-            queue.into(),
+            queue.as_str().into(),
             QueueDeclareOptions::durable(),
             FieldTable::default(),
         )
@@ -182,9 +165,9 @@ async fn bind(amqp: &str, exchange: &str, queue: &str, routing_key: &str) -> any
         .with_context(|| format!("declaring queue {queue}"))?;
     channel
         .queue_bind(
-            queue.into(),
-            exchange.into(),
-            routing_key.into(),
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            routing_key.as_str().into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
@@ -209,15 +192,11 @@ async fn queue_count(channel: &Channel, queue: &str) -> anyhow::Result<u32> {
     Ok(declared.message_count())
 }
 
-async fn count(
-    amqp: &str,
-    queue: &str,
-    expect: Option<u32>,
-    timeout: Duration,
-) -> anyhow::Result<()> {
+async fn count(amqp: &str, args: Count) -> anyhow::Result<()> {
+    let (queue, expect) = (args.queue.as_str(), args.expect);
     let connection = connect(amqp).await?;
     let channel = connection.create_channel().await?;
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
     let mut messages = queue_count(&channel, queue).await?;
     if let Some(expected) = expect {
         // Confirms may precede the queue's own count by a moment; wait for it to settle.
@@ -241,7 +220,8 @@ async fn count(
     Ok(())
 }
 
-async fn delete(amqp: &str, exchanges: &[String], queues: &[String]) -> anyhow::Result<()> {
+async fn delete(amqp: &str, args: Delete) -> anyhow::Result<()> {
+    let (exchanges, queues) = (&args.exchange, &args.queue);
     let connection = connect(amqp).await?;
     // A failed operation closes its channel, so each one gets a fresh channel.
     for queue in queues {
@@ -323,14 +303,9 @@ impl Tally {
     }
 }
 
-async fn publish(
-    amqp: &str,
-    exchange: &str,
-    routing_key: &str,
-    count: usize,
-    payload_bytes: usize,
-    window: usize,
-) -> anyhow::Result<()> {
+async fn publish(amqp: &str, args: Publish) -> anyhow::Result<()> {
+    let (exchange, routing_key) = (args.exchange.as_str(), args.routing_key.as_str());
+    let (count, payload_bytes, window) = (args.count, args.payload_bytes, args.window);
     let connection = connect(amqp).await?;
     let channel = connection.create_channel().await?;
     channel
@@ -404,12 +379,10 @@ fn unix_ns() -> u128 {
         .unwrap_or(0)
 }
 
-async fn wait_drained(
-    db: &str,
-    start_unix_ns: u128,
-    interval: Duration,
-    timeout: Duration,
-) -> anyhow::Result<()> {
+async fn wait_drained(args: WaitDrained) -> anyhow::Result<()> {
+    let db = args.db.as_str();
+    let interval = Duration::from_millis(args.interval_ms);
+    let timeout = Duration::from_secs(args.timeout_secs);
     let (client, connection) = tokio_postgres::connect(db, NoTls)
         .await
         .with_context(|| format!("cannot connect to {db}"))?;
@@ -434,7 +407,7 @@ async fn wait_drained(
         let unsent: bool = client.query_one(&statement, &[]).await?.get(0);
         polls += 1;
         if !unsent {
-            let seconds = unix_ns().saturating_sub(start_unix_ns) as f64 / 1e9;
+            let seconds = unix_ns().saturating_sub(args.start_unix_ns) as f64 / 1e9;
             println!(
                 "BENCH_RESULT {}",
                 json!({ "seconds": seconds, "polls": polls, "first_unsent": first })

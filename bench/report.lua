@@ -1,5 +1,21 @@
--- Shared by the wrk scripts in bench/: done() prints one machine-readable line for bench/run.
+-- Shared by the wrk scripts in bench/: each thread's number (thread_id, from 1), requests with
+-- an idempotency key, and done(), which prints one machine-readable line for bench/run.
 -- Latencies are wrk's (closed loop: a slow answer delays that connection's next request).
+
+local threads = 0
+function setup(thread)
+   threads = threads + 1
+   thread:set("thread_id", threads)
+end
+
+-- POST /v1/entries with the key <prefix><i> and the body {"kind":<kind>,"data":{"i":<i>,...}}
+-- (the body `bench-e2e precreate` sends for the same key).
+function keyed_request(kind, prefix, i)
+   local body = string.format(
+      '{"kind":"%s","data":{"i":%d,"note":"retrysafe benchmark payload"}}', kind, i)
+   return wrk.format("POST", "/v1/entries",
+      { ["Content-Type"] = "application/json", ["Idempotency-Key"] = prefix .. i }, body)
+end
 
 function done(summary, latency, requests)
    local e = summary.errors

@@ -3,13 +3,11 @@
 //!
 //! The load generators are external programs (wrk with the scripts in bench/, pgbench,
 //! `bench-e2e`, `bench-publisher`); this module starts them and the daemon, reads their result
-//! lines into the scenario structs of `report`, and writes the report.
+//! lines into the runs of `report`, and writes the report.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -17,11 +15,11 @@ use serde_json::{Map, Value};
 
 use crate::harness::{
     self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, seconds_per_1000,
-    unix_ns, Binaries, Broker, Cleanup, Daemon, DaemonSpec, MachineTicks, Pg, ServiceTicks,
+    unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks, Pg, ServiceTicks,
 };
 use crate::report::{
-    quoted_settings, DrainRun, E2eRun, LogProblems, Machine, ReplaysRun, Report, Settings,
-    StormRun, WritesRun, WrkFigures,
+    quoted_settings, DrainRun, E2eRun, Machine, ReplaysRun, Report, Run, Scenario, Settings,
+    StormRun, WritesRun,
 };
 use crate::stats::Num;
 
@@ -32,25 +30,9 @@ const REPLAY_KEYS: u32 = 1000;
 const STORM_KEYS: u32 = 10;
 const PUBLISH_WINDOW: u32 = 1000;
 
-/// The synthetic backlog of the drain: CloudEvents shaped and sized like the daemon's own
-/// entry.created. `{events}` is the number of rows.
-const BACKLOG_SQL: &str = r#"
-WITH e AS MATERIALIZED (
-    SELECT g, gen_random_uuid() AS event_id, gen_random_uuid() AS entry_id,
-           to_char(clock_timestamp() AT TIME ZONE 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS t
-    FROM generate_series(1, {events}) AS g
-)
-INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
-SELECT e.event_id, e.entry_id::text || '/entry.created', 'anonymous', 'drain-' || e.g, 'entry.created',
-       jsonb_build_object(
-           'specversion', '1.0', 'id', e.event_id, 'source', '/retrysafe', 'type', 'entry.created',
-           'time', e.t, 'subject', e.entry_id, 'datacontenttype', 'application/json',
-           'data', jsonb_build_object(
-               'id', e.entry_id, 'kind', 'bench.write', 'created_at', e.t,
-               'data', jsonb_build_object('seq', 1000000 + e.g, 'amount', 1250, 'currency', 'EUR',
-                                          'note', 'retrysafe benchmark payload')))
-FROM e ORDER BY e.g;
-ANALYZE outbox_events;"#;
+/// The synthetic backlog of the drain (`:events` rows), which bench/delivery-storage inserts
+/// too.
+const BACKLOG_SQL: &str = include_str!("drain_backlog.sql");
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -100,37 +82,6 @@ pub struct RunArgs {
     pub amqp: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scenario {
-    Writes,
-    Replays,
-    Storm,
-    Drain,
-    E2e,
-}
-
-impl FromStr for Scenario {
-    type Err = anyhow::Error;
-
-    fn from_str(name: &str) -> anyhow::Result<Scenario> {
-        Ok(match name {
-            "writes" => Scenario::Writes,
-            "replays" => Scenario::Replays,
-            "storm" => Scenario::Storm,
-            "drain" => Scenario::Drain,
-            "e2e" => Scenario::E2e,
-            other => bail!("unknown scenario {other} in BENCH_SCENARIOS"),
-        })
-    }
-}
-
-pub fn parse_scenarios(list: &str) -> anyhow::Result<Vec<Scenario>> {
-    list.split(|c: char| c.is_whitespace() || c == ',')
-        .filter(|name| !name.is_empty())
-        .map(Scenario::from_str)
-        .collect()
-}
-
 impl RunArgs {
     pub fn settings(&self, pg: &Pg) -> Settings {
         let pick = |value: Option<u32>, full: u32, quick: u32| {
@@ -160,51 +111,36 @@ impl RunArgs {
 /// Everything a scenario needs.
 struct Bench {
     s: Settings,
-    bin: Binaries,
-    pg: Pg,
-    broker: Broker,
-    cleanup: Arc<Cleanup>,
-    work: PathBuf,
+    /// What the run stands on: binaries, PostgreSQL, the broker helpers, the clean-up.
+    h: Harness,
     run_id: String,
     setup_sql: Option<String>,
     amqp: String,
 }
 
-impl WrkFigures {
-    fn from_result(map: &Map<String, Value>) -> WrkFigures {
-        let errors: Option<i64> = [
-            "errors_connect",
-            "errors_read",
-            "errors_write",
-            "errors_status",
-            "errors_timeout",
-        ]
-        .iter()
-        .map(|key| field(map, key).map(|n| n.value as i64))
-        .sum();
-        WrkFigures {
-            rps: field(map, "rps"),
-            p50_ms: field(map, "p50_ms"),
-            p99_ms: field(map, "p99_ms"),
-            requests: field(map, "requests"),
-            errors: errors.map(Num::int),
-            status_errors: field(map, "errors_status"),
+/// wrk's figure of a metric, from its `BENCH_RESULT`: rps, p50_ms, p99_ms and requests as wrk
+/// printed them, errors (connect + read + write + status + timeout), status_errors (non-2xx
+/// answers); None for any other metric.
+fn wrk_figure(result: &Map<String, Value>, metric: &str) -> Option<Num> {
+    match metric {
+        "rps" | "p50_ms" | "p99_ms" | "requests" => field(result, metric),
+        "status_errors" => field(result, "errors_status"),
+        "errors" => {
+            let kinds = ["connect", "read", "write", "status", "timeout"];
+            let count = |kind| field(result, &format!("errors_{kind}")).map(|n| n.value as i64);
+            kinds
+                .into_iter()
+                .map(count)
+                .sum::<Option<i64>>()
+                .map(Num::int)
         }
+        _ => None,
     }
 }
 
-/// What pgbench printed of a run.
-#[derive(Debug, Default)]
-pub struct PgbenchFigures {
-    pub tps: Option<Num>,
-    pub latency_ms: Option<Num>,
-    pub failed: Option<Num>,
-    /// Transactions done ("number of transactions actually processed").
-    pub transactions: Option<Num>,
-}
-
-/// pgbench's figures, from its output.
-pub fn pgbench_figures(text: &str) -> PgbenchFigures {
+/// pgbench's figures, from its output: tps, the average latency (ms), the failed transactions,
+/// and the transactions done.
+fn pgbench_figures(text: &str) -> [Option<Num>; 4] {
     let word = |prefix: &str, index: usize| {
         text.lines()
             .rev()
@@ -212,12 +148,12 @@ pub fn pgbench_figures(text: &str) -> PgbenchFigures {
             .and_then(|line| line.split_whitespace().nth(index))
             .and_then(Num::parse)
     };
-    PgbenchFigures {
-        tps: word("tps = ", 2),
-        latency_ms: word("latency average = ", 3),
-        failed: word("number of failed transactions:", 4),
-        transactions: word("number of transactions actually processed:", 5),
-    }
+    [
+        word("tps = ", 2),
+        word("latency average = ", 3),
+        word("number of failed transactions:", 4),
+        word("number of transactions actually processed:", 5),
+    ]
 }
 
 const UNSENT_SQL: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
@@ -228,6 +164,8 @@ const UNSENT_SQL: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NU
 const ANY_UNSENT_SQL: &str =
     "SELECT count(*) FROM (SELECT 1 FROM outbox_events WHERE sent_at IS NULL LIMIT 1) AS unsent";
 
+const PAYLOAD_SQL: &str = "SELECT round(avg(octet_length(payload::text))) FROM outbox_events";
+
 /// How long the writes scenario waits for its backlog of events to be published.
 const EMPTY_OUTBOX_WAIT: Duration = Duration::from_secs(120);
 
@@ -235,300 +173,321 @@ const EMPTY_OUTBOX_WAIT: Duration = Duration::from_secs(120);
 /// relays, never connected, claim nothing.
 const UNREACHABLE_AMQP: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
 
-/// No service CPU figure: a reading went down, as after a server restart.
-fn went_down(scenario: &str) -> Option<ServiceTicks> {
-    log(
-        TAG,
-        &format!("{scenario}: PostgreSQL's or RabbitMQ's CPU time went down during the run (restarted?): no CPU cost"),
-    );
-    None
-}
-
 /// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `operations`, from the ticks they used
-/// meanwhile (None if a reading went down, which is logged).
-fn service_costs(
-    services: Option<ServiceTicks>,
-    operations: i64,
-    scenario: &str,
-) -> (Option<Num>, Option<Num>) {
-    match services.or_else(|| went_down(scenario)) {
-        Some(services) => (
-            seconds_per_1000(services.postgres, operations),
-            seconds_per_1000(services.rabbitmq, operations),
-        ),
-        None => (None, None),
+/// meanwhile; none if a reading went down, as after a server restart (which is logged).
+fn service_costs(services: Option<ServiceTicks>, operations: i64, what: &str) -> [Option<Num>; 2] {
+    match services {
+        Some(services) => {
+            [services.postgres, services.rabbitmq].map(|ticks| seconds_per_1000(ticks, operations))
+        }
+        None => {
+            log(TAG, &format!("{what}: PostgreSQL's or RabbitMQ's CPU time went down during the run (restarted?): no CPU cost"));
+            [None, None]
+        }
     }
 }
 
-fn count_num(value: i64) -> Option<Num> {
-    Some(Num::int(value))
+/// The daemon's CPU time at the start of a measured window of wall time.
+struct Window {
+    ticks: u64,
+    unix_ns: u128,
+}
+
+impl Window {
+    fn open(daemon: &Daemon) -> anyhow::Result<Window> {
+        let ticks = daemon.cpu_ticks()?;
+        Ok(Window {
+            ticks,
+            unix_ns: unix_ns(),
+        })
+    }
+
+    /// The cores the daemon used from the window's start until now.
+    fn cores(&self, daemon: &Daemon) -> anyhow::Result<Option<Num>> {
+        let ticks = daemon.cpu_ticks()? - self.ticks;
+        Ok(cpu_share(ticks, unix_ns() - self.unix_ns))
+    }
+
+    /// `cores`, and the daemon's peak RSS (MiB) right after.
+    fn close(&self, daemon: &Daemon) -> anyhow::Result<[Option<Num>; 2]> {
+        Ok([self.cores(daemon)?, mib(daemon.status_kb("VmHWM")?)])
+    }
+}
+
+/// A scenario's run: its fresh database and exchange, with a durable queue bound for '#'.
+struct Stage {
+    /// `<scenario>-<run>`, in the names of its files.
+    name: String,
+    db: String,
+    exchange: String,
+    queue: String,
 }
 
 impl Bench {
     fn path(&self, name: &str) -> PathBuf {
-        self.work.join(name)
+        self.h.work.join(name)
+    }
+
+    fn db_name(&self, scenario: &str, run: u32) -> String {
+        format!("retrysafe_bench_{}_{scenario}_{run}", self.run_id)
     }
 
     /// Drops the database if present, creates and migrates it with `retrysafe migrate`, then
-    /// runs BENCH_SETUP_SQL on it.
+    /// runs BENCH_SETUP_SQL on it; not once the clean-up has begun.
     fn fresh_db(&self, db: &str) -> anyhow::Result<()> {
-        self.pg.drop_db(db)?;
-        let log = self.path("migrate.log");
-        let status = Command::new(&self.bin.daemon)
-            .args(["migrate", "--config", &self.s.config])
-            .env("RETRYSAFE_DATABASE__URL", self.pg.url(db))
-            .env("RETRYSAFE_LOG__LEVEL", "warn")
-            .stdout(append(&log)?)
-            .stderr(append(&log)?)
-            .status()?;
-        if !status.success() {
-            bail!("migrate {db} failed (see {})", log.display());
-        }
-        if let Some(sql) = &self.setup_sql {
-            self.pg.query(db, sql)?;
-        }
-        Ok(())
+        self.h.cleanup.guard(|| {
+            self.h.pg.drop_db(db)?;
+            let log = self.path("migrate.log");
+            let status = Command::new(&self.h.bin.daemon)
+                .args(["migrate", "--config", &self.s.config])
+                .env("RETRYSAFE_DATABASE__URL", self.h.pg.url(db))
+                .env("RETRYSAFE_LOG__LEVEL", "warn")
+                .stdout(append(&log)?)
+                .stderr(append(&log)?)
+                .status()?;
+            if !status.success() {
+                bail!("migrate {db} failed (see {})", log.display());
+            }
+            if let Some(sql) = &self.setup_sql {
+                self.h.pg.query(db, sql)?;
+            }
+            Ok(())
+        })
     }
 
-    fn start_daemon(
+    /// A fresh database and exchange (its queue bound) for one run of `scenario`.
+    fn stage(&self, scenario: &str, run: u32) -> anyhow::Result<Stage> {
+        let exchange = format!("retrysafe.bench.{}.{scenario}.{run}", self.run_id);
+        let stage = Stage {
+            name: format!("{scenario}-{run}"),
+            db: self.db_name(scenario, run),
+            queue: format!("{exchange}.q"),
+            exchange,
+        };
+        self.fresh_db(&stage.db)?;
+        self.h
+            .broker
+            .bind(&self.h.cleanup, &stage.exchange, &stage.queue)?;
+        Ok(stage)
+    }
+
+    fn unstage(&self, stage: Stage) -> anyhow::Result<()> {
+        self.h.pg.drop_db(&stage.db)?;
+        self.h.broker.delete(&stage.exchange, &stage.queue)
+    }
+
+    /// The daemon on `db` and `exchange`, its output in `log`; unless `wait` is false, once it
+    /// answers /healthz.
+    fn start(
         &self,
         db: &str,
         exchange: &str,
-        log: &str,
-        wait: bool,
-    ) -> anyhow::Result<Daemon> {
-        self.start_daemon_with_broker(db, exchange, log, wait, &self.amqp)
-    }
-
-    /// [`start_daemon`](Self::start_daemon) with another broker URL.
-    fn start_daemon_with_broker(
-        &self,
-        db: &str,
-        exchange: &str,
-        log: &str,
-        wait: bool,
         amqp: &str,
+        log: &str,
+        wait: bool,
     ) -> anyhow::Result<Daemon> {
-        Daemon::start(
-            DaemonSpec {
-                binary: &self.bin.daemon,
-                config: &self.s.config,
-                port: self.s.port,
-                db_url: self.pg.url(db),
-                amqp,
-                exchange,
-                log: self.path(log),
-            },
-            &self.cleanup,
-            wait,
-        )
+        let spec = DaemonSpec {
+            config: &self.s.config,
+            port: self.s.port,
+            db_url: self.h.pg.url(db),
+            amqp,
+            exchange,
+            log: self.path(log),
+        };
+        self.h.start(spec, wait)
     }
 
-    /// The standard wrk command of every HTTP scenario; its `BENCH_RESULT`.
+    /// The daemon on the stage, its output in `daemon-<scenario>-<run>.log`.
+    fn start_on(&self, stage: &Stage, wait: bool) -> anyhow::Result<Daemon> {
+        let log = format!("daemon-{}.log", stage.name);
+        self.start(&stage.db, &stage.exchange, &self.amqp, &log, wait)
+    }
+
+    /// Stops the daemon; its WARN/ERROR log lines under load and after the SIGTERM.
+    fn stop(&self, daemon: &mut Daemon) -> anyhow::Result<[Option<Num>; 2]> {
+        daemon.stop(TAG)?;
+        let (under_load, after) = daemon.log_problems();
+        Ok([under_load, after].map(|lines| Some(Num::int(lines as i64))))
+    }
+
+    /// The standard wrk command of every HTTP scenario; its figures (see `wrk_figure`).
     fn wrk(
         &self,
         out: &str,
         script: &str,
         path: &str,
         env: &[(&str, String)],
-    ) -> anyhow::Result<Map<String, Value>> {
+    ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
         let out = self.path(out);
-        let mut command = Command::new("wrk");
-        command
-            .arg(format!("-t{}", self.s.wrk_threads))
-            .arg(format!("-c{}", self.s.connections))
-            .arg(format!("-d{}s", self.s.duration))
-            .args(["--timeout", "10s", "--latency", "-s", script])
-            .arg(format!("{}{path}", self.s.url()));
-        for (name, value) in env {
-            command.env(name, value);
-        }
+        let s = &self.s;
+        let url = format!("{}{path}", s.url());
+        let mut command = harness::wrk(s.wrk_threads, s.connections, s.duration, script, &url);
+        command.envs(env.iter().map(|(name, value)| (name, value)));
         let text = run_ok(&mut command, &out, "wrk")?;
-        result_line(&text, "BENCH_RESULT")
-            .with_context(|| format!("wrk printed no result; see {}", out.display()))
+        let result = result_line(&text, "BENCH_RESULT")
+            .with_context(|| format!("wrk printed no result; see {}", out.display()))?;
+        Ok(move |metric: &str| wrk_figure(&result, metric))
     }
 
     /// wrk's unique-key writes: every request with a fresh key, kept apart from other runs'
     /// keys by `nonce`.
-    fn unique_key_writes(&self, out: &str, nonce: String) -> anyhow::Result<Map<String, Value>> {
+    fn unique_key_writes(
+        &self,
+        out: &str,
+        nonce: String,
+    ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
         self.wrk(out, "bench/unique_keys.lua", "/", &[("BENCH_NONCE", nonce)])
     }
 
-    /// pgbench against `db`; its output (a failure is logged, not fatal, as its figures say).
+    /// pgbench against `db` with `script` and the `extra` options; its figures (a failure is
+    /// logged, not fatal, as its figures say).
     fn pgbench(
         &self,
         out: &str,
         db: &str,
         script: &str,
-        extra: &[String],
-    ) -> anyhow::Result<String> {
+        extra: &str,
+    ) -> anyhow::Result<[Option<Num>; 4]> {
         let out = self.path(out);
-        let (c, t, d) = (self.s.connections, self.s.wrk_threads, self.s.duration);
+        let (c, j, t) = (self.s.connections, self.s.wrk_threads, self.s.duration);
+        let words = format!("-n -M prepared -c {c} -j {j} -T {t} {extra} -f {script} {db}");
         let mut command = Command::new("pgbench");
-        command
-            .args(["-n", "-M", "prepared"])
-            .args([
-                "-c",
-                &c.to_string(),
-                "-j",
-                &t.to_string(),
-                "-T",
-                &d.to_string(),
-            ])
-            .args(extra)
-            .args(["-f", script, db]);
+        command.args(words.split_whitespace());
         let (status, text) = run_to_file(&mut command, &out)?;
         if !status.success() {
-            log(
-                TAG,
-                &format!("pgbench exited with {status}; see {}", out.display()),
-            );
+            let out = out.display();
+            log(TAG, &format!("pgbench exited with {status}; see {out}"));
         }
-        Ok(text)
+        Ok(pgbench_figures(&text))
+    }
+
+    /// Runs a helper program (`bench-e2e`, `bench-publisher`) with `words` (none has a space)
+    /// into `out`; its `BENCH_RESULT`.
+    fn helper(&self, binary: &Path, words: &str, out: &str) -> anyhow::Result<Map<String, Value>> {
+        let mut command = Command::new(binary);
+        command.env("BENCH_AMQP_URL", &self.amqp);
+        command.args(words.split_whitespace());
+        let what = format!("{} {words}", binary.display());
+        result_line(
+            &run_ok(&mut command, &self.path(out), &what)?,
+            "BENCH_RESULT",
+        )
     }
 
     /// Waits until every event of `db` was published, at most [`EMPTY_OUTBOX_WAIT`]; false
     /// (and a log line) if they were not.
     fn outbox_emptied(&self, db: &str) -> anyhow::Result<bool> {
         let deadline = Instant::now() + EMPTY_OUTBOX_WAIT;
-        loop {
-            if self.pg.count(db, ANY_UNSENT_SQL)? == 0 {
-                return Ok(true);
-            }
+        while self.h.pg.count(db, ANY_UNSENT_SQL)? != 0 {
             if Instant::now() >= deadline {
-                let unsent = self.pg.count(db, UNSENT_SQL)?;
-                log(
-                    TAG,
-                    &format!("{unsent} events still unsent after {EMPTY_OUTBOX_WAIT:?}: no CPU cost per write"),
-                );
+                let unsent = self.h.pg.count(db, UNSENT_SQL)?;
+                log(TAG, &format!("{unsent} events still unsent after {EMPTY_OUTBOX_WAIT:?}: no CPU cost per write"));
                 return Ok(false);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(true)
     }
 
     /// Waits (at most 10 s) until no session is connected to `db`.
     fn sessions_closed(&self, db: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'");
-        while self.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
+        while self.h.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
     }
 
-    fn log_problems(daemon: &Daemon) -> LogProblems {
-        let (under_load, after) = daemon.log_problems();
-        LogProblems {
-            under_load: Some(Num::int(under_load as i64)),
-            after_sigterm: Some(Num::int(after as i64)),
+    /// `SELECT count(*)` of each table of `db`.
+    fn counts<const N: usize>(&self, db: &str, tables: [&str; N]) -> anyhow::Result<[i64; N]> {
+        let mut counts = [0; N];
+        for (count, table) in counts.iter_mut().zip(tables) {
+            *count = self
+                .h
+                .pg
+                .count(db, &format!("SELECT count(*) FROM {table}"))?;
+        }
+        Ok(counts)
+    }
+
+    fn measure(&self, scenario: Scenario, run: u32) -> anyhow::Result<Run> {
+        match scenario {
+            Scenario::Writes => self.writes(run),
+            Scenario::Replays => self.replays(run),
+            Scenario::Storm => self.storm(run),
+            Scenario::Drain => self.drain(run),
+            Scenario::E2e => self.e2e(run),
         }
     }
 
-    fn names(&self, scenario: &str, run: u32) -> (String, String) {
-        (
-            format!("retrysafe_bench_{}_{scenario}_{run}", self.run_id),
-            format!("retrysafe.bench.{}.{scenario}.{run}", self.run_id),
-        )
-    }
-
-    fn writes(&self, run: u32) -> anyhow::Result<WritesRun> {
-        let (db, ex) = self.names("writes", run);
-        let q = format!("{ex}.q");
-        log(
-            TAG,
-            &format!(
-                "run {run}: unique-key writes (wrk -c{}, {}s)",
-                self.s.connections, self.s.duration
-            ),
-        );
-        self.fresh_db(&db)?;
-        self.broker.bind(&self.cleanup, &ex, &q)?;
-        let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-writes-{run}.log"), true)?;
+    fn writes(&self, run: u32) -> anyhow::Result<Run> {
+        let (connections, duration) = (self.s.connections, self.s.duration);
+        let load = format!("-c{connections}, {duration}s");
+        log(TAG, &format!("run {run}: unique-key writes (wrk {load})"));
+        let stage = self.stage("writes", run)?;
+        let mut daemon = self.start_on(&stage, true)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
-        let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
-        let result = self.unique_key_writes(
-            &format!("writes-{run}.wrk"),
-            format!("{}{run}", self.run_id),
-        )?;
-        let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
-        let under_load = MachineTicks::now()?.since(machine0);
-        let backlog = self.pg.number(&db, UNSENT_SQL)?;
-        let mut figures = WritesRun {
-            cpu_cores: cpu_share(t1 - t0, n1 - n0),
+        let window = Window::open(&daemon)?;
+        let nonce = format!("{}{run}", self.run_id);
+        let wrk = self.unique_key_writes(&format!("writes-{run}.wrk"), nonce)?;
+        let mut r = WritesRun {
+            cpu_cores: window.cores(&daemon)?,
+            machine_busy_pct: MachineTicks::now()?.since(machine0).busy_pct(),
+            backlog_at_end: self.h.pg.number(&stage.db, UNSENT_SQL)?,
             rss_mb: mib(daemon.status_kb("VmHWM")?),
-            wrk: WrkFigures::from_result(&result),
-            backlog_at_end: backlog,
-            machine_busy_pct: under_load.busy_pct(),
             ..WritesRun::default()
         };
         // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
-        if self.outbox_emptied(&db)? {
+        if self.outbox_emptied(&stage.db)? {
             let services = ServiceTicks::now().since(services0);
             let machine = MachineTicks::now()?.since(machine0);
-            let written = self.pg.count(&db, "SELECT count(*) FROM entries")?;
-            figures.cost_daemon = seconds_per_1000(daemon.cpu_ticks()? - t0, written);
-            (figures.cost_postgres, figures.cost_rabbitmq) =
-                service_costs(services, written, "writes");
-            figures.machine_cost = seconds_per_1000(machine.work, written);
+            let [written] = self.counts(&stage.db, ["entries"])?;
+            r.cost_daemon = seconds_per_1000(daemon.cpu_ticks()? - window.ticks, written);
+            [r.cost_postgres, r.cost_rabbitmq] = service_costs(services, written, "writes");
+            r.machine_cost = seconds_per_1000(machine.work, written);
         }
-        daemon.stop(TAG)?;
+        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
         // Sanity: every 201 has its entry; at most the requests in flight at the end (wrk
         // closes those connections; the daemon may still commit them) and timed-out ones come
         // on top.
-        let entries = self.pg.count(&db, "SELECT count(*) FROM entries")?;
-        let records = self
-            .pg
-            .count(&db, "SELECT count(*) FROM idempotency_records")?;
-        let events = self.pg.count(&db, "SELECT count(*) FROM outbox_events")?;
-        let requests = figures.wrk.requests.as_ref().map_or(0.0, |n| n.value) as i64;
-        let status_errors = figures.wrk.status_errors.as_ref().map_or(0.0, |n| n.value) as i64;
-        figures.entries = count_num(entries);
-        figures.entries_minus_2xx = count_num(entries - (requests - status_errors));
-        figures.rows_consistent = Some(Num::flag(entries == records && entries == events));
-        figures.payload_bytes = self.pg.number(
-            &db,
-            "SELECT round(avg(octet_length(payload::text))) FROM outbox_events",
-        )?;
-        figures.log = Self::log_problems(&daemon);
-        self.pg.drop_db(&db)?;
-        self.write_then_deliver(run, &ex, &mut figures)?;
-        self.broker.delete(&ex, &q)?;
+        let tables = ["entries", "idempotency_records", "outbox_events"];
+        let [entries, records, events] = self.counts(&stage.db, tables)?;
+        let value = |metric| wrk(metric).map_or(0.0, |n| n.value) as i64;
+        let answered_2xx = value("requests") - value("status_errors");
+        r.entries = Some(Num::int(entries));
+        r.entries_minus_2xx = Some(Num::int(entries - answered_2xx));
+        r.rows_consistent = Some(Num::flag(entries == records && entries == events));
+        r.payload_bytes = self.h.pg.number(&stage.db, PAYLOAD_SQL)?;
+        self.h.pg.drop_db(&stage.db)?;
+        self.write_then_deliver(run, &stage.exchange, &mut r)?;
+        self.h.broker.delete(&stage.exchange, &stage.queue)?;
 
         log(
             TAG,
-            &format!(
-                "run {run}: baseline pgbench conventional transaction (-c{}, {}s)",
-                self.s.connections, self.s.duration
-            ),
+            &format!("run {run}: baseline pgbench conventional transaction ({load})"),
         );
-        let pdb = format!("retrysafe_bench_{}_pgwrites_{run}", self.run_id);
-        self.fresh_db(&pdb)?;
+        let db = self.db_name("pgwrites", run);
+        self.fresh_db(&db)?;
         let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
-        let text = self.pgbench(
-            &format!("writes-pgbench-{run}.txt"),
-            &pdb,
-            "bench/conventional.sql",
-            &[],
-        )?;
-        let under_load = MachineTicks::now()?.since(machine0);
+        let out = format!("writes-pgbench-{run}.txt");
+        let pgbench = self.pgbench(&out, &db, "bench/conventional.sql", "")?;
+        r.pg_machine_busy_pct = MachineTicks::now()?.since(machine0).busy_pct();
         // Read once pgbench's backends are gone, so that their whole time is counted.
-        self.sessions_closed(&pdb)?;
+        self.sessions_closed(&db)?;
         let services = ServiceTicks::now().since(services0);
         let machine = MachineTicks::now()?.since(machine0);
-        figures.pg_machine_busy_pct = under_load.busy_pct();
-        let pgbench = pgbench_figures(&text);
-        (figures.pg_tps, figures.pg_latency_ms, figures.pg_failed) =
-            (pgbench.tps, pgbench.latency_ms, pgbench.failed);
-        if let (Some(transactions), Some(services)) = (
-            &pgbench.transactions,
-            services.or_else(|| went_down("pgbench")),
-        ) {
-            figures.pg_cost = seconds_per_1000(services.postgres, transactions.value as i64);
-            figures.pg_machine_cost = seconds_per_1000(machine.work, transactions.value as i64);
+        let [tps, latency, failed, transactions] = pgbench;
+        (r.pg_tps, r.pg_latency_ms, r.pg_failed) = (tps, latency, failed);
+        let transactions = transactions.map_or(0, |n| n.value as i64);
+        [r.pg_cost, _] = service_costs(services, transactions, "pgbench");
+        if services.is_some() {
+            r.pg_machine_cost = seconds_per_1000(machine.work, transactions);
         }
-        self.pg.drop_db(&pdb)?;
-        Ok(figures)
+        self.h.pg.drop_db(&db)?;
+        let mut run = Run::from(r);
+        run.fill(wrk);
+        Ok(run)
     }
 
     /// The writes' load again on a fresh database, first with the broker unreachable (the
@@ -538,321 +497,232 @@ impl Bench {
         &self,
         run: u32,
         exchange: &str,
-        figures: &mut WritesRun,
+        r: &mut WritesRun,
     ) -> anyhow::Result<()> {
-        let (db, _) = self.names("writes_alone", run);
-        log(
-            TAG,
-            &format!("run {run}: the same writes with the broker unreachable, then delivered"),
-        );
+        let db = self.db_name("writes_alone", run);
+        let what = "the same writes with the broker unreachable, then delivered";
+        log(TAG, &format!("run {run}: {what}"));
         self.fresh_db(&db)?;
-        let mut daemon = self.start_daemon_with_broker(
-            &db,
-            exchange,
-            &format!("daemon-writes-alone-{run}.log"),
-            true,
-            UNREACHABLE_AMQP,
-        )?;
+        let daemon_log = format!("daemon-writes-alone-{run}.log");
+        let mut daemon = self.start(&db, exchange, UNREACHABLE_AMQP, &daemon_log, true)?;
         let services0 = ServiceTicks::now();
         let t0 = daemon.cpu_ticks()?;
-        let result = self.unique_key_writes(
-            &format!("writes-alone-{run}.wrk"),
-            format!("{}{run}alone", self.run_id),
-        )?;
+        let nonce = format!("{}{run}alone", self.run_id);
+        let wrk = self.unique_key_writes(&format!("writes-alone-{run}.wrk"), nonce)?;
         let t1 = daemon.cpu_ticks()?;
         daemon.stop(TAG)?;
         let services = ServiceTicks::now().since(services0);
-        let written = self.pg.count(&db, "SELECT count(*) FROM entries")?;
-        let wrk = WrkFigures::from_result(&result);
-        (figures.alone_rps, figures.alone_p99_ms) = (wrk.rps, wrk.p99_ms);
-        figures.alone_cost_daemon = seconds_per_1000(t1 - t0, written);
-        (figures.alone_cost_postgres, figures.alone_cost_rabbitmq) =
+        let [written] = self.counts(&db, ["entries"])?;
+        (r.alone_rps, r.alone_p99_ms) = (wrk("rps"), wrk("p99_ms"));
+        r.alone_cost_daemon = seconds_per_1000(t1 - t0, written);
+        [r.alone_cost_postgres, r.alone_cost_rabbitmq] =
             service_costs(services, written, "writes alone");
 
         let services0 = ServiceTicks::now();
-        let mut daemon =
-            self.start_daemon(&db, exchange, &format!("daemon-deliver-{run}.log"), false)?;
+        let daemon_log = format!("daemon-deliver-{run}.log");
+        let mut daemon = self.start(&db, exchange, &self.amqp, &daemon_log, false)?;
         if self.outbox_emptied(&db)? {
             let services = ServiceTicks::now().since(services0);
-            let events = self.pg.count(&db, "SELECT count(*) FROM outbox_events")?;
-            figures.delivery_cost_daemon = seconds_per_1000(daemon.cpu_ticks()?, events);
-            (
-                figures.delivery_cost_postgres,
-                figures.delivery_cost_rabbitmq,
-            ) = service_costs(services, events, "delivery");
+            let [events] = self.counts(&db, ["outbox_events"])?;
+            r.delivery_cost_daemon = seconds_per_1000(daemon.cpu_ticks()?, events);
+            [r.delivery_cost_postgres, r.delivery_cost_rabbitmq] =
+                service_costs(services, events, "delivery");
         }
         daemon.stop(TAG)?;
-        self.pg.drop_db(&db)?;
-        Ok(())
+        self.h.pg.drop_db(&db)
     }
 
-    fn replays(&self, run: u32) -> anyhow::Result<ReplaysRun> {
-        let (db, ex) = self.names("replays", run);
-        let q = format!("{ex}.q");
+    fn replays(&self, run: u32) -> anyhow::Result<Run> {
         let keys = self.s.replay_keys;
         log(
             TAG,
             &format!("run {run}: replays of {keys} keys, /healthz, pgbench PK select"),
         );
-        self.fresh_db(&db)?;
-        self.broker.bind(&self.cleanup, &ex, &q)?;
-        let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-replays-{run}.log"), true)?;
-        run_ok(
-            Command::new(&self.bin.e2e).args([
-                "precreate",
-                "--url",
-                &self.s.url(),
-                "--kind",
-                "bench.replay",
-                "--prefix",
-                "replay-",
-                "--count",
-                &keys.to_string(),
-            ]),
-            &self.path(&format!("replays-precreate-{run}.txt")),
-            "precreate",
+        let stage = self.stage("replays", run)?;
+        let mut daemon = self.start_on(&stage, true)?;
+        let url = self.s.url();
+        let words =
+            format!("precreate --url {url} --kind bench.replay --prefix replay- --count {keys}");
+        self.helper(
+            &self.h.bin.e2e,
+            &words,
+            &format!("replays-precreate-{run}.txt"),
         )?;
-        let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
-        let result = self.wrk(
-            &format!("replays-{run}.wrk"),
-            "bench/replay.lua",
-            "/",
-            &[("BENCH_REPLAY_KEYS", keys.to_string())],
-        )?;
-        let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
-        let mut figures = ReplaysRun {
-            cpu_cores: cpu_share(t1 - t0, n1 - n0),
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
-            wrk: WrkFigures::from_result(&result),
+        let window = Window::open(&daemon)?;
+        let env = [("BENCH_REPLAY_KEYS", keys.to_string())];
+        let wrk = self.wrk(&format!("replays-{run}.wrk"), "bench/replay.lua", "/", &env)?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
+        let out = format!("healthz-{run}.wrk");
+        let healthz = self.wrk(&out, "bench/healthz.lua", "/healthz", &[])?;
+        let out = format!("replays-pgbench-{run}.txt");
+        let keys = format!("-D keys={keys}");
+        let [pg_tps, pg_latency_ms, ..] =
+            self.pgbench(&out, &stage.db, "bench/replay_select.sql", &keys)?;
+        let mut r = ReplaysRun {
+            cpu_cores,
+            rss_mb,
+            pg_tps,
+            pg_latency_ms,
+            rss_mb_after_all: mib(daemon.status_kb("VmHWM")?),
             ..ReplaysRun::default()
         };
-        let healthz = self.wrk(
-            &format!("healthz-{run}.wrk"),
-            "bench/healthz.lua",
-            "/healthz",
-            &[],
-        )?;
-        figures.healthz = WrkFigures::from_result(&healthz);
-        let text = self.pgbench(
-            &format!("replays-pgbench-{run}.txt"),
-            &db,
-            "bench/replay_select.sql",
-            &["-D".into(), format!("keys={keys}")],
-        )?;
-        let pgbench = pgbench_figures(&text);
-        (figures.pg_tps, figures.pg_latency_ms) = (pgbench.tps, pgbench.latency_ms);
-        figures.rss_mb_after_all = mib(daemon.status_kb("VmHWM")?);
-        daemon.stop(TAG)?;
-        figures.entries = count_num(self.pg.count(&db, "SELECT count(*) FROM entries")?);
-        figures.log = Self::log_problems(&daemon);
-        self.pg.drop_db(&db)?;
-        self.broker.delete(&ex, &q)?;
-        Ok(figures)
+        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
+        r.entries = Some(Num::int(self.counts(&stage.db, ["entries"])?[0]));
+        self.unstage(stage)?;
+        let mut run = Run::from(r);
+        run.fill(wrk);
+        run.fill(|metric| healthz(metric.strip_prefix("healthz_")?));
+        Ok(run)
     }
 
-    fn storm(&self, run: u32) -> anyhow::Result<StormRun> {
-        let (db, ex) = self.names("storm", run);
-        let q = format!("{ex}.q");
-        let keys = self.s.storm_keys;
+    fn storm(&self, run: u32) -> anyhow::Result<Run> {
+        let (keys, connections) = (self.s.storm_keys, self.s.connections);
         log(
             TAG,
-            &format!(
-                "run {run}: duplicate storm ({} connections, {keys} keys)",
-                self.s.connections
-            ),
+            &format!("run {run}: duplicate storm ({connections} connections, {keys} keys)"),
         );
-        self.fresh_db(&db)?;
-        self.broker.bind(&self.cleanup, &ex, &q)?;
-        let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-storm-{run}.log"), true)?;
-        let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
-        let result = self.wrk(
-            &format!("storm-{run}.wrk"),
-            "bench/storm.lua",
-            "/",
-            &[("BENCH_STORM_KEYS", keys.to_string())],
-        )?;
-        let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
-        let mut figures = StormRun {
-            cpu_cores: cpu_share(t1 - t0, n1 - n0),
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
-            wrk: WrkFigures::from_result(&result),
+        let stage = self.stage("storm", run)?;
+        let mut daemon = self.start_on(&stage, true)?;
+        let window = Window::open(&daemon)?;
+        let env = [("BENCH_STORM_KEYS", keys.to_string())];
+        let wrk = self.wrk(&format!("storm-{run}.wrk"), "bench/storm.lua", "/", &env)?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
+        let mut r = StormRun {
+            cpu_cores,
+            rss_mb,
             ..StormRun::default()
         };
-        daemon.stop(TAG)?;
-        let entries = self.pg.count(&db, "SELECT count(*) FROM entries")?;
-        let records = self
-            .pg
-            .count(&db, "SELECT count(*) FROM idempotency_records")?;
-        let events = self.pg.count(&db, "SELECT count(*) FROM outbox_events")?;
-        let expected = i64::from(keys);
-        let ok = entries == expected && records == expected && events == expected;
+        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
+        let tables = ["entries", "idempotency_records", "outbox_events"];
+        let counts = self.counts(&stage.db, tables)?;
+        let ok = counts.iter().all(|count| *count == i64::from(keys));
         if !ok {
-            log(
-                TAG,
-                &format!(
-                    "FAIL: storm run {run}: entries={entries} records={records} events={events}, expected {keys} each"
-                ),
-            );
+            let [entries, records, events] = counts;
+            log(TAG, &format!("FAIL: storm run {run}: entries={entries} records={records} events={events}, expected {keys} each"));
         }
-        figures.entries = count_num(entries);
-        figures.records = count_num(records);
-        figures.events = count_num(events);
-        figures.count_ok = Some(Num::flag(ok));
-        figures.log = Self::log_problems(&daemon);
-        self.pg.drop_db(&db)?;
-        self.broker.delete(&ex, &q)?;
-        Ok(figures)
+        [r.entries, r.records, r.events] = counts.map(|count| Some(Num::int(count)));
+        r.count_ok = Some(Num::flag(ok));
+        self.unstage(stage)?;
+        let mut run = Run::from(r);
+        run.fill(wrk);
+        Ok(run)
     }
 
-    fn drain(&self, run: u32) -> anyhow::Result<DrainRun> {
-        let (db, ex) = self.names("drain", run);
-        let q = format!("{ex}.q");
+    fn drain(&self, run: u32) -> anyhow::Result<Run> {
         let events = self.s.drain_events;
         log(TAG, &format!("run {run}: outbox drain of {events} events"));
-        self.fresh_db(&db)?;
-        self.broker.bind(&self.cleanup, &ex, &q)?;
-        self.pg
-            .query(&db, &BACKLOG_SQL.replace("{events}", &events.to_string()))?;
-        let payload = self.pg.number(
-            &db,
-            "SELECT round(avg(octet_length(payload::text))) FROM outbox_events",
-        )?;
+        let stage = self.stage("drain", run)?;
+        let backlog = BACKLOG_SQL.replace(":events", &events.to_string());
+        let pg = &self.h.pg;
+        pg.query(&stage.db, &format!("{backlog}\nANALYZE outbox_events;"))?;
+        let payload = pg.number(&stage.db, PAYLOAD_SQL)?;
         let expected = i64::try_from(events)?;
-        let (n0, services0) = (unix_ns(), ServiceTicks::now());
-        let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-drain-{run}.log"), false)?;
-        let out = self.path(&format!("drain-{run}.txt"));
-        let text = run_ok(
-            Command::new(&self.bin.publisher).args([
-                "wait-drained",
-                "--db",
-                &self.pg.url(&db),
-                "--start-unix-ns",
-                &n0.to_string(),
-            ]),
-            &out,
-            "the drain (bench-publisher wait-drained)",
-        )
-        .with_context(|| format!("the backlog did not drain; see {}", daemon.log.display()))?;
-        let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
+        let (start_ns, services0) = (unix_ns(), ServiceTicks::now());
+        let mut daemon = self.start_on(&stage, false)?;
+        // The window opens just before the daemon is spawned: all its CPU time is in it.
+        let window = Window {
+            ticks: 0,
+            unix_ns: start_ns,
+        };
+        let words = format!(
+            "wait-drained --db {} --start-unix-ns {start_ns}",
+            pg.url(&stage.db)
+        );
+        let drained = self
+            .helper(&self.h.bin.publisher, &words, &format!("drain-{run}.txt"))
+            .with_context(|| format!("the backlog did not drain; see {}", daemon.log.display()))?;
+        let cpu_cores = window.cores(&daemon)?;
         let services = ServiceTicks::now().since(services0);
         daemon.wait_healthy()?;
-        let seconds = field(&result_line(&text, "BENCH_RESULT")?, "seconds");
-        let mut figures = DrainRun {
+        let seconds = field(&drained, "seconds");
+        let mut r = DrainRun {
             payload_bytes: payload.clone(),
-            cpu_cores: cpu_share(t1, n1 - n0),
+            cpu_cores,
             rss_mb: mib(daemon.status_kb("VmHWM")?),
             events_per_s: seconds
                 .as_ref()
                 .and_then(|s| Num::fixed(events as f64 / s.value, 1)),
             seconds,
-            rabbitmq_cost: service_costs(services, expected, "drain").1,
             ..DrainRun::default()
         };
-        daemon.stop(TAG)?;
-        figures.queued = self.broker.count(&q, expected, 15)?;
-        let queued_ok = figures.queued.as_ref().map(|n| n.value) == Some(events as f64);
-        figures.queued_ok = Some(Num::flag(queued_ok));
+        [_, r.rabbitmq_cost] = service_costs(services, expected, "drain");
+        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
+        r.queued = self.h.broker.count(&stage.queue, expected, 15)?;
+        let queued_ok = r.queued.as_ref().map(|n| n.value) == Some(events as f64);
+        r.queued_ok = Some(Num::flag(queued_ok));
         if !queued_ok {
+            let queued = r.queued.as_ref().map_or("?".into(), |n| n.text.clone());
             log(
                 TAG,
                 &format!(
-                    "FAIL: drain run {run}: the queue holds {} messages, expected {events}",
-                    figures
-                        .queued
-                        .as_ref()
-                        .map_or("?".into(), |n| n.text.clone())
+                    "FAIL: drain run {run}: the queue holds {queued} messages, expected {events}"
                 ),
             );
         }
-        figures.log = Self::log_problems(&daemon);
-        self.pg.drop_db(&db)?;
-        self.broker.delete(&ex, &q)?;
+        self.unstage(stage)?;
 
-        let payload_text = payload.map_or("400".to_owned(), |n| n.text);
-        log(
-            TAG,
-            &format!(
-                "run {run}: baseline plain lapin publisher ({events} messages of {payload_text} bytes, window {})",
-                self.s.publish_window
-            ),
-        );
-        let pex = format!("retrysafe.bench.{}.publisher.{run}", self.run_id);
-        let pq = format!("{pex}.q");
-        self.broker.bind(&self.cleanup, &pex, &pq)?;
-        let services0 = ServiceTicks::now();
-        let text = run_ok(
-            Command::new(&self.bin.publisher)
-                .env("BENCH_AMQP_URL", &self.amqp)
-                .args([
-                    "publish",
-                    "--exchange",
-                    &pex,
-                    "--count",
-                    &events.to_string(),
-                    "--payload-bytes",
-                    &payload_text,
-                    "--window",
-                    &self.s.publish_window.to_string(),
-                ]),
-            &self.path(&format!("publisher-{run}.txt")),
-            "the baseline publisher",
-        )?;
-        let services = ServiceTicks::now().since(services0);
-        figures.pub_rabbitmq_cost = service_costs(services, expected, "publisher").1;
-        figures.pub_events_per_s = field(&result_line(&text, "BENCH_RESULT")?, "events_per_s");
-        figures.pub_queued = self.broker.count(&pq, expected, 15)?;
-        self.broker.delete(&pex, &pq)?;
-        Ok(figures)
+        self.publisher_baseline(run, payload, &mut r)?;
+        Ok(r.into())
     }
 
-    fn e2e(&self, run: u32) -> anyhow::Result<E2eRun> {
-        let (db, ex) = self.names("e2e", run);
-        let q = format!("{ex}.q");
+    /// The drain's baseline: the plain lapin publisher sends as many messages, of the size of
+    /// the drain's events, to an exchange and queue of its own.
+    fn publisher_baseline(
+        &self,
+        run: u32,
+        payload: Option<Num>,
+        r: &mut DrainRun,
+    ) -> anyhow::Result<()> {
+        let events = self.s.drain_events;
+        let expected = i64::try_from(events)?;
+        let payload = payload.map_or("400".to_owned(), |n| n.text);
+        let window = self.s.publish_window;
+        let baseline = format!("{events} messages of {payload} bytes, window {window}");
         log(
             TAG,
-            &format!(
-                "run {run}: end-to-end latency at {} requests/s for {}s",
-                self.s.e2e_rate, self.s.e2e_seconds
-            ),
+            &format!("run {run}: baseline plain lapin publisher ({baseline})"),
         );
-        self.fresh_db(&db)?;
-        self.broker.bind(&self.cleanup, &ex, &q)?;
-        let mut daemon = self.start_daemon(&db, &ex, &format!("daemon-e2e-{run}.log"), true)?;
-        let (t0, n0) = (daemon.cpu_ticks()?, unix_ns());
-        let text = run_ok(
-            Command::new(&self.bin.e2e)
-                .env("BENCH_AMQP_URL", &self.amqp)
-                .args([
-                    "run",
-                    "--url",
-                    &self.s.url(),
-                    "--queue",
-                    &q,
-                    "--rate",
-                    &self.s.e2e_rate.to_string(),
-                    "--seconds",
-                    &self.s.e2e_seconds.to_string(),
-                ]),
-            &self.path(&format!("e2e-{run}.txt")),
-            "bench-e2e",
-        )?;
-        let (t1, n1) = (daemon.cpu_ticks()?, unix_ns());
-        let mut figures = E2eRun {
-            cpu_cores: cpu_share(t1 - t0, n1 - n0),
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
+        let exchange = format!("retrysafe.bench.{}.publisher.{run}", self.run_id);
+        let queue = format!("{exchange}.q");
+        self.h.broker.bind(&self.h.cleanup, &exchange, &queue)?;
+        let services0 = ServiceTicks::now();
+        let words = format!(
+            "publish --exchange {exchange} --count {events} --payload-bytes {payload} --window {window}"
+        );
+        let out = format!("publisher-{run}.txt");
+        let published = self.helper(&self.h.bin.publisher, &words, &out)?;
+        let services = ServiceTicks::now().since(services0);
+        [_, r.pub_rabbitmq_cost] = service_costs(services, expected, "publisher");
+        r.pub_events_per_s = field(&published, "events_per_s");
+        r.pub_queued = self.h.broker.count(&queue, expected, 15)?;
+        self.h.broker.delete(&exchange, &queue)?;
+        Ok(())
+    }
+
+    fn e2e(&self, run: u32) -> anyhow::Result<Run> {
+        let (rate, seconds) = (self.s.e2e_rate, self.s.e2e_seconds);
+        log(
+            TAG,
+            &format!("run {run}: end-to-end latency at {rate} requests/s for {seconds}s"),
+        );
+        let stage = self.stage("e2e", run)?;
+        let mut daemon = self.start_on(&stage, true)?;
+        let window = Window::open(&daemon)?;
+        let (url, queue) = (self.s.url(), &stage.queue);
+        let words = format!("run --url {url} --queue {queue} --rate {rate} --seconds {seconds}");
+        let result = self.helper(&self.h.bin.e2e, &words, &format!("e2e-{run}.txt"))?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
+        let mut r = E2eRun {
+            cpu_cores,
+            rss_mb,
             ..E2eRun::default()
         };
-        let result = result_line(&text, "BENCH_RESULT")?;
-        for name in E2eRun::FIELDS {
-            if let Some(slot) = figures.field_mut(name) {
-                *slot = field(&result, name);
-            }
-        }
-        daemon.stop(TAG)?;
-        figures.log = Self::log_problems(&daemon);
-        self.pg.drop_db(&db)?;
-        self.broker.delete(&ex, &q)?;
-        Ok(figures)
+        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
+        self.unstage(stage)?;
+        // The rest of the run's metrics are bench-e2e's figures of the same names.
+        let mut run = Run::from(r);
+        run.fill(|metric| field(&result, metric));
+        Ok(run)
     }
 }
 
@@ -916,92 +786,54 @@ pub fn run_id() -> String {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let scenarios = parse_scenarios(&args.scenarios)?;
-    let pg = Pg::from_env();
-    let settings = args.settings(&pg);
-    if !Path::new(&settings.config).is_file() {
-        bail!("no {}", settings.config);
+    let scenarios = Scenario::list(&args.scenarios)?;
+    if !Path::new(&args.config).is_file() {
+        bail!("no {}", args.config);
     }
     ensure_tools()?;
     let bin = Binaries::beside_this_program()?;
-    pg.query("postgres", "SELECT 1")
-        .with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
     let run_id = run_id();
     let work = PathBuf::from("bench/results").join(&run_id);
-    fs::create_dir_all(&work)?;
-    let cleanup = Cleanup::new(
-        TAG,
-        pg.clone(),
-        bin.publisher.clone(),
-        format!("retrysafe_bench_{run_id}_"),
-    );
-    cleanup.on_signals()?;
-    let broker = Broker {
-        publisher: bin.publisher.clone(),
-        amqp: args.amqp.clone(),
-    };
+    let db_prefix = format!("retrysafe_bench_{run_id}_");
+    let h = Harness::new(TAG, bin, &args.amqp, work, db_prefix)?;
     let bench = Bench {
-        s: settings,
-        bin,
-        pg,
-        broker,
-        cleanup: cleanup.clone(),
-        work: work.clone(),
+        s: args.settings(&h.pg),
+        h,
         run_id,
         setup_sql: args.setup_sql.clone().filter(|sql| !sql.trim().is_empty()),
         amqp: args.amqp.clone(),
     };
-    let result = measure(&bench, &scenarios, &args.output);
-    cleanup.finish();
-    if let Err(error) = &result {
-        log(
-            TAG,
-            &format!("ERROR: {error:#}; raw output in {}", work.display()),
-        );
-    }
-    result
+    bench.h.finish(measure(&bench, &scenarios, &args.output))
 }
 
 fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Result<()> {
-    bench.broker.reachable()?;
+    bench.h.broker.reachable()?;
     if harness::port_in_use(bench.s.port) {
         bail!("port {} is in use; set BENCH_PORT", bench.s.port);
     }
-    let machine = machine(&bench.pg, &bench.s.config);
+    let machine = machine(&bench.h.pg, &bench.s.config);
+    let s = &bench.s;
+    let mode = if s.quick { "quick" } else { "full" };
     log(
         TAG,
         &format!(
-            "run id {}; mode {}: {} run(s), {}s per measurement, {}-event drain",
-            bench.run_id,
-            if bench.s.quick { "quick" } else { "full" },
-            bench.s.runs,
-            bench.s.duration,
-            bench.s.drain_events
+            "run id {}; mode {mode}: {} run(s), {}s per measurement, {}-event drain",
+            bench.run_id, s.runs, s.duration, s.drain_events
         ),
     );
-    let mut report = Report {
-        settings: bench.s.clone(),
-        machine,
-        written_at: String::new(),
-        run_id: bench.run_id.clone(),
-        writes: Vec::new(),
-        replays: Vec::new(),
-        storm: Vec::new(),
-        drain: Vec::new(),
-        e2e: Vec::new(),
-    };
-    for run in 1..=bench.s.runs {
+    let mut runs: [Vec<Run>; 5] = Default::default();
+    for run in 1..=s.runs {
         for scenario in scenarios {
-            match scenario {
-                Scenario::Writes => report.writes.push(bench.writes(run)?),
-                Scenario::Replays => report.replays.push(bench.replays(run)?),
-                Scenario::Storm => report.storm.push(bench.storm(run)?),
-                Scenario::Drain => report.drain.push(bench.drain(run)?),
-                Scenario::E2e => report.e2e.push(bench.e2e(run)?),
-            }
+            runs[*scenario as usize].push(bench.measure(*scenario, run)?);
         }
     }
-    report.written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    let report = Report {
+        settings: s.clone(),
+        machine,
+        written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        run_id: bench.run_id.clone(),
+        runs,
+    };
     print!("{}", report.summary());
     let existing = fs::read_to_string(output).ok();
     fs::write(output, report.render(existing.as_deref()))
@@ -1011,7 +843,7 @@ fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Resu
         &format!(
             "wrote {}; raw output in {}",
             output.display(),
-            bench.work.display()
+            bench.h.work.display()
         ),
     );
     Ok(())
@@ -1022,45 +854,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scenario_lists() {
-        assert_eq!(
-            parse_scenarios("writes replays storm drain e2e").unwrap(),
-            [
-                Scenario::Writes,
-                Scenario::Replays,
-                Scenario::Storm,
-                Scenario::Drain,
-                Scenario::E2e
-            ]
-        );
-        assert_eq!(
-            parse_scenarios(" drain,writes ").unwrap(),
-            [Scenario::Drain, Scenario::Writes]
-        );
-        assert!(parse_scenarios("writes reads").is_err());
-    }
-
-    #[test]
     fn pgbench_output() {
         let text = "transaction type: bench/conventional.sql\nnumber of transactions actually processed: 45359\nnumber of failed transactions: 0 (0.000%)\nlatency average = 21.147 ms\ninitial connection time = 70.190 ms\ntps = 3026.413026 (without initial connection time)\n";
-        let figures = pgbench_figures(text);
-        assert_eq!(figures.tps.unwrap().text, "3026.413026");
-        assert_eq!(figures.latency_ms.unwrap().text, "21.147");
-        assert_eq!(figures.failed.unwrap().text, "0");
-        assert_eq!(figures.transactions.unwrap().text, "45359");
+        let texts = pgbench_figures(text).map(|figure| figure.unwrap().text);
+        assert_eq!(texts, ["3026.413026", "21.147", "0", "45359"]);
         let figures = pgbench_figures("pgbench: error: connection refused\n");
-        assert!(figures.tps.is_none() && figures.latency_ms.is_none() && figures.failed.is_none());
-        assert!(figures.transactions.is_none());
+        assert!(figures.iter().all(Option::is_none));
     }
 
     #[test]
     fn wrk_result_line() {
         let text = "Running 5s test\nBENCH_RESULT {\"requests\":97333,\"duration_s\":15.06,\"rps\":6461.60,\"p50_ms\":8.644,\"p90_ms\":20.1,\"p99_ms\":32.912,\"mean_ms\":9.9,\"max_ms\":80.0,\"errors_connect\":0,\"errors_read\":1,\"errors_write\":0,\"errors_status\":2,\"errors_timeout\":3}\n";
-        let figures = WrkFigures::from_result(&result_line(text, "BENCH_RESULT").unwrap());
-        assert_eq!(figures.rps.unwrap().text, "6461.60");
-        assert_eq!(figures.p99_ms.unwrap().text, "32.912");
-        assert_eq!(figures.errors.unwrap().text, "6");
-        assert_eq!(figures.status_errors.unwrap().text, "2");
+        let result = result_line(text, "BENCH_RESULT").unwrap();
+        let metrics = [
+            "rps",
+            "p50_ms",
+            "p99_ms",
+            "requests",
+            "errors",
+            "status_errors",
+        ];
+        let texts = metrics.map(|metric| wrk_figure(&result, metric).unwrap().text);
+        assert_eq!(texts, ["6461.60", "8.644", "32.912", "97333", "6", "2"]);
+        assert_eq!(wrk_figure(&result, "max_ms"), None);
     }
 
     #[test]
@@ -1082,27 +898,10 @@ mod tests {
             setup_sql: None,
             amqp: String::new(),
         };
-        let full = args.settings(&pg);
-        assert_eq!(
-            (
-                full.runs,
-                full.duration,
-                full.drain_events,
-                full.e2e_seconds
-            ),
-            (3, 15, 100_000, 20)
-        );
+        let figures = |s: Settings| (s.runs, s.duration, s.drain_events, s.e2e_seconds);
+        assert_eq!(figures(args.settings(&pg)), (3, 15, 100_000, 20));
         args.quick = true;
         args.runs = Some(2);
-        let quick = args.settings(&pg);
-        assert_eq!(
-            (
-                quick.runs,
-                quick.duration,
-                quick.drain_events,
-                quick.e2e_seconds
-            ),
-            (2, 5, 10_000, 5)
-        );
+        assert_eq!(figures(args.settings(&pg)), (2, 5, 10_000, 5));
     }
 }

@@ -4,12 +4,6 @@
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 dofile(dir .. "report.lua")
 
-local threads = 0
-function setup(thread)
-   threads = threads + 1
-   thread:set("thread_id", threads)
-end
-
 local requests = {}
 local k = 10
 
@@ -17,10 +11,7 @@ function init(args)
    k = tonumber(os.getenv("BENCH_STORM_KEYS") or "10")
    math.randomseed(os.time() + 7919 * (thread_id or 0))
    for i = 1, k do
-      local body = string.format(
-         '{"kind":"bench.storm","data":{"i":%d,"note":"retrysafe benchmark payload"}}', i)
-      requests[i] = wrk.format("POST", "/v1/entries",
-         { ["Content-Type"] = "application/json", ["Idempotency-Key"] = "storm-" .. i }, body)
+      requests[i] = keyed_request("bench.storm", "storm-", i)
    end
 end
 

@@ -3,12 +3,6 @@
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 dofile(dir .. "report.lua")
 
-local threads = 0
-function setup(thread)
-   threads = threads + 1
-   thread:set("thread_id", threads)
-end
-
 local counter = 0
 local prefix
 local headers = { ["Content-Type"] = "application/json" }
