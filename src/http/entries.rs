@@ -9,9 +9,10 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::entry::{decode_write, format_time, DecodedWrite, EntryView, ENTRIES_ROUTE};
+use crate::entry::{
+    decode_write, format_time, DecodedWrite, EntryView, NewEntryRequest, ENTRIES_ROUTE,
+};
 use crate::http::observe::Outcome;
-use crate::http::openapi::NewEntryRequest;
 use crate::http::problem::ApiError;
 use crate::http::problem::Problem;
 use crate::http::SharedState;

@@ -1,32 +1,17 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 description, generated from the handlers' annotations.
 
 use actix_web::HttpResponse;
-use serde::Serialize;
-use serde_json::{Map, Value};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, Ref, RefOr};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
-use crate::entry::{EntryView, FieldError};
+use crate::entry::{EntryView, FieldError, NewEntryRequest};
 use crate::http::problem::Problem;
 use crate::http::{entries, health, keys, listing, observe, SharedState};
 use crate::idempotency::key::{KEY_PATTERN, MAX_KEY_LEN};
-
-/// Body of `POST /v1/entries`. Unknown fields are refused.
-#[derive(Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct NewEntryRequest {
-    /// 1 to 64 of `a-z 0-9 . _ -`.
-    #[schema(pattern = "^[a-z0-9._-]{1,64}$", example = "invoice.paid")]
-    kind: String,
-    /// Any JSON object; strings and member names may not contain U+0000.
-    #[schema(value_type = Object)]
-    data: Map<String, Value>,
-}
 
 #[derive(OpenApi)]
 #[openapi(
