@@ -308,6 +308,102 @@ async fn openapi_json_describes_every_route_and_problem_type() {
     assert!(!text.contains("spawn_outbox_gauges"), "no rustdoc links");
 }
 
+/// The 4xx and 5xx statuses of an operation's responses.
+fn error_statuses(responses: &serde_json::Value) -> HashSet<String> {
+    responses
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|status| status.starts_with(['4', '5']))
+        .cloned()
+        .collect()
+}
+
+/// The library lists the problems each route answers, and the problem table describes each: the
+/// document shows exactly those, one response per status, each naming its problem types.
+#[actix_web::test]
+async fn openapi_json_documents_exactly_the_problems_each_route_answers() {
+    let app = spawn_app_with(|_| {}).await;
+    let document = app.get("/openapi.json", None).await.json();
+    let everywhere = HashSet::from(["405".to_owned(), "421".to_owned()]);
+    let mut listed = HashSet::new();
+    for route in &retrysafe::http::openapi::ROUTE_PROBLEMS {
+        let method = serde_json::to_value(&route.method).unwrap();
+        let mut methods = vec![method.as_str().unwrap()];
+        if methods == ["get"] {
+            methods.push("head");
+        }
+        for method in methods {
+            let responses = &document["paths"][route.path][method]["responses"];
+            let mut expected = everywhere.clone();
+            if method != "head" {
+                for status in error_statuses(responses) {
+                    assert!(
+                        responses[&status]["content"]["application/problem+json"].is_object(),
+                        "{method} {}: the {status} is not a problem",
+                        route.path
+                    );
+                }
+            }
+            for problem in route.problems {
+                for status in problem.statuses() {
+                    let status = status.as_u16().to_string();
+                    let description = responses[&status]["description"].as_str().unwrap();
+                    assert!(
+                        description.contains(&format!("(`{}`)", problem.slug)),
+                        "{method} {}: the {status} does not name {}",
+                        route.path,
+                        problem.slug
+                    );
+                    expected.insert(status);
+                }
+                listed.insert(problem.slug);
+            }
+            assert_eq!(
+                error_statuses(responses),
+                expected,
+                "{method} {}",
+                route.path
+            );
+        }
+    }
+    // Not ready, /readyz answers 503 with its own body, not a problem.
+    let not_ready = HashSet::from(["503".to_owned()]);
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let statuses = error_statuses(&document["paths"][path]["get"]["responses"]);
+        assert_eq!(
+            &statuses - &not_ready,
+            everywhere,
+            "{path} answers no other problem"
+        );
+    }
+    let not_allowed = &document["paths"]["/healthz"]["get"]["responses"]["405"];
+    assert!(not_allowed["description"]
+        .as_str()
+        .unwrap()
+        .contains("(`method-not-allowed`)"));
+    let misdirected = &document["paths"]["/healthz"]["get"]["responses"]["421"];
+    assert!(misdirected["description"]
+        .as_str()
+        .unwrap()
+        .contains("(`misdirected-request`)"));
+    listed.extend(["method-not-allowed", "misdirected-request"]);
+    for problem in retrysafe::http::problem::ALL {
+        assert!(
+            listed.contains(problem.slug),
+            "no route answers {}",
+            problem.slug
+        );
+    }
+    // The header fields the table gives a problem type are documented where it is answered.
+    let too_many = &document["paths"]["/v1/entries"]["post"]["responses"]["429"]["headers"];
+    for name in ["Retry-After", "RateLimit-Policy", "RateLimit"] {
+        assert!(too_many[name].is_object(), "the 429 documents no {name}");
+    }
+    let unauthorized = &document["paths"]["/v1/entries/{id}"]["get"]["responses"]["401"];
+    assert!(unauthorized["headers"]["WWW-Authenticate"].is_object());
+}
+
 #[actix_web::test]
 async fn openapi_json_requires_bearer_authentication_when_clients_are_configured() {
     let app = spawn_app_with(|settings| {
