@@ -116,12 +116,8 @@ metrics_table! {
         &["result"],
         "writer batch transaction attempts by result",
     );
-    WRITER_QUEUE_DEPTH = metric(
-        Gauge,
-        "retrysafe_writer_queue_depth",
-        &[],
-        "writes queued for the next batch",
-    );
+    WRITER_QUEUE_DEPTH =
+        metric(Gauge, "retrysafe_writer_queue_depth", &[], "writes queued for the next batch");
     /// Writes queued, being committed, or waiting for another write of their key.
     PENDING_WRITE_BYTES = metric(
         Gauge,
@@ -158,12 +154,8 @@ metrics_table! {
         "replay cache lookups by result",
     );
     /// Across the shards.
-    REPLAY_CACHE_ENTRIES = metric(
-        Gauge,
-        "retrysafe_replay_cache_entries",
-        &[],
-        "responses in the replay cache",
-    );
+    REPLAY_CACHE_ENTRIES =
+        metric(Gauge, "retrysafe_replay_cache_entries", &[], "responses in the replay cache");
     /// Bodies, keys and bookkeeping, across the shards.
     REPLAY_CACHE_BYTES = metric(
         Gauge,
@@ -220,12 +212,8 @@ metrics_table! {
         &[],
         "1 while the database answers and migrations are applied (readiness)",
     );
-    BROKER_CONNECTED = metric(
-        Gauge,
-        "retrysafe_broker_connected",
-        &[],
-        "1 while the broker connection is up",
-    );
+    BROKER_CONNECTED =
+        metric(Gauge, "retrysafe_broker_connected", &[], "1 while the broker connection is up");
     /// A RabbitMQ memory or disk alarm; relays wait on the same connection until it unblocks.
     BROKER_BLOCKED = metric(
         Gauge,
@@ -257,18 +245,10 @@ metrics_table! {
         "requests refused with 429 by a client's limits, by client and limit",
     );
     /// Pools: writes, reads.
-    POOL_CONNECTIONS = metric(
-        Gauge,
-        "retrysafe_db_pool_connections",
-        &["pool"],
-        "open database connections",
-    );
-    POOL_IDLE = metric(
-        Gauge,
-        "retrysafe_db_pool_idle_connections",
-        &["pool"],
-        "idle database connections",
-    );
+    POOL_CONNECTIONS =
+        metric(Gauge, "retrysafe_db_pool_connections", &["pool"], "open database connections");
+    POOL_IDLE =
+        metric(Gauge, "retrysafe_db_pool_idle_connections", &["pool"], "idle database connections");
     POOL_MAX = metric(
         Gauge,
         "retrysafe_db_pool_max_connections",

@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use retrysafe::config::ConfigDuration;
+use retrysafe::http::problem::{ProblemType, METHOD_NOT_ALLOWED, MISDIRECTED_REQUEST};
 use retrysafe::janitor::purge_once;
 
 use crate::common::consumer::{header, TestConsumer};
@@ -319,14 +320,46 @@ fn error_statuses(responses: &serde_json::Value) -> HashSet<String> {
         .collect()
 }
 
+/// Asserts that one operation documents exactly the problem statuses its `problems` give, with
+/// the 405 and 421 of every operation, each response naming its problem types and, but on a
+/// HEAD (which has no body), carrying a problem.
+fn assert_documents_its_problems(
+    operation: &str,
+    responses: &serde_json::Value,
+    problems: &[&ProblemType],
+) {
+    let everywhere: [&ProblemType; 2] = [&METHOD_NOT_ALLOWED, &MISDIRECTED_REQUEST];
+    let mut expected = HashSet::new();
+    for problem in problems.iter().chain(&everywhere) {
+        for status in problem.statuses() {
+            let status = status.as_u16().to_string();
+            let description = responses[&status]["description"].as_str().unwrap();
+            assert!(
+                description.contains(&format!("(`{}`)", problem.slug)),
+                "{operation}: the {status} does not name {}",
+                problem.slug
+            );
+            expected.insert(status);
+        }
+    }
+    assert_eq!(error_statuses(responses), expected, "{operation}");
+    if !operation.starts_with("head") {
+        for status in expected {
+            assert!(
+                responses[&status]["content"]["application/problem+json"].is_object(),
+                "{operation}: the {status} is not a problem"
+            );
+        }
+    }
+}
+
 /// The library lists the problems each route answers, and the problem table describes each: the
 /// document shows exactly those, one response per status, each naming its problem types.
 #[actix_web::test]
 async fn openapi_json_documents_exactly_the_problems_each_route_answers() {
     let app = spawn_app_with(|_| {}).await;
     let document = app.get("/openapi.json", None).await.json();
-    let everywhere = HashSet::from(["405".to_owned(), "421".to_owned()]);
-    let mut listed = HashSet::new();
+    let mut answered = HashSet::from(["method-not-allowed", "misdirected-request"]);
     for route in &retrysafe::http::openapi::ROUTE_PROBLEMS {
         let method = serde_json::to_value(&route.method).unwrap();
         let mut methods = vec![method.as_str().unwrap()];
@@ -335,66 +368,28 @@ async fn openapi_json_documents_exactly_the_problems_each_route_answers() {
         }
         for method in methods {
             let responses = &document["paths"][route.path][method]["responses"];
-            let mut expected = everywhere.clone();
-            if method != "head" {
-                for status in error_statuses(responses) {
-                    assert!(
-                        responses[&status]["content"]["application/problem+json"].is_object(),
-                        "{method} {}: the {status} is not a problem",
-                        route.path
-                    );
-                }
-            }
-            for problem in route.problems {
-                for status in problem.statuses() {
-                    let status = status.as_u16().to_string();
-                    let description = responses[&status]["description"].as_str().unwrap();
-                    assert!(
-                        description.contains(&format!("(`{}`)", problem.slug)),
-                        "{method} {}: the {status} does not name {}",
-                        route.path,
-                        problem.slug
-                    );
-                    expected.insert(status);
-                }
-                listed.insert(problem.slug);
-            }
-            assert_eq!(
-                error_statuses(responses),
-                expected,
-                "{method} {}",
-                route.path
-            );
+            let operation = format!("{method} {}", route.path);
+            assert_documents_its_problems(&operation, responses, route.problems);
         }
+        answered.extend(route.problems.iter().map(|problem| problem.slug));
     }
-    // Not ready, /readyz answers 503 with its own body, not a problem.
-    let not_ready = HashSet::from(["503".to_owned()]);
-    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
-        let statuses = error_statuses(&document["paths"][path]["get"]["responses"]);
-        assert_eq!(
-            &statuses - &not_ready,
-            everywhere,
-            "{path} answers no other problem"
-        );
-    }
-    let not_allowed = &document["paths"]["/healthz"]["get"]["responses"]["405"];
-    assert!(not_allowed["description"]
-        .as_str()
-        .unwrap()
-        .contains("(`method-not-allowed`)"));
-    let misdirected = &document["paths"]["/healthz"]["get"]["responses"]["421"];
-    assert!(misdirected["description"]
-        .as_str()
-        .unwrap()
-        .contains("(`misdirected-request`)"));
-    listed.extend(["method-not-allowed", "misdirected-request"]);
     for problem in retrysafe::http::problem::ALL {
         assert!(
-            listed.contains(problem.slug),
+            answered.contains(problem.slug),
             "no route answers {}",
             problem.slug
         );
     }
+    for path in ["/healthz", "/metrics", "/openapi.json"] {
+        let responses = &document["paths"][path]["get"]["responses"];
+        assert_documents_its_problems(path, responses, &[]);
+    }
+    // Not ready, /readyz answers 503 with its own body, not a problem.
+    let readyz = &document["paths"]["/readyz"]["get"]["responses"];
+    assert_eq!(
+        error_statuses(readyz),
+        HashSet::from(["405".to_owned(), "421".to_owned(), "503".to_owned()])
+    );
     // The header fields the table gives a problem type are documented where it is answered.
     let too_many = &document["paths"]["/v1/entries"]["post"]["responses"]["429"]["headers"];
     for name in ["Retry-After", "RateLimit-Policy", "RateLimit"] {
