@@ -74,6 +74,21 @@ pub fn decode_write(body: &[u8]) -> Result<WriteRequest, DecodeError> {
     })
 }
 
+// The body's schema, kept beside `decode_new_entry` (below), which is what checks a body. Never
+// built: its doc comments are the descriptions /openapi.json shows.
+/// Body of `POST /v1/entries`. Unknown fields are refused.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct NewEntryRequest {
+    /// 1 to 64 of `a-z 0-9 . _ -`.
+    #[schema(pattern = "^[a-z0-9._-]{1,64}$", example = "invoice.paid")]
+    kind: String,
+    /// Any JSON object; strings and member names may not contain U+0000.
+    #[schema(value_type = Object)]
+    data: Map<String, Value>,
+}
+
 /// Decodes and validates a `POST /v1/entries` body, returning the entry and the request hash.
 /// The checks run in the order of the body's members, each a few lines; splitting them would
 /// scatter the one order the errors are reported in.

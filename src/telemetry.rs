@@ -1,86 +1,277 @@
 //! Logs and metrics.
 //!
 //! Logs: text for terminals, JSON (`log.format = "json"`) for journald and collectors. Metrics:
-//! Prometheus text at `GET /metrics`; every name is a constant here, and docs/operations.md
-//! describes each.
+//! Prometheus text at `GET /metrics`; every metric is one entry of [`METRICS`], its name a
+//! constant here, and `/metrics` describes it from there; docs/operations.md describes each
+//! at length, and a test holds that guide's table to this one.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogSettings};
+use MetricKind::{Counter, Gauge, Histogram};
 
-/// Requests by route and outcome (created, replayed, conflict, in_progress, rate_limited,
-/// invalid, unauthorized, unavailable, error, ok, not_found).
-pub const HTTP_REQUESTS: &str = "retrysafe_http_requests_total";
-/// Request latency by route, in seconds.
-pub const HTTP_DURATION: &str = "retrysafe_http_request_duration_seconds";
-/// Writes per batch (failed batches included).
-pub const WRITER_BATCH_SIZE: &str = "retrysafe_writer_batch_size";
-/// Time of one batch transaction attempt (begin to commit), in seconds.
-pub const WRITER_TRANSACTION: &str = "retrysafe_writer_transaction_seconds";
-/// Batch transaction attempts by result (committed, failed); a retried batch counts each try.
-pub const WRITER_BATCHES: &str = "retrysafe_writer_batches_total";
-/// Writes queued in writers, waiting for the next batch.
-pub const WRITER_QUEUE_DEPTH: &str = "retrysafe_writer_queue_depth";
-/// Bytes held by writes queued, being committed, or waiting for another write of their key
-/// (bounded by `database.max_pending_bytes`).
-pub const PENDING_WRITE_BYTES: &str = "retrysafe_pending_write_bytes";
-/// Writes refused at once with 503 to shed load, by reason (pending_bytes, queue_full, busy).
-pub const WRITES_SHED: &str = "retrysafe_writes_shed_total";
-/// Keys in flight across the shards (a write of theirs is being committed).
-pub const SHARD_IN_FLIGHT: &str = "retrysafe_shard_in_flight_keys";
-/// Duplicates waiting on an in-flight key.
-pub const SHARD_WAITERS: &str = "retrysafe_shard_waiting_duplicates";
-/// Lookups of the replay cache by result (hit, miss).
-pub const REPLAY_CACHE_LOOKUPS: &str = "retrysafe_replay_cache_lookups_total";
-/// Responses held in the replay cache, across the shards.
-pub const REPLAY_CACHE_ENTRIES: &str = "retrysafe_replay_cache_entries";
-/// Bytes the replay cache holds (bodies, keys and bookkeeping), across the shards.
-pub const REPLAY_CACHE_BYTES: &str = "retrysafe_replay_cache_bytes";
-/// Events not yet delivered and not parked.
-pub const OUTBOX_UNSENT: &str = "retrysafe_outbox_unsent_events";
-/// Events parked after `outbox.max_attempts`.
-pub const OUTBOX_PARKED: &str = "retrysafe_outbox_parked_events";
-/// Age of the oldest unsent event, in seconds (0 when none).
-pub const OUTBOX_OLDEST_AGE: &str = "retrysafe_outbox_oldest_unsent_age_seconds";
-/// Publishes by outcome (acked, nacked, returned, timeout, connection_lost).
-pub const OUTBOX_PUBLISHES: &str = "retrysafe_outbox_publishes_total";
-/// Time from a batch's first publish to its last confirm, in seconds.
-pub const OUTBOX_CONFIRM: &str = "retrysafe_outbox_confirm_seconds";
-/// Events claimed per relay batch.
-pub const OUTBOX_BATCH_SIZE: &str = "retrysafe_outbox_batch_size";
-/// 1 while the database answers and has every migration this build needs (what /readyz says).
-pub const READY: &str = "retrysafe_ready";
-/// 1 while the broker connection is up.
-pub const BROKER_CONNECTED: &str = "retrysafe_broker_connected";
-/// 1 while the broker blocks the daemon's publishes (a RabbitMQ memory or disk alarm:
-/// `connection.blocked`); relays wait on the same connection until it unblocks.
-pub const BROKER_BLOCKED: &str = "retrysafe_broker_blocked";
-/// The database's clock minus this machine's, in seconds, at the last reading (every write
-/// batch reads it). Times that decide anything are the database's; this shows how wrong the
-/// machine's clock is.
-pub const CLOCK_OFFSET: &str = "retrysafe_database_clock_offset_seconds";
-/// 1 while writes fail for a reason only an operator can fix, by reason (disk_full,
-/// read_only, no_connections); /readyz is then 503.
-pub const WRITES_BLOCKED: &str = "retrysafe_database_writes_blocked";
-/// Requests refused with 429 by a client's limits, by client and limit (concurrent_writes,
-/// requests_per_second).
-pub const RATE_LIMITED: &str = "retrysafe_http_rate_limited_total";
-/// Database pools (label `pool`: writes, reads): open connections, idle ones, and the maximum.
-pub const POOL_CONNECTIONS: &str = "retrysafe_db_pool_connections";
-pub const POOL_IDLE: &str = "retrysafe_db_pool_idle_connections";
-pub const POOL_MAX: &str = "retrysafe_db_pool_max_connections";
-/// Rows the janitor deleted, by table.
-pub const JANITOR_DELETED: &str = "retrysafe_janitor_deleted_rows_total";
-/// When the HTTPS listener's certificate expires, in seconds since the Unix epoch; set at start
-/// and on every successful reload (SIGHUP). Absent without `http.tls_cert_file`.
-pub const TLS_CERTIFICATE_EXPIRY: &str = "retrysafe_tls_certificate_expiry_timestamp_seconds";
+/// How a metric is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
 
-/// Answers actix-http gave itself before a request reached a route, by status (400, 408, 431).
-pub const HTTP_PROTOCOL_ERRORS: &str = "retrysafe_http_protocol_errors_total";
+/// One metric the daemon exports.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    pub unit: Option<Unit>,
+    /// The labels it is recorded with.
+    pub labels: &'static [&'static str],
+    /// Its `# HELP` line at `/metrics`.
+    pub help: &'static str,
+}
+
+impl Metric {
+    const fn in_unit(self, unit: Unit) -> Self {
+        Metric {
+            unit: Some(unit),
+            ..self
+        }
+    }
+}
+
+const fn metric(
+    kind: MetricKind,
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        unit: None,
+        labels,
+        help,
+    }
+}
+
+/// Declares each metric once: a constant holding its name, which callers give the `metrics`
+/// macros, and its entry in [`METRICS`], from which `/metrics` describes it and a test checks
+/// docs/operations.md. (A name declared apart from its description could be exported without
+/// one.)
+macro_rules! metrics_table {
+    ($($(#[doc = $doc:literal])* $constant:ident = $metric:expr;)+) => {
+        $(
+            $(#[doc = $doc])*
+            pub const $constant: &str = $metric.name;
+        )+
+
+        /// Every metric the daemon exports.
+        pub const METRICS: &[Metric] = &[$($metric),+];
+    };
+}
+
+metrics_table! {
+    /// Outcomes: created, replayed, conflict, in_progress, rate_limited, invalid, unauthorized,
+    /// unavailable, error, ok, not_found.
+    HTTP_REQUESTS = metric(
+        Counter,
+        "retrysafe_http_requests_total",
+        &["route", "outcome"],
+        "HTTP requests by route and outcome",
+    );
+    /// Answers actix-http gave itself, by status (400, 408, 431): see `ActixOwnAnswers`.
+    HTTP_PROTOCOL_ERRORS = metric(
+        Counter,
+        "retrysafe_http_protocol_errors_total",
+        &["status"],
+        "answers given before routing (malformed, too large or too slow request heads), by status",
+    );
+    HTTP_DURATION = metric(
+        Histogram,
+        "retrysafe_http_request_duration_seconds",
+        &["route"],
+        "HTTP request latency by route",
+    )
+    .in_unit(Unit::Seconds);
+    /// Failed batches included.
+    WRITER_BATCH_SIZE = metric(Histogram, "retrysafe_writer_batch_size", &[], "writes per batch")
+        .in_unit(Unit::Count);
+    /// Each attempt, from begin to commit.
+    WRITER_TRANSACTION = metric(
+        Histogram,
+        "retrysafe_writer_transaction_seconds",
+        &[],
+        "time of one batch transaction",
+    )
+    .in_unit(Unit::Seconds);
+    /// Results: committed, failed; a retried batch counts each try.
+    WRITER_BATCHES = metric(
+        Counter,
+        "retrysafe_writer_batches_total",
+        &["result"],
+        "writer batch transaction attempts by result",
+    );
+    WRITER_QUEUE_DEPTH =
+        metric(Gauge, "retrysafe_writer_queue_depth", &[], "writes queued for the next batch");
+    /// Writes queued, being committed, or waiting for another write of their key.
+    PENDING_WRITE_BYTES = metric(
+        Gauge,
+        "retrysafe_pending_write_bytes",
+        &[],
+        "bytes held by pending writes (database.max_pending_bytes bounds them)",
+    )
+    .in_unit(Unit::Bytes);
+    /// Reasons: pending_bytes, queue_full, busy.
+    WRITES_SHED = metric(
+        Counter,
+        "retrysafe_writes_shed_total",
+        &["reason"],
+        "writes refused at once with 503 to shed load, by reason",
+    );
+    /// Across the shards.
+    SHARD_IN_FLIGHT = metric(
+        Gauge,
+        "retrysafe_shard_in_flight_keys",
+        &[],
+        "idempotency keys whose write is in flight",
+    );
+    SHARD_WAITERS = metric(
+        Gauge,
+        "retrysafe_shard_waiting_duplicates",
+        &[],
+        "duplicates waiting for an in-flight key",
+    );
+    /// Results: hit, miss.
+    REPLAY_CACHE_LOOKUPS = metric(
+        Counter,
+        "retrysafe_replay_cache_lookups_total",
+        &["result"],
+        "replay cache lookups by result",
+    );
+    /// Across the shards.
+    REPLAY_CACHE_ENTRIES =
+        metric(Gauge, "retrysafe_replay_cache_entries", &[], "responses in the replay cache");
+    /// Bodies, keys and bookkeeping, across the shards.
+    REPLAY_CACHE_BYTES = metric(
+        Gauge,
+        "retrysafe_replay_cache_bytes",
+        &[],
+        "bytes held by the replay cache",
+    )
+    .in_unit(Unit::Bytes);
+    OUTBOX_UNSENT = metric(
+        Gauge,
+        "retrysafe_outbox_unsent_events",
+        &[],
+        "events not yet delivered and not parked",
+    );
+    OUTBOX_PARKED = metric(
+        Gauge,
+        "retrysafe_outbox_parked_events",
+        &[],
+        "events parked after outbox.max_attempts",
+    );
+    /// 0 when none.
+    OUTBOX_OLDEST_AGE = metric(
+        Gauge,
+        "retrysafe_outbox_oldest_unsent_age_seconds",
+        &[],
+        "age of the oldest unsent event",
+    )
+    .in_unit(Unit::Seconds);
+    /// Outcomes: acked, nacked, returned, timeout, connection_lost, blocked.
+    OUTBOX_PUBLISHES = metric(
+        Counter,
+        "retrysafe_outbox_publishes_total",
+        &["outcome"],
+        "event publishes by outcome",
+    );
+    OUTBOX_CONFIRM = metric(
+        Histogram,
+        "retrysafe_outbox_confirm_seconds",
+        &[],
+        "time from a batch's first publish to its last confirm",
+    )
+    .in_unit(Unit::Seconds);
+    OUTBOX_BATCH_SIZE = metric(
+        Histogram,
+        "retrysafe_outbox_batch_size",
+        &[],
+        "events claimed per relay batch",
+    )
+    .in_unit(Unit::Count);
+    /// What /readyz says.
+    READY = metric(
+        Gauge,
+        "retrysafe_ready",
+        &[],
+        "1 while the database answers and migrations are applied (readiness)",
+    );
+    BROKER_CONNECTED =
+        metric(Gauge, "retrysafe_broker_connected", &[], "1 while the broker connection is up");
+    /// A RabbitMQ memory or disk alarm; relays wait on the same connection until it unblocks.
+    BROKER_BLOCKED = metric(
+        Gauge,
+        "retrysafe_broker_blocked",
+        &[],
+        "1 while the broker blocks publishing (a resource alarm: connection.blocked)",
+    );
+    /// Every write batch reads it. Times that decide anything are the database's; this shows
+    /// how wrong the machine's clock is.
+    CLOCK_OFFSET = metric(
+        Gauge,
+        "retrysafe_database_clock_offset_seconds",
+        &[],
+        "the database's clock minus this machine's at the last reading",
+    )
+    .in_unit(Unit::Seconds);
+    /// Reasons: disk_full, read_only, no_connections; /readyz is then 503.
+    WRITES_BLOCKED = metric(
+        Gauge,
+        "retrysafe_database_writes_blocked",
+        &["reason"],
+        "1 while writes fail for a reason only an operator can fix, by reason",
+    );
+    /// Limits: concurrent_writes, requests_per_second.
+    RATE_LIMITED = metric(
+        Counter,
+        "retrysafe_http_rate_limited_total",
+        &["client", "limit"],
+        "requests refused with 429 by a client's limits, by client and limit",
+    );
+    /// Pools: writes, reads.
+    POOL_CONNECTIONS =
+        metric(Gauge, "retrysafe_db_pool_connections", &["pool"], "open database connections");
+    POOL_IDLE =
+        metric(Gauge, "retrysafe_db_pool_idle_connections", &["pool"], "idle database connections");
+    POOL_MAX = metric(
+        Gauge,
+        "retrysafe_db_pool_max_connections",
+        &["pool"],
+        "the pool's share of database.pool_size",
+    );
+    /// Tables: idempotency_records, outbox_events.
+    JANITOR_DELETED = metric(
+        Counter,
+        "retrysafe_janitor_deleted_rows_total",
+        &["table"],
+        "rows deleted by the janitor, by table",
+    );
+    /// Set at start and on every successful reload (SIGHUP); absent without
+    /// `http.tls_cert_file`.
+    TLS_CERTIFICATE_EXPIRY = metric(
+        Gauge,
+        "retrysafe_tls_certificate_expiry_timestamp_seconds",
+        &[],
+        "expiry of the https listener's certificate, in seconds since the unix epoch",
+    )
+    .in_unit(Unit::Seconds);
+}
 
 /// Latency buckets, in seconds: 0.5 ms to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -520,97 +711,19 @@ pub async fn metrics_upkeep(shutdown: tokio_util::sync::CancellationToken) {
     .await
 }
 
-/// Every metric's description: a table, one entry per metric.
+/// Every metric's description, from [`METRICS`].
 fn describe_metrics() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(HTTP_REQUESTS, "HTTP requests by route and outcome");
-    describe_counter!(
-        HTTP_PROTOCOL_ERRORS,
-        "answers given before routing (malformed, too large or too slow request heads), by status"
-    );
-    describe_histogram!(
-        HTTP_DURATION,
-        Unit::Seconds,
-        "HTTP request latency by route"
-    );
-    describe_histogram!(WRITER_BATCH_SIZE, Unit::Count, "writes per batch");
-    describe_histogram!(
-        WRITER_TRANSACTION,
-        Unit::Seconds,
-        "time of one batch transaction"
-    );
-    describe_counter!(
-        WRITER_BATCHES,
-        "writer batch transaction attempts by result"
-    );
-    describe_gauge!(WRITER_QUEUE_DEPTH, "writes queued for the next batch");
-    describe_gauge!(
-        PENDING_WRITE_BYTES,
-        Unit::Bytes,
-        "bytes held by pending writes (database.max_pending_bytes bounds them)"
-    );
-    describe_counter!(
-        WRITES_SHED,
-        "writes refused at once with 503 to shed load, by reason"
-    );
-    describe_gauge!(SHARD_IN_FLIGHT, "idempotency keys whose write is in flight");
-    describe_gauge!(SHARD_WAITERS, "duplicates waiting for an in-flight key");
-    describe_counter!(REPLAY_CACHE_LOOKUPS, "replay cache lookups by result");
-    describe_gauge!(REPLAY_CACHE_ENTRIES, "responses in the replay cache");
-    describe_gauge!(
-        REPLAY_CACHE_BYTES,
-        Unit::Bytes,
-        "bytes held by the replay cache"
-    );
-    describe_gauge!(OUTBOX_UNSENT, "events not yet delivered and not parked");
-    describe_gauge!(OUTBOX_PARKED, "events parked after outbox.max_attempts");
-    describe_gauge!(
-        OUTBOX_OLDEST_AGE,
-        Unit::Seconds,
-        "age of the oldest unsent event"
-    );
-    describe_counter!(OUTBOX_PUBLISHES, "event publishes by outcome");
-    describe_histogram!(
-        OUTBOX_CONFIRM,
-        Unit::Seconds,
-        "time from a batch's first publish to its last confirm"
-    );
-    describe_histogram!(
-        OUTBOX_BATCH_SIZE,
-        Unit::Count,
-        "events claimed per relay batch"
-    );
-    describe_gauge!(
-        READY,
-        "1 while the database answers and migrations are applied (readiness)"
-    );
-    describe_gauge!(BROKER_CONNECTED, "1 while the broker connection is up");
-    describe_gauge!(
-        BROKER_BLOCKED,
-        "1 while the broker blocks publishing (a resource alarm: connection.blocked)"
-    );
-    describe_gauge!(
-        CLOCK_OFFSET,
-        Unit::Seconds,
-        "the database's clock minus this machine's at the last reading"
-    );
-    describe_gauge!(
-        WRITES_BLOCKED,
-        "1 while writes fail for a reason only an operator can fix, by reason"
-    );
-    describe_counter!(
-        RATE_LIMITED,
-        "requests refused with 429 by a client's limits, by client and limit"
-    );
-    describe_gauge!(POOL_CONNECTIONS, "open database connections");
-    describe_gauge!(POOL_IDLE, "idle database connections");
-    describe_gauge!(POOL_MAX, "the pool's share of database.pool_size");
-    describe_counter!(JANITOR_DELETED, "rows deleted by the janitor, by table");
-    describe_gauge!(
-        TLS_CERTIFICATE_EXPIRY,
-        Unit::Seconds,
-        "expiry of the https listener's certificate, in seconds since the unix epoch"
-    );
+    metrics::with_recorder(|recorder| {
+        for metric in METRICS {
+            let name = metrics::KeyName::from_const_str(metric.name);
+            let help = metrics::SharedString::const_str(metric.help);
+            match metric.kind {
+                MetricKind::Counter => recorder.describe_counter(name, metric.unit, help),
+                MetricKind::Gauge => recorder.describe_gauge(name, metric.unit, help),
+                MetricKind::Histogram => recorder.describe_histogram(name, metric.unit, help),
+            }
+        }
+    });
 }
 
 #[cfg(test)]
@@ -631,6 +744,41 @@ mod tests {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             self.0.set(self.0.get() + 1);
             f.write_str("x")
+        }
+    }
+
+    /// docs/operations.md has a row per metric, `| name | kind | labels | description |`: the
+    /// same metrics, kinds and label names as [`METRICS`].
+    #[test]
+    fn the_operations_guide_lists_every_metric_with_its_kind_and_labels() {
+        let guide =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+                .unwrap();
+        let rows: Vec<Vec<&str>> = guide
+            .lines()
+            .filter(|line| line.starts_with("| `retrysafe_"))
+            .map(|line| line.splitn(5, '|').map(str::trim).collect())
+            .collect();
+        assert_eq!(rows.len(), METRICS.len(), "one row per metric");
+        for metric in METRICS {
+            let name = format!("`{}`", metric.name);
+            let row = rows
+                .iter()
+                .find(|row| row[1] == name)
+                .unwrap_or_else(|| panic!("docs/operations.md has no row for {name}"));
+            let kind = format!("{:?}", metric.kind).to_lowercase();
+            assert!(row[2].starts_with(&kind), "{name} is a {kind}: {row:?}");
+            // Label names come first, their values after a colon: `client`, `limit`: `...`.
+            let names = row[3].split(':').next().unwrap_or_default();
+            let mut documented: Vec<&str> = names
+                .split(',')
+                .map(|label| label.trim().trim_matches('`'))
+                .filter(|label| !label.is_empty())
+                .collect();
+            let mut labels = metric.labels.to_vec();
+            documented.sort_unstable();
+            labels.sort_unstable();
+            assert_eq!(documented, labels, "the labels of {name}");
         }
     }
 

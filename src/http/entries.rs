@@ -9,11 +9,11 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::entry::{decode_write, format_time, EntryView, WriteRequest, ENTRIES_ROUTE};
+use crate::entry::{
+    decode_write, format_time, EntryView, NewEntryRequest, WriteRequest, ENTRIES_ROUTE,
+};
 use crate::http::observe::Outcome;
-use crate::http::openapi::NewEntryRequest;
 use crate::http::problem::ApiError;
-use crate::http::problem::Problem;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 use crate::telemetry;
@@ -41,19 +41,7 @@ const REPLAYED_HEADER: HeaderName = HeaderName::from_static(IDEMPOTENCY_REPLAYED
     responses(
         (status = 201, description = "Created; or, with `Idempotency-Replayed: true`, the first response to this key and request replayed", body = EntryView, content_type = "application/json",
             headers(("Location" = String, description = "/v1/entries/{id}"), ("Idempotency-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, description = "Missing or malformed Idempotency-Key (`missing-idempotency-key`, `invalid-idempotency-key`), body not JSON (`malformed-json`) or not an entry (`invalid-request`); nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Past the client's max_concurrent_writes or max_requests_per_second (`rate-limited`); nothing was done", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
-        (status = 409, description = "The key was used with a different request (`idempotency-key-reused`), or is still in flight past idempotency.wait_timeout (`request-in-progress`, with Retry-After)", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying (request-in-progress)"))),
-        (status = 408, description = "The body did not arrive within http.body_timeout (`request-timeout`); nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over http.max_body_bytes (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Content-Type is not application/json, or the body is compressed (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "With idempotency.mismatch_status = 422: the key was used with a different request (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Unexpected error (`internal-error`); logged", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unreachable, pool timeout or writers saturated (`storage-unavailable`); retry with the same key: a write whose commit was not confirmed is then replayed, any other runs afresh", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        // The problems it answers: crate::http::openapi::ROUTE_PROBLEMS.
     ),
     security(("bearer" = [])),
 )]
@@ -273,11 +261,7 @@ const SELECT_ENTRY: &str =
     params(("id" = String, Path, description = "Entry id (UUID)")),
     responses(
         (status = 200, description = "The entry", body = EntryView, content_type = "application/json"),
-        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
-        (status = 404, description = "No such entry for this client (`not-found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json"),
+        // The problems it answers: crate::http::openapi::ROUTE_PROBLEMS.
     ),
     security(("bearer" = [])),
 )]

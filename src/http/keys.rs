@@ -9,7 +9,6 @@ use uuid::Uuid;
 use crate::db::StorageError;
 use crate::entry::format_time;
 use crate::http::problem::ApiError;
-use crate::http::problem::Problem;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 
@@ -70,12 +69,7 @@ ORDER BY o.id";
     params(("key" = String, Path, description = "The Idempotency-Key, percent-encoded")),
     responses(
         (status = 200, description = "The key's record", body = KeyView, content_type = "application/json"),
-        (status = 400, description = "Not a valid key (`invalid-idempotency-key`)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
-        (status = 404, description = "Unknown or expired for this client (`not-found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable (`storage-unavailable`)", body = Problem, content_type = "application/problem+json"),
+        // The problems it answers: crate::http::openapi::ROUTE_PROBLEMS.
     ),
     security(("bearer" = [])),
 )]

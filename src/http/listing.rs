@@ -18,7 +18,6 @@ use uuid::Uuid;
 use crate::entry::{format_time, is_valid_kind};
 use crate::http::entries::entry_data;
 use crate::http::problem::ApiError;
-use crate::http::problem::Problem;
 use crate::http::SharedState;
 use crate::idempotency::canonical_json;
 
@@ -346,12 +345,7 @@ pub struct EntryPage {
     ),
     responses(
         (status = 200, description = "A page of entries, in (created_at, id) order; an entry written while paging appears at most once, and every entry that existed when paging began appears exactly once. A page ends early, with `next`, before the entry that would take its entries' data past 1 MiB (its first entry comes whatever its size)", body = EntryPage, content_type = "application/json"),
-        (status = 400, description = "An unknown, repeated or invalid query parameter, or a cursor that was altered or belongs to another query (`invalid-request`; the detail names the parameter)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or bad credentials (`unauthorized`)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Past the client's max_requests_per_second (`rate-limited`)", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"), ("RateLimit-Policy" = String, description = "The client's limits (draft-ietf-httpapi-ratelimit-headers)"), ("RateLimit" = String, description = "What is left of the limit that refused"))),
-        (status = 503, description = "Database unavailable, or too many listings served at once (`storage-unavailable`)", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        // The problems it answers: crate::http::openapi::ROUTE_PROBLEMS.
     ),
     security(("bearer" = [])),
 )]

@@ -2,9 +2,11 @@
 //! `application/problem+json`.
 //!
 //! Every problem type is one [`ProblemType`] in [`ALL`]: its status, slug, title, how the
-//! request is counted in the metrics, and whether the client is told when to retry. The
-//! responses, the OpenAPI description's enum of types and the tests' list are all derived from
-//! that table. [`ApiError`] says which type an error is, once, and what its detail says.
+//! request is counted in the metrics, whether the client is told when to retry, the other header
+//! fields it carries, and what it means in one sentence. The responses, the OpenAPI description
+//! (each route's problem responses, made in [`crate::http::openapi`], and the enum of types) and
+//! the tests' list are all derived from that table. [`ApiError`] says which type an error is,
+//! once, and what its detail says.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
@@ -33,18 +35,45 @@ const RATELIMIT: header::HeaderName = header::HeaderName::from_static("ratelimit
 #[derive(Debug, PartialEq, Eq)]
 pub struct ProblemType {
     pub status: StatusCode,
+    /// The status answered instead when the configuration asks for it (`description` says
+    /// which setting).
+    pub configured_status: Option<StatusCode>,
     pub slug: &'static str,
     pub title: &'static str,
     /// How the request is counted in `retrysafe_http_requests_total`.
     pub outcome: Outcome,
     /// Whether the answer carries `Retry-After` (the same request will do, later).
     pub retry_after: bool,
+    /// The header fields it carries besides `Retry-After`, each with what it says: the
+    /// OpenAPI description documents them, and a test checks that the answers carry exactly
+    /// these.
+    pub headers: &'static [(&'static str, &'static str)],
+    /// When it is answered and what the client should know (whether anything was written,
+    /// which setting sets a limit), in one sentence: what the OpenAPI description says of it on
+    /// every route that answers it.
+    pub description: &'static str,
 }
 
 impl ProblemType {
     /// The `type` member: `/problems/<slug>`.
     pub fn type_uri(&self) -> String {
         format!("{PROBLEM_TYPE_PREFIX}{}", self.slug)
+    }
+
+    /// Every status it may be answered with.
+    pub fn statuses(&self) -> impl Iterator<Item = StatusCode> {
+        std::iter::once(self.status).chain(self.configured_status)
+    }
+
+    const fn with_headers(self, headers: &'static [(&'static str, &'static str)]) -> Self {
+        ProblemType { headers, ..self }
+    }
+
+    const fn or_when_configured(self, status: StatusCode) -> Self {
+        ProblemType {
+            configured_status: Some(status),
+            ..self
+        }
     }
 }
 
@@ -54,13 +83,17 @@ const fn problem(
     title: &'static str,
     outcome: Outcome,
     retry_after: bool,
+    description: &'static str,
 ) -> ProblemType {
     ProblemType {
         status,
+        configured_status: None,
         slug,
         title,
         outcome,
         retry_after,
+        headers: &[],
+        description,
     }
 }
 
@@ -70,13 +103,16 @@ pub const UNAUTHORIZED: ProblemType = problem(
     "Unauthorized",
     Outcome::Unauthorized,
     false,
-);
+    "no bearer token, or one that no configured client has; nothing was done",
+)
+.with_headers(&[("WWW-Authenticate", "`Bearer`: the scheme the API takes")]);
 pub const MISSING_IDEMPOTENCY_KEY: ProblemType = problem(
     StatusCode::BAD_REQUEST,
     "missing-idempotency-key",
     "Missing Idempotency-Key",
     Outcome::Invalid,
     false,
+    "a write without an Idempotency-Key header; nothing was written",
 );
 pub const INVALID_IDEMPOTENCY_KEY: ProblemType = problem(
     StatusCode::BAD_REQUEST,
@@ -84,6 +120,7 @@ pub const INVALID_IDEMPOTENCY_KEY: ProblemType = problem(
     "Invalid Idempotency-Key",
     Outcome::Invalid,
     false,
+    "the key is not 1 to 255 visible ASCII characters, nor (in the header) a structured-field string of them; nothing was done",
 );
 pub const UNSUPPORTED_MEDIA_TYPE: ProblemType = problem(
     StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -91,6 +128,7 @@ pub const UNSUPPORTED_MEDIA_TYPE: ProblemType = problem(
     "Unsupported media type",
     Outcome::Invalid,
     false,
+    "Content-Type is not application/json, or the body is compressed; nothing was written",
 );
 pub const PAYLOAD_TOO_LARGE: ProblemType = problem(
     StatusCode::PAYLOAD_TOO_LARGE,
@@ -98,6 +136,7 @@ pub const PAYLOAD_TOO_LARGE: ProblemType = problem(
     "Payload too large",
     Outcome::Invalid,
     false,
+    "the body is over `http.max_body_bytes`; nothing was written",
 );
 pub const REQUEST_TIMEOUT: ProblemType = problem(
     StatusCode::REQUEST_TIMEOUT,
@@ -105,6 +144,7 @@ pub const REQUEST_TIMEOUT: ProblemType = problem(
     "Request timeout",
     Outcome::Invalid,
     false,
+    "the body did not arrive within `http.body_timeout`; nothing was written",
 );
 pub const MALFORMED_JSON: ProblemType = problem(
     StatusCode::BAD_REQUEST,
@@ -112,6 +152,7 @@ pub const MALFORMED_JSON: ProblemType = problem(
     "Malformed JSON",
     Outcome::Invalid,
     false,
+    "the body is not JSON; nothing was written",
 );
 pub const INVALID_REQUEST: ProblemType = problem(
     StatusCode::BAD_REQUEST,
@@ -119,36 +160,44 @@ pub const INVALID_REQUEST: ProblemType = problem(
     "Invalid request",
     Outcome::Invalid,
     false,
+    "the body or the query is not one the route takes (the detail, or for a body `errors`, says what is wrong); nothing was done",
 );
-/// 409 by default; `idempotency.mismatch_status = 422` answers it with 422 instead.
 pub const IDEMPOTENCY_KEY_REUSED: ProblemType = problem(
     StatusCode::CONFLICT,
     "idempotency-key-reused",
     "Idempotency-Key reused",
     Outcome::Conflict,
     false,
-);
+    "the key was used with a different request (method, route or body); answered with 422 instead of 409 when `idempotency.mismatch_status = 422`",
+)
+.or_when_configured(StatusCode::UNPROCESSABLE_ENTITY);
 pub const REQUEST_IN_PROGRESS: ProblemType = problem(
     StatusCode::CONFLICT,
     "request-in-progress",
     "Request in progress",
     Outcome::InProgress,
     true,
+    "a request with this key is still in flight past `idempotency.wait_timeout`; retry after the time in `Retry-After`",
 );
-/// Past one of the client's limits (`max_concurrent_writes`, `max_requests_per_second`).
 pub const RATE_LIMITED: ProblemType = problem(
     StatusCode::TOO_MANY_REQUESTS,
     "rate-limited",
     "Too many requests",
     Outcome::RateLimited,
     true,
-);
+    "past one of the client's limits, `max_concurrent_writes` (writes) or `max_requests_per_second`; nothing was done: retry after the time in `Retry-After`",
+)
+.with_headers(&[
+    ("RateLimit-Policy", "The client's limits (draft-ietf-httpapi-ratelimit-headers)"),
+    ("RateLimit", "What is left of the limit that refused"),
+]);
 pub const STORAGE_UNAVAILABLE: ProblemType = problem(
     StatusCode::SERVICE_UNAVAILABLE,
     "storage-unavailable",
     "Storage unavailable",
     Outcome::Unavailable,
     true,
+    "the database is unreachable, did not answer in time or takes no writes until an operator acts, or the daemon shed load (writers saturated, too many listings at once); retry with the same key after the time in `Retry-After`: a write whose commit was not confirmed is then replayed, any other runs afresh",
 );
 pub const NOT_FOUND: ProblemType = problem(
     StatusCode::NOT_FOUND,
@@ -156,6 +205,7 @@ pub const NOT_FOUND: ProblemType = problem(
     "Not found",
     Outcome::NotFound,
     false,
+    "no such route, entry or key for this client (a key is unknown or expired)",
 );
 pub const METHOD_NOT_ALLOWED: ProblemType = problem(
     StatusCode::METHOD_NOT_ALLOWED,
@@ -163,7 +213,9 @@ pub const METHOD_NOT_ALLOWED: ProblemType = problem(
     "Method not allowed",
     Outcome::Invalid,
     false,
-);
+    "the method is not one of this path's; `Allow` lists them",
+)
+.with_headers(&[("Allow", "The methods the path answers")]);
 /// Anonymous mode only: a `Host` that is not a loopback host (see [`crate::http::host`]).
 pub const MISDIRECTED_REQUEST: ProblemType = problem(
     StatusCode::MISDIRECTED_REQUEST,
@@ -171,6 +223,7 @@ pub const MISDIRECTED_REQUEST: ProblemType = problem(
     "Misdirected request",
     Outcome::Invalid,
     false,
+    "the `Host` header, or the request target, names a host other than localhost, 127.0.0.0/8 or [::1]: without clients configured the daemon answers only requests to a loopback host",
 );
 pub const INTERNAL_ERROR: ProblemType = problem(
     StatusCode::INTERNAL_SERVER_ERROR,
@@ -178,6 +231,7 @@ pub const INTERNAL_ERROR: ProblemType = problem(
     "Internal server error",
     Outcome::Error,
     false,
+    "an unexpected error; its cause is logged",
 );
 
 /// Every problem type the API answers with.
@@ -478,11 +532,91 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_problem_type_has_its_own_slug_and_a_title() {
+    fn every_problem_type_has_its_own_slug_a_title_and_a_description() {
         let mut slugs: Vec<&str> = ALL.iter().map(|problem| problem.slug).collect();
         slugs.sort_unstable();
         slugs.dedup();
         assert_eq!(slugs.len(), ALL.len());
         assert!(ALL.iter().all(|problem| !problem.title.is_empty()));
+        assert!(ALL.iter().all(|problem| !problem.description.is_empty()));
+    }
+
+    /// An error of each problem type, as the handlers make them, and the reused key under
+    /// `idempotency.mismatch_status = 422`.
+    fn one_of_each() -> Vec<ApiError> {
+        use crate::http::limits::Limit;
+        use std::time::Duration;
+        vec![
+            ApiError::Unauthorized,
+            ApiError::MissingIdempotencyKey,
+            ApiError::InvalidIdempotencyKey(KeyError::Empty),
+            ApiError::UnsupportedMediaType("text/plain".into()),
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::RequestTimeout(Duration::from_secs(1)),
+            ApiError::MalformedJson("not JSON".into()),
+            ApiError::InvalidRequest(Vec::new()),
+            ApiError::IdempotencyKeyReused {
+                status: StatusCode::CONFLICT,
+            },
+            ApiError::IdempotencyKeyReused {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+            },
+            ApiError::RequestInProgress,
+            ApiError::RateLimited(RateLimited {
+                limit: Limit::RequestsPerSecond,
+                retry_after: Duration::from_secs(1),
+                policy: "\"rps\";q=10;w=1".into(),
+                state: "\"rps\";r=0;t=1".into(),
+            }),
+            ApiError::StorageUnavailable("down".into()),
+            ApiError::NotFound("no entry".into()),
+            ApiError::MethodNotAllowed {
+                detail: "PUT is not allowed".into(),
+                allow: "GET, HEAD".into(),
+            },
+            ApiError::MisdirectedRequest("example.com".into()),
+            ApiError::Internal(anyhow::anyhow!("a bug")),
+        ]
+    }
+
+    /// The table's statuses and header fields are what the OpenAPI description shows: they
+    /// must be what the answers carry.
+    #[test]
+    fn every_answer_has_a_status_and_the_header_fields_its_problem_type_documents() {
+        let errors = one_of_each();
+        for problem in ALL {
+            assert!(
+                errors.iter().any(|error| error.problem_type() == problem),
+                "no example of {}",
+                problem.slug
+            );
+        }
+        for error in errors {
+            let problem = error.problem_type();
+            let response = error.error_response();
+            assert!(
+                problem.statuses().any(|status| status == response.status()),
+                "{}: {}",
+                problem.slug,
+                response.status()
+            );
+            let mut documented: Vec<String> = problem
+                .headers
+                .iter()
+                .map(|(name, _)| name.to_ascii_lowercase())
+                .collect();
+            if problem.retry_after {
+                documented.push("retry-after".into());
+            }
+            let mut sent: Vec<String> = response
+                .headers()
+                .keys()
+                .map(|name| name.as_str().to_owned())
+                .filter(|name| name != "content-type")
+                .collect();
+            documented.sort_unstable();
+            sent.sort_unstable();
+            assert_eq!(sent, documented, "{}", problem.slug);
+        }
     }
 }

@@ -175,7 +175,8 @@ struct Publishing<'a> {
 /// The rest of [`relay_batch`], inside its transaction: publish the claimed events, then mark
 /// them and commit. While the broker blocks publishing, nothing is published, or, if the block
 /// came while the batch awaited its confirms, nothing is marked: the transaction is rolled back
-/// and no attempt counted (flow control is not a failure of the events).
+/// and no attempt counted (flow control is not a failure of the events). Every end of the
+/// transaction (COMMIT, or ROLLBACK under a block) is here; the steps between are functions.
 async fn publish_and_record(
     client: &tokio_postgres::Client,
     statements: &RelayStatements,
@@ -201,11 +202,47 @@ async fn publish_and_record(
         client.batch_execute("ROLLBACK").await?;
         return Ok(blocked_report);
     }
+    let results = publish_batch(channel, config, &events, more).await;
+    let unconfirmed = results.iter().any(
+        |result| matches!(result, PublishResult::Failed { kind, .. } if kind.breaks_channel()),
+    );
+    let blocked_meanwhile = broker.blocked().is_some() || broker.blocks_so_far() != blocks_before;
+    if unconfirmed && blocked_meanwhile {
+        metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => "blocked")
+            .increment(events.len() as u64);
+        client.batch_execute("ROLLBACK").await?;
+        return Ok(blocked_report);
+    }
+    let sorted = sort_results(&events, results);
+    // A failed mark leaves the transaction aborted: the COMMIT sent behind it then rolls back
+    // (PostgreSQL answers it with ROLLBACK, not an error), and the mark's error is returned.
+    let (marked_sent, marked_failed, committed) = tokio::join!(
+        store::mark_sent(client, statements, &sorted.sent),
+        store::mark_failed(client, statements, &sorted.failures, config.max_attempts),
+        client.batch_execute("COMMIT"),
+    );
+    marked_sent?;
+    marked_failed?;
+    committed?;
+    log_failures(&sorted.failures, config.max_attempts);
+    Ok(sorted.report)
+}
+
+/// Publishes the claimed events to the exchange and awaits their confirms: the broker's part of
+/// the batch, which touches no row, so it needs nothing of the transaction. Sends on `more`
+/// once a full batch is published, before its confirms are awaited (see [`relay_once_then`]).
+/// Its fail points abort the process before anything is published, and after the broker
+/// confirmed but before a row is marked (tests/api/crash.rs: the event is published again).
+async fn publish_batch(
+    channel: &Channel,
+    config: &RelayConfig,
+    events: &[store::PendingEvent],
+    more: Option<oneshot::Sender<()>>,
+) -> Vec<PublishResult> {
     fail::fail_point!("outbox-before-publish", |_| {
         tracing::error!("failpoint outbox-before-publish: aborting");
         std::process::abort();
     });
-
     metrics::histogram!(telemetry::OUTBOX_BATCH_SIZE).record(events.len() as f64);
     let started = std::time::Instant::now();
     let destination = Destination::Exchange(&config.exchange);
@@ -219,7 +256,7 @@ async fn publish_and_record(
         channel,
         destination,
         config.confirm_timeout,
-        &events,
+        events,
         published,
     )
     .await;
@@ -228,23 +265,29 @@ async fn publish_and_record(
         tracing::error!("failpoint outbox-after-publish: aborting");
         std::process::abort();
     });
+    results
+}
 
-    let unconfirmed = results.iter().any(
-        |result| matches!(result, PublishResult::Failed { kind, .. } if kind.breaks_channel()),
-    );
-    let blocked_meanwhile = broker.blocked().is_some() || broker.blocks_so_far() != blocks_before;
-    if unconfirmed && blocked_meanwhile {
-        metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => "blocked")
-            .increment(events.len() as u64);
-        client.batch_execute("ROLLBACK").await?;
-        return Ok(blocked_report);
-    }
-    let mut report = RelayReport {
-        claimed: events.len(),
-        ..RelayReport::default()
+/// A batch's publish results as the transaction records them: the rows to mark sent, the
+/// failures to reschedule, and the report the relay acts on.
+struct Sorted<'a> {
+    report: RelayReport,
+    sent: Vec<i64>,
+    failures: Vec<Failure<'a>>,
+}
+
+/// Sorts the results into sent and failed, counting every publish by its outcome. Kept apart
+/// from the recording because it only reads the results: the report says whether the channel
+/// must be replaced (a failure that breaks it) or renewed (a nack), whatever the marks do.
+fn sort_results(events: &[store::PendingEvent], results: Vec<PublishResult>) -> Sorted<'_> {
+    let mut sorted = Sorted {
+        report: RelayReport {
+            claimed: events.len(),
+            ..RelayReport::default()
+        },
+        sent: Vec::with_capacity(events.len()),
+        failures: Vec::new(),
     };
-    let mut sent = Vec::with_capacity(events.len());
-    let mut failures = Vec::new();
     for (event, result) in events.iter().zip(results) {
         let outcome = match &result {
             PublishResult::Acked => "acked",
@@ -252,12 +295,12 @@ async fn publish_and_record(
         };
         metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => outcome).increment(1);
         match result {
-            PublishResult::Acked => sent.push(event.id),
+            PublishResult::Acked => sorted.sent.push(event.id),
             PublishResult::Failed { kind, error } => {
-                report.channel_broken |= kind.breaks_channel();
-                report.renew_channel |= kind == FailureKind::Nacked;
+                sorted.report.channel_broken |= kind.breaks_channel();
+                sorted.report.renew_channel |= kind == FailureKind::Nacked;
                 tracing::debug!(event_id = %event.event_id, event_type = %event.event_type, error = %error, "publish failed");
-                failures.push(Failure {
+                sorted.failures.push(Failure {
                     event,
                     error,
                     nacked: kind == FailureKind::Nacked,
@@ -265,30 +308,27 @@ async fn publish_and_record(
             }
         }
     }
-    // A failed mark leaves the transaction aborted: the COMMIT sent behind it then rolls back
-    // (PostgreSQL answers it with ROLLBACK, not an error), and the mark's error is returned.
-    let (marked_sent, marked_failed, committed) = tokio::join!(
-        store::mark_sent(client, statements, &sent),
-        store::mark_failed(client, statements, &failures, config.max_attempts),
-        client.batch_execute("COMMIT"),
+    sorted.report.sent = sorted.sent.len();
+    sorted
+}
+
+/// One WARN for a batch's failures, once they are recorded (so that `parked` is what the
+/// database now holds), instead of a line per event: a broker refusing everything would
+/// otherwise write a line per event per attempt.
+fn log_failures(failures: &[Failure<'_>], max_attempts: i32) {
+    let Some(first) = failures.first() else {
+        return;
+    };
+    let parked = failures
+        .iter()
+        .filter(|f| f.event.attempts + 1 >= max_attempts)
+        .count();
+    tracing::warn!(
+        failed = failures.len(),
+        parked,
+        first_error = %first.error,
+        "events not delivered; will retry with backoff"
     );
-    marked_sent?;
-    marked_failed?;
-    committed?;
-    report.sent = sent.len();
-    if !failures.is_empty() {
-        let parked = failures
-            .iter()
-            .filter(|f| f.event.attempts + 1 >= config.max_attempts)
-            .count();
-        tracing::warn!(
-            failed = failures.len(),
-            parked,
-            first_error = %failures[0].error,
-            "events not delivered; will retry with backoff"
-        );
-    }
-    Ok(report)
 }
 
 /// Wakes the relays of this process right after a writer commits.

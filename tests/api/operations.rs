@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use retrysafe::http::problem::{ProblemType, METHOD_NOT_ALLOWED, MISDIRECTED_REQUEST};
 use retrysafe::janitor::purge_once;
 
 use crate::common::consumer::{header, TestConsumer};
@@ -300,6 +301,96 @@ async fn openapi_json_describes_every_route_and_problem_type() {
         }
     }
     assert!(!text.contains("spawn_outbox_gauges"), "no rustdoc links");
+}
+
+/// The 4xx and 5xx statuses of an operation's responses.
+fn error_statuses(responses: &serde_json::Value) -> HashSet<String> {
+    responses
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|status| status.starts_with(['4', '5']))
+        .cloned()
+        .collect()
+}
+
+/// Asserts that one operation documents exactly the problem statuses its `problems` give, with
+/// the 405 and 421 of every operation, each response naming its problem types and, but on a
+/// HEAD (which has no body), carrying a problem.
+fn assert_documents_its_problems(
+    operation: &str,
+    responses: &serde_json::Value,
+    problems: &[&ProblemType],
+) {
+    let everywhere: [&ProblemType; 2] = [&METHOD_NOT_ALLOWED, &MISDIRECTED_REQUEST];
+    let mut expected = HashSet::new();
+    for problem in problems.iter().chain(&everywhere) {
+        for status in problem.statuses() {
+            let status = status.as_u16().to_string();
+            let description = responses[&status]["description"].as_str().unwrap();
+            assert!(
+                description.contains(&format!("(`{}`)", problem.slug)),
+                "{operation}: the {status} does not name {}",
+                problem.slug
+            );
+            expected.insert(status);
+        }
+    }
+    assert_eq!(error_statuses(responses), expected, "{operation}");
+    if !operation.starts_with("head") {
+        for status in expected {
+            assert!(
+                responses[&status]["content"]["application/problem+json"].is_object(),
+                "{operation}: the {status} is not a problem"
+            );
+        }
+    }
+}
+
+/// The library lists the problems each route answers, and the problem table describes each: the
+/// document shows exactly those, one response per status, each naming its problem types.
+#[actix_web::test]
+async fn openapi_json_documents_exactly_the_problems_each_route_answers() {
+    let app = spawn_app_with(|_| {}).await;
+    let document = app.get("/openapi.json", None).await.json();
+    let mut answered = HashSet::from(["method-not-allowed", "misdirected-request"]);
+    for route in &retrysafe::http::openapi::ROUTE_PROBLEMS {
+        let method = serde_json::to_value(&route.method).unwrap();
+        let mut methods = vec![method.as_str().unwrap()];
+        if methods == ["get"] {
+            methods.push("head");
+        }
+        for method in methods {
+            let responses = &document["paths"][route.path][method]["responses"];
+            let operation = format!("{method} {}", route.path);
+            assert_documents_its_problems(&operation, responses, route.problems);
+        }
+        answered.extend(route.problems.iter().map(|problem| problem.slug));
+    }
+    for problem in retrysafe::http::problem::ALL {
+        assert!(
+            answered.contains(problem.slug),
+            "no route answers {}",
+            problem.slug
+        );
+    }
+    for path in ["/healthz", "/metrics", "/openapi.json"] {
+        let responses = &document["paths"][path]["get"]["responses"];
+        assert_documents_its_problems(path, responses, &[]);
+    }
+    // Not ready, /readyz answers 503 with its own body, not a problem.
+    let readyz = &document["paths"]["/readyz"]["get"]["responses"];
+    assert_eq!(
+        error_statuses(readyz),
+        HashSet::from(["405".to_owned(), "421".to_owned(), "503".to_owned()])
+    );
+    // The header fields the table gives a problem type are documented where it is answered.
+    let too_many = &document["paths"]["/v1/entries"]["post"]["responses"]["429"]["headers"];
+    for name in ["Retry-After", "RateLimit-Policy", "RateLimit"] {
+        assert!(too_many[name].is_object(), "the 429 documents no {name}");
+    }
+    let unauthorized = &document["paths"]["/v1/entries/{id}"]["get"]["responses"]["401"];
+    assert!(unauthorized["headers"]["WWW-Authenticate"].is_object());
 }
 
 #[actix_web::test]
