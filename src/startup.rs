@@ -253,13 +253,13 @@ fn start_write_path(
         .map(|_| Writer::start(db.clone(), writer_config.clone(), on_commit.clone()))
         .collect();
     let pending = PendingBytes::new(config.database.max_pending_bytes);
-    let shards = config.idempotency.shards;
-    let shards = (0..shards)
+    let shard_count = config.idempotency.shards;
+    let shards = (0..shard_count)
         .map(|_| {
             KeyShard::start(
                 writers.clone(),
-                config.idempotency.cache_entries.div_ceil(shards),
-                CACHE_BYTES / shards,
+                config.idempotency.cache_entries.div_ceil(shard_count),
+                CACHE_BYTES / shard_count,
                 pending.clone(),
                 config.idempotency.wait_timeout,
             )
@@ -276,7 +276,7 @@ fn start_http(
     certificate: Option<&Arc<ServerCertificate>>,
 ) -> anyhow::Result<(Server, Ports)> {
     let anonymous = state.auth.is_anonymous();
-    let state = web::Data::new(state);
+    let shared = web::Data::new(state);
     let bind = |address: std::net::SocketAddr| {
         TcpListener::bind(address)
             .map_err(|error| anyhow::anyhow!("cannot listen on {address}: {error}"))
@@ -295,15 +295,15 @@ fn start_http(
     }];
     let mut operations_port = None;
     if let Some(address) = config.http.operations_listen {
-        let socket = bind(address)?;
-        operations_port = Some(socket.local_addr()?.port());
+        let operations_socket = bind(address)?;
+        operations_port = Some(operations_socket.local_addr()?.port());
         listeners.push(Listener {
-            socket,
+            socket: operations_socket,
             serves: Serves::Operations,
             tls: None,
         });
     }
-    let server = http::server::serve(listeners, state, &config.http)?;
+    let server = http::server::serve(listeners, shared, &config.http)?;
     if anonymous {
         tracing::warn!(
             address = %config.http.listen,
@@ -316,10 +316,11 @@ fn start_http(
         "http"
     };
     tracing::info!(address = %config.http.listen.ip(), port, scheme, "listening");
-    if let (Some(address), Some(port)) = (config.http.operations_listen, operations_port) {
+    if let (Some(address), Some(operations_port)) = (config.http.operations_listen, operations_port)
+    {
         tracing::info!(
             address = %address.ip(),
-            port,
+            port = operations_port,
             scheme = "http",
             "listening for /healthz, /readyz, /metrics and /openapi.json"
         );

@@ -317,7 +317,7 @@ impl Client {
 /// One match over every answer the daemon can give, kept together so the table of outcomes
 /// reads in one place (hence its length).
 fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Result<Outcome, AttemptError> {
-    let problem = serde_json::from_slice::<Problem>(body)
+    let problem = serde_json::from_slice::<ProblemDetails>(body)
         .ok()
         .filter(|problem| !problem.problem_type.is_empty());
     if is_retryable(status, problem.as_ref().map(|p| p.problem_type.as_str())) {
@@ -336,7 +336,7 @@ fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Result<Outcome
             retry_after,
         });
     }
-    let refused = |reason: String, problem: Option<Problem>| Outcome::Refused {
+    let refused = |reason: String, problem: Option<ProblemDetails>| Outcome::Refused {
         status: status.as_u16(),
         problem,
         reason,
@@ -389,7 +389,7 @@ fn judge(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Result<Outcome
 
 /// An RFC 9457 problem, as the daemon answers a refusal.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Problem {
+pub struct ProblemDetails {
     /// `/problems/<slug>`.
     #[serde(rename = "type", default)]
     pub problem_type: String,
@@ -402,7 +402,7 @@ pub struct Problem {
     pub errors: Vec<FieldError>,
 }
 
-impl Problem {
+impl ProblemDetails {
     /// `request-in-progress` for `/problems/request-in-progress`.
     pub fn slug(&self) -> &str {
         self.problem_type
@@ -411,7 +411,7 @@ impl Problem {
     }
 }
 
-impl fmt::Display for Problem {
+impl fmt::Display for ProblemDetails {
     /// `idempotency-key-reused: <detail>`, with the field errors if any.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.slug(), self.detail)?;
@@ -445,7 +445,7 @@ pub enum Outcome {
     /// wrote nothing.
     Refused {
         status: u16,
-        problem: Option<Problem>,
+        problem: Option<ProblemDetails>,
         /// Status, problem type and detail, for a log line.
         reason: String,
     },
@@ -471,7 +471,7 @@ pub enum AttemptError {
     Status {
         status: u16,
         /// Boxed: the error stays small, and most attempts do not fail.
-        problem: Option<Box<Problem>>,
+        problem: Option<Box<ProblemDetails>>,
         retry_after: Option<RetryAfter>,
     },
 }
@@ -675,7 +675,7 @@ mod tests {
     fn a_report_line_names_the_outcome_and_the_wait() {
         let error = AttemptError::Status {
             status: 503,
-            problem: Some(Box::new(Problem {
+            problem: Some(Box::new(ProblemDetails {
                 problem_type: "/problems/storage-unavailable".into(),
                 title: String::new(),
                 detail: String::new(),

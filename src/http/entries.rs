@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::entry::{
     decode_write, format_time, EntryView, NewEntryRequest, WriteRequest, ENTRIES_ROUTE,
 };
-use crate::http::observe::Outcome;
+use crate::http::observe::RequestOutcome;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
@@ -53,7 +53,10 @@ pub async fn create_entry(
     let client = state.auth.admit(&request).await?;
     // Held until the answer is made: the client's writes in flight are bounded.
     let _writing = client.limits.start_write().await?;
-    let key = idempotency_key(&request)?;
+    let key = ScopedKey {
+        client_id: client.id.clone(),
+        key: idempotency_key(&request)?,
+    };
     require_json(&request)?;
     let body = tokio::time::timeout(
         state.body_timeout,
@@ -61,10 +64,6 @@ pub async fn create_entry(
     )
     .await
     .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
-    let key = ScopedKey {
-        client_id: client.id.clone(),
-        key,
-    };
     let shard = state.shard_for(&key);
     // A retry of a completed request usually sends its very bytes: answered without decoding.
     if let Some(answer) = shard.replay_of_same_body(&key, &body) {
@@ -128,9 +127,9 @@ fn saved_response(response: &SavedResponse, replayed: bool) -> HttpResponse {
     }
     let mut response = builder.body(response.body.clone());
     response.extensions_mut().insert(if replayed {
-        Outcome::Replayed
+        RequestOutcome::Replayed
     } else {
-        Outcome::Created
+        RequestOutcome::Created
     });
     response
 }
@@ -162,8 +161,8 @@ fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
     let refuse = |what: &str| {
         ApiError::UnsupportedMediaType(format!("{what}; send Content-Type: application/json"))
     };
-    if let Some(encoding) = request.headers().get(header::CONTENT_ENCODING) {
-        let encoding = encoding.to_str().unwrap_or("?").trim();
+    if let Some(sent) = request.headers().get(header::CONTENT_ENCODING) {
+        let encoding = sent.to_str().unwrap_or("?").trim();
         if !encoding.eq_ignore_ascii_case("identity") {
             return Err(ApiError::UnsupportedMediaType(format!(
                 "Content-Encoding {encoding:?} is not supported; send the body uncompressed"
@@ -205,8 +204,8 @@ async fn read_body(
     limit: usize,
 ) -> Result<Bytes, ApiError> {
     let too_large = ApiError::PayloadTooLarge { limit };
-    if let Some(length) = request.headers().get(header::CONTENT_LENGTH) {
-        let length: usize = length
+    if let Some(sent) = request.headers().get(header::CONTENT_LENGTH) {
+        let length: usize = sent
             .to_str()
             .ok()
             .and_then(|text| text.trim().parse().ok())
@@ -274,7 +273,7 @@ pub async fn get_entry(
     let not_found = || ApiError::NotFound(format!("no entry {}", path.as_str()));
     let id = Uuid::parse_str(path.as_str()).map_err(|_| not_found())?;
     let row = state
-        .db
+        .reads
         .run(async |connection| {
             Ok(connection
                 .query_opt(SELECT_ENTRY, &[&id, &&*client_id])

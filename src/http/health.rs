@@ -119,7 +119,8 @@ const READINESS_FRESH: Duration = Duration::from_secs(1);
 /// of probes: concurrent probes wait for the check in progress and share its result. The
 /// outbox backlog it reports comes from the background gauges, not from a query per probe.
 pub struct ReadinessMonitor {
-    db: Database,
+    /// The reads' pool, on which the check runs.
+    reads: Database,
     /// What the writers last found.
     writes: WriteHealth,
     /// Bound on one check.
@@ -131,9 +132,9 @@ pub struct ReadinessMonitor {
 }
 
 impl ReadinessMonitor {
-    pub fn new(db: Database, limit: Duration, writes: WriteHealth) -> Self {
+    pub fn new(reads: Database, limit: Duration, writes: WriteHealth) -> Self {
         Self {
-            db,
+            reads,
             writes,
             limit,
             last: tokio::sync::Mutex::new(None),
@@ -164,7 +165,7 @@ impl ReadinessMonitor {
 
     async fn check(&self) -> DatabaseState {
         let applied = self
-            .db
+            .reads
             .run_within(self.limit, async |connection| {
                 db::migrations_applied(connection).await
             })

@@ -86,7 +86,7 @@ pub async fn get_key(
         || ApiError::NotFound(format!("no record for Idempotency-Key {:?}", key.as_str()));
     let client = &*client_id;
     let (record, event_rows) = state
-        .db
+        .reads
         .run(async |connection| {
             let Some(record) = connection
                 .query_opt(SELECT_RECORD, &[&client, &key.as_str()])

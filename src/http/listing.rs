@@ -153,8 +153,8 @@ struct Position {
 /// Parses the query string; every problem is reported, each naming its parameter.
 /// One arm per parameter, so that every bad parameter is reported at once; long because the
 /// parameters are many.
-fn parse_query(query: &str, client_id: &str) -> Result<ListQuery, ApiError> {
-    let pairs: Vec<(String, String)> = query_pairs(query)?;
+fn parse_query(query_string: &str, client_id: &str) -> Result<ListQuery, ApiError> {
+    let pairs: Vec<(String, String)> = query_pairs(query_string)?;
     let mut problems = Vec::new();
     let mut seen: Vec<&str> = Vec::new();
     for (name, _) in &pairs {
@@ -380,7 +380,7 @@ pub async fn list_entries(
         None => (None, None),
     };
     let rows = state
-        .db
+        .reads
         .run(async |connection| {
             let statement = connection.prepare_cached(statement).await?;
             Ok(connection

@@ -28,7 +28,7 @@ pub struct AppState {
     /// The pool of writers, relays and the janitor: only its metrics are read here.
     pub writes: Database,
     /// The pool for reads, readiness checks and the gauges.
-    pub db: Database,
+    pub reads: Database,
     pub shards: Vec<ShardHandle>,
     pub broker: Arc<Broker>,
     pub auth: Authenticator,
@@ -53,29 +53,29 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(
-        settings: &crate::config::Config,
+        config: &crate::config::Config,
         writes: Database,
-        db: Database,
+        reads: Database,
         shards: Vec<ShardHandle>,
         broker: Arc<Broker>,
         readiness: Arc<health::ReadinessMonitor>,
     ) -> Self {
         Self {
             writes,
-            db,
+            reads,
             shards,
             broker,
-            auth: Authenticator::new(&settings.auth),
-            max_body_bytes: settings.http.max_body_bytes,
-            body_timeout: settings.http.body_timeout,
-            wait_timeout: settings.idempotency.wait_timeout,
+            auth: Authenticator::new(&config.auth),
+            max_body_bytes: config.http.max_body_bytes,
+            body_timeout: config.http.body_timeout,
+            wait_timeout: config.idempotency.wait_timeout,
             mismatch_status: actix_web::http::StatusCode::from_u16(
-                settings.idempotency.mismatch_status,
+                config.idempotency.mismatch_status,
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
             listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
-            read_wait: settings.database.connect_timeout,
+            read_wait: config.database.connect_timeout,
             // As many at once as there are cores to run them, and never fewer than two.
             decoders: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism()

@@ -21,7 +21,7 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// What became of a request, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum RequestOutcome {
     Created,
     Replayed,
     Conflict,
@@ -35,32 +35,32 @@ pub enum Outcome {
     NotFound,
 }
 
-impl Outcome {
+impl RequestOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Created => "created",
-            Outcome::Replayed => "replayed",
-            Outcome::Conflict => "conflict",
-            Outcome::InProgress => "in_progress",
-            Outcome::RateLimited => "rate_limited",
-            Outcome::Invalid => "invalid",
-            Outcome::Unauthorized => "unauthorized",
-            Outcome::Unavailable => "unavailable",
-            Outcome::Error => "error",
-            Outcome::Ok => "ok",
-            Outcome::NotFound => "not_found",
+            RequestOutcome::Created => "created",
+            RequestOutcome::Replayed => "replayed",
+            RequestOutcome::Conflict => "conflict",
+            RequestOutcome::InProgress => "in_progress",
+            RequestOutcome::RateLimited => "rate_limited",
+            RequestOutcome::Invalid => "invalid",
+            RequestOutcome::Unauthorized => "unauthorized",
+            RequestOutcome::Unavailable => "unavailable",
+            RequestOutcome::Error => "error",
+            RequestOutcome::Ok => "ok",
+            RequestOutcome::NotFound => "not_found",
         }
     }
 
     fn from_status(status: StatusCode) -> Self {
         match status.as_u16() {
-            200..=399 => Outcome::Ok,
-            401 => Outcome::Unauthorized,
-            404 => Outcome::NotFound,
-            429 => Outcome::RateLimited,
-            503 => Outcome::Unavailable,
-            400..=499 => Outcome::Invalid,
-            _ => Outcome::Error,
+            200..=399 => RequestOutcome::Ok,
+            401 => RequestOutcome::Unauthorized,
+            404 => RequestOutcome::NotFound,
+            429 => RequestOutcome::RateLimited,
+            503 => RequestOutcome::Unavailable,
+            400..=499 => RequestOutcome::Invalid,
+            _ => RequestOutcome::Error,
         }
     }
 }
@@ -103,9 +103,9 @@ pub async fn observe(
     let outcome = response
         .response()
         .extensions()
-        .get::<Outcome>()
+        .get::<RequestOutcome>()
         .copied()
-        .unwrap_or_else(|| Outcome::from_status(status));
+        .unwrap_or_else(|| RequestOutcome::from_status(status));
     record(&route, outcome, elapsed);
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
@@ -113,7 +113,7 @@ pub async fn observe(
     span.in_scope(|| {
         let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
         match outcome {
-            Outcome::Error | Outcome::Unavailable => {
+            RequestOutcome::Error | RequestOutcome::Unavailable => {
                 tracing::warn!(
                     status = status.as_u16(),
                     outcome = outcome.as_str(),
@@ -135,10 +135,10 @@ pub async fn observe(
 /// Counts the request and records its latency. The metric handles are kept per thread for each
 /// route and outcome (a few dozen: routes are patterns, not paths), so that a request does not
 /// build and look up the labelled keys in the registry again.
-fn record(route: &str, outcome: Outcome, elapsed: Duration) {
+fn record(route: &str, outcome: RequestOutcome, elapsed: Duration) {
     type Handles = (metrics::Counter, metrics::Histogram);
     thread_local! {
-        static HANDLES: std::cell::RefCell<HashMap<String, HashMap<Outcome, Handles>>> =
+        static HANDLES: std::cell::RefCell<HashMap<String, HashMap<RequestOutcome, Handles>>> =
             Default::default();
     }
     HANDLES.with_borrow_mut(|handles| {
@@ -161,7 +161,7 @@ fn record(route: &str, outcome: Outcome, elapsed: Duration) {
 /// seconds, so a scrape costs the database nothing.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub async fn metrics(state: SharedState) -> HttpResponse {
-    for (pool, db) in [("writes", &state.writes), ("reads", &state.db)] {
+    for (pool, db) in [("writes", &state.writes), ("reads", &state.reads)] {
         let pool_state = db.state();
         metrics::gauge!(telemetry::POOL_CONNECTIONS, "pool" => pool)
             .set(pool_state.connections as f64);

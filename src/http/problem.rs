@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::db::{Blocker, StorageError};
 use crate::entry::{DecodeError, FieldError};
 use crate::http::limits::RateLimited;
-use crate::http::observe::Outcome;
+use crate::http::observe::RequestOutcome;
 use crate::idempotency::KeyError;
 use crate::write::WriteError;
 
@@ -41,7 +41,7 @@ pub struct ProblemType {
     pub slug: &'static str,
     pub title: &'static str,
     /// How the request is counted in `retrysafe_http_requests_total`.
-    pub outcome: Outcome,
+    pub outcome: RequestOutcome,
     /// Whether the answer carries `Retry-After` (the same request will do, later).
     pub retry_after: bool,
     /// The header fields it carries besides `Retry-After`, each with what it says: the
@@ -81,7 +81,7 @@ const fn problem(
     status: StatusCode,
     slug: &'static str,
     title: &'static str,
-    outcome: Outcome,
+    outcome: RequestOutcome,
     retry_after: bool,
     description: &'static str,
 ) -> ProblemType {
@@ -101,7 +101,7 @@ pub const UNAUTHORIZED: ProblemType = problem(
     StatusCode::UNAUTHORIZED,
     "unauthorized",
     "Unauthorized",
-    Outcome::Unauthorized,
+    RequestOutcome::Unauthorized,
     false,
     "no bearer token, or one that no configured client has; nothing was done",
 )
@@ -110,7 +110,7 @@ pub const MISSING_IDEMPOTENCY_KEY: ProblemType = problem(
     StatusCode::BAD_REQUEST,
     "missing-idempotency-key",
     "Missing Idempotency-Key",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "a write without an Idempotency-Key header; nothing was written",
 );
@@ -118,7 +118,7 @@ pub const INVALID_IDEMPOTENCY_KEY: ProblemType = problem(
     StatusCode::BAD_REQUEST,
     "invalid-idempotency-key",
     "Invalid Idempotency-Key",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the key is not 1 to 255 visible ASCII characters, nor (in the header) a structured-field string of them; nothing was done",
 );
@@ -126,7 +126,7 @@ pub const UNSUPPORTED_MEDIA_TYPE: ProblemType = problem(
     StatusCode::UNSUPPORTED_MEDIA_TYPE,
     "unsupported-media-type",
     "Unsupported media type",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "Content-Type is not application/json, or the body is compressed; nothing was written",
 );
@@ -134,7 +134,7 @@ pub const PAYLOAD_TOO_LARGE: ProblemType = problem(
     StatusCode::PAYLOAD_TOO_LARGE,
     "payload-too-large",
     "Payload too large",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the body is over `http.max_body_bytes`; nothing was written",
 );
@@ -142,7 +142,7 @@ pub const REQUEST_TIMEOUT: ProblemType = problem(
     StatusCode::REQUEST_TIMEOUT,
     "request-timeout",
     "Request timeout",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the body did not arrive within `http.body_timeout`; nothing was written",
 );
@@ -150,7 +150,7 @@ pub const MALFORMED_JSON: ProblemType = problem(
     StatusCode::BAD_REQUEST,
     "malformed-json",
     "Malformed JSON",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the body is not JSON; nothing was written",
 );
@@ -158,7 +158,7 @@ pub const INVALID_REQUEST: ProblemType = problem(
     StatusCode::BAD_REQUEST,
     "invalid-request",
     "Invalid request",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the body or the query is not one the route takes (the detail, or for a body `errors`, says what is wrong); nothing was done",
 );
@@ -166,7 +166,7 @@ pub const IDEMPOTENCY_KEY_REUSED: ProblemType = problem(
     StatusCode::CONFLICT,
     "idempotency-key-reused",
     "Idempotency-Key reused",
-    Outcome::Conflict,
+    RequestOutcome::Conflict,
     false,
     "the key was used with a different request (method, route or body); answered with 422 instead of 409 when `idempotency.mismatch_status = 422`",
 )
@@ -175,7 +175,7 @@ pub const REQUEST_IN_PROGRESS: ProblemType = problem(
     StatusCode::CONFLICT,
     "request-in-progress",
     "Request in progress",
-    Outcome::InProgress,
+    RequestOutcome::InProgress,
     true,
     "a request with this key is still in flight past `idempotency.wait_timeout`; retry after the time in `Retry-After`",
 );
@@ -183,7 +183,7 @@ pub const RATE_LIMITED: ProblemType = problem(
     StatusCode::TOO_MANY_REQUESTS,
     "rate-limited",
     "Too many requests",
-    Outcome::RateLimited,
+    RequestOutcome::RateLimited,
     true,
     "past one of the client's limits, `max_concurrent_writes` (writes) or `max_requests_per_second`; nothing was done: retry after the time in `Retry-After`",
 )
@@ -195,7 +195,7 @@ pub const STORAGE_UNAVAILABLE: ProblemType = problem(
     StatusCode::SERVICE_UNAVAILABLE,
     "storage-unavailable",
     "Storage unavailable",
-    Outcome::Unavailable,
+    RequestOutcome::Unavailable,
     true,
     "the database is unreachable, did not answer in time or takes no writes until an operator acts, or the daemon shed load (writers saturated, too many listings at once); retry with the same key after the time in `Retry-After`: a write whose commit was not confirmed is then replayed, any other runs afresh",
 );
@@ -203,7 +203,7 @@ pub const NOT_FOUND: ProblemType = problem(
     StatusCode::NOT_FOUND,
     "not-found",
     "Not found",
-    Outcome::NotFound,
+    RequestOutcome::NotFound,
     false,
     "no such route, entry or key for this client (a key is unknown or expired)",
 );
@@ -211,7 +211,7 @@ pub const METHOD_NOT_ALLOWED: ProblemType = problem(
     StatusCode::METHOD_NOT_ALLOWED,
     "method-not-allowed",
     "Method not allowed",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the method is not one of this path's; `Allow` lists them",
 )
@@ -221,7 +221,7 @@ pub const MISDIRECTED_REQUEST: ProblemType = problem(
     StatusCode::MISDIRECTED_REQUEST,
     "misdirected-request",
     "Misdirected request",
-    Outcome::Invalid,
+    RequestOutcome::Invalid,
     false,
     "the `Host` header, or the request target, names a host other than localhost, 127.0.0.0/8 or [::1]: without clients configured the daemon answers only requests to a loopback host",
 );
@@ -229,7 +229,7 @@ pub const INTERNAL_ERROR: ProblemType = problem(
     StatusCode::INTERNAL_SERVER_ERROR,
     "internal-error",
     "Internal server error",
-    Outcome::Error,
+    RequestOutcome::Error,
     false,
     "an unexpected error; its cause is logged",
 );

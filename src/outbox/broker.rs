@@ -507,9 +507,9 @@ async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Chan
     let channel = match exists {
         Ok(()) => channel,
         Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => {
-            let channel = connection.create_channel().await?;
-            declare_exchange(&channel, exchange).await?;
-            channel
+            let fresh = connection.create_channel().await?;
+            declare_exchange(&fresh, exchange).await?;
+            fresh
         }
         Err(error) => return Err(error.into()),
     };

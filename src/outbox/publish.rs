@@ -97,14 +97,14 @@ const NACKED: &str = "nacked by the broker: a queue refused it (full, with x-ove
 
 /// Why one publish failed, in words, with the kind the metric counts.
 #[derive(Debug, Clone)]
-struct Failure {
+struct PublishFailure {
     kind: FailureKind,
     error: String,
 }
 
-impl Failure {
+impl PublishFailure {
     fn new(kind: FailureKind, error: impl Into<String>) -> Self {
-        Failure {
+        PublishFailure {
             kind,
             error: error.into(),
         }
@@ -161,7 +161,7 @@ async fn publish(
     destination: Destination<'_>,
     deadline: Deadline,
     events: &[PendingEvent],
-) -> Vec<Result<PublisherConfirm, Failure>> {
+) -> Vec<Result<PublisherConfirm, PublishFailure>> {
     // join_all polls the publishes first in this order, which is when lapin numbers each one
     // for its confirm and queues its frames.
     let publishes = futures_util::future::join_all(events.iter().map(|event| {
@@ -177,13 +177,13 @@ async fn publish(
         )
     }));
     let Ok(written) = tokio::time::timeout_at(deadline.at, publishes).await else {
-        let failure = Failure::new(
+        let failure = PublishFailure::new(
             FailureKind::Timeout,
             format!("publish not written within {:?}", deadline.timeout),
         );
         return events.iter().map(|_| Err(failure.clone())).collect();
     };
-    let mut broken: Option<Failure> = None;
+    let mut broken: Option<PublishFailure> = None;
     written
         .into_iter()
         .map(|result| {
@@ -191,7 +191,7 @@ async fn publish(
                 return Err(failure.clone());
             }
             result.map_err(|error| {
-                let failure = Failure::new(
+                let failure = PublishFailure::new(
                     FailureKind::ConnectionLost,
                     format!("publish failed: {error}"),
                 );
@@ -206,15 +206,15 @@ async fn publish(
 /// messages. lapin hands a returned message to whichever confirm completes next, not to its own
 /// publish's: a return is attributed by its message_id, never by where it arrived.
 async fn await_confirms(
-    confirms: Vec<Result<PublisherConfirm, Failure>>,
+    confirms: Vec<Result<PublisherConfirm, PublishFailure>>,
     deadline: Deadline,
-) -> (Vec<Result<(), Failure>>, HashSet<String>) {
+) -> (Vec<Result<(), PublishFailure>>, HashSet<String>) {
     let mut returned: HashSet<String> = HashSet::new();
     let mut outcomes = Vec::with_capacity(confirms.len());
-    for confirm in confirms {
-        let outcome = match confirm {
+    for publishing in confirms {
+        let outcome = match publishing {
             Err(failure) => Err(failure),
-            Ok(confirm) => match tokio::time::timeout_at(deadline.at, confirm).await {
+            Ok(pending) => match tokio::time::timeout_at(deadline.at, pending).await {
                 Ok(Ok(confirmation)) => {
                     let acked = confirmation.is_ack();
                     let requested = !matches!(confirmation, Confirmation::NotRequested);
@@ -224,20 +224,20 @@ async fn await_confirms(
                         }
                     }
                     match (requested, acked) {
-                        (false, _) => Err(Failure::new(
+                        (false, _) => Err(PublishFailure::new(
                             FailureKind::ConnectionLost,
                             "the channel is not in confirm mode",
                         )),
                         (true, true) => Ok(()),
-                        (true, false) => Err(Failure::new(FailureKind::Nacked, NACKED)),
+                        (true, false) => Err(PublishFailure::new(FailureKind::Nacked, NACKED)),
                     }
                 }
-                Ok(Err(error)) => Err(Failure::new(
+                Ok(Err(error)) => Err(PublishFailure::new(
                     FailureKind::ConnectionLost,
                     format!("connection lost before the confirm: {error}"),
                 )),
                 // A late confirm would arrive on a channel that is about to be replaced.
-                Err(_elapsed) => Err(Failure::new(
+                Err(_elapsed) => Err(PublishFailure::new(
                     FailureKind::Timeout,
                     format!("no confirm within {:?}", deadline.timeout),
                 )),
@@ -254,7 +254,7 @@ async fn await_confirms(
 fn attribute(
     destination: Destination<'_>,
     events: &[PendingEvent],
-    outcomes: Vec<Result<(), Failure>>,
+    outcomes: Vec<Result<(), PublishFailure>>,
     returned: &HashSet<String>,
 ) -> Vec<PublishResult> {
     let incomplete = outcomes.iter().find_map(|outcome| match outcome {
@@ -280,7 +280,7 @@ fn attribute(
                         failure.error
                     ),
                 },
-                (Err(Failure { kind, error }), _) => PublishResult::Failed { kind, error },
+                (Err(PublishFailure { kind, error }), _) => PublishResult::Failed { kind, error },
             }
         })
         .collect()

@@ -14,7 +14,7 @@ use crate::db::{Database, PgClient, StorageError};
 use crate::lifecycle::Stop;
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
-use crate::outbox::store::{self, Failure, RelayStatements};
+use crate::outbox::store::{self, FailedAttempt, RelayStatements};
 use crate::telemetry;
 
 /// Longest wait between two attempts to reach the broker.
@@ -53,11 +53,11 @@ impl RelayConfig {
 pub async fn relay_until_empty(config: &crate::config::Config) -> anyhow::Result<usize> {
     let db = Database::new(&config.database)?;
     let broker = Broker::new(&config.amqp)?;
-    let config = RelayConfig::from_config(config);
+    let relay_config = RelayConfig::from_config(config);
     let channel = broker.open_channel().await?;
     let mut sent = 0;
     loop {
-        let report = relay_once(&db, &broker, &channel.channel, &config).await?;
+        let report = relay_once(&db, &broker, &channel.channel, &relay_config).await?;
         sent += report.sent;
         if report.claimed == 0 || report.channel_broken || report.blocked {
             break;
@@ -103,18 +103,18 @@ pub async fn relay_once(
     relay_once_then(db, broker, channel, config, None).await
 }
 
-/// [`relay_once`], sending on `more` once a full batch (`batch_size` rows: more may be due) is
+/// [`relay_once`], sending on `on_full_batch` once a full batch (`batch_size` rows: more may be due) is
 /// published, before its confirms are awaited: the relay's cue to start its next batch.
 async fn relay_once_then(
     db: &Database,
     broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
-    more: Option<oneshot::Sender<()>>,
+    on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let limit = db.operation_timeout() + config.confirm_timeout;
     db.run_within(limit, async |connection| {
-        relay_batch(connection, broker, channel, config, more).await
+        relay_batch(connection, broker, channel, config, on_full_batch).await
     })
     .await
 }
@@ -132,7 +132,7 @@ async fn relay_batch(
     broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
-    more: Option<oneshot::Sender<()>>,
+    on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let statements = RelayStatements::prepare(connection).await?;
     let client: &tokio_postgres::Client = connection;
@@ -149,7 +149,7 @@ async fn relay_batch(
                 channel,
                 config,
             };
-            publish_and_record(client, &statements, target, events, more).await
+            publish_and_record(client, &statements, target, events, on_full_batch).await
         }
     };
     if let Err(error) = &result {
@@ -186,7 +186,7 @@ async fn publish_and_record(
         config,
     }: Publishing<'_>,
     events: Vec<store::PendingEvent>,
-    more: Option<oneshot::Sender<()>>,
+    on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     if events.is_empty() {
         client.batch_execute("COMMIT").await?;
@@ -202,7 +202,7 @@ async fn publish_and_record(
         client.batch_execute("ROLLBACK").await?;
         return Ok(blocked_report);
     }
-    let results = publish_batch(channel, config, &events, more).await;
+    let results = publish_batch(channel, config, &events, on_full_batch).await;
     let unconfirmed = results.iter().any(
         |result| matches!(result, PublishResult::Failed { kind, .. } if kind.breaks_channel()),
     );
@@ -229,7 +229,7 @@ async fn publish_and_record(
 }
 
 /// Publishes the claimed events to the exchange and awaits their confirms: the broker's part of
-/// the batch, which touches no row, so it needs nothing of the transaction. Sends on `more`
+/// the batch, which touches no row, so it needs nothing of the transaction. Sends on `on_full_batch`
 /// once a full batch is published, before its confirms are awaited (see [`relay_once_then`]).
 /// Its fail points abort the process before anything is published, and after the broker
 /// confirmed but before a row is marked (tests/api/crash.rs: the event is published again).
@@ -237,7 +237,7 @@ async fn publish_batch(
     channel: &Channel,
     config: &RelayConfig,
     events: &[store::PendingEvent],
-    more: Option<oneshot::Sender<()>>,
+    on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Vec<PublishResult> {
     fail::fail_point!("outbox-before-publish", |_| {
         tracing::error!("failpoint outbox-before-publish: aborting");
@@ -248,8 +248,8 @@ async fn publish_batch(
     let destination = Destination::Exchange(&config.exchange);
     let full = events.len() >= config.batch_size;
     let published = move || {
-        if let (true, Some(more)) = (full, more) {
-            let _ = more.send(());
+        if let (true, Some(on_full_batch)) = (full, on_full_batch) {
+            let _ = on_full_batch.send(());
         }
     };
     let results = publish_all_then(
@@ -273,7 +273,7 @@ async fn publish_batch(
 struct Sorted<'a> {
     report: RelayReport,
     sent: Vec<i64>,
-    failures: Vec<Failure<'a>>,
+    failures: Vec<FailedAttempt<'a>>,
 }
 
 /// Sorts the results into sent and failed, counting every publish by its outcome. Kept apart
@@ -300,7 +300,7 @@ fn sort_results(events: &[store::PendingEvent], results: Vec<PublishResult>) -> 
                 sorted.report.channel_broken |= kind.breaks_channel();
                 sorted.report.renew_channel |= kind == FailureKind::Nacked;
                 tracing::debug!(event_id = %event.event_id, event_type = %event.event_type, error = %error, "publish failed");
-                sorted.failures.push(Failure {
+                sorted.failures.push(FailedAttempt {
                     event,
                     error,
                     nacked: kind == FailureKind::Nacked,
@@ -315,7 +315,7 @@ fn sort_results(events: &[store::PendingEvent], results: Vec<PublishResult>) -> 
 /// One WARN for a batch's failures, once they are recorded (so that `parked` is what the
 /// database now holds), instead of a line per event: a broker refusing everything would
 /// otherwise write a line per event per attempt.
-fn log_failures(failures: &[Failure<'_>], max_attempts: i32) {
+fn log_failures(failures: &[FailedAttempt<'_>], max_attempts: i32) {
     let Some(first) = failures.first() else {
         return;
     };
@@ -410,7 +410,7 @@ pub struct OutboxRelay {
     in_flight: usize,
     /// More may be due (a wake-up, or a full batch) while no batch could start: start one as
     /// soon as a batch ends.
-    more: bool,
+    more_due: bool,
     /// Stop requests, answered once the last batch in flight has ended.
     stopping: Option<Vec<oneshot::Sender<()>>>,
     state: RelayState,
@@ -444,7 +444,7 @@ impl OutboxRelay {
             reconnect_delay: FIRST_RECONNECT_DELAY,
             next: None,
             in_flight: 0,
-            more: false,
+            more_due: false,
             stopping: None,
             state: RelayState::default(),
         })
@@ -502,16 +502,16 @@ impl OutboxRelay {
             return;
         }
         if self.in_flight >= BATCHES_IN_FLIGHT || (self.in_flight > 0 && !self.connection_free()) {
-            self.more = true;
+            self.more_due = true;
             return;
         }
         self.in_flight += 1;
-        self.more = false;
+        self.more_due = false;
         let (db, broker, config) = (self.db.clone(), self.broker.clone(), self.config.clone());
-        let channel = self.channels.pop();
-        let (more, published_full) = oneshot::channel();
+        let idle_channel = self.channels.pop();
+        let (on_full_batch, full_batch_published) = oneshot::channel();
         let step = async move {
-            let channel = match channel {
+            let channel = match idle_channel {
                 // A channel of a connection since dropped may still look open: not reused.
                 Some(open)
                     if open.channel.status().connected()
@@ -525,7 +525,8 @@ impl OutboxRelay {
                     Err(error) => return Step::BrokerUnreachable(error),
                 },
             };
-            let report = relay_once_then(&db, &broker, &channel.channel, &config, Some(more)).await;
+            let report =
+                relay_once_then(&db, &broker, &channel.channel, &config, Some(on_full_batch)).await;
             Step::Relayed { channel, report }
         };
         ctx.spawn(
@@ -534,7 +535,7 @@ impl OutboxRelay {
         );
         // A full batch, published: more may be due, and the broker is free for it.
         ctx.spawn(
-            async move { published_full.await.is_ok() }
+            async move { full_batch_published.await.is_ok() }
                 .into_actor(self)
                 .map(|full, relay, ctx| {
                     if full {
@@ -582,7 +583,7 @@ impl OutboxRelay {
         self.reconnect_delay = FIRST_RECONNECT_DELAY;
         self.state.connected = true;
         let report = match report {
-            Ok(report) => report,
+            Ok(done) => done,
             Err(error) => {
                 tracing::warn!(relay = self.index, error = %error, "relay batch failed");
                 self.state.last_error = Some(error.to_string());
@@ -615,7 +616,7 @@ impl OutboxRelay {
         if !report.renew_channel {
             self.channels.push(channel);
         }
-        if report.claimed == self.config.batch_size || std::mem::take(&mut self.more) {
+        if report.claimed == self.config.batch_size || std::mem::take(&mut self.more_due) {
             self.schedule(Duration::ZERO, Pause::Poll, ctx);
         } else if self.next.is_none() {
             self.schedule(self.config.poll_interval, Pause::Poll, ctx);

@@ -100,7 +100,7 @@ pub async fn mark_sent(
 }
 
 /// One failed attempt of one row.
-pub struct Failure<'a> {
+pub struct FailedAttempt<'a> {
     pub event: &'a PendingEvent,
     pub error: String,
     /// The broker nacked it: retried on the slower schedule of [`retry_delay_after_nack`].
@@ -110,7 +110,7 @@ pub struct Failure<'a> {
 pub async fn mark_failed(
     client: &impl GenericClient,
     statements: &RelayStatements,
-    failures: &[Failure<'_>],
+    failures: &[FailedAttempt<'_>],
     max_attempts: i32,
 ) -> Result<u64, StorageError> {
     if failures.is_empty() {

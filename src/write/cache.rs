@@ -163,13 +163,13 @@ impl Entries {
             || self.bytes > self.capacity_bytes
             || self.order.len() > self.capacity * 2
         {
-            let Some((oldest, generation)) = self.order.pop_front() else {
+            let Some((oldest, queued_generation)) = self.order.pop_front() else {
                 break;
             };
             if self
                 .entries
                 .get(&oldest)
-                .is_some_and(|cached| cached.generation == generation)
+                .is_some_and(|cached| cached.generation == queued_generation)
             {
                 self.remove(&oldest);
             }

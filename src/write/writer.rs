@@ -547,9 +547,9 @@ async fn commit(
     if !unclaimed.is_empty() {
         let clients: Vec<&str> = unclaimed.iter().map(|p| &*p.write.key.client_id).collect();
         let keys: Vec<&str> = unclaimed.iter().map(|p| p.write.key.key.as_str()).collect();
-        for row in connection.query(&read_back, &[&clients, &keys]).await? {
-            let record = saved_record_from_row(&row)?;
-            existing.insert((row.get(0), row.get(1)), record);
+        for found in connection.query(&read_back, &[&clients, &keys]).await? {
+            let record = saved_record_from_row(&found)?;
+            existing.insert((found.get(0), found.get(1)), record);
         }
     }
 
