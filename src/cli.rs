@@ -5,6 +5,7 @@
 mod replay;
 mod retry;
 mod send;
+mod skip;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -74,6 +75,9 @@ enum OutboxCommand {
     /// (type, client, error, when parked), paced with --rate
     #[command(after_help = retry::HELP)]
     Retry(retry::RetryArgs),
+    /// Give up on one event for good: it is never published, and the later events of its
+    /// ordering key, which it held back, go on; recorded with who, when and why
+    Skip(skip::SkipArgs),
     /// Publish past events again, with their original event ids: to the exchange, or to one
     /// queue (--to-queue); paced, resumable, recorded
     #[command(after_help = replay::EXIT_STATUS_HELP)]
@@ -223,25 +227,33 @@ async fn outbox_command(
     match command {
         OutboxCommand::Replay(args) => return replay::run(config, &db, config_path, args).await,
         OutboxCommand::Status { json } => {
-            let (rows, parked) = db
+            let (rows, parked, blocked, blocking) = db
                 .run(async |connection| {
                     let rows = outbox::store::status(&**connection).await?;
                     let parked = outbox::store::parked_groups(&**connection).await?;
-                    Ok((rows, parked))
+                    let blocked = outbox::store::blocked(&**connection).await?;
+                    let blocking = outbox::store::blocking_events(&**connection).await?;
+                    Ok((rows, parked, blocked, blocking))
                 })
                 .await?;
             let replays = outbox::replay::recent(&db, replay::RECENT_REPLAYS).await?;
             if *json {
-                let status =
-                    serde_json::json!({"backlog": rows, "parked": parked, "replays": replays});
+                let status = serde_json::json!({
+                    "backlog": rows,
+                    "parked": parked,
+                    "blocked": {"events": blocked.events, "keys": blocked.keys, "by": blocking},
+                    "replays": replays,
+                });
                 println!("{}", serde_json::to_string_pretty(&status)?);
                 return Ok(ExitCode::SUCCESS);
             }
             print_backlog(&rows);
             print_parked(&parked);
+            print_blocked(&blocked, &blocking);
             print_replays(&replays);
         }
         OutboxCommand::Retry(args) => retry::run(&db, args).await?,
+        OutboxCommand::Skip(args) => skip::run(&db, args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -297,6 +309,39 @@ fn print_parked(groups: &[outbox::store::ParkedGroup]) {
             "(the {} largest groups)",
             outbox::store::PARKED_GROUPS_SHOWN
         );
+    }
+}
+
+/// Ordered delivery held back by parked events: how much, and which events to retry or skip.
+fn print_blocked(blocked: &outbox::store::Blocked, blocking: &[outbox::store::BlockingEvent]) {
+    println!();
+    println!(
+        "blocked: {} event(s) of {} ordering key(s) wait behind a parked event",
+        blocked.events, blocked.keys
+    );
+    if blocking.is_empty() {
+        return;
+    }
+    println!(
+        "(`retrysafe outbox retry --event ID` once its cause is fixed, or `retrysafe outbox skip --event ID` to give it up)"
+    );
+    println!(
+        "{:>10}  {:<36}  {:<20}  {:<24}  {:>10}  last error",
+        "blocked", "parked event", "client", "ordering key", "sequence"
+    );
+    for event in blocking {
+        println!(
+            "{:>10}  {:<36}  {:<20}  {:<24}  {:>10}  {}",
+            event.blocked,
+            event.event_id,
+            event.client_id,
+            event.ordering_key,
+            event.sequence,
+            event.last_error
+        );
+    }
+    if blocking.len() as i64 == outbox::store::BLOCKING_SHOWN {
+        println!("(the {} that block the most)", outbox::store::BLOCKING_SHOWN);
     }
 }
 

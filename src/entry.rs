@@ -19,6 +19,8 @@ pub const ENTRIES_ROUTE: &str = "/v1/entries";
 pub struct NewEntry {
     pub kind: String,
     pub data: Map<String, Value>,
+    /// Writes of one client with one ordering key are numbered and delivered in commit order.
+    pub ordering_key: Option<String>,
 }
 
 /// An entry as the API shows it, and as its events carry it.
@@ -30,6 +32,13 @@ pub struct EntryView {
     pub data: Map<String, Value>,
     /// RFC 3339 with microseconds, as PostgreSQL stores it, so every read shows the same text.
     pub created_at: String,
+    /// The ordering key the entry was written with; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// The entry's place among its client's writes with that ordering key: 1, 2, 3, ... in
+    /// commit order, without a gap; absent without an ordering key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
 }
 
 /// A field-level problem in a request body (read back by [`crate::client`] from refusals).
@@ -56,6 +65,7 @@ pub struct WriteRequest {
     pub kind: String,
     /// `data` as canonical JSON text.
     pub data_json: String,
+    pub ordering_key: Option<String>,
     /// The request's hash: what tells the same request from another.
     pub hash: RequestHash,
     /// The hash of the body's bytes as they arrived: the bytes of a `POST /v1/entries`, the one
@@ -70,6 +80,7 @@ pub fn decode_write(body: &[u8]) -> Result<WriteRequest, DecodeError> {
         bytes_hash: BodyHash::of(body),
         data_json: canonical_object(&entry.data),
         kind: entry.kind,
+        ordering_key: entry.ordering_key,
         hash,
     })
 }
@@ -87,6 +98,11 @@ pub struct NewEntryRequest {
     /// Any JSON object; strings and member names may not contain U+0000.
     #[schema(value_type = Object)]
     data: Map<String, Value>,
+    /// Optional, 1 to 255 visible ASCII characters. The client's writes with one ordering key
+    /// are numbered (`sequence`) in commit order, and their events reach consumers in that
+    /// order (README "Ordered delivery").
+    #[schema(pattern = "^[!-~]{1,255}$", example = "invoice-42")]
+    ordering_key: Option<String>,
 }
 
 /// Decodes and validates a `POST /v1/entries` body, returning the entry and the request hash.
@@ -113,10 +129,10 @@ pub fn decode_new_entry(body: &[u8]) -> Result<(NewEntry, RequestHash), DecodeEr
     };
     let mut errors = Vec::new();
     for name in fields.keys() {
-        if name != "kind" && name != "data" {
+        if name != "kind" && name != "data" && name != "ordering_key" {
             errors.push(field_error(
                 &format!("/{}", escape_pointer(name)),
-                "unknown field; only \"kind\" and \"data\" are allowed",
+                "unknown field; only \"kind\", \"data\" and \"ordering_key\" are allowed",
             ));
         }
     }
@@ -149,10 +165,40 @@ pub fn decode_new_entry(body: &[u8]) -> Result<(NewEntry, RequestHash), DecodeEr
             None
         }
     };
+    let ordering_key = match fields.remove("ordering_key") {
+        None => None,
+        Some(Value::String(key)) if is_valid_ordering_key(&key) => Some(key),
+        Some(Value::String(_)) => {
+            errors.push(field_error(
+                "/ordering_key",
+                "must be 1 to 255 visible ASCII characters (! to ~, no spaces)",
+            ));
+            None
+        }
+        Some(_) => {
+            errors.push(field_error(
+                "/ordering_key",
+                "must be a string (leave it out for an unordered write)",
+            ));
+            None
+        }
+    };
     match (kind, data) {
-        (Some(kind), Some(data)) if errors.is_empty() => Ok((NewEntry { kind, data }, hash)),
+        (Some(kind), Some(data)) if errors.is_empty() => Ok((
+            NewEntry {
+                kind,
+                data,
+                ordering_key,
+            },
+            hash,
+        )),
         _ => Err(DecodeError::Invalid(errors)),
     }
+}
+
+/// 1 to 255 visible ASCII characters, as an `Idempotency-Key`.
+pub fn is_valid_ordering_key(key: &str) -> bool {
+    (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
 pub fn is_valid_kind(kind: &str) -> bool {
@@ -314,10 +360,23 @@ fn field_error(pointer: &str, detail: &str) -> FieldError {
 /// replayed to every retry.
 pub const CREATED_STATUS: u16 = 201;
 
+/// The ordering key of an ordered write and the sequence it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ordering<'a> {
+    pub key: &'a str,
+    pub sequence: i64,
+}
+
 /// The entry as the API shows it ([`EntryView`]), in canonical JSON, written from its parts:
 /// members in sorted order, `data` already canonical. The body of the answer that created it,
 /// and the data of its `entry.created` event.
-pub fn entry_json(id: Uuid, kind: &str, data_json: &str, created_at: &str) -> String {
+pub fn entry_json(
+    id: Uuid,
+    kind: &str,
+    data_json: &str,
+    created_at: &str,
+    ordering: Option<Ordering<'_>>,
+) -> String {
     let mut out = String::with_capacity(data_json.len() + kind.len() + 128);
     out.push_str("{\"created_at\":");
     write_string(created_at, &mut out);
@@ -327,6 +386,12 @@ pub fn entry_json(id: Uuid, kind: &str, data_json: &str, created_at: &str) -> St
     out.push_str(&id.to_string());
     out.push_str("\",\"kind\":");
     write_string(kind, &mut out);
+    if let Some(Ordering { key, sequence }) = ordering {
+        out.push_str(",\"ordering_key\":");
+        write_string(key, &mut out);
+        out.push_str(",\"sequence\":");
+        out.push_str(&sequence.to_string());
+    }
     out.push('}');
     out
 }
@@ -352,22 +417,66 @@ mod tests {
         let data: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(r#"{"z":[1,{"b":"\u00e9\"","a":null}],"a":1.5}"#).unwrap();
         let id = Uuid::now_v7();
-        let text = entry_json(
-            id,
-            "invoice.paid",
-            &canonical_object(&data),
-            "2026-12-02T11:00:00.000001Z",
-        );
-        let view = EntryView {
-            id,
-            kind: "invoice.paid".into(),
-            data,
-            created_at: "2026-12-02T11:00:00.000001Z".into(),
-        };
-        assert_eq!(
-            text,
-            crate::idempotency::canonical_json(&serde_json::to_value(&view).unwrap())
-        );
+        for ordering in [
+            None,
+            Some(Ordering {
+                key: "invoice-\"42\"",
+                sequence: 7,
+            }),
+        ] {
+            let text = entry_json(
+                id,
+                "invoice.paid",
+                &canonical_object(&data),
+                "2026-12-02T11:00:00.000001Z",
+                ordering,
+            );
+            let view = EntryView {
+                id,
+                kind: "invoice.paid".into(),
+                data: data.clone(),
+                created_at: "2026-12-02T11:00:00.000001Z".into(),
+                ordering_key: ordering.map(|o| o.key.to_owned()),
+                sequence: ordering.map(|o| o.sequence),
+            };
+            assert_eq!(
+                text,
+                crate::idempotency::canonical_json(&serde_json::to_value(&view).unwrap())
+            );
+        }
+    }
+
+    #[test]
+    fn an_ordering_key_is_optional_visible_ascii_and_part_of_the_hash() {
+        let (unordered, unordered_hash) =
+            decode_new_entry(br#"{"kind":"a","data":{}}"#).unwrap();
+        assert_eq!(unordered.ordering_key, None);
+        let (ordered, ordered_hash) =
+            decode_new_entry(br#"{"kind":"a","data":{},"ordering_key":"invoice-42"}"#).unwrap();
+        assert_eq!(ordered.ordering_key.as_deref(), Some("invoice-42"));
+        assert_ne!(unordered_hash, ordered_hash);
+        let long = "k".repeat(255);
+        assert!(decode_new_entry(
+            format!(r#"{{"kind":"a","data":{{}},"ordering_key":"{long}"}}"#).as_bytes()
+        )
+        .is_ok());
+        for bad in [
+            r#""""#.to_owned(),
+            r#""with space""#.to_owned(),
+            r#""caf\u00e9""#.to_owned(),
+            r#""tab\there""#.to_owned(),
+            r#""nul\u0000""#.to_owned(),
+            format!(r#""{}""#, "k".repeat(256)),
+            "42".to_owned(),
+            "null".to_owned(),
+            r#"["a"]"#.to_owned(),
+        ] {
+            assert_eq!(
+                invalid_pointers(&format!(r#"{{"kind":"a","data":{{}},"ordering_key":{bad}}}"#)),
+                vec!["/ordering_key"],
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -176,6 +176,19 @@ metrics_table! {
         &[],
         "events parked after outbox.max_attempts",
     );
+    /// Unsent events of ordering keys whose earlier event is parked (README "Ordered delivery").
+    OUTBOX_BLOCKED = metric(
+        Gauge,
+        "retrysafe_outbox_blocked_events",
+        &[],
+        "events waiting behind a parked event of their ordering key",
+    );
+    OUTBOX_BLOCKED_KEYS = metric(
+        Gauge,
+        "retrysafe_outbox_blocked_keys",
+        &[],
+        "ordering keys whose next event is parked",
+    );
     /// 0 when none.
     OUTBOX_OLDEST_AGE = metric(
         Gauge,

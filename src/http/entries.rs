@@ -250,7 +250,7 @@ pub fn entry_data(stored: String) -> Result<Map<String, Value>, ApiError> {
 }
 
 const SELECT_ENTRY: &str =
-    "SELECT id, kind, data::text, created_at FROM entries WHERE id = $1 AND client_id = $2";
+    "SELECT id, kind, data::text, created_at, ordering_key, sequence FROM entries WHERE id = $1 AND client_id = $2";
 
 /// An entry of the calling client.
 #[utoipa::path(
@@ -286,6 +286,8 @@ pub async fn get_entry(
         kind: row.get(1),
         data: entry_data(row.get(2))?,
         created_at: format_time(row.get(3)),
+        ordering_key: row.get(4),
+        sequence: row.get(5),
     };
     let body = crate::idempotency::canonical_json(
         &serde_json::to_value(&view).expect("an entry view always serializes"),

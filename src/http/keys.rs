@@ -21,6 +21,14 @@ pub struct KeyView {
     expires_at: String,
     response_status: i16,
     entry_id: Option<Uuid>,
+    /// The write's ordering key and its sequence; absent for an unordered write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ordering_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence: Option<i64>,
+    /// The parked event of the ordering key that holds this write's events back (retry or
+    /// skip it: README "Ordered delivery"); null when nothing does.
+    blocked_by: Option<Uuid>,
     events: Vec<EventView>,
 }
 
@@ -31,8 +39,14 @@ pub struct EventView {
     attempts: i32,
     sent_at: Option<String>,
     failed_at: Option<String>,
-    next_attempt_at: String,
+    /// When a relay tries it next; null while it waits for the earlier events of its ordering
+    /// key (it is released when they are sent or skipped).
+    next_attempt_at: Option<String>,
     last_error: Option<String>,
+    /// Given up on with `retrysafe outbox skip`: never published.
+    skipped_at: Option<String>,
+    /// The parked event of the ordering key that holds this one back; null when nothing does.
+    blocked_by: Option<Uuid>,
     /// How many replays (`retrysafe outbox replay`) have published this event again; the
     /// relay's own delivery is not one.
     replay_count: i64,
@@ -42,16 +56,29 @@ pub struct EventView {
 
 /// An expired record is gone for clients even before the janitor deletes it.
 const SELECT_RECORD: &str = "
-SELECT request_hash, status, created_at, expires_at, response_status, entry_id
-FROM idempotency_records
-WHERE client_id = $1 AND key = $2 AND expires_at > now()";
+SELECT r.request_hash, r.status, r.created_at, r.expires_at, r.response_status, r.entry_id,
+       e.ordering_key, e.sequence
+FROM idempotency_records r
+    LEFT JOIN entries e ON e.id = r.entry_id
+WHERE r.client_id = $1 AND r.key = $2 AND r.expires_at > now()";
 
 /// The events of the record's entry; a key that expired and was reused has older events under
 /// the same key, which belong to the older entry. Replays are counted through event_replays'
-/// primary key (event_id first).
+/// primary key (event_id first). What blocks an ordered event is its key's first parked event
+/// before it (outbox_events_ordered_unsent).
 const SELECT_EVENTS: &str = "
-SELECT o.event_id, o.event_type, o.attempts, o.sent_at, o.failed_at, o.next_attempt_at,
-       o.last_error, r.replay_count, r.last_replayed_at
+SELECT o.event_id, o.event_type, o.attempts, o.sent_at, o.failed_at,
+       CASE WHEN o.next_attempt_at <> 'infinity' THEN o.next_attempt_at END AS next_attempt_at,
+       o.last_error, r.replay_count, r.last_replayed_at, o.skipped_at,
+       (SELECT b.event_id
+        FROM outbox_events b
+        WHERE o.ordering_key IS NOT NULL AND o.sent_at IS NULL AND o.skipped_at IS NULL
+          AND b.client_id = o.client_id AND b.ordering_key = o.ordering_key
+          AND b.sequence < o.sequence
+          AND b.sent_at IS NULL AND b.failed_at IS NOT NULL AND b.skipped_at IS NULL
+          AND b.ordering_key IS NOT NULL
+        ORDER BY b.sequence, b.id
+        LIMIT 1) AS blocked_by
 FROM outbox_events o
      CROSS JOIN LATERAL (
          SELECT count(*) AS replay_count, max(replayed_at) AS last_replayed_at
@@ -122,14 +149,21 @@ pub async fn get_key(
             failed_at: row
                 .get::<_, Option<DateTime<Utc>>>("failed_at")
                 .map(format_time),
-            next_attempt_at: format_time(row.get("next_attempt_at")),
+            next_attempt_at: row
+                .get::<_, Option<DateTime<Utc>>>("next_attempt_at")
+                .map(format_time),
             last_error: row.get("last_error"),
+            skipped_at: row
+                .get::<_, Option<DateTime<Utc>>>("skipped_at")
+                .map(format_time),
+            blocked_by: row.get("blocked_by"),
             replay_count: row.get("replay_count"),
             last_replayed_at: row
                 .get::<_, Option<DateTime<Utc>>>("last_replayed_at")
                 .map(format_time),
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let blocked_by = events.iter().find_map(|event| event.blocked_by);
     let view = KeyView {
         key: key.as_str().to_owned(),
         status: record.get("status"),
@@ -138,6 +172,9 @@ pub async fn get_key(
         expires_at: format_time(record.get("expires_at")),
         response_status: record.get("response_status"),
         entry_id,
+        ordering_key: record.get("ordering_key"),
+        sequence: record.get("sequence"),
+        blocked_by,
         events,
     };
     Ok(HttpResponse::Ok().json(view))

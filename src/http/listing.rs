@@ -63,7 +63,7 @@ macro_rules! list_entries {
         concat!(
             "
 WITH walk AS (
-    SELECT id, kind, data::text AS data, created_at, idempotency_key
+    SELECT id, kind, data::text AS data, created_at, idempotency_key, ordering_key, sequence
     FROM entries
     WHERE client_id = $1
       AND ($2::text IS NULL OR kind = $2)
@@ -91,7 +91,7 @@ WITH walk AS (
 )
 SELECT id, kind,
        CASE WHEN position = 1 OR bytes_through <= $8 THEN data END,
-       created_at, idempotency_key
+       created_at, idempotency_key, ordering_key, sequence
 FROM measured
 WHERE position <= 2 OR bytes_through - octet_length(data) <= $8
 ORDER BY ",
@@ -318,6 +318,11 @@ pub struct ListedEntry {
     /// RFC 3339 with microseconds.
     created_at: String,
     idempotency_key: String,
+    /// The ordering key the entry was written with, and its sequence; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ordering_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence: Option<i64>,
 }
 
 /// One page of entries.
@@ -416,6 +421,8 @@ pub async fn list_entries(
             data: entry_data(data)?,
             created_at: format_time(created_at),
             idempotency_key: row.get(4),
+            ordering_key: row.get(5),
+            sequence: row.get(6),
         });
         last = Some(Position { created_at, id });
     }

@@ -1,4 +1,5 @@
-//! The outbox gauges: the backlog, the parked events and the oldest unsent event's age, read
+//! The outbox gauges: the backlog, the parked and blocked events and the oldest unsent event's
+//! age, read
 //! from the database every few seconds by a task of their own, so that scrapes and readiness
 //! probes cost the database nothing. Each refresh also renews the readiness check. If the
 //! database does not answer in time, the gauges keep their last values.
@@ -34,6 +35,16 @@ pub async fn run(reads: Database, readiness: Arc<ReadinessMonitor>, shutdown: Ca
                     .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
             }
             Err(error) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
+        }
+        match reads
+            .run(async |connection| store::blocked(&**connection).await)
+            .await
+        {
+            Ok(blocked) => {
+                metrics::gauge!(telemetry::OUTBOX_BLOCKED).set(blocked.events as f64);
+                metrics::gauge!(telemetry::OUTBOX_BLOCKED_KEYS).set(blocked.keys as f64);
+            }
+            Err(error) => tracing::debug!(error = %error, "blocked-key gauges not refreshed"),
         }
     })
     .await

@@ -300,15 +300,32 @@ fn short_string(text: &str) -> ShortString {
 /// The AMQP properties of an event's message, the same on every publication of it, replays
 /// included: `message_id` is the event id (consumers dedupe on it), `type` the event type,
 /// `timestamp` the write's time, `app_id` and `content_type` as above, persistent delivery, and
-/// the headers `idempotency-key` and `client-id`.
+/// the headers `idempotency-key` and `client-id`; and for an ordered write's event
+/// `ordering-key` and `sequence`.
 pub fn message_properties(event: &PendingEvent) -> BasicProperties {
-    event_properties(
+    let properties = event_properties(
         event.event_id,
         &event.event_type,
         &event.client_id,
         &event.idempotency_key,
         event.created_at.timestamp().max(0) as u64,
-    )
+    );
+    match (&event.ordering_key, event.sequence) {
+        (Some(key), Some(sequence)) => with_ordering(properties, key, sequence),
+        _ => properties,
+    }
+}
+
+/// The headers of an ordered write's event: `ordering-key` (what a consistent-hash exchange
+/// can spread keys over queues by) and `sequence`, a string as in the CloudEvent's `sequence`.
+fn with_ordering(properties: BasicProperties, key: &str, sequence: i64) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert("ordering-key".into(), AMQPValue::LongString(key.into()));
+    headers.insert(
+        "sequence".into(),
+        AMQPValue::LongString(sequence.to_string().into()),
+    );
+    properties.with_headers(headers)
 }
 
 /// [`message_properties`] from the parts of an event: for tools that publish messages shaped

@@ -14,7 +14,7 @@ use crate::db::{Database, PgClient, StorageError};
 use crate::lifecycle::Stop;
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
-use crate::outbox::store::{self, FailedAttempt, RelayStatements};
+use crate::outbox::store::{self, FailedAttempt, OrderingKeys, RelayStatements};
 use crate::telemetry;
 
 /// Longest wait between two attempts to reach the broker.
@@ -214,15 +214,24 @@ async fn publish_and_record(
         return Ok(blocked_report);
     }
     let sorted = sort_results(&events, results);
+    // The ordering keys of the events now sent move on, and their next events are released
+    // (store::ADVANCE_KEYS), in this transaction: a key's next event becomes due exactly when
+    // this one is recorded sent. Nothing for a batch without ordered events.
+    let advancing = OrderingKeys::of(sorted.sent_events(&events));
     // A failed mark leaves the transaction aborted: the COMMIT sent behind it then rolls back
     // (PostgreSQL answers it with ROLLBACK, not an error), and the mark's error is returned.
-    let (marked_sent, marked_failed, committed) = tokio::join!(
+    // The statements go together, in this order (tokio-postgres pipelines them).
+    let (marked_sent, marked_failed, locked, advanced, committed) = tokio::join!(
         store::mark_sent(client, statements, &sorted.sent),
         store::mark_failed(client, statements, &sorted.failures, config.max_attempts),
+        store::lock_keys(client, statements, &advancing),
+        store::advance_keys(client, statements, &advancing),
         client.batch_execute("COMMIT"),
     );
     marked_sent?;
     marked_failed?;
+    locked?;
+    advanced?;
     committed?;
     log_failures(&sorted.failures, config.max_attempts);
     Ok(sorted.report)
@@ -274,6 +283,17 @@ struct Sorted<'a> {
     report: RelayReport,
     sent: Vec<i64>,
     failures: Vec<FailedAttempt<'a>>,
+}
+
+impl Sorted<'_> {
+    /// The events of `events` (the batch) that are to be marked sent.
+    fn sent_events<'e>(
+        &self,
+        events: &'e [store::PendingEvent],
+    ) -> impl Iterator<Item = &'e store::PendingEvent> {
+        let sent: std::collections::HashSet<i64> = self.sent.iter().copied().collect();
+        events.iter().filter(move |event| sent.contains(&event.id))
+    }
 }
 
 /// Sorts the results into sent and failed, counting every publish by its outcome. Kept apart

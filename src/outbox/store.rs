@@ -21,15 +21,39 @@ pub struct PendingEvent {
     pub payload: String,
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
+    /// The write's ordering key and its sequence among the key's writes; None when unordered.
+    pub ordering_key: Option<String>,
+    pub sequence: Option<i64>,
 }
 
 /// Due rows, oldest first. `SKIP LOCKED` lets relays (of this and other daemons) claim disjoint
 /// sets without waiting on each other; the row locks last until the relay's transaction ends,
 /// so no row is published by two relays at once.
+///
+/// Why an event of an ordering key can never be claimed before an earlier one of its key was
+/// confirmed: it is claimed only when no event of the key with a lower sequence is unsent (and
+/// not skipped), and `sent_at` is set only in the transaction that saw the broker's confirm. A
+/// lower sequence is an earlier commit, since writers number a key's writes under its row lock
+/// (see the writer's `CLAIM_AND_INSERT`): whenever this statement's snapshot sees an event, it
+/// sees every earlier event of its key, sent or not. Order comes from `sequence`, never from
+/// `id`: a bigserial is drawn when a row is inserted, not when it commits, so across keys and
+/// without a lock a later id can commit first. The check holds whatever relays, daemons,
+/// retries, backoff or an operator's `UPDATE ... next_attempt_at` do; the events of one write
+/// share a sequence and go together. Held events (due at `infinity`, see `ADVANCE_KEYS`) are
+/// also outside the due range, so a long queue behind a parked head costs the scan nothing;
+/// unordered rows skip the check (`ordering_key IS NULL`), and it is one probe of
+/// outbox_events_ordered_unsent for an ordered one.
 const CLAIM_DUE: &str = "
-SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at
-FROM outbox_events
+SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
+       ordering_key, sequence
+FROM outbox_events e
 WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
+  AND (e.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM outbox_events earlier
+        WHERE earlier.client_id = e.client_id AND earlier.ordering_key = e.ordering_key
+          AND earlier.sequence < e.sequence
+          AND earlier.sent_at IS NULL AND earlier.skipped_at IS NULL
+          AND earlier.ordering_key IS NOT NULL))
 ORDER BY next_attempt_at, id
 LIMIT $1
 FOR UPDATE SKIP LOCKED";
@@ -47,11 +71,53 @@ SET attempts = o.attempts + 1,
 FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(id, error, delay_seconds)
 WHERE o.id = f.id";
 
+/// Locks the `ordering_keys` rows of the given (client, ordering key) pairs, in key order: the
+/// order writers lock them in, so that a relay and a writer never wait for each other in a
+/// circle. A statement of its own, before [`ADVANCE_KEYS`]: in READ COMMITTED a statement sees
+/// what was committed before it started, so the advance, started once the locks are held,
+/// sees every write of these keys that committed while this waited.
+const LOCK_KEYS: &str = "
+SELECT 1
+FROM ordering_keys k
+    JOIN unnest($1::text[], $2::text[]) AS u(client_id, ordering_key) USING (client_id, ordering_key)
+ORDER BY k.client_id, k.ordering_key
+FOR UPDATE OF k";
+
+/// Under the locks of [`LOCK_KEYS`]: moves each key's `done_through` up to just before its
+/// lowest unsent (and not skipped) sequence, or to its last sequence when none is unsent, and
+/// releases the events of the next sequence if they were held (due at `infinity`, as a writer
+/// inserts an event whose key's earlier events were not all done). A writer reads
+/// `done_through` from the same locked row, so an event is held exactly when a relay will
+/// release it: the writer commits first and this statement sees its rows, or this commits
+/// first and the writer sees the new `done_through`.
+const ADVANCE_KEYS: &str = "
+WITH advanced AS (
+    UPDATE ordering_keys k
+    SET done_through = coalesce(
+            (SELECT min(e.sequence) - 1
+             FROM outbox_events e
+             WHERE e.client_id = k.client_id AND e.ordering_key = k.ordering_key
+               AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL),
+            k.last_sequence)
+    FROM unnest($1::text[], $2::text[]) AS u(client_id, ordering_key)
+    WHERE k.client_id = u.client_id AND k.ordering_key = u.ordering_key
+    RETURNING k.client_id, k.ordering_key, k.done_through
+)
+UPDATE outbox_events e
+SET next_attempt_at = now()
+FROM advanced a
+WHERE e.client_id = a.client_id AND e.ordering_key = a.ordering_key
+  AND e.sequence = a.done_through + 1
+  AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL
+  AND e.next_attempt_at = 'infinity'";
+
 /// The relay's statements, prepared once per connection.
 pub struct RelayStatements {
     claim_due: Statement,
     mark_sent: Statement,
     mark_failed: Statement,
+    lock_keys: Statement,
+    advance_keys: Statement,
 }
 
 impl RelayStatements {
@@ -60,8 +126,64 @@ impl RelayStatements {
             claim_due: connection.prepare_cached(CLAIM_DUE).await?,
             mark_sent: connection.prepare_cached(MARK_SENT).await?,
             mark_failed: connection.prepare_cached(MARK_FAILED).await?,
+            lock_keys: connection.prepare_cached(LOCK_KEYS).await?,
+            advance_keys: connection.prepare_cached(ADVANCE_KEYS).await?,
         })
     }
+}
+
+/// Ordering keys, as the `$1`/`$2` arrays of [`LOCK_KEYS`] and [`ADVANCE_KEYS`]: each pair once.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OrderingKeys {
+    clients: Vec<String>,
+    keys: Vec<String>,
+}
+
+impl OrderingKeys {
+    /// The keys of the ordered events among `events`.
+    pub fn of<'a>(events: impl IntoIterator<Item = &'a PendingEvent>) -> Self {
+        let pairs: std::collections::BTreeSet<(&str, &str)> = events
+            .into_iter()
+            .filter_map(|event| Some((event.client_id.as_str(), event.ordering_key.as_deref()?)))
+            .collect();
+        Self {
+            clients: pairs.iter().map(|(client, _)| (*client).to_owned()).collect(),
+            keys: pairs.iter().map(|(_, key)| (*key).to_owned()).collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Locks the keys' rows ([`LOCK_KEYS`]); with [`advance_keys`] after it, in one transaction.
+pub async fn lock_keys(
+    client: &impl GenericClient,
+    statements: &RelayStatements,
+    keys: &OrderingKeys,
+) -> Result<u64, StorageError> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    Ok(client
+        .execute(&statements.lock_keys, &[&keys.clients, &keys.keys])
+        .await?)
+}
+
+/// Moves the keys on past what is sent or skipped and releases their next events
+/// ([`ADVANCE_KEYS`]); returns how many events it released.
+pub async fn advance_keys(
+    client: &impl GenericClient,
+    statements: &RelayStatements,
+    keys: &OrderingKeys,
+) -> Result<u64, StorageError> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    Ok(client
+        .execute(&statements.advance_keys, &[&keys.clients, &keys.keys])
+        .await?)
 }
 
 pub async fn claim_due(
@@ -85,6 +207,8 @@ pub fn pending_event(row: &Row) -> PendingEvent {
         payload: row.get(5),
         attempts: row.get(6),
         created_at: row.get(7),
+        ordering_key: row.get(8),
+        sequence: row.get(9),
     }
 }
 
@@ -186,7 +310,7 @@ SELECT event_type,
        count(*) FILTER (WHERE failed_at IS NOT NULL) AS parked,
        extract(epoch FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8 AS oldest_age
 FROM outbox_events
-WHERE sent_at IS NULL
+WHERE sent_at IS NULL AND skipped_at IS NULL
 GROUP BY event_type
 ORDER BY event_type";
 
@@ -224,7 +348,7 @@ pub const PARKED_GROUPS_SHOWN: i64 = 20;
 const PARKED_GROUPS: &str = "
 SELECT event_type, coalesce(last_error, ''), count(*), min(failed_at), max(failed_at)
 FROM outbox_events
-WHERE sent_at IS NULL AND failed_at IS NOT NULL
+WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
 GROUP BY event_type, last_error
 ORDER BY count(*) DESC, event_type
 LIMIT $1";
@@ -244,11 +368,13 @@ pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGrou
         .collect())
 }
 
-/// Requeues one unsent event (parked or not) for an attempt now, with a fresh attempt count.
+/// Requeues one unsent event (parked or not) for an attempt now, with a fresh attempt count;
+/// not a skipped one (given up on for good), nor one held behind earlier events of its
+/// ordering key (it is released when they are done).
 const REQUEUE_EVENT: &str = "
 UPDATE outbox_events
 SET failed_at = NULL, attempts = 0, next_attempt_at = now()
-WHERE sent_at IS NULL AND event_id = $1";
+WHERE sent_at IS NULL AND skipped_at IS NULL AND next_attempt_at <> 'infinity' AND event_id = $1";
 
 /// Requeues the unsent event with `event_id`; false when there is none.
 pub async fn requeue_event(
@@ -277,7 +403,7 @@ pub struct ParkedSelection {
 const PARKED_SELECTED: &str = "
 SELECT id, event_type
 FROM outbox_events
-WHERE sent_at IS NULL AND failed_at IS NOT NULL
+WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
   AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
   AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
   AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
@@ -291,7 +417,7 @@ const REQUEUE_PARKED: &str = "
 WITH selected AS (
     SELECT id, row_number() OVER (ORDER BY id) - 1 AS position
     FROM (SELECT id FROM outbox_events
-          WHERE sent_at IS NULL AND failed_at IS NOT NULL
+          WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
             AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
             AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
             AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
@@ -302,7 +428,7 @@ SET failed_at = NULL, attempts = 0,
     next_attempt_at = now() + CASE WHEN $5::float8 IS NULL THEN interval '0'
                                    ELSE make_interval(secs => s.position / $5::float8) END
 FROM selected s
-WHERE o.id = s.id AND o.sent_at IS NULL AND o.failed_at IS NOT NULL";
+WHERE o.id = s.id AND o.sent_at IS NULL AND o.failed_at IS NOT NULL AND o.skipped_at IS NULL";
 
 impl ParkedSelection {
     fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
@@ -356,7 +482,8 @@ pub struct Totals {
 /// the figures cost the size of the backlog, not of the table.
 const TOTALS: &str = "
 SELECT (SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL),
-       (SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NOT NULL),
+       (SELECT count(*) FROM outbox_events
+        WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL),
        extract(epoch FROM now() - (SELECT min(created_at) FROM outbox_events
                                    WHERE sent_at IS NULL AND failed_at IS NULL))::float8";
 
@@ -366,6 +493,186 @@ pub async fn totals(client: &impl GenericClient) -> Result<Totals, StorageError>
         unsent: row.get(0),
         parked: row.get(1),
         oldest_unsent_age_seconds: row.get(2),
+    })
+}
+
+/// What parked events hold back: the unsent events of their ordering keys behind them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Blocked {
+    /// Unsent events with a parked event of their key before them.
+    pub events: i64,
+    /// Keys whose head (lowest unsent sequence) is parked and has events behind it.
+    pub keys: i64,
+}
+
+/// From the parked rows (their partial index) to the unsent events behind each in its key
+/// (outbox_events_ordered_unsent): as cheap as parked and blocked events are few.
+const BLOCKED: &str = "
+SELECT count(DISTINCT later.id), count(DISTINCT (later.client_id, later.ordering_key))
+FROM outbox_events parked
+    JOIN outbox_events later
+        ON later.client_id = parked.client_id AND later.ordering_key = parked.ordering_key
+       AND later.sequence > parked.sequence
+       AND later.sent_at IS NULL AND later.skipped_at IS NULL AND later.ordering_key IS NOT NULL
+WHERE parked.sent_at IS NULL AND parked.failed_at IS NOT NULL AND parked.skipped_at IS NULL
+  AND parked.ordering_key IS NOT NULL";
+
+pub async fn blocked(client: &impl GenericClient) -> Result<Blocked, StorageError> {
+    let row = client.query_one(BLOCKED, &[]).await?;
+    Ok(Blocked {
+        events: row.get(0),
+        keys: row.get(1),
+    })
+}
+
+/// A parked event that holds back later events of its ordering key.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BlockingEvent {
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub client_id: String,
+    pub ordering_key: String,
+    pub sequence: i64,
+    /// Unsent events of the key behind it.
+    pub blocked: i64,
+    pub last_error: String,
+}
+
+/// At most this many blocking events are listed (those holding back the most).
+pub const BLOCKING_SHOWN: i64 = 20;
+
+const BLOCKING_EVENTS: &str = "
+SELECT parked.event_id, parked.event_type, parked.client_id, parked.ordering_key,
+       parked.sequence, count(*), coalesce(parked.last_error, '')
+FROM outbox_events parked
+    JOIN outbox_events later
+        ON later.client_id = parked.client_id AND later.ordering_key = parked.ordering_key
+       AND later.sequence > parked.sequence
+       AND later.sent_at IS NULL AND later.skipped_at IS NULL AND later.ordering_key IS NOT NULL
+WHERE parked.sent_at IS NULL AND parked.failed_at IS NOT NULL AND parked.skipped_at IS NULL
+  AND parked.ordering_key IS NOT NULL
+GROUP BY parked.id
+ORDER BY count(*) DESC, parked.id
+LIMIT $1";
+
+/// The parked events that block the most, for `outbox status`: each one to retry or skip.
+pub async fn blocking_events(
+    client: &impl GenericClient,
+) -> Result<Vec<BlockingEvent>, StorageError> {
+    Ok(client
+        .query(BLOCKING_EVENTS, &[&BLOCKING_SHOWN])
+        .await?
+        .iter()
+        .map(|row| BlockingEvent {
+            event_id: row.get(0),
+            event_type: row.get(1),
+            client_id: row.get(2),
+            ordering_key: row.get(3),
+            sequence: row.get(4),
+            blocked: row.get(5),
+            last_error: row.get(6),
+        })
+        .collect())
+}
+
+/// The event as `outbox skip` finds it, under its key's lock (when it has one) and its own.
+const SKIP_CANDIDATE: &str = "
+SELECT event_type, client_id, ordering_key, sequence, sent_at IS NOT NULL, skipped_at IS NOT NULL
+FROM outbox_events
+WHERE event_id = $1
+FOR UPDATE NOWAIT";
+
+/// Gives up on the event: never published, out of the relays' reach (failed_at), recorded
+/// with who (the OS user id given, the session's role) and why.
+const SKIP: &str = "
+WITH skipped AS (
+    UPDATE outbox_events
+    SET skipped_at = now(), failed_at = coalesce(failed_at, now())
+    WHERE event_id = $1 AND sent_at IS NULL AND skipped_at IS NULL
+    RETURNING event_id, event_type, client_id, ordering_key, sequence
+)
+INSERT INTO outbox_skips (event_id, event_type, client_id, ordering_key, sequence,
+                          requested_uid, requested_db_user, reason)
+SELECT event_id, event_type, client_id, ordering_key, sequence, $2, current_user, $3
+FROM skipped";
+
+/// What `outbox skip` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    Skipped {
+        event_type: String,
+        client_id: String,
+        ordering_key: Option<String>,
+        sequence: Option<i64>,
+        /// Events of the key released by the skip: the next write's, now due.
+        released: u64,
+    },
+    NotFound,
+    AlreadySent,
+    AlreadySkipped,
+    /// A relay holds the event (it is being published): try again in a moment.
+    Busy,
+}
+
+/// Skips one event, in one transaction. The key's row is locked before the event's (the
+/// order relays take them in); the event's lock is taken without waiting, since a relay that
+/// holds it may be waiting for the key's: the caller tries again.
+pub async fn skip_event(
+    connection: &mut PgClient,
+    event_id: Uuid,
+    requested_uid: i64,
+    reason: &str,
+) -> Result<Skip, StorageError> {
+    let transaction = connection.transaction().await?;
+    let Some(found) = transaction
+        .query_opt(
+            "SELECT client_id, ordering_key FROM outbox_events WHERE event_id = $1",
+            &[&event_id],
+        )
+        .await?
+    else {
+        return Ok(Skip::NotFound);
+    };
+    let ordering_key: Option<String> = found.get(1);
+    let keys = OrderingKeys {
+        clients: ordering_key.iter().map(|_| found.get(0)).collect(),
+        keys: ordering_key.iter().cloned().collect(),
+    };
+    if !keys.is_empty() {
+        transaction
+            .execute(LOCK_KEYS, &[&keys.clients, &keys.keys])
+            .await?;
+    }
+    let candidate = match transaction.query_one(SKIP_CANDIDATE, &[&event_id]).await {
+        Ok(row) => row,
+        Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+            return Ok(Skip::Busy);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if candidate.get::<_, bool>(4) {
+        return Ok(Skip::AlreadySent);
+    }
+    if candidate.get::<_, bool>(5) {
+        return Ok(Skip::AlreadySkipped);
+    }
+    transaction
+        .execute(SKIP, &[&event_id, &requested_uid, &reason])
+        .await?;
+    let released = if keys.is_empty() {
+        0
+    } else {
+        transaction
+            .execute(ADVANCE_KEYS, &[&keys.clients, &keys.keys])
+            .await?
+    };
+    transaction.commit().await?;
+    Ok(Skip::Skipped {
+        event_type: candidate.get(0),
+        client_id: candidate.get(1),
+        ordering_key: candidate.get(2),
+        sequence: candidate.get(3),
+        released,
     })
 }
 

@@ -52,7 +52,11 @@ impl Write {
     /// kind and key, and the bookkeeping around them. (While its batch commits, the statement's
     /// copies take a few times that.)
     pub fn pending_size(&self) -> usize {
-        self.request.data_json.len() + self.request.kind.len() + self.key.key.as_str().len() + 512
+        self.request.data_json.len()
+            + self.request.kind.len()
+            + self.key.key.as_str().len()
+            + self.request.ordering_key.as_ref().map_or(0, String::len)
+            + 512
     }
 }
 

@@ -20,8 +20,8 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::db::{Database, DatabaseClock, PgClient, StorageError, WriteHealth};
-use crate::entry::{entry_json, format_time, CREATED_STATUS};
-use crate::events::{events_for, AuditFacts, EventSubject, NewEvent};
+use crate::entry::{entry_json, format_time, Ordering, CREATED_STATUS};
+use crate::events::{events_for, AuditFacts, EventSubject, NewEvent, ENTRY_CREATED};
 use crate::idempotency::{canonical_json, RequestHash};
 use crate::lifecycle::Stop;
 use crate::telemetry;
@@ -212,11 +212,13 @@ fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
     let created_at_text = format_time(created_at);
     let entry_id = Uuid::now_v7();
     let request = &write.request;
+    // An ordered write's answer is written again once its sequence is known (`answer`).
     let response_body = entry_json(
         entry_id,
         &request.kind,
         &request.data_json,
         &created_at_text,
+        None,
     );
     let audit = config.audit.then(|| AuditFacts {
         client_id: &write.key.client_id,
@@ -240,15 +242,26 @@ fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
 }
 
 impl PreparedWrite<'_> {
-    /// The record saved for this write, once committed: it lives at least `retention` from
-    /// the commit on the database's clock, so the daemon's monotonic clock may count that long
-    /// from now.
-    fn saved_record(&self, retention: Duration) -> SavedRecord {
+    /// The record saved for this write, once committed with `sequence` (ordered writes): it
+    /// lives at least `retention` from the commit on the database's clock, so the daemon's
+    /// monotonic clock may count that long from now.
+    fn saved_record(&self, retention: Duration, sequence: Option<i64>) -> SavedRecord {
+        let request = &self.write.request;
+        let body = match (request.ordering_key.as_deref(), sequence) {
+            (Some(key), Some(sequence)) => entry_json(
+                self.entry_id,
+                &request.kind,
+                &request.data_json,
+                &format_time(self.created_at),
+                Some(Ordering { key, sequence }),
+            ),
+            _ => self.response_body.clone(),
+        };
         SavedRecord {
-            request_hash: self.write.request.hash,
+            request_hash: request.hash,
             response: SavedResponse {
                 status: CREATED_STATUS,
-                body: Bytes::from(self.response_body.clone()),
+                body: Bytes::from(body),
                 entry_id: Some(self.entry_id),
                 live_until: live_until(retention),
             },
@@ -378,12 +391,27 @@ async fn commit_with_retries(
 /// and the events carry it, so it is known before the statement runs); `greatest` keeps a
 /// record's life at least the retention however far that estimate is off. The statement
 /// returns the database's `now()` with the claimed keys, for the next estimate.
+///
+/// Ordered writes (an ordering key, $17) are numbered here, once their keys are claimed (a
+/// replay or a conflict gets no number, so sequences have no gap): the upsert of
+/// `ordering_keys` takes the key's row lock, after every idempotency record (`ordered` reads
+/// all of `claimed` before its window functions yield a row) and in `(client_id,
+/// ordering_key)` order, the order every relay locks them in too, so no two transactions wait
+/// for each other in a circle. The lock lasts until this statement commits: the key's next
+/// write waits for it and so commits later, with the next number. The writes of one key in one
+/// batch are numbered in batch order. An event whose write is not next in line to be published
+/// (its key's earlier events are not all sent: `done_through` behind) is held: due at
+/// `infinity`, out of the relays' range until a relay (or `outbox skip`) releases it. Its
+/// CloudEvent gets `partitionkey` and `sequence`, and `entry.created`'s data (the entry, $18)
+/// its `ordering_key` and `sequence`. Batches without an ordered write leave `ordered` empty
+/// and touch no other row.
 const CLAIM_AND_INSERT: &str = r#"
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::text[], $6::text[],
-                $7::timestamptz[], $8::text[])
-        AS t(client_id, key, request_hash, entry_id, kind, data, created_at, response_json)
+                $7::timestamptz[], $8::text[], $17::text[]) WITH ORDINALITY
+        AS t(client_id, key, request_hash, entry_id, kind, data, created_at, response_json,
+             ordering_key, position)
 ),
 claimed AS (
     INSERT INTO idempotency_records AS r
@@ -405,36 +433,93 @@ claimed AS (
         WHERE r.expires_at <= now()
     RETURNING client_id, key
 ),
-new_entries AS (
-    INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at)
-    SELECT i.entry_id, i.client_id, i.key, i.kind, i.data::jsonb, i.created_at
+ordered AS (
+    SELECT i.client_id, i.ordering_key, i.entry_id,
+           row_number() OVER same_key AS rank,
+           count(*) OVER (PARTITION BY i.client_id, i.ordering_key) AS writes
     FROM input i JOIN claimed c USING (client_id, key)
+    WHERE i.ordering_key IS NOT NULL
+    WINDOW same_key AS (PARTITION BY i.client_id, i.ordering_key ORDER BY i.position)
+),
+counters AS (
+    INSERT INTO ordering_keys AS k (client_id, ordering_key, last_sequence, done_through)
+    SELECT client_id, ordering_key, max(writes), 0
+    FROM ordered
+    GROUP BY client_id, ordering_key
+    ORDER BY client_id, ordering_key
+    ON CONFLICT (client_id, ordering_key) DO UPDATE
+        SET last_sequence = k.last_sequence + EXCLUDED.last_sequence
+    RETURNING client_id, ordering_key, last_sequence, done_through
+),
+sequenced AS (
+    SELECT o.entry_id, o.ordering_key,
+           k.last_sequence - o.writes + o.rank AS sequence,
+           k.last_sequence - o.writes + o.rank - 1 > k.done_through AS held
+    FROM ordered o JOIN counters k USING (client_id, ordering_key)
+),
+new_entries AS (
+    INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at, ordering_key,
+                         sequence)
+    SELECT i.entry_id, i.client_id, i.key, i.kind, i.data::jsonb, i.created_at, s.ordering_key,
+           s.sequence
+    FROM input i JOIN claimed c USING (client_id, key) LEFT JOIN sequenced s USING (entry_id)
 ),
 new_events AS (
     INSERT INTO outbox_events
-        (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at)
-    SELECT e.event_id, e.event_key, e.client_id, e.key, e.event_type, e.payload::jsonb, now()
-    FROM unnest($9::uuid[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
-            AS e(event_id, event_key, client_id, key, event_type, payload)
+        (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
+         next_attempt_at, ordering_key, sequence)
+    SELECT e.event_id, e.event_key, e.client_id, e.key, e.event_type,
+           CASE WHEN s.sequence IS NULL THEN e.payload::jsonb
+                ELSE jsonb_set(
+                    e.payload::jsonb || jsonb_build_object('partitionkey', s.ordering_key,
+                                                           'sequence', s.sequence::text),
+                    '{data}',
+                    CASE WHEN e.carries_entry
+                         THEN (e.payload::jsonb -> 'data')
+                              || jsonb_build_object('ordering_key', s.ordering_key,
+                                                    'sequence', s.sequence)
+                         ELSE e.payload::jsonb -> 'data' END)
+           END,
+           now(),
+           CASE WHEN s.held THEN 'infinity'::timestamptz ELSE now() END,
+           s.ordering_key, s.sequence
+    FROM unnest($9::uuid[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
+                $18::uuid[], $19::bool[])
+            AS e(event_id, event_key, client_id, key, event_type, payload, entry_id,
+                 carries_entry)
         JOIN claimed c USING (client_id, key)
+        LEFT JOIN sequenced s USING (entry_id)
+    -- Ids drawn in sequence order, under the key's lock: a key's events are in id order too
+    -- (what a replay, which walks the outbox by id, sends them in).
+    ORDER BY s.sequence
 )
-SELECT now(), array_agg(client_id), array_agg(key) FROM claimed
+SELECT now(), array_agg(client_id), array_agg(key),
+       (SELECT array_agg(entry_id) FROM sequenced),
+       (SELECT array_agg(sequence) FROM sequenced)
+FROM claimed
 "#;
 
 /// Reads back the records of keys a batch did not claim. Runs after the claim has committed,
 /// so it sees the rows that the claim found or waited for. How long each record still lives is
-/// measured on the database's clock.
+/// measured on the database's clock. The saved answer of an ordered write gets its ordering
+/// key and sequence from the entry: the record is written before the number is known.
 const READ_BACK: &str = r#"
-SELECT r.client_id, r.key, r.request_hash, r.response_status, r.response_json::text,
+SELECT r.client_id, r.key, r.request_hash, r.response_status,
+       CASE WHEN e.sequence IS NULL THEN r.response_json
+            ELSE r.response_json || jsonb_build_object('ordering_key', e.ordering_key,
+                                                       'sequence', e.sequence)
+       END::text AS response_json,
        r.entry_id,
        greatest(extract(epoch FROM r.expires_at - now()), 0)::float8 AS remaining_seconds
 FROM idempotency_records r
     JOIN unnest($1::text[], $2::text[]) AS u(client_id, key) USING (client_id, key)
+    LEFT JOIN entries e ON e.id = r.entry_id
 "#;
 
 /// The claim statement's parameters: one array per column, built from the prepared writes (the
-/// first eight: one element per write) and their events (the next six: one per event), then
-/// the response status and the retention.
+/// first eight: one element per write) and their events (the next six: one per event), the
+/// response status and the retention, then the writes' ordering keys and two more arrays of
+/// the events.
 struct Columns<'a> {
     client_ids: Vec<&'a str>,
     keys: Vec<&'a str>,
@@ -452,6 +537,10 @@ struct Columns<'a> {
     payloads: Vec<&'a str>,
     response_status: i16,
     retention_micros: i64,
+    ordering_keys: Vec<Option<&'a str>>,
+    event_entry_ids: Vec<Uuid>,
+    /// The event's data is the entry (`entry.created`): an ordered write's sequence goes in it.
+    event_carries_entry: Vec<bool>,
 }
 
 impl<'a> Columns<'a> {
@@ -481,11 +570,18 @@ impl<'a> Columns<'a> {
             payloads: events().map(|(_, e)| e.payload.as_str()).collect(),
             response_status: CREATED_STATUS as i16,
             retention_micros: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
+            ordering_keys: writes()
+                .map(|p| p.write.request.ordering_key.as_deref())
+                .collect(),
+            event_entry_ids: events().map(|(p, _)| p.entry_id).collect(),
+            event_carries_entry: events()
+                .map(|(_, e)| e.event_type == ENTRY_CREATED)
+                .collect(),
         }
     }
 
     /// In the order of `CLAIM_AND_INSERT`'s parameters.
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 16] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
         [
             &self.client_ids,
             &self.keys,
@@ -503,6 +599,9 @@ impl<'a> Columns<'a> {
             &self.payloads,
             &self.response_status,
             &self.retention_micros,
+            &self.ordering_keys,
+            &self.event_entry_ids,
+            &self.event_carries_entry,
         ]
     }
 }
@@ -535,6 +634,9 @@ async fn commit(
     let claimed_keys: Vec<String> = row.get::<_, Option<Vec<String>>>(2).unwrap_or_default();
     let claimed: HashSet<(String, String)> =
         claimed_clients.into_iter().zip(claimed_keys).collect();
+    let sequenced_entries: Vec<Uuid> = row.get::<_, Option<Vec<Uuid>>>(3).unwrap_or_default();
+    let sequences: Vec<i64> = row.get::<_, Option<Vec<i64>>>(4).unwrap_or_default();
+    let sequence_of: HashMap<Uuid, i64> = sequenced_entries.into_iter().zip(sequences).collect();
     let is_claimed = |p: &PreparedWrite| {
         claimed.contains(&(
             p.write.key.client_id.to_string(),
@@ -557,7 +659,10 @@ async fn commit(
         .iter()
         .map(|p| {
             if is_claimed(p) {
-                return Ok(Committed::Created(p.saved_record(config.retention)));
+                let sequence = sequence_of.get(&p.entry_id).copied();
+                return Ok(Committed::Created(
+                    p.saved_record(config.retention, sequence),
+                ));
             }
             let id = (
                 p.write.key.client_id.to_string(),
@@ -612,6 +717,7 @@ mod tests {
                 hash: RequestHash([0; 32]),
                 bytes_hash: crate::idempotency::BodyHash([0; 32]),
                 kind: "k".into(),
+                ordering_key: None,
                 data_json: format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes)),
             },
             remote_addr: None,

@@ -11,6 +11,7 @@ mod crash;
 mod entries;
 mod listing;
 mod operations;
+mod ordering;
 mod outbox;
 mod refusals;
 mod replay;

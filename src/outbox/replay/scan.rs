@@ -81,9 +81,11 @@ WHERE id > $1 AND id <= $2
     };
 }
 
-/// One batch, in id order; the columns are those [`pending_event`] reads.
+/// One batch, in id order; the columns are those [`pending_event`] reads. The events of an
+/// ordering key are in sequence order too: the writers draw their ids under the key's lock.
 const SELECT_PAGE: &str = concat!(
-    "SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at",
+    "SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
+        ordering_key, sequence",
     selected_events!(),
     "
 ORDER BY id
@@ -93,7 +95,7 @@ LIMIT $8"
 const COUNT_BY_TYPE: &str = concat!(
     "SELECT event_type, count(*),
        count(*) FILTER (WHERE sent_at IS NULL AND failed_at IS NULL),
-       count(*) FILTER (WHERE sent_at IS NULL AND failed_at IS NOT NULL)",
+       count(*) FILTER (WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL)",
     selected_events!(),
     "
 GROUP BY event_type"
