@@ -341,7 +341,10 @@ fn print_blocked(blocked: &outbox::store::Blocked, blocking: &[outbox::store::Bl
         );
     }
     if blocking.len() as i64 == outbox::store::BLOCKING_SHOWN {
-        println!("(the {} that block the most)", outbox::store::BLOCKING_SHOWN);
+        println!(
+            "(the {} that block the most)",
+            outbox::store::BLOCKING_SHOWN
+        );
     }
 }
 

@@ -448,8 +448,7 @@ mod tests {
 
     #[test]
     fn an_ordering_key_is_optional_visible_ascii_and_part_of_the_hash() {
-        let (unordered, unordered_hash) =
-            decode_new_entry(br#"{"kind":"a","data":{}}"#).unwrap();
+        let (unordered, unordered_hash) = decode_new_entry(br#"{"kind":"a","data":{}}"#).unwrap();
         assert_eq!(unordered.ordering_key, None);
         let (ordered, ordered_hash) =
             decode_new_entry(br#"{"kind":"a","data":{},"ordering_key":"invoice-42"}"#).unwrap();
@@ -472,7 +471,9 @@ mod tests {
             r#"["a"]"#.to_owned(),
         ] {
             assert_eq!(
-                invalid_pointers(&format!(r#"{{"kind":"a","data":{{}},"ordering_key":{bad}}}"#)),
+                invalid_pointers(&format!(
+                    r#"{{"kind":"a","data":{{}},"ordering_key":{bad}}}"#
+                )),
                 vec!["/ordering_key"],
                 "{bad}"
             );

@@ -147,7 +147,10 @@ impl OrderingKeys {
             .filter_map(|event| Some((event.client_id.as_str(), event.ordering_key.as_deref()?)))
             .collect();
         Self {
-            clients: pairs.iter().map(|(client, _)| (*client).to_owned()).collect(),
+            clients: pairs
+                .iter()
+                .map(|(client, _)| (*client).to_owned())
+                .collect(),
             keys: pairs.iter().map(|(_, key)| (*key).to_owned()).collect(),
         }
     }
@@ -645,7 +648,9 @@ pub async fn skip_event(
     }
     let candidate = match transaction.query_one(SKIP_CANDIDATE, &[&event_id]).await {
         Ok(row) => row,
-        Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+        Err(error)
+            if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+        {
             return Ok(Skip::Busy);
         }
         Err(error) => return Err(error.into()),

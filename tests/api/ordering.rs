@@ -61,9 +61,15 @@ fn delivered(deliveries: &[lapin::message::Delivery]) -> Vec<(i64, Option<String
 async fn writes_of_one_key_are_numbered_in_commit_order_and_every_view_shows_it() {
     let app = spawn_app_without_relays(|_| {}).await;
     let mut sequences = Vec::new();
-    for (n, key) in ["invoice-42", "invoice-7", "invoice-42", "invoice-42", "invoice-7"]
-        .iter()
-        .enumerate()
+    for (n, key) in [
+        "invoice-42",
+        "invoice-7",
+        "invoice-42",
+        "invoice-42",
+        "invoice-7",
+    ]
+    .iter()
+    .enumerate()
     {
         let created = app
             .post_entry(&format!("w-{n}"), &ordered(n as i64, key))
@@ -91,7 +97,11 @@ async fn writes_of_one_key_are_numbered_in_commit_order_and_every_view_shows_it(
     let entry_id = first.json()["id"].as_str().unwrap().to_owned();
     let got = app.get(&format!("/v1/entries/{entry_id}"), None).await;
     assert_eq!(got.status, 200);
-    assert_eq!(got.text(), first.text(), "GET shows what the write answered");
+    assert_eq!(
+        got.text(),
+        first.text(),
+        "GET shows what the write answered"
+    );
 
     let key = app.get("/v1/idempotency-keys/w-3", None).await.json();
     assert_eq!(key["ordering_key"], "invoice-42");
@@ -164,12 +174,9 @@ async fn an_ordering_key_is_validated_and_part_of_the_request() {
     app.post_entry("same", &ordered(1, "b"))
         .await
         .assert_problem(409, "idempotency-key-reused");
-    app.post_entry(
-        "same",
-        &json!({"kind": "invoice.event", "data": {"n": 1}}),
-    )
-    .await
-    .assert_problem(409, "idempotency-key-reused");
+    app.post_entry("same", &json!({"kind": "invoice.event", "data": {"n": 1}}))
+        .await
+        .assert_problem(409, "idempotency-key-reused");
     // A refused or replayed write takes no number: the next write of the key is 2.
     app.post_entry("same", &ordered(1, "a")).await;
     let next = app.post_entry("next", &ordered(2, "a")).await;
@@ -208,7 +215,10 @@ async fn ordered_events_carry_their_key_and_sequence_in_headers_and_cloud_event(
         } else {
             2
         };
-        assert_eq!(header(delivery, "ordering-key").as_deref(), Some("account-9"));
+        assert_eq!(
+            header(delivery, "ordering-key").as_deref(),
+            Some("account-9")
+        );
         assert_eq!(
             header(delivery, "sequence").as_deref(),
             Some(sequence.to_string().as_str())
@@ -231,7 +241,12 @@ async fn ordered_events_carry_their_key_and_sequence_in_headers_and_cloud_event(
         .collect();
     assert_eq!(
         order,
-        [Some("1".into()), Some("1".into()), Some("2".into()), Some("2".into())]
+        [
+            Some("1".into()),
+            Some("1".into()),
+            Some("2".into()),
+            Some("2".into())
+        ]
     );
 }
 
@@ -262,7 +277,10 @@ async fn a_parked_event_holds_back_its_key_alone_until_it_is_retried() {
     park(&app, head).await;
 
     assert_eq!(app.relay_until_empty().await, 1, "only key b goes on");
-    assert_eq!(delivered(&consumer.drain(QUIET).await), [(100, Some("1".into()))]);
+    assert_eq!(
+        delivered(&consumer.drain(QUIET).await),
+        [(100, Some("1".into()))]
+    );
     let key = app.get("/v1/idempotency-keys/a-3", None).await.json();
     assert_eq!(key["blocked_by"], head.to_string(), "{key}");
     assert_eq!(key["events"][0]["blocked_by"], head.to_string());
@@ -376,7 +394,11 @@ async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
 
     let again = retrysafe(&["outbox", "skip", "--event", &head.to_string()], &env);
     assert_eq!(again.status.code(), Some(1));
-    assert!(stderr(&again).contains("already skipped"), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("already skipped"),
+        "{}",
+        stderr(&again)
+    );
     let sent = event_of(&app, "s-2").await;
     let published = retrysafe(&["outbox", "skip", "--event", &sent.to_string()], &env);
     assert_eq!(published.status.code(), Some(1));
@@ -388,9 +410,10 @@ async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
     assert_eq!(unknown.status.code(), Some(1));
     // A skipped event is neither parked nor retried.
     let all = retrysafe(&["outbox", "retry", "--all"], &env);
-    assert!(stdout(&all).contains("requeued 0 event(s)"), "{}", stdout(&all));
-    assert_eq!(
-        app.count("SELECT count(*) FROM outbox_skips").await,
-        1
+    assert!(
+        stdout(&all).contains("requeued 0 event(s)"),
+        "{}",
+        stdout(&all)
     );
+    assert_eq!(app.count("SELECT count(*) FROM outbox_skips").await, 1);
 }

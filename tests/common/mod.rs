@@ -6,5 +6,6 @@ pub mod consumer;
 pub mod daemon;
 pub mod helpers;
 pub mod lab;
+pub mod ordering;
 pub mod postgres;
 pub mod proxy;

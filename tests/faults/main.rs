@@ -16,6 +16,7 @@ mod hostile_connections;
 mod hung_peers;
 mod many_daemons;
 mod noisy_client;
+mod ordering;
 mod outbox_pressure;
 mod secrets;
 mod skewed_clock;
