@@ -6,6 +6,12 @@
 //! as the effect, so a redelivered event changes nothing. The message is acked only after the
 //! commit (at-least-once delivery, exactly-once effect).
 //!
+//! The events of one ordering key come first in sequence order; the queue is declared with
+//! `x-single-active-consumer`, so that however many copies of this consumer run, one at a time
+//! receives, in queue order. Each key's last applied sequence is kept with the effect
+//! (`example_key_positions`): a copy of an older event of the key (a redelivery) is recognised
+//! by the inbox and not applied; a gap would be reported.
+//!
 //! ```text
 //! cargo run --example consumer -- [--config config.toml] [--queue retrysafe.example]
 //! ```
@@ -20,7 +26,7 @@ use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::Connection;
 use retrysafe::config::{AmqpSettings, Settings};
 use retrysafe::inbox::Inbox;
@@ -37,6 +43,23 @@ CREATE TABLE IF NOT EXISTS example_entry_totals (
 const APPLY_EFFECT: &str = "
 INSERT INTO example_entry_totals (kind, entries) VALUES ($1, 1)
 ON CONFLICT (kind) DO UPDATE SET entries = example_entry_totals.entries + 1";
+
+const CREATE_POSITIONS_TABLE: &str = "
+CREATE TABLE IF NOT EXISTS example_key_positions (
+    client_id    text   NOT NULL,
+    ordering_key text   NOT NULL,
+    sequence     bigint NOT NULL,
+    PRIMARY KEY (client_id, ordering_key)
+)";
+
+/// Moves the key's position to this event's sequence; returns the previous one.
+const ADVANCE_POSITION: &str = "
+WITH previous AS (
+    SELECT sequence FROM example_key_positions WHERE client_id = $1 AND ordering_key = $2
+)
+INSERT INTO example_key_positions (client_id, ordering_key, sequence) VALUES ($1, $2, $3)
+ON CONFLICT (client_id, ordering_key) DO UPDATE SET sequence = EXCLUDED.sequence
+RETURNING (SELECT sequence FROM previous)";
 
 struct Args {
     config: PathBuf,
@@ -87,15 +110,20 @@ async fn main() -> anyhow::Result<()> {
     // As the daemon connects: each host of database.url in turn, with its sslmode.
     let mut db = retrysafe::db::connect(&settings.database).await?.client;
     db.batch_execute(CREATE_EFFECT_TABLE).await?;
+    db.batch_execute(CREATE_POSITIONS_TABLE).await?;
 
     let broker = connect_to_any(&settings.amqp).await?;
     let channel = broker.create_channel().await?;
     retrysafe::outbox::declare_exchange(&channel, &settings.amqp.exchange).await?;
+    // One consumer at a time receives (the others wait as standbys): the order of the queue is
+    // the order of processing. (An existing queue keeps the arguments it was declared with.)
+    let mut queue_arguments = FieldTable::default();
+    queue_arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
     channel
         .queue_declare(
             args.queue.as_str().into(),
             QueueDeclareOptions::durable(),
-            FieldTable::default(),
+            queue_arguments,
         )
         .await?;
     channel
@@ -136,11 +164,34 @@ async fn main() -> anyhow::Result<()> {
             .as_str()
             .unwrap_or("unknown")
             .to_owned();
+        let position = retrysafe::inbox::ordering_of(&delivery.properties);
         match inbox.begin(&mut db, event_id).await? {
             Some(transaction) => {
                 transaction.execute(APPLY_EFFECT, &[&kind]).await?;
+                if let Some(position) = &position {
+                    let client = event_client(&delivery);
+                    let previous: Option<i64> = transaction
+                        .query_one(
+                            ADVANCE_POSITION,
+                            &[&client, &position.ordering_key, &position.sequence],
+                        )
+                        .await?
+                        .get(0);
+                    if previous.unwrap_or(0) + 1 != position.sequence {
+                        println!(
+                            "note: {} went from {previous:?} to {} (a skipped event, or events this queue did not get)",
+                            position.ordering_key, position.sequence
+                        );
+                    }
+                }
                 transaction.commit().await?;
-                println!("applied {event_id} (kind {kind})");
+                match position {
+                    Some(position) => println!(
+                        "applied {event_id} (kind {kind}, {} #{})",
+                        position.ordering_key, position.sequence
+                    ),
+                    None => println!("applied {event_id} (kind {kind})"),
+                }
             }
             None => println!("skipped {event_id}: already processed"),
         }
@@ -152,4 +203,16 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `client-id` header: ordering keys are per client.
+fn event_client(delivery: &lapin::message::Delivery) -> String {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("client-id"))
+        .and_then(AMQPValue::as_long_string)
+        .map(|client| client.to_string())
+        .unwrap_or_default()
 }

@@ -13,6 +13,10 @@
 //! A crash before the commit leaves no row, so the redelivered message is processed afresh; a
 //! crash between the commit and the ack leaves the row, so the redelivery is skipped.
 //!
+//! The events of writes with an ordering key come first in sequence order (README "Ordered
+//! delivery"); [`ordering_of`] reads a delivery's key and sequence, so that a consumer that
+//! keeps the last sequence it applied per key can tell a late copy from news.
+//!
 //! ```no_run
 //! # async fn example(client: &mut tokio_postgres::Client, event_id: uuid::Uuid) -> Result<(), tokio_postgres::Error> {
 //! let inbox = retrysafe::inbox::Inbox::new("invoice-mailer");
@@ -25,8 +29,34 @@
 //! # }
 //! ```
 
+use lapin::types::AMQPValue;
+use lapin::BasicProperties;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
+
+/// Where an event stands among the events of its ordering key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The ordering key the write was made with (per client: see the `client-id` header).
+    pub ordering_key: String,
+    /// The write's number among the client's writes with that key: 1, 2, 3, ...
+    pub sequence: i64,
+}
+
+/// The ordering key and sequence of a delivery (its `ordering-key` and `sequence` headers);
+/// None for an event of a write without an ordering key.
+pub fn ordering_of(properties: &BasicProperties) -> Option<Position> {
+    let headers = properties.headers().as_ref()?.inner();
+    let text = |name: &str| match headers.get(name)? {
+        AMQPValue::LongString(value) => Some(value.to_string()),
+        AMQPValue::ShortString(value) => Some(value.to_string()),
+        _ => None,
+    };
+    Some(Position {
+        ordering_key: text("ordering-key")?,
+        sequence: text("sequence")?.parse().ok()?,
+    })
+}
 
 /// Claims the event for this consumer; a row that exists already means "processed before".
 const CLAIM_EVENT: &str =
@@ -66,5 +96,48 @@ impl Inbox {
             return Ok(None);
         }
         Ok(Some(transaction))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldTable;
+
+    #[test]
+    fn a_delivery_tells_its_ordering_key_and_sequence() {
+        let event = crate::outbox::store::PendingEvent {
+            id: 1,
+            event_id: Uuid::now_v7(),
+            event_type: "entry.created".into(),
+            client_id: "billing".into(),
+            idempotency_key: "k".into(),
+            payload: "{}".into(),
+            attempts: 0,
+            created_at: chrono::Utc::now(),
+            ordering_key: Some("invoice-42".into()),
+            sequence: Some(7),
+        };
+        let properties = crate::outbox::publish::message_properties(&event);
+        assert_eq!(
+            ordering_of(&properties),
+            Some(Position {
+                ordering_key: "invoice-42".into(),
+                sequence: 7
+            })
+        );
+        let unordered = crate::outbox::store::PendingEvent {
+            ordering_key: None,
+            sequence: None,
+            ..event
+        };
+        assert_eq!(
+            ordering_of(&crate::outbox::publish::message_properties(&unordered)),
+            None
+        );
+        assert_eq!(
+            ordering_of(&BasicProperties::default().with_headers(FieldTable::default())),
+            None
+        );
     }
 }

@@ -47,6 +47,7 @@ fn every_command_has_help() {
         &["check-config", "--help"],
         &["outbox", "status", "--help"],
         &["outbox", "retry", "--help"],
+        &["outbox", "skip", "--help"],
         &["outbox", "replay", "--help"],
         &["purge", "--help"],
         &["token", "new", "--help"],

@@ -233,3 +233,336 @@ async fn sigkill_and_broker_cuts_keep_each_keys_first_deliveries_in_order() {
     );
     assert_gapless_in_database(&daemon, &writes_per_key).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The claim against a model: generated sequences of writes, relay batches (each event acked,
+// failed or parked), backoff elapsing, an operator making every unsent row due, retries and
+// skips, run on the real statements. Safety: every claimed event is its key's head (the lowest
+// sequence neither sent nor skipped) and not parked. Liveness: once the parked are retried, the
+// relays deliver everything, with no event left held.
+// ---------------------------------------------------------------------------------------------
+
+mod model {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRunner};
+    use retrysafe::db::{Database, StorageError};
+    use retrysafe::outbox::store::{self, FailedAttempt, OrderingKeys, RelayStatements, Skip};
+    use uuid::Uuid;
+
+    use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
+
+    const KEYS: usize = 3;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Outcome {
+        Ack,
+        Fail,
+        Park,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(usize),
+        Relay {
+            limit: usize,
+            outcomes: Vec<Outcome>,
+        },
+        /// Backoff elapses: failed events are due again (held ones stay held).
+        Tick,
+        /// An operator's `UPDATE ... SET next_attempt_at = now()` on every unsent row.
+        Bump,
+        Retry(usize),
+        Skip(usize, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let outcome = prop_oneof![
+            6 => Just(Outcome::Ack),
+            2 => Just(Outcome::Fail),
+            1 => Just(Outcome::Park),
+        ];
+        prop_oneof![
+            5 => (0..KEYS).prop_map(Op::Write),
+            5 => (1usize..6, prop::collection::vec(outcome, 6))
+                .prop_map(|(limit, outcomes)| Op::Relay { limit, outcomes }),
+            2 => Just(Op::Tick),
+            1 => Just(Op::Bump),
+            1 => (0..KEYS).prop_map(Op::Retry),
+            1 => (0..KEYS, 0usize..8).prop_map(|(key, which)| Op::Skip(key, which)),
+        ]
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum State {
+        Unsent,
+        Parked,
+        Sent,
+        Skipped,
+    }
+
+    #[derive(Default)]
+    struct Model {
+        /// Per key, each write's event by sequence − 1.
+        keys: [Vec<(Uuid, State)>; KEYS],
+    }
+
+    impl Model {
+        fn head(&self, key: usize) -> Option<usize> {
+            self.keys[key]
+                .iter()
+                .position(|(_, state)| matches!(state, State::Unsent | State::Parked))
+        }
+    }
+
+    fn key_name(key: usize) -> String {
+        format!("k{key}")
+    }
+
+    fn key_index(name: &str) -> usize {
+        name[1..].parse().unwrap()
+    }
+
+    /// One relay batch as the relay runs it, the outcomes chosen by the case; returns the
+    /// claimed events (key, sequence) with their outcome.
+    async fn relay_batch(
+        db: &Database,
+        limit: usize,
+        outcomes: &[Outcome],
+    ) -> Result<Vec<(String, i64, Outcome)>, StorageError> {
+        db.run(async |connection| {
+            let statements = RelayStatements::prepare(connection).await?;
+            let client: &tokio_postgres::Client = connection;
+            client.batch_execute("BEGIN").await?;
+            let claimed = store::claim_due(client, &statements, limit).await?;
+            let mut sent = Vec::new();
+            let (mut failed, mut parked) = (Vec::new(), Vec::new());
+            let mut seen = Vec::new();
+            for (event, outcome) in claimed.iter().zip(outcomes.iter().cycle()) {
+                let attempt = || FailedAttempt {
+                    event,
+                    error: "test".into(),
+                    nacked: false,
+                };
+                match outcome {
+                    Outcome::Ack => sent.push(event.id),
+                    Outcome::Fail => failed.push(attempt()),
+                    Outcome::Park => parked.push(attempt()),
+                }
+                seen.push((
+                    event.ordering_key.clone().expect("every write is ordered"),
+                    event.sequence.expect("with a sequence"),
+                    *outcome,
+                ));
+            }
+            store::mark_sent(client, &statements, &sent).await?;
+            store::mark_failed(client, &statements, &failed, 1000).await?;
+            store::mark_failed(client, &statements, &parked, 1).await?;
+            let advancing = OrderingKeys::of(claimed.iter().filter(|e| sent.contains(&e.id)));
+            store::lock_keys(client, &statements, &advancing).await?;
+            store::advance_keys(client, &statements, &advancing).await?;
+            client.batch_execute("COMMIT").await?;
+            Ok(seen)
+        })
+        .await
+    }
+
+    async fn run_case(
+        app: &TestDaemon,
+        db: &Database,
+        case: usize,
+        ops: &[Op],
+    ) -> Result<(), String> {
+        app.db
+            .batch_execute(
+                "TRUNCATE outbox_events, ordering_keys, entries, idempotency_records, outbox_skips",
+            )
+            .await
+            .unwrap();
+        let mut model = Model::default();
+        let mut writes = 0;
+        let relay = async |model: &mut Model, limit: usize, outcomes: &[Outcome]| {
+            let seen = relay_batch(db, limit, outcomes)
+                .await
+                .map_err(|error| format!("relay batch: {error}"))?;
+            let count = seen.len();
+            for (name, sequence, outcome) in seen {
+                let key = key_index(&name);
+                let index = sequence as usize - 1;
+                if model.head(key) != Some(index) || model.keys[key][index].1 != State::Unsent {
+                    return Err(format!(
+                        "claimed {name} #{sequence}, but the key's head is {:?} and the event is {:?}",
+                        model.head(key).map(|head| head + 1),
+                        model.keys[key].get(index)
+                    ));
+                }
+                model.keys[key][index].1 = match outcome {
+                    Outcome::Ack => State::Sent,
+                    Outcome::Fail => State::Unsent,
+                    Outcome::Park => State::Parked,
+                };
+            }
+            Ok::<usize, String>(count)
+        };
+        for op in ops {
+            match op {
+                Op::Write(key) => {
+                    writes += 1;
+                    let body = serde_json::json!({"kind": "model", "data": {}, "ordering_key": key_name(*key)});
+                    let created = app.post_entry(&format!("p{case}-{writes}"), &body).await;
+                    let sequence = created.json()["sequence"].as_i64();
+                    let expected = model.keys[*key].len() as i64 + 1;
+                    if sequence != Some(expected) {
+                        return Err(format!("write to k{key} got {sequence:?}, not {expected}"));
+                    }
+                    let event_id: Uuid = app
+                        .db
+                        .query_one(
+                            "SELECT event_id FROM outbox_events WHERE ordering_key = $1 AND sequence = $2",
+                            &[&key_name(*key), &expected],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    model.keys[*key].push((event_id, State::Unsent));
+                }
+                Op::Relay { limit, outcomes } => {
+                    relay(&mut model, *limit, outcomes).await?;
+                }
+                Op::Tick => {
+                    app.db
+                        .execute(
+                            "UPDATE outbox_events SET next_attempt_at = now()
+                             WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'",
+                            &[],
+                        )
+                        .await
+                        .unwrap();
+                }
+                Op::Bump => {
+                    app.db
+                        .execute(
+                            "UPDATE outbox_events SET next_attempt_at = now()
+                             WHERE sent_at IS NULL AND failed_at IS NULL",
+                            &[],
+                        )
+                        .await
+                        .unwrap();
+                }
+                Op::Retry(key) => {
+                    if let Some(head) = model.head(*key) {
+                        if model.keys[*key][head].1 == State::Parked {
+                            let event_id = model.keys[*key][head].0;
+                            let requeued = db
+                                .run(async |connection| {
+                                    store::requeue_event(&**connection, event_id).await
+                                })
+                                .await
+                                .map_err(|error| error.to_string())?;
+                            if !requeued {
+                                return Err(format!("the parked head of k{key} was not requeued"));
+                            }
+                            model.keys[*key][head].1 = State::Unsent;
+                        }
+                    }
+                }
+                Op::Skip(key, which) => {
+                    let events = &mut model.keys[*key];
+                    if events.is_empty() {
+                        continue;
+                    }
+                    let index = which % events.len();
+                    let (event_id, state) = events[index];
+                    let skipped = db
+                        .run(async |connection| {
+                            store::skip_event(connection, event_id, 0, "model").await
+                        })
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    let expected_skip = matches!(state, State::Unsent | State::Parked);
+                    if matches!(skipped, Skip::Skipped { .. }) != expected_skip {
+                        return Err(format!(
+                            "skip of k{key} #{}: {skipped:?} with the event {state:?}",
+                            index + 1
+                        ));
+                    }
+                    if expected_skip {
+                        events[index].1 = State::Skipped;
+                    }
+                }
+            }
+        }
+        // Liveness: the parked retried, backoff over, relays acking everything until idle.
+        for key in 0..KEYS {
+            for index in 0..model.keys[key].len() {
+                if model.keys[key][index].1 == State::Parked {
+                    let event_id = model.keys[key][index].0;
+                    db.run(async |connection| store::requeue_event(&**connection, event_id).await)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    model.keys[key][index].1 = State::Unsent;
+                }
+            }
+        }
+        loop {
+            app.db
+                .execute(
+                    "UPDATE outbox_events SET next_attempt_at = now()
+                     WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if relay(&mut model, 100, &[Outcome::Ack]).await? == 0 {
+                break;
+            }
+        }
+        for key in 0..KEYS {
+            if let Some(head) = model.head(key) {
+                return Err(format!(
+                    "k{key} #{} never delivered (held with nothing to release it?)",
+                    head + 1
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    #[actix_web::test]
+    async fn the_claim_never_passes_a_keys_head_and_leaves_nothing_held() {
+        let app = spawn_app_without_relays(|_| {}).await;
+        let db = Database::new(&app.config().database).unwrap();
+        let cases: u32 = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(24);
+        let strategy = prop::collection::vec(op(), 1..40);
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let mut case = 0;
+        for _ in 0..cases {
+            let mut tree = strategy.new_tree(&mut runner).unwrap();
+            case += 1;
+            let Err(first) = run_case(&app, &db, case, &tree.current()).await else {
+                continue;
+            };
+            // Shrink as proptest does: simpler while it still fails, else back.
+            let mut failure = (tree.current(), first);
+            let mut shrinking = tree.simplify();
+            while shrinking {
+                case += 1;
+                shrinking = match run_case(&app, &db, case, &tree.current()).await {
+                    Err(error) => {
+                        failure = (tree.current(), error);
+                        tree.simplify()
+                    }
+                    Ok(()) => tree.complicate(),
+                };
+            }
+            panic!("{}\nops: {:?}", failure.1, failure.0);
+        }
+    }
+}

@@ -50,8 +50,18 @@ pub struct Load {
     clients: Vec<actix_web::rt::task::JoinHandle<()>>,
 }
 
-fn body_for(key: &str, n: usize) -> String {
-    serde_json::json!({"kind": "ha.test", "data": {"key": key, "n": n}}).to_string()
+/// Ordering keys the clients share: a key's writes come from several clients, interleaved.
+const ORDERING_KEYS: usize = 8;
+
+/// Every write is ordered, on one of a few keys the clients share, so that the tests can check
+/// the order of first deliveries through the faults too.
+fn body_for(key: &str, client: usize, n: usize) -> String {
+    serde_json::json!({
+        "kind": "ha.test",
+        "data": {"key": key, "n": n},
+        "ordering_key": format!("ha-{}", (client + n) % ORDERING_KEYS),
+    })
+    .to_string()
 }
 
 impl Load {
@@ -68,8 +78,14 @@ impl Load {
                     let mut n = 0;
                     while !stop.get() {
                         let key = format!("{prefix}-{client}-{n}");
-                        write_until_answered(&http, &base, &key, &body_for(&key, n), &records)
-                            .await;
+                        write_until_answered(
+                            &http,
+                            &base,
+                            &key,
+                            &body_for(&key, client, n),
+                            &records,
+                        )
+                        .await;
                         n += 1;
                         tokio::time::sleep(PACE).await;
                     }

@@ -11,6 +11,7 @@ use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::DaemonProcess;
 use crate::common::helpers::{all_event_ids, count, count_is, eventually, TestExchange};
 use crate::common::lab::Lab;
+use crate::common::ordering::OrderChecker;
 use crate::load::{Load, Recovery};
 
 /// Injects a fault on the primary, waits until the other node is primary and writes flow again,
@@ -122,6 +123,7 @@ async fn failovers_under_load_lose_no_acknowledged_write_duplicate_none_and_need
         .collect();
     assert_eq!(event_ids.len(), held.len(), "one event per entry");
     let mut delivered = HashSet::new();
+    let mut order = OrderChecker::default();
     while delivered.len() < event_ids.len() {
         let delivery = consumer
             .next(Duration::from_secs(30))
@@ -133,9 +135,12 @@ async fn failovers_under_load_lose_no_acknowledged_write_duplicate_none_and_need
                     event_ids.len()
                 )
             });
+        order.observe(&delivery);
         delivered.insert(message_id(&delivery));
     }
     assert_eq!(delivered, event_ids);
+    // Each ordering key's first deliveries in sequence order, through the three failovers.
+    assert_eq!(order.out_of_order(1), Vec::<String>::new());
     eprintln!(
         "{} keys acknowledged, {} attempts in all",
         records.acknowledged.len(),
