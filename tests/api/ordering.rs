@@ -417,3 +417,54 @@ async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
     );
     assert_eq!(app.count("SELECT count(*) FROM outbox_skips").await, 1);
 }
+
+#[actix_web::test]
+async fn a_replay_sends_each_keys_events_in_sequence_order_with_their_headers() {
+    let app = spawn_app_without_relays(|_| {}).await;
+    let exchange = app.settings.amqp.exchange.clone();
+    let mut bound = TestConsumer::bind(&exchange, "#").await;
+    // Written all at once: one writer batch numbers several writes of one key.
+    let bodies: Vec<(String, Value)> = (0..12)
+        .map(|n| {
+            let key = if n % 3 == 0 { "r" } else { "s" };
+            (format!("replayed-{n}"), ordered(n, key))
+        })
+        .collect();
+    for created in
+        futures_util::future::join_all(bodies.iter().map(|(key, body)| app.post_entry(key, body)))
+            .await
+    {
+        created.assert_created();
+    }
+    assert_eq!(app.relay_until_empty().await, 12);
+    assert_eq!(bound.take(12, WAIT).await.len(), 12);
+    // Ids in sequence order within each key (what a replay's walk by id relies on).
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM (SELECT id, lag(id) OVER (PARTITION BY ordering_key ORDER BY sequence) AS previous
+                                   FROM outbox_events) AS walk
+             WHERE previous > id"
+        )
+        .await,
+        0
+    );
+    let queue = format!("{exchange}.rebuild");
+    let mut rebuilt = TestConsumer::declare(&exchange, &queue, None).await;
+    let replayed = retrysafe(
+        &["outbox", "replay", "--all", "--to-queue", &queue],
+        &database_env(&app),
+    );
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    let deliveries = rebuilt.take(12, WAIT).await;
+    let mut checker = crate::common::ordering::OrderChecker::default();
+    for delivery in &deliveries {
+        checker.observe(delivery);
+    }
+    assert_eq!(checker.out_of_order(1), Vec::<String>::new());
+    assert_eq!(
+        checker.per_key(),
+        [("r".to_owned(), 4), ("s".to_owned(), 8)]
+            .into_iter()
+            .collect()
+    );
+}
