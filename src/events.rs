@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::idempotency::canonical::write_string;
 use crate::idempotency::canonical_json;
+use crate::trace_context::TraceContext;
 
 pub const ENTRY_CREATED: &str = "entry.created";
 pub const AUDIT_ENTRY_CREATED: &str = "audit.entry.created";
@@ -34,6 +35,8 @@ impl NewEvent {
 /// The entry an event is about.
 pub struct EventSubject<'a> {
     pub entry_id: Uuid,
+    /// The write's trace context: the CloudEvents distributed-tracing attributes.
+    pub trace: Option<&'a TraceContext>,
     /// RFC 3339, as the API shows it: the event's `time`.
     pub created_at: &'a str,
     /// The entry as the API shows it, in canonical JSON: the data of `entry.created`.
@@ -79,6 +82,14 @@ fn cloud_event(event_type: &'static str, subject: &EventSubject<'_>, data_json: 
     payload.push_str(&subject.entry_id.to_string());
     payload.push_str("\",\"time\":");
     write_string(subject.created_at, &mut payload);
+    if let Some(trace) = subject.trace {
+        payload.push_str(",\"traceparent\":");
+        write_string(&trace.traceparent, &mut payload);
+        if let Some(state) = &trace.tracestate {
+            payload.push_str(",\"tracestate\":");
+            write_string(state, &mut payload);
+        }
+    }
     payload.push_str(",\"type\":");
     write_string(event_type, &mut payload);
     payload.push('}');
@@ -100,8 +111,13 @@ mod tests {
         let entry_json = format!(
             r#"{{"created_at":"2026-12-02T11:00:00.000000Z","data":{{"a":"x\"y"}},"id":"{entry_id}","kind":"k"}}"#
         );
+        let trace = TraceContext {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: Some("congo=t61rcWkgMzE".into()),
+        };
         let subject = EventSubject {
             entry_id,
+            trace: Some(&trace),
             created_at: "2026-12-02T11:00:00.000000Z",
             entry_json: &entry_json,
         };
@@ -123,6 +139,8 @@ mod tests {
             assert_eq!(parsed["type"], event.event_type);
             assert_eq!(parsed["subject"], entry_id.to_string());
             assert_eq!(parsed["time"], "2026-12-02T11:00:00.000000Z");
+            assert_eq!(parsed["traceparent"], trace.traceparent);
+            assert_eq!(parsed["tracestate"], "congo=t61rcWkgMzE");
         }
         let created: Value = serde_json::from_str(&events[0].payload).unwrap();
         assert_eq!(

@@ -34,6 +34,24 @@ use lapin::BasicProperties;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
+/// The trace context the write that made the event had (its `traceparent` and `tracestate`
+/// headers): start the consumer's span as a child of it (or linked to it) to continue the
+/// caller's trace. None for an event written before the daemon kept it.
+pub fn trace_context_of(
+    properties: &BasicProperties,
+) -> Option<crate::trace_context::TraceContext> {
+    let headers = properties.headers().as_ref()?.inner();
+    let text = |name: &str| match headers.get(name)? {
+        AMQPValue::LongString(value) => Some(value.to_string()),
+        AMQPValue::ShortString(value) => Some(value.to_string()),
+        _ => None,
+    };
+    Some(crate::trace_context::TraceContext {
+        traceparent: crate::trace_context::parse_traceparent(&text("traceparent")?)?,
+        tracestate: text("tracestate"),
+    })
+}
+
 /// Where an event stands among the events of its ordering key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
@@ -117,6 +135,8 @@ mod tests {
             created_at: chrono::Utc::now(),
             ordering_key: Some("invoice-42".into()),
             sequence: Some(7),
+            traceparent: None,
+            tracestate: None,
         };
         let properties = crate::outbox::publish::message_properties(&event);
         assert_eq!(

@@ -44,4 +44,5 @@ pub mod outbox;
 pub mod startup;
 pub mod telemetry;
 pub mod tls;
+pub mod trace_context;
 pub mod write;

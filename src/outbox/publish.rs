@@ -300,8 +300,8 @@ fn short_string(text: &str) -> ShortString {
 /// The AMQP properties of an event's message, the same on every publication of it, replays
 /// included: `message_id` is the event id (consumers dedupe on it), `type` the event type,
 /// `timestamp` the write's time, `app_id` and `content_type` as above, persistent delivery, and
-/// the headers `idempotency-key` and `client-id`; and for an ordered write's event
-/// `ordering-key` and `sequence`.
+/// the headers `idempotency-key` and `client-id`; for an ordered write's event
+/// `ordering-key` and `sequence`; and the write's `traceparent` and `tracestate`.
 pub fn message_properties(event: &PendingEvent) -> BasicProperties {
     let properties = event_properties(
         event.event_id,
@@ -310,10 +310,31 @@ pub fn message_properties(event: &PendingEvent) -> BasicProperties {
         &event.idempotency_key,
         event.created_at.timestamp().max(0) as u64,
     );
-    match (&event.ordering_key, event.sequence) {
+    let properties = match (&event.ordering_key, event.sequence) {
         (Some(key), Some(sequence)) => with_ordering(properties, key, sequence),
         _ => properties,
+    };
+    match &event.traceparent {
+        Some(traceparent) => with_trace(properties, traceparent, event.tracestate.as_deref()),
+        None => properties,
     }
+}
+
+/// The W3C trace context headers, as the write had them: a consumer continues its trace.
+fn with_trace(
+    properties: BasicProperties,
+    traceparent: &str,
+    tracestate: Option<&str>,
+) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(traceparent.into()),
+    );
+    if let Some(state) = tracestate {
+        headers.insert("tracestate".into(), AMQPValue::LongString(state.into()));
+    }
+    properties.with_headers(headers)
 }
 
 /// The headers of an ordered write's event: `ordering-key` (what a consistent-hash exchange

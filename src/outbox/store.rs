@@ -24,6 +24,9 @@ pub struct PendingEvent {
     /// The write's ordering key and its sequence among the key's writes; None when unordered.
     pub ordering_key: Option<String>,
     pub sequence: Option<i64>,
+    /// The W3C trace context of the write that made it.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// Due rows, oldest first. `SKIP LOCKED` lets relays (of this and other daemons) claim disjoint
@@ -45,7 +48,7 @@ pub struct PendingEvent {
 /// outbox_events_ordered_unsent for an ordered one.
 const CLAIM_DUE: &str = "
 SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
-       ordering_key, sequence
+       ordering_key, sequence, traceparent, tracestate
 FROM outbox_events e
 WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
   AND (e.ordering_key IS NULL OR NOT EXISTS (
@@ -212,6 +215,8 @@ pub fn pending_event(row: &Row) -> PendingEvent {
         created_at: row.get(7),
         ordering_key: row.get(8),
         sequence: row.get(9),
+        traceparent: row.get(10),
+        tracestate: row.get(11),
     }
 }
 

@@ -25,6 +25,7 @@ use uuid::Uuid;
 use crate::db::StorageError;
 pub use crate::entry::WriteRequest;
 use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::trace_context::TraceContext;
 
 pub use cache::ReplayCache;
 pub use pending::{PendingBytes, PendingPermit};
@@ -45,6 +46,8 @@ pub struct Write {
     pub request: WriteRequest,
     /// The client's address, for the audit event.
     pub remote_addr: Option<String>,
+    /// The trace context its events carry to consumers.
+    pub trace: Option<TraceContext>,
 }
 
 impl Write {
@@ -56,6 +59,7 @@ impl Write {
             + self.request.kind.len()
             + self.key.key.as_str().len()
             + self.request.ordering_key.as_ref().map_or(0, String::len)
+            + self.trace.as_ref().map_or(0, TraceContext::size)
             + 512
     }
 }

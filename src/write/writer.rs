@@ -228,6 +228,7 @@ fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
     });
     let subject = EventSubject {
         entry_id,
+        trace: write.trace.as_ref(),
         created_at: &created_at_text,
         entry_json: &response_body,
     };
@@ -467,7 +468,7 @@ new_entries AS (
 new_events AS (
     INSERT INTO outbox_events
         (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
-         next_attempt_at, ordering_key, sequence)
+         next_attempt_at, ordering_key, sequence, traceparent, tracestate)
     SELECT e.event_id, e.event_key, e.client_id, e.key, e.event_type,
            CASE WHEN s.sequence IS NULL THEN e.payload::jsonb
                 ELSE jsonb_set(
@@ -482,11 +483,11 @@ new_events AS (
            END,
            now(),
            CASE WHEN s.held THEN 'infinity'::timestamptz ELSE now() END,
-           s.ordering_key, s.sequence
+           s.ordering_key, s.sequence, e.traceparent, e.tracestate
     FROM unnest($9::uuid[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
-                $18::uuid[], $19::bool[])
+                $18::uuid[], $19::bool[], $20::text[], $21::text[])
             AS e(event_id, event_key, client_id, key, event_type, payload, entry_id,
-                 carries_entry)
+                 carries_entry, traceparent, tracestate)
         JOIN claimed c USING (client_id, key)
         LEFT JOIN sequenced s USING (entry_id)
     -- Ids drawn in sequence order, under the key's lock: a key's events are in id order too
@@ -518,7 +519,7 @@ FROM idempotency_records r
 
 /// The claim statement's parameters: one array per column, built from the prepared writes (the
 /// first eight: one element per write) and their events (the next six: one per event), the
-/// response status and the retention, then the writes' ordering keys and two more arrays of
+/// response status and the retention, then the writes' ordering keys and four more arrays of
 /// the events.
 struct Columns<'a> {
     client_ids: Vec<&'a str>,
@@ -539,6 +540,8 @@ struct Columns<'a> {
     retention_micros: i64,
     ordering_keys: Vec<Option<&'a str>>,
     event_entry_ids: Vec<Uuid>,
+    event_traceparents: Vec<Option<&'a str>>,
+    event_tracestates: Vec<Option<&'a str>>,
     /// The event's data is the entry (`entry.created`): an ordered write's sequence goes in it.
     event_carries_entry: Vec<bool>,
 }
@@ -574,6 +577,12 @@ impl<'a> Columns<'a> {
                 .map(|p| p.write.request.ordering_key.as_deref())
                 .collect(),
             event_entry_ids: events().map(|(p, _)| p.entry_id).collect(),
+            event_traceparents: events()
+                .map(|(p, _)| p.write.trace.as_ref().map(|t| t.traceparent.as_str()))
+                .collect(),
+            event_tracestates: events()
+                .map(|(p, _)| p.write.trace.as_ref().and_then(|t| t.tracestate.as_deref()))
+                .collect(),
             event_carries_entry: events()
                 .map(|(_, e)| e.event_type == ENTRY_CREATED)
                 .collect(),
@@ -581,7 +590,7 @@ impl<'a> Columns<'a> {
     }
 
     /// In the order of `CLAIM_AND_INSERT`'s parameters.
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 21] {
         [
             &self.client_ids,
             &self.keys,
@@ -602,6 +611,8 @@ impl<'a> Columns<'a> {
             &self.ordering_keys,
             &self.event_entry_ids,
             &self.event_carries_entry,
+            &self.event_traceparents,
+            &self.event_tracestates,
         ]
     }
 }
@@ -721,6 +732,7 @@ mod tests {
                 data_json: format!("{{\"pad\":\"{}\"}}", "x".repeat(data_bytes)),
             },
             remote_addr: None,
+            trace: None,
         };
         Commit {
             permit: pending.try_acquire(write.pending_size()).unwrap(),

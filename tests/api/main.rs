@@ -18,3 +18,4 @@ mod replay;
 mod send;
 mod service;
 mod storage_outage;
+mod trace_context;
