@@ -34,10 +34,12 @@ pub struct EntryView {
     pub created_at: String,
     /// The ordering key the entry was written with; absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub ordering_key: Option<String>,
     /// The entry's place among its client's writes with that ordering key: 1, 2, 3, ... in
     /// commit order, without a gap; absent without an ordering key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub sequence: Option<i64>,
 }
 
@@ -101,7 +103,7 @@ pub struct NewEntryRequest {
     /// Optional, 1 to 255 visible ASCII characters. The client's writes with one ordering key
     /// are numbered (`sequence`) in commit order, and their events reach consumers in that
     /// order (README "Ordered delivery").
-    #[schema(pattern = "^[!-~]{1,255}$", example = "invoice-42")]
+    #[schema(pattern = "^[!-~]{1,255}$", example = "invoice-42", nullable = false)]
     ordering_key: Option<String>,
 }
 

@@ -23,8 +23,10 @@ pub struct KeyView {
     entry_id: Option<Uuid>,
     /// The write's ordering key and its sequence; absent for an unordered write.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     ordering_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     sequence: Option<i64>,
     /// The parked event of the ordering key that holds this write's events back (retry or
     /// skip it: README "Ordered delivery"); null when nothing does.

@@ -320,8 +320,10 @@ pub struct ListedEntry {
     idempotency_key: String,
     /// The ordering key the entry was written with, and its sequence; absent when none.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     ordering_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     sequence: Option<i64>,
 }
 

@@ -202,8 +202,21 @@ async fn openapi_json_describes_every_route_and_problem_type() {
             "cursor"
         ])
     );
-    let event = &document["components"]["schemas"]["EventView"]["properties"];
+    let schemas = &document["components"]["schemas"];
+    let event = &schemas["EventView"]["properties"];
     assert!(event.get("replay_count").is_some() && event.get("last_replayed_at").is_some());
+    assert!(event.get("blocked_by").is_some() && event.get("skipped_at").is_some());
+    // Ordered delivery: the optional body member, and the entry's number wherever it is shown.
+    assert_eq!(
+        schemas["NewEntryRequest"]["properties"]["ordering_key"]["type"],
+        "string"
+    );
+    for view in ["EntryView", "ListedEntry", "KeyView"] {
+        let properties = &schemas[view]["properties"];
+        assert_eq!(properties["ordering_key"]["type"], "string", "{view}");
+        assert_eq!(properties["sequence"]["type"], "integer", "{view}");
+    }
+    assert!(schemas["KeyView"]["properties"].get("blocked_by").is_some());
     let post = &document["paths"]["/v1/entries"]["post"]["responses"];
     for status in [
         "201", "400", "401", "409", "413", "415", "422", "429", "503",
