@@ -62,6 +62,10 @@ pub struct SendArgs {
     /// "nightly-invoices:2026-01-31"
     #[arg(long, value_name = "TEXT")]
     intent: Option<String>,
+    /// Deliver this write's events after those of the client's earlier writes with the same
+    /// ordering key (1 to 255 visible ASCII), e.g. "invoice-42"
+    #[arg(long, value_name = "KEY")]
+    ordering_key: Option<String>,
     /// A file whose first line is the bearer token [else RETRYSAFE_TOKEN]
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
@@ -86,7 +90,13 @@ pub fn run(args: &SendArgs) -> anyhow::Result<ExitCode> {
         (None, Some(intent)) => key_for_intent(intent),
         (None, None) => unreachable!("clap requires --key or --intent"),
     };
-    let request = match key.and_then(|key| EntryRequest::from_json_text(key, &args.kind, &data)) {
+    let request = key
+        .and_then(|key| EntryRequest::from_json_text(key, &args.kind, &data))
+        .and_then(|request| match &args.ordering_key {
+            Some(ordering_key) => request.with_ordering_key(ordering_key),
+            None => Ok(request),
+        });
+    let request = match request {
         Ok(request) => request,
         Err(error) => return Ok(refused_here(&error)),
     };

@@ -82,8 +82,24 @@ impl EntryRequest {
         Self::from_value(key, kind, data)
     }
 
+    /// The same write with an ordering key: the daemon numbers the client's writes with one
+    /// ordering key and delivers their events in that order (README "Ordered delivery"). It
+    /// is part of the request: every attempt, and every run for the same intent, must give it.
+    pub fn with_ordering_key(self, ordering_key: &str) -> Result<Self, RequestError> {
+        let mut body: Map<String, Value> =
+            serde_json::from_slice(&self.body).expect("the body was made from a JSON object");
+        body.insert("ordering_key".into(), Value::String(ordering_key.into()));
+        Self::checked(self.key, canonical_json(&Value::Object(body)))
+    }
+
     fn from_value(key: IdempotencyKey, kind: &str, data: Value) -> Result<Self, RequestError> {
-        let body = canonical_json(&serde_json::json!({ "kind": kind, "data": data }));
+        Self::checked(
+            key,
+            canonical_json(&serde_json::json!({ "kind": kind, "data": data })),
+        )
+    }
+
+    fn checked(key: IdempotencyKey, body: String) -> Result<Self, RequestError> {
         match decode_new_entry(body.as_bytes()) {
             Ok(_) => Ok(Self {
                 key,

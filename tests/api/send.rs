@@ -670,3 +670,38 @@ async fn https_works_with_a_private_ca_and_no_other_issuer_is_trusted() {
     assert_eq!(app.row_counts().await, (1, 1, 1));
     std::fs::remove_dir_all(directory).unwrap();
 }
+
+#[actix_web::test]
+async fn an_ordering_key_is_sent_with_every_attempt_and_numbers_the_write() {
+    let app = spawn_app().await;
+    let first_intent = intent("ordered-first");
+    let second_intent = intent("ordered-second");
+    let ordered = ["--ordering-key", "invoice-42"];
+    let first = run_send(&app.address, &job_args(&first_intent, &ordered), &[]).await;
+    first.assert_code(0);
+    assert_eq!(first.entry()["ordering_key"], "invoice-42");
+    assert_eq!(first.entry()["sequence"], 1);
+    let second = run_send(&app.address, &job_args(&second_intent, &ordered), &[]).await;
+    assert_eq!(second.entry()["sequence"], 2);
+    // The same intent again: the same write, the same number.
+    let again = run_send(&app.address, &job_args(&first_intent, &ordered), &[]).await;
+    again.assert_code(0);
+    assert_eq!(again.entry()["sequence"], 1);
+    // Without the ordering key it is another request under the same key: refused.
+    let changed = run_send(&app.address, &job_args(&first_intent, &[]), &[]).await;
+    changed.assert_code(REFUSED);
+    // A malformed ordering key is refused before anything is sent.
+    let malformed = run_send(
+        &app.address,
+        &job_args(&intent("bad"), &["--ordering-key", "has space"]),
+        &[],
+    )
+    .await;
+    malformed.assert_code(REFUSED);
+    assert!(malformed.attempts().is_empty(), "{malformed}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM entries").await,
+        2,
+        "two writes"
+    );
+}
