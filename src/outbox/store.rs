@@ -158,6 +158,17 @@ impl OrderingKeys {
         }
     }
 
+    /// One key, or none for an unordered event.
+    fn of_one(client_id: String, ordering_key: Option<String>) -> Self {
+        match ordering_key {
+            Some(key) => Self {
+                clients: vec![client_id],
+                keys: vec![key],
+            },
+            None => Self::default(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -641,11 +652,7 @@ pub async fn skip_event(
     else {
         return Ok(Skip::NotFound);
     };
-    let ordering_key: Option<String> = found.get(1);
-    let keys = OrderingKeys {
-        clients: ordering_key.iter().map(|_| found.get(0)).collect(),
-        keys: ordering_key.iter().cloned().collect(),
-    };
+    let keys = OrderingKeys::of_one(found.get(0), found.get(1));
     if !keys.is_empty() {
         transaction
             .execute(LOCK_KEYS, &[&keys.clients, &keys.keys])
