@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::Rng;
-use tokio_postgres::{GenericClient, Row, Statement};
+use tokio_postgres::{GenericClient, Row, Statement, ToStatement};
 use uuid::Uuid;
 
 use crate::db::{PgClient, StorageError};
@@ -180,12 +180,7 @@ pub async fn lock_keys(
     statements: &RelayStatements,
     keys: &OrderingKeys,
 ) -> Result<u64, StorageError> {
-    if keys.is_empty() {
-        return Ok(0);
-    }
-    Ok(client
-        .execute(&statements.lock_keys, &[&keys.clients, &keys.keys])
-        .await?)
+    on_keys(client, &statements.lock_keys, keys).await
 }
 
 /// Moves the keys on past what is sent or skipped and releases their next events
@@ -195,11 +190,21 @@ pub async fn advance_keys(
     statements: &RelayStatements,
     keys: &OrderingKeys,
 ) -> Result<u64, StorageError> {
+    on_keys(client, &statements.advance_keys, keys).await
+}
+
+/// Runs a statement whose `$1` and `$2` are the keys' clients and ordering keys; nothing for
+/// no keys.
+async fn on_keys<T: ToStatement + Sync + Send + ?Sized>(
+    client: &impl GenericClient,
+    statement: &T,
+    keys: &OrderingKeys,
+) -> Result<u64, StorageError> {
     if keys.is_empty() {
         return Ok(0);
     }
     Ok(client
-        .execute(&statements.advance_keys, &[&keys.clients, &keys.keys])
+        .execute(statement, &[&keys.clients, &keys.keys])
         .await?)
 }
 
@@ -526,15 +531,23 @@ pub struct Blocked {
 
 /// From the parked rows (their partial index) to the unsent events behind each in its key
 /// (outbox_events_ordered_unsent): as cheap as parked and blocked events are few.
-const BLOCKED: &str = "
-SELECT count(DISTINCT later.id), count(DISTINCT (later.client_id, later.ordering_key))
+macro_rules! parked_and_what_they_block {
+    () => {
+        "
 FROM outbox_events parked
     JOIN outbox_events later
         ON later.client_id = parked.client_id AND later.ordering_key = parked.ordering_key
        AND later.sequence > parked.sequence
        AND later.sent_at IS NULL AND later.skipped_at IS NULL AND later.ordering_key IS NOT NULL
 WHERE parked.sent_at IS NULL AND parked.failed_at IS NOT NULL AND parked.skipped_at IS NULL
-  AND parked.ordering_key IS NOT NULL";
+  AND parked.ordering_key IS NOT NULL"
+    };
+}
+
+const BLOCKED: &str = concat!(
+    "SELECT count(DISTINCT later.id), count(DISTINCT (later.client_id, later.ordering_key))",
+    parked_and_what_they_block!()
+);
 
 pub async fn blocked(client: &impl GenericClient) -> Result<Blocked, StorageError> {
     let row = client.query_one(BLOCKED, &[]).await?;
@@ -560,19 +573,15 @@ pub struct BlockingEvent {
 /// At most this many blocking events are listed (those holding back the most).
 pub const BLOCKING_SHOWN: i64 = 20;
 
-const BLOCKING_EVENTS: &str = "
-SELECT parked.event_id, parked.event_type, parked.client_id, parked.ordering_key,
-       parked.sequence, count(*), coalesce(parked.last_error, '')
-FROM outbox_events parked
-    JOIN outbox_events later
-        ON later.client_id = parked.client_id AND later.ordering_key = parked.ordering_key
-       AND later.sequence > parked.sequence
-       AND later.sent_at IS NULL AND later.skipped_at IS NULL AND later.ordering_key IS NOT NULL
-WHERE parked.sent_at IS NULL AND parked.failed_at IS NOT NULL AND parked.skipped_at IS NULL
-  AND parked.ordering_key IS NOT NULL
+const BLOCKING_EVENTS: &str = concat!(
+    "SELECT parked.event_id, parked.event_type, parked.client_id, parked.ordering_key,
+       parked.sequence, count(*), coalesce(parked.last_error, '')",
+    parked_and_what_they_block!(),
+    "
 GROUP BY parked.id
 ORDER BY count(*) DESC, parked.id
-LIMIT $1";
+LIMIT $1"
+);
 
 /// The parked events that block the most, for `outbox status`: each one to retry or skip.
 pub async fn blocking_events(
@@ -653,11 +662,7 @@ pub async fn skip_event(
         return Ok(Skip::NotFound);
     };
     let keys = OrderingKeys::of_one(found.get(0), found.get(1));
-    if !keys.is_empty() {
-        transaction
-            .execute(LOCK_KEYS, &[&keys.clients, &keys.keys])
-            .await?;
-    }
+    on_keys(&transaction, LOCK_KEYS, &keys).await?;
     let candidate = match transaction.query_one(SKIP_CANDIDATE, &[&event_id]).await {
         Ok(row) => row,
         Err(error)
@@ -676,13 +681,7 @@ pub async fn skip_event(
     transaction
         .execute(SKIP, &[&event_id, &requested_uid, &reason])
         .await?;
-    let released = if keys.is_empty() {
-        0
-    } else {
-        transaction
-            .execute(ADVANCE_KEYS, &[&keys.clients, &keys.keys])
-            .await?
-    };
+    let released = on_keys(&transaction, ADVANCE_KEYS, &keys).await?;
     transaction.commit().await?;
     Ok(Skip::Skipped {
         event_type: candidate.get(0),

@@ -261,15 +261,22 @@ async fn park(app: &TestDaemon, event_id: Uuid) {
         .unwrap();
 }
 
-#[actix_web::test]
-async fn a_parked_event_holds_back_its_key_alone_until_it_is_retried() {
+/// A daemon without relays and a consumer of its exchange, after three writes of `key` with
+/// idempotency keys `<prefix>-1` to `<prefix>-3`.
+async fn three_ordered_writes(prefix: &str, key: &str) -> (TestDaemon, TestConsumer) {
     let app = spawn_app_without_relays(|_| {}).await;
-    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    let consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     for n in 1..=3 {
-        app.post_entry(&format!("a-{n}"), &ordered(n, "a"))
+        app.post_entry(&format!("{prefix}-{n}"), &ordered(n, key))
             .await
             .assert_created();
     }
+    (app, consumer)
+}
+
+#[actix_web::test]
+async fn a_parked_event_holds_back_its_key_alone_until_it_is_retried() {
+    let (app, mut consumer) = three_ordered_writes("a", "a").await;
     app.post_entry("b-1", &ordered(100, "b"))
         .await
         .assert_created();
@@ -337,13 +344,7 @@ async fn eventually_metric(app: &TestDaemon, name: &str, wanted: f64) -> f64 {
 
 #[actix_web::test]
 async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
-    let app = spawn_app_without_relays(|_| {}).await;
-    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
-    for n in 1..=3 {
-        app.post_entry(&format!("s-{n}"), &ordered(n, "k"))
-            .await
-            .assert_created();
-    }
+    let (app, mut consumer) = three_ordered_writes("s", "k").await;
     let head = event_of(&app, "s-1").await;
     park(&app, head).await;
     assert_eq!(app.relay_until_empty().await, 0, "the key waits");

@@ -254,6 +254,10 @@ mod model {
 
     const KEYS: usize = 3;
 
+    /// Backoff elapses: every failed event is due now; held ones stay held.
+    const BACKOFF_OVER: &str = "UPDATE outbox_events SET next_attempt_at = now()
+        WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'";
+
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Outcome {
         Ack,
@@ -430,14 +434,7 @@ mod model {
                     relay(&mut model, *limit, outcomes).await?;
                 }
                 Op::Tick => {
-                    app.db
-                        .execute(
-                            "UPDATE outbox_events SET next_attempt_at = now()
-                             WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'",
-                            &[],
-                        )
-                        .await
-                        .unwrap();
+                    app.db.execute(BACKOFF_OVER, &[]).await.unwrap();
                 }
                 Op::Bump => {
                     app.db
@@ -505,14 +502,7 @@ mod model {
             }
         }
         loop {
-            app.db
-                .execute(
-                    "UPDATE outbox_events SET next_attempt_at = now()
-                     WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'",
-                    &[],
-                )
-                .await
-                .unwrap();
+            app.db.execute(BACKOFF_OVER, &[]).await.unwrap();
             if relay(&mut model, 100, &[Outcome::Ack]).await? == 0 {
                 break;
             }
