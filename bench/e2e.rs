@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! bench-e2e precreate --url http://127.0.0.1:18437 --kind bench.replay --prefix replay- --count 1000
-//! bench-e2e run --url http://127.0.0.1:18437 --queue Q [--rate 1000] [--seconds 20]
+//! bench-e2e run --url http://127.0.0.1:18437 --queue Q [--rate 1000] [--seconds 20] [--ordering-keys 1000]
 //! ```
 //!
 //! `precreate` POSTs keys `<prefix>1` .. `<prefix><count>` with the body
@@ -13,7 +13,9 @@
 //! not earlier ones have been answered (many in flight at once), notes when each 201 arrived,
 //! and consumes the queue bound to the daemon's exchange on another thread. Each delivery is
 //! matched to its request by the `idempotency-key` header; the report gives the percentiles of
-//! (delivery received − 201 received). It prints one line `BENCH_RESULT {json}`.
+//! (delivery received − 201 received). With `--ordering-keys N`, request i is a write of
+//! ordering key `e2e-key-<i mod N>` (ordered delivery). It prints one line
+//! `BENCH_RESULT {json}`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -86,6 +88,9 @@ struct Run {
     /// How long to wait for outstanding deliveries once the last 201 arrived.
     #[arg(long, default_value_t = 15)]
     drain_timeout_secs: u64,
+    /// Writes of so many ordering keys, in turn (0: no ordering key).
+    #[arg(long, default_value_t = 0)]
+    ordering_keys: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -113,6 +118,18 @@ fn post(client: &awc::Client, endpoint: &str, key: &str, body: String) -> awc::S
 
 fn body(kind: &str, i: usize) -> String {
     format!(r#"{{"kind":"{kind}","data":{{"i":{i},"note":"{NOTE}"}}}}"#)
+}
+
+/// The body of request `i` of `run`: of ordering key `e2e-key-<i mod keys>` unless `keys` is 0.
+fn run_body(i: usize, ordering_keys: usize) -> String {
+    let plain = body("bench.e2e", i);
+    match ordering_keys {
+        0 => plain,
+        keys => {
+            let object = plain.strip_suffix('}').expect("a JSON object");
+            format!(r#"{object},"ordering_key":"e2e-key-{}"}}"#, i % keys)
+        }
+    }
 }
 
 async fn precreate(args: Precreate) -> anyhow::Result<()> {
@@ -297,6 +314,7 @@ fn signed_ms(later: Instant, earlier: Instant) -> f64 {
 async fn send_open_loop(
     endpoint: &str,
     rate: u32,
+    ordering_keys: usize,
     keys: &[String],
     requests: &Rc<RefCell<Requests>>,
 ) -> f64 {
@@ -314,7 +332,7 @@ async fn send_open_loop(
         in_flight.fetch_add(1, Ordering::Relaxed);
         actix_web::rt::spawn(async move {
             requests.borrow_mut().sent_at[i] = Some(Instant::now());
-            match post(&client, &endpoint, &key, body("bench.e2e", i)).await {
+            match post(&client, &endpoint, &key, run_body(i, ordering_keys)).await {
                 Ok(mut response) if response.status() == StatusCode::CREATED => {
                     requests.borrow_mut().created_at[i] = Some(Instant::now());
                     let _ = response.body().await;
@@ -352,7 +370,7 @@ fn run(args: Run) -> anyhow::Result<()> {
         ..Requests::default()
     }));
     let endpoint = format!("{}/v1/entries", args.url);
-    let sending = send_open_loop(&endpoint, rate, &keys, &requests);
+    let sending = send_open_loop(&endpoint, rate, args.ordering_keys, &keys, &requests);
     let sending_seconds = actix_web::rt::System::new().block_on(sending);
 
     let requests = requests.borrow();
@@ -410,4 +428,20 @@ fn run(args: Run) -> anyhow::Result<()> {
         })
     );
     consumer_result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordered_bodies_name_their_key_in_turn() {
+        let plain: serde_json::Value = serde_json::from_str(&run_body(7, 0)).unwrap();
+        assert_eq!(plain["data"]["i"], 7);
+        assert!(plain.get("ordering_key").is_none());
+        let ordered: serde_json::Value = serde_json::from_str(&run_body(1003, 1000)).unwrap();
+        assert_eq!(ordered["ordering_key"], "e2e-key-3");
+        assert_eq!(ordered["kind"], "bench.e2e");
+        assert_eq!(ordered["data"]["i"], 1003);
+    }
 }

@@ -32,19 +32,21 @@ pub enum Scenario {
     Storm,
     Drain,
     E2e,
+    Ordered,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::Writes,
         Scenario::Replays,
         Scenario::Storm,
         Scenario::Drain,
         Scenario::E2e,
+        Scenario::Ordered,
     ];
 
     pub fn name(self) -> &'static str {
-        ["writes", "replays", "storm", "drain", "e2e"][self as usize]
+        ["writes", "replays", "storm", "drain", "e2e", "ordered"][self as usize]
     }
 
     /// A list such as BENCH_SCENARIOS gives it: names separated by spaces or commas.
@@ -172,6 +174,21 @@ runs! {
         achieved_rate, http_p50_ms, http_p99_ms, negative, duplicate_deliveries,
         log_problems, shutdown_log_problems,
     }
+    /// Ordered delivery with `{ordering_keys}` keys: the writes' wrk figures (as `WritesRun`),
+    /// the drain of the drain scenario's backlog as writes of those keys (as `DrainRun`), and
+    /// `bench-e2e run` with an ordering key on every write (`e2e_`, as `E2eRun`).
+    OrderedRun {
+        cpu_cores, rss_mb, rps, p50_ms, p99_ms, requests, errors, status_errors,
+        entries, entries_minus_2xx,
+        /// 1 when every key's sequences are 1, 2, 3, ... without a gap and each event was
+        /// marked sent after the key's earlier ones (relays mark a batch sent once the broker
+        /// confirmed it, and release a key's next event only then).
+        order_ok,
+        drain_seconds, drain_events_per_s, drain_queued, drain_order_ok,
+        e2e_p50_ms, e2e_p99_ms, e2e_max_ms, e2e_sent, e2e_created, e2e_errors, e2e_matched,
+        e2e_duplicate_deliveries,
+        log_problems, shutdown_log_problems,
+    }
 }
 
 /// A figure of the results table, from the runs of one scenario.
@@ -219,7 +236,7 @@ struct Row {
 }
 
 use Figure::{Busy, Costs, Dash, Median, Noted, PerRun};
-use Scenario::{Drain, E2e, Replays, Storm, Writes};
+use Scenario::{Drain, E2e, Ordered, Replays, Storm, Writes};
 
 const WRITE_COST: [&str; 3] = ["cost_daemon", "cost_postgres", "cost_rabbitmq"];
 const ALONE_COST: [&str; 3] = [
@@ -235,7 +252,7 @@ const DELIVERY_COST: [&str; 3] = [
 
 /// The results: each figure beside its baseline, with its target.
 #[rustfmt::skip]
-const RESULTS: [Row; 15] = [
+const RESULTS: [Row; 20] = [
     Row {
         scenario: "unique-key writes, {connections} conn.",
         measure: "requests/s vs pgbench conventional tps",
@@ -328,13 +345,46 @@ const RESULTS: [Row; 15] = [
         value: Median(E2e, "p99_ms", 2), baseline: Dash, ratio: false,
         target: "< 20 ms", judge: Judge::Value(Target::Below(20.0)),
     },
+    Row {
+        scenario: "ordered writes ({ordering_keys} keys), {connections} conn.",
+        measure: "requests/s vs unique-key writes without an ordering key",
+        value: Median(Ordered, "rps", 0), baseline: Median(Writes, "rps", 0), ratio: true,
+        target: "–", judge: Judge::Nothing,
+    },
+    Row {
+        scenario: "ordered writes",
+        measure: "p99 latency vs unique-key writes' p99 (ms)",
+        value: Noted(&Median(Ordered, "p99_ms", 2), "p50", &Median(Ordered, "p50_ms", 2)),
+        baseline: Median(Writes, "p99_ms", 2), ratio: true,
+        target: "–", judge: Judge::Nothing,
+    },
+    Row {
+        scenario: "ordered drain ({drain_events} events, {ordering_keys} keys)",
+        measure: "events/s vs the unordered drain of the same backlog",
+        value: Median(Ordered, "drain_events_per_s", 0),
+        baseline: Median(Drain, "events_per_s", 0), ratio: true,
+        target: "≥ 0.5×", judge: Judge::Ratio(Target::AtLeast(0.5)),
+    },
+    Row {
+        scenario: "ordered writes and drain",
+        measure: "every key's events gapless and marked sent in sequence order; every drained event in the bound queue",
+        value: PerRun(Ordered, "drain_queued"), baseline: Dash, ratio: false,
+        target: "in order, {drain_events}", judge: Judge::EveryRun(Ordered, "drain_order_ok"),
+    },
+    Row {
+        scenario: "ordered end-to-end at {e2e_rate} req/s ({ordering_keys} keys)",
+        measure: "p50 / p99, 201 received → delivery received (ms), vs unordered end-to-end",
+        value: Noted(&Median(Ordered, "e2e_p50_ms", 2), "p99", &Median(Ordered, "e2e_p99_ms", 2)),
+        baseline: Noted(&Median(E2e, "p50_ms", 2), "p99", &Median(E2e, "p99_ms", 2)),
+        ratio: true, target: "–", judge: Judge::Nothing,
+    },
 ];
 
 /// The checks: every run's values of each row's metrics (`name:decimals` to round them), joined
 /// with " / ", and a note after them. `{name}` is a setting. The log lines close the table (see
 /// `Report::checks_table`).
 #[rustfmt::skip]
-const CHECKS: [(&str, Scenario, &[&str], &str); 18] = [
+const CHECKS: [(&str, Scenario, &[&str], &str); 21] = [
     ("writes: wrk errors (connect/read/write/status/timeout)", Writes, &["errors"], ""),
     ("writes: entries − 2xx answers (≥ 0; in-flight at the end on top)", Writes, &["entries_minus_2xx"], ""),
     ("writes: entries = idempotency records = outbox rows", Writes, &["rows_consistent"], " (1 = yes)"),
@@ -353,6 +403,9 @@ const CHECKS: [(&str, Scenario, &[&str], &str); 18] = [
     ("e2e: deliveries before the 201 was seen (negative latency)", E2e, &["negative"], ""),
     ("e2e: duplicate deliveries", E2e, &["duplicate_deliveries"], ""),
     ("e2e: HTTP latency p50 / p99 (ms)", E2e, &["http_p50_ms:2", "http_p99_ms:2"], ""),
+    ("ordered: wrk errors; entries − 2xx answers", Ordered, &["errors", "entries_minus_2xx"], ""),
+    ("ordered: writes in order after delivery; drain in order", Ordered, &["order_ok", "drain_order_ok"], " (1 = yes)"),
+    ("ordered e2e: sent / 201 / errors / matched / duplicates", Ordered, &["e2e_sent", "e2e_created", "e2e_errors", "e2e_matched", "e2e_duplicate_deliveries"], ""),
 ];
 
 /// How the benchmark was run: the knobs that the report quotes.
@@ -369,6 +422,7 @@ pub struct Settings {
     pub replay_keys: u32,
     pub storm_keys: u32,
     pub publish_window: u32,
+    pub ordering_keys: u32,
     pub port: u16,
     pub config: String,
     /// postgres://user@host:port
@@ -389,6 +443,7 @@ impl Settings {
             ("{drain_events}", self.drain_events.to_string()),
             ("{publish_window}", self.publish_window.to_string()),
             ("{e2e_rate}", self.e2e_rate.to_string()),
+            ("{ordering_keys}", self.ordering_keys.to_string()),
         ]
         .iter()
         .fold(text.to_owned(), |text, (name, value)| {
@@ -471,7 +526,7 @@ pub struct Report {
     pub written_at: String,
     pub run_id: String,
     /// The runs of each scenario, in the order of `Scenario::ALL`; none for one not run.
-    pub runs: [Vec<Run>; 5],
+    pub runs: [Vec<Run>; 6],
 }
 
 impl Figure {
@@ -628,7 +683,7 @@ impl Report {
         }
         for (check, metric) in [
             (
-                "under load (writes/replays/storm/drain/e2e)",
+                "under load (writes/replays/storm/drain/e2e/ordered)",
                 "log_problems",
             ),
             ("after SIGTERM (same order)", "shutdown_log_problems"),
@@ -723,7 +778,8 @@ Daemon settings from `{config}`: {settings}.
 Peak RSS is `VmHWM` from `/proc/PID/status` just before the daemon is stopped (the daemon is
 restarted for every scenario and run). CPU is (utime + stime) of the daemon over the measured
 window divided by the window's wall time: wrk's duration for writes, replays and storm; daemon
-start to empty outbox for the drain; the whole `bench-e2e run` for end-to-end.
+start to empty outbox for the drain; the whole `bench-e2e run` for end-to-end; for ordered, from
+wrk's start until the outbox is empty, then the drain and the end-to-end run with a daemon each.
 
 {resources}
 
@@ -768,6 +824,13 @@ target/release/examples/bench-publisher publish --exchange <exchange> --count {d
 
 # end-to-end latency
 target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds}
+
+# ordered delivery, {ordering_keys} ordering keys (key-<n mod {ordering_keys}> per wrk thread):
+# the writes, then (daemon stopped) every key's sequences checked gapless and marked sent in
+# order; on a second database the drain's backlog as writes of those keys (bench/ordered_backlog.sql
+# after BACKLOG_SQL), drained and checked as above; on a third the end-to-end load with a key each
+BENCH_ORDERING_KEYS={ordering_keys} wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
+target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds} --ordering-keys {ordering_keys}
 ```
 
 Method notes:
@@ -827,6 +890,7 @@ Method notes:
             window = s.publish_window,
             e2e_rate = s.e2e_rate,
             e2e_seconds = s.e2e_seconds,
+            ordering_keys = s.ordering_keys,
             per_run = self.per_run_table(),
             marker = HAND_WRITTEN_MARKER,
         )
@@ -879,7 +943,7 @@ mod tests {
         let file = COMMITTED;
         let per_run = between(file, "## Per-run values\n\n", "\n\n");
         let runs = per_run.lines().next().unwrap().matches(" run ").count();
-        let mut by_scenario: [Vec<Run>; 5] = Default::default();
+        let mut by_scenario: [Vec<Run>; 6] = Default::default();
         for line in per_run.lines().skip(2) {
             let row: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
             let scenario: Scenario = row[0].parse().unwrap();
@@ -915,6 +979,7 @@ mod tests {
                 replay_keys: number_after(file, "| replays ("),
                 storm_keys: number_after(file, "| duplicate storm ("),
                 publish_window: number_after(file, "(window "),
+                ordering_keys: number_after(file, "| ordered writes ("),
                 port: number_after(file, "RETRYSAFE_HTTP__LISTEN=127.0.0.1:"),
                 config: config.into(),
                 pg_base: between(file, "RETRYSAFE_DATABASE__URL=", "/<db>").into(),
@@ -944,8 +1009,8 @@ mod tests {
     #[test]
     fn the_committed_file_is_rendered_again_byte_for_byte() {
         let report = committed_report();
-        assert_eq!(report.runs.iter().map(Vec::len).collect::<Vec<_>>(), [3; 5]);
-        assert_eq!(report.results_table().lines().count(), 17);
+        assert_eq!(report.runs.iter().map(Vec::len).collect::<Vec<_>>(), [3; 6]);
+        assert_eq!(report.results_table().lines().count(), 22);
         assert_eq!(report.render(Some(COMMITTED)), COMMITTED);
     }
 
@@ -953,12 +1018,13 @@ mod tests {
     #[test]
     fn each_scenario_records_the_metrics_of_the_per_run_table() {
         let committed = committed_report();
-        let recorded: [Run; 5] = [
+        let recorded: [Run; 6] = [
             WritesRun::default().into(),
             ReplaysRun::default().into(),
             StormRun::default().into(),
             DrainRun::default().into(),
             E2eRun::default().into(),
+            OrderedRun::default().into(),
         ];
         for (scenario, run) in Scenario::ALL.into_iter().zip(recorded) {
             let names = |run: &Run| {
@@ -1068,7 +1134,7 @@ mod tests {
     #[test]
     fn scenario_lists() {
         assert_eq!(
-            Scenario::list("writes replays storm drain e2e").unwrap(),
+            Scenario::list("writes replays storm drain e2e ordered").unwrap(),
             Scenario::ALL
         );
         assert_eq!(Scenario::list(" drain,writes ").unwrap(), [Drain, Writes]);

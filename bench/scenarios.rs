@@ -18,8 +18,8 @@ use crate::harness::{
     unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks, Pg, ServiceTicks,
 };
 use crate::report::{
-    quoted_settings, DrainRun, E2eRun, Machine, ReplaysRun, Report, Run, Scenario, Settings,
-    StormRun, WritesRun,
+    quoted_settings, DrainRun, E2eRun, Machine, OrderedRun, ReplaysRun, Report, Run, Scenario,
+    Settings, StormRun, WritesRun,
 };
 use crate::stats::Num;
 
@@ -29,10 +29,25 @@ const WRK_THREADS: u32 = 2;
 const REPLAY_KEYS: u32 = 1000;
 const STORM_KEYS: u32 = 10;
 const PUBLISH_WINDOW: u32 = 1000;
+const ORDERING_KEYS: u32 = 1000;
 
 /// The synthetic backlog of the drain (`:events` rows), which bench/delivery-storage inserts
 /// too.
 const BACKLOG_SQL: &str = include_str!("drain_backlog.sql");
+
+/// The same backlog as writes of `:keys` ordering keys in turn (after `BACKLOG_SQL`).
+const ORDERED_BACKLOG_SQL: &str = include_str!("ordered_backlog.sql");
+
+/// How many ordered events break their key's order (-1 if there are none): a sequence that is
+/// not the one after the key's previous, an event unsent, or one marked sent before the key's
+/// previous (a relay marks a batch sent once the broker confirmed it, and releases a key's
+/// next event only then).
+const ORDER_BROKEN_SQL: &str = "
+SELECT CASE WHEN count(*) = 0 THEN -1 ELSE count(*) FILTER (WHERE broken) END FROM (
+    SELECT sequence <> coalesce(lag(sequence) OVER w, 0) + 1 OR sent_at IS NULL
+           OR sent_at < lag(sent_at) OVER w AS broken
+    FROM outbox_events WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY client_id, ordering_key ORDER BY sequence)) AS events";
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -62,18 +77,22 @@ pub struct RunArgs {
     /// The report; what it has after the hand-written marker is kept.
     #[arg(long, env = "BENCH_OUTPUT", default_value = "BENCHMARKS.md")]
     pub output: PathBuf,
-    /// A subset of "writes replays storm drain e2e" (spaces or commas); the report shows n/a
-    /// for the others.
+    /// A subset of "writes replays storm drain e2e ordered" (spaces or commas); the report
+    /// shows n/a for the others.
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "writes replays storm drain e2e"
+        default_value = "writes replays storm drain e2e ordered"
     )]
     pub scenarios: String,
     /// SQL run on every fresh database after its migrations, e.g. "DROP INDEX
     /// entries_client_created" to measure a write without it.
     #[arg(long, env = "BENCH_SETUP_SQL")]
     pub setup_sql: Option<String>,
+    /// The daemon to measure instead of the one built beside this program (e.g. an earlier
+    /// build, to compare two commits in one run of each).
+    #[arg(long, env = "BENCH_DAEMON")]
+    pub daemon: Option<PathBuf>,
     #[arg(
         long,
         env = "BENCH_AMQP_URL",
@@ -101,6 +120,7 @@ impl RunArgs {
             replay_keys: REPLAY_KEYS,
             storm_keys: STORM_KEYS,
             publish_window: PUBLISH_WINDOW,
+            ordering_keys: ORDERING_KEYS,
             port: self.port,
             config: self.config.clone(),
             pg_base: pg.base.clone(),
@@ -418,6 +438,7 @@ impl Bench {
             Scenario::Storm => self.storm(run),
             Scenario::Drain => self.drain(run),
             Scenario::E2e => self.e2e(run),
+            Scenario::Ordered => self.ordered(run),
         }
     }
 
@@ -611,10 +632,22 @@ impl Bench {
     fn drain(&self, run: u32) -> anyhow::Result<Run> {
         let events = self.s.drain_events;
         log(TAG, &format!("run {run}: outbox drain of {events} events"));
-        let stage = self.stage("drain", run)?;
+        let mut r = self.drained("drain", run, "")?;
+        self.publisher_baseline(run, r.payload_bytes.clone(), &mut r)?;
+        Ok(r.into())
+    }
+
+    /// The drain's backlog (and then `more_sql`) on a fresh stage, drained by a daemon started
+    /// on it: its figures, the stage removed after.
+    fn drained(&self, scenario: &str, run: u32, more_sql: &str) -> anyhow::Result<DrainRun> {
+        let events = self.s.drain_events;
+        let stage = self.stage(scenario, run)?;
         let backlog = BACKLOG_SQL.replace(":events", &events.to_string());
         let pg = &self.h.pg;
-        pg.query(&stage.db, &format!("{backlog}\nANALYZE outbox_events;"))?;
+        pg.query(
+            &stage.db,
+            &format!("{backlog}\n{more_sql}\nANALYZE outbox_events;"),
+        )?;
         let payload = pg.number(&stage.db, PAYLOAD_SQL)?;
         let expected = i64::try_from(events)?;
         let (start_ns, services0) = (unix_ns(), ServiceTicks::now());
@@ -629,14 +662,18 @@ impl Bench {
             pg.url(&stage.db)
         );
         let drained = self
-            .helper(&self.h.bin.publisher, &words, &format!("drain-{run}.txt"))
+            .helper(
+                &self.h.bin.publisher,
+                &words,
+                &format!("{}.txt", stage.name),
+            )
             .with_context(|| format!("the backlog did not drain; see {}", daemon.log.display()))?;
         let cpu_cores = window.cores(&daemon)?;
         let services = ServiceTicks::now().since(services0);
         daemon.wait_healthy()?;
         let seconds = field(&drained, "seconds");
         let mut r = DrainRun {
-            payload_bytes: payload.clone(),
+            payload_bytes: payload,
             cpu_cores,
             rss_mb: mib(daemon.status_kb("VmHWM")?),
             events_per_s: seconds
@@ -645,7 +682,7 @@ impl Bench {
             seconds,
             ..DrainRun::default()
         };
-        [_, r.rabbitmq_cost] = service_costs(services, expected, "drain");
+        [_, r.rabbitmq_cost] = service_costs(services, expected, scenario);
         [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
         r.queued = self.h.broker.count(&stage.queue, expected, 15)?;
         let queued_ok = r.queued.as_ref().map(|n| n.value) == Some(events as f64);
@@ -655,14 +692,16 @@ impl Bench {
             log(
                 TAG,
                 &format!(
-                    "FAIL: drain run {run}: the queue holds {queued} messages, expected {events}"
+                    "FAIL: {scenario} run {run}: the queue holds {queued} messages, expected {events}"
                 ),
             );
         }
+        if !more_sql.is_empty() {
+            // Ordered: whether every key went out in order (the drain scenario's rows have no key).
+            r.queued_ok = Some(Num::flag(queued_ok && self.in_order(&stage.db, scenario)?));
+        }
         self.unstage(stage)?;
-
-        self.publisher_baseline(run, payload, &mut r)?;
-        Ok(r.into())
+        Ok(r)
     }
 
     /// The drain's baseline: the plain lapin publisher sends as many messages, of the size of
@@ -705,12 +744,31 @@ impl Bench {
             TAG,
             &format!("run {run}: end-to-end latency at {rate} requests/s for {seconds}s"),
         );
-        let stage = self.stage("e2e", run)?;
+        let (r, result, _) = self.end_to_end("e2e", run, 0)?;
+        // The rest of the run's metrics are bench-e2e's figures of the same names.
+        let mut run = Run::from(r);
+        run.fill(|metric| field(&result, metric));
+        Ok(run)
+    }
+
+    /// `bench-e2e run` against a daemon on a fresh stage, writes of `ordering_keys` keys in
+    /// turn (0: none): the daemon's figures, bench-e2e's, and whether the keys' events went out
+    /// in order (true without keys).
+    fn end_to_end(
+        &self,
+        scenario: &str,
+        run: u32,
+        ordering_keys: u32,
+    ) -> anyhow::Result<(E2eRun, Map<String, Value>, bool)> {
+        let (rate, seconds) = (self.s.e2e_rate, self.s.e2e_seconds);
+        let stage = self.stage(scenario, run)?;
         let mut daemon = self.start_on(&stage, true)?;
         let window = Window::open(&daemon)?;
         let (url, queue) = (self.s.url(), &stage.queue);
-        let words = format!("run --url {url} --queue {queue} --rate {rate} --seconds {seconds}");
-        let result = self.helper(&self.h.bin.e2e, &words, &format!("e2e-{run}.txt"))?;
+        let words = format!(
+            "run --url {url} --queue {queue} --rate {rate} --seconds {seconds} --ordering-keys {ordering_keys}"
+        );
+        let result = self.helper(&self.h.bin.e2e, &words, &format!("{}.txt", stage.name))?;
         let [cpu_cores, rss_mb] = window.close(&daemon)?;
         let mut r = E2eRun {
             cpu_cores,
@@ -718,10 +776,99 @@ impl Bench {
             ..E2eRun::default()
         };
         [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
+        let in_order = ordering_keys == 0 || self.in_order(&stage.db, scenario)?;
         self.unstage(stage)?;
-        // The rest of the run's metrics are bench-e2e's figures of the same names.
+        Ok((r, result, in_order))
+    }
+
+    /// Whether every ordered event of `db` is in its key's order (see [`ORDER_BROKEN_SQL`]),
+    /// and there are some; a log line if not.
+    fn in_order(&self, db: &str, scenario: &str) -> anyhow::Result<bool> {
+        let broken = self.h.pg.count(db, ORDER_BROKEN_SQL)?;
+        match broken {
+            0 => return Ok(true),
+            -1 => log(TAG, &format!("FAIL: {scenario}: no ordered event")),
+            _ => log(
+                TAG,
+                &format!("FAIL: {scenario}: {broken} ordered events out of order"),
+            ),
+        }
+        Ok(false)
+    }
+
+    /// Ordered delivery with [`ORDERING_KEYS`] keys: the writes' load, the drain's backlog and
+    /// the end-to-end load, each on a fresh stage with a daemon of its own, every key's order
+    /// checked after each. Their baselines are the writes', drain's and e2e's unordered figures
+    /// of the same run.
+    fn ordered(&self, run: u32) -> anyhow::Result<Run> {
+        let (keys, connections, duration) =
+            (self.s.ordering_keys, self.s.connections, self.s.duration);
+        log(
+            TAG,
+            &format!(
+                "run {run}: writes of {keys} ordering keys (wrk -c{connections}, {duration}s)"
+            ),
+        );
+        let stage = self.stage("ordered", run)?;
+        let mut daemon = self.start_on(&stage, true)?;
+        let window = Window::open(&daemon)?;
+        let env = [
+            ("BENCH_NONCE", format!("{}{run}ordered", self.run_id)),
+            ("BENCH_ORDERING_KEYS", keys.to_string()),
+        ];
+        let out = format!("ordered-{run}.wrk");
+        let wrk = self.wrk(&out, "bench/unique_keys.lua", "/", &env)?;
+        let [cpu_cores, rss_mb] = window.close(&daemon)?;
+        let emptied = self.outbox_emptied(&stage.db)?;
+        let mut r = OrderedRun {
+            cpu_cores,
+            rss_mb,
+            ..OrderedRun::default()
+        };
+        let [writes_log, writes_shutdown_log] = self.stop(&mut daemon)?;
+        let [entries] = self.counts(&stage.db, ["entries"])?;
+        let value = |metric| wrk(metric).map_or(0.0, |n| n.value) as i64;
+        r.entries = Some(Num::int(entries));
+        r.entries_minus_2xx = Some(Num::int(
+            entries - (value("requests") - value("status_errors")),
+        ));
+        r.order_ok = Some(Num::flag(
+            emptied && self.in_order(&stage.db, "ordered writes")?,
+        ));
+        self.unstage(stage)?;
+
+        let events = self.s.drain_events;
+        log(
+            TAG,
+            &format!("run {run}: ordered drain of {events} events, {keys} keys"),
+        );
+        let more = ORDERED_BACKLOG_SQL.replace(":keys", &keys.to_string());
+        let drain = self.drained("ordered_drain", run, &more)?;
+        (r.drain_seconds, r.drain_events_per_s) = (drain.seconds, drain.events_per_s);
+        (r.drain_queued, r.drain_order_ok) = (drain.queued, drain.queued_ok);
+
+        let rate = self.s.e2e_rate;
+        log(
+            TAG,
+            &format!("run {run}: end-to-end at {rate} requests/s, {keys} ordering keys"),
+        );
+        let (e2e, result, e2e_in_order) = self.end_to_end("ordered_e2e", run, keys)?;
+        let writes_in_order = r.order_ok.as_ref().is_some_and(|ok| ok.value == 1.0);
+        r.order_ok = Some(Num::flag(writes_in_order && e2e_in_order));
+        let problems = [
+            [writes_log, writes_shutdown_log],
+            [drain.log_problems, drain.shutdown_log_problems],
+            [e2e.log_problems, e2e.shutdown_log_problems],
+        ];
+        [r.log_problems, r.shutdown_log_problems] = [0, 1].map(|i| {
+            let lines = problems
+                .iter()
+                .map(|p| p[i].as_ref().map_or(0.0, |n| n.value));
+            Some(Num::int(lines.sum::<f64>() as i64))
+        });
         let mut run = Run::from(r);
-        run.fill(|metric| field(&result, metric));
+        run.fill(wrk);
+        run.fill(|metric| field(&result, metric.strip_prefix("e2e_")?));
         Ok(run)
     }
 }
@@ -791,7 +938,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         bail!("no {}", args.config);
     }
     ensure_tools()?;
-    let bin = Binaries::beside_this_program()?;
+    let mut bin = Binaries::beside_this_program()?;
+    if let Some(daemon) = &args.daemon {
+        bin.daemon = daemon.clone();
+    }
     let run_id = run_id();
     let work = PathBuf::from("bench/results").join(&run_id);
     let db_prefix = format!("retrysafe_bench_{run_id}_");
@@ -821,7 +971,7 @@ fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Resu
             bench.run_id, s.runs, s.duration, s.drain_events
         ),
     );
-    let mut runs: [Vec<Run>; 5] = Default::default();
+    let mut runs: [Vec<Run>; 6] = Default::default();
     for run in 1..=s.runs {
         for scenario in scenarios {
             runs[*scenario as usize].push(bench.measure(*scenario, run)?);
@@ -896,6 +1046,7 @@ mod tests {
             output: "BENCHMARKS.md".into(),
             scenarios: "writes".into(),
             setup_sql: None,
+            daemon: None,
             amqp: String::new(),
         };
         let figures = |s: Settings| (s.runs, s.duration, s.drain_events, s.e2e_seconds);

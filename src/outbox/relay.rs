@@ -71,6 +71,10 @@ pub async fn relay_until_empty(config: &crate::config::Config) -> anyhow::Result
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
     pub claimed: usize,
+    /// As many were claimed as the batch could take: more may be due.
+    pub full: bool,
+    /// Some of the claimed events were of an ordering key.
+    pub ordered: bool,
     /// Events the broker confirmed, now marked sent.
     pub sent: usize,
     /// The channel failed during the batch and must be replaced.
@@ -149,7 +153,15 @@ async fn relay_batch(
                 channel,
                 config,
             };
-            publish_and_record(client, &statements, target, events, on_full_batch).await
+            let full = events.len() >= config.batch_size;
+            let ordered = events.iter().any(|event| event.ordering_key.is_some());
+            publish_and_record(client, &statements, target, events, on_full_batch)
+                .await
+                .map(|report| RelayReport {
+                    full,
+                    ordered,
+                    ..report
+                })
         }
     };
     if let Err(error) = &result {
@@ -431,6 +443,8 @@ pub struct OutboxRelay {
     /// More may be due (a wake-up, or a full batch) while no batch could start: start one as
     /// soon as a batch ends.
     more_due: bool,
+    /// The last batch to end had events of ordering keys (see [`OutboxRelay::claim_limit`]).
+    ordered_lately: bool,
     /// Stop requests, answered once the last batch in flight has ended.
     stopping: Option<Vec<oneshot::Sender<()>>>,
     state: RelayState,
@@ -465,6 +479,7 @@ impl OutboxRelay {
             next: None,
             in_flight: 0,
             more_due: false,
+            ordered_lately: false,
             stopping: None,
             state: RelayState::default(),
         })
@@ -510,6 +525,22 @@ impl OutboxRelay {
         self.next = Some((handle, Pause::Unblocked));
     }
 
+    /// How many events the next batch claims: `outbox.batch_size`, or a quarter of it while
+    /// ordered events flow. A key's next event is released only when the batch that sent its
+    /// predecessor commits, so a backlog of ordered events drains in rounds of one event per
+    /// key; with the keys' heads split over several batches (this relay's two in flight and
+    /// the other relays'), some publish while others await their confirms and commit.
+    /// Measured with 1,000 keys (bench/run, ordered drain vs the unordered drain of the same
+    /// backlog): 0.38x with whole batches, 0.51-0.52x with halves, 0.53-0.57x with quarters.
+    /// Unordered events take whole batches as before.
+    fn claim_limit(&self) -> usize {
+        if self.ordered_lately {
+            (self.config.batch_size / 4).max(1)
+        } else {
+            self.config.batch_size
+        }
+    }
+
     /// Starts one batch, with a channel opened first if needed, unless as many as
     /// [`BATCHES_IN_FLIGHT`] run already, or one runs and the pool has no connection free
     /// (then the first to end starts it), or the broker blocks publishing (then it waits).
@@ -527,7 +558,8 @@ impl OutboxRelay {
         }
         self.in_flight += 1;
         self.more_due = false;
-        let (db, broker, config) = (self.db.clone(), self.broker.clone(), self.config.clone());
+        let (db, broker, mut config) = (self.db.clone(), self.broker.clone(), self.config.clone());
+        config.batch_size = self.claim_limit();
         let idle_channel = self.channels.pop();
         let (on_full_batch, full_batch_published) = oneshot::channel();
         let step = async move {
@@ -614,6 +646,7 @@ impl OutboxRelay {
             }
         };
         self.state.events_sent += report.sent as u64;
+        self.ordered_lately = report.ordered;
         if report.blocked {
             // The channel may still get confirms of this batch's publishes: not used again.
             // The connection stays: the broker unblocks it, and a new one would be blocked too.
@@ -636,7 +669,7 @@ impl OutboxRelay {
         if !report.renew_channel {
             self.channels.push(channel);
         }
-        if report.claimed == self.config.batch_size || std::mem::take(&mut self.more_due) {
+        if report.full || std::mem::take(&mut self.more_due) {
             self.schedule(Duration::ZERO, Pause::Poll, ctx);
         } else if self.next.is_none() {
             self.schedule(self.config.poll_interval, Pause::Poll, ctx);

@@ -379,34 +379,11 @@ async fn commit_with_retries(
     }
 }
 
-/// Claims the keys, inserts entries and outbox rows for the claimed ones, in one statement.
-///
-/// Keys are inserted in `(client_id, key)` order so that two daemons' batches sharing keys wait
-/// for each other instead of deadlocking. A record past `expires_at` that the janitor has not
-/// deleted yet is taken over: after its retention a key is new again, whenever the janitor runs.
-///
-/// `expires_at` is the database's `now()` plus the retention ($16, in microseconds), never a
-/// time the daemon sends: a daemon whose clock is behind would otherwise write records that the
-/// database already sees as expired, and the next request for the key would take it over (a
-/// duplicate write). `created_at` is the daemon's estimate of the database's time (the answer
-/// and the events carry it, so it is known before the statement runs); `greatest` keeps a
-/// record's life at least the retention however far that estimate is off. The statement
-/// returns the database's `now()` with the claimed keys, for the next estimate.
-///
-/// Ordered writes (an ordering key, $17) are numbered here, once their keys are claimed (a
-/// replay or a conflict gets no number, so sequences have no gap): the upsert of
-/// `ordering_keys` takes the key's row lock, after every idempotency record (`ordered` reads
-/// all of `claimed` before its window functions yield a row) and in `(client_id,
-/// ordering_key)` order, the order every relay locks them in too, so no two transactions wait
-/// for each other in a circle. The lock lasts until this statement commits: the key's next
-/// write waits for it and so commits later, with the next number. The writes of one key in one
-/// batch are numbered in batch order. An event whose write is not next in line to be published
-/// (its key's earlier events are not all sent: `done_through` behind) is held: due at
-/// `infinity`, out of the relays' range until a relay (or `outbox skip`) releases it. Its
-/// CloudEvent gets `partitionkey` and `sequence`, and `entry.created`'s data (the entry, $18)
-/// its `ordering_key` and `sequence`. Batches without an ordered write leave `ordered` empty
-/// and touch no other row.
-const CLAIM_AND_INSERT: &str = r#"
+/// The claim statement around its `sequenced` CTE (the ordered writes' numbers).
+macro_rules! claim_and_insert {
+    ($sequenced:literal) => {
+        concat!(
+            r#"
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::text[], $6::text[],
@@ -434,31 +411,9 @@ claimed AS (
         WHERE r.expires_at <= now()
     RETURNING client_id, key
 ),
-ordered AS (
-    SELECT i.client_id, i.ordering_key, i.entry_id,
-           row_number() OVER same_key AS rank,
-           count(*) OVER (PARTITION BY i.client_id, i.ordering_key) AS writes
-    FROM input i JOIN claimed c USING (client_id, key)
-    WHERE i.ordering_key IS NOT NULL
-    WINDOW same_key AS (PARTITION BY i.client_id, i.ordering_key ORDER BY i.position)
-),
-counters AS (
-    INSERT INTO ordering_keys AS k (client_id, ordering_key, last_sequence, done_through)
-    SELECT client_id, ordering_key, max(writes), 0
-    FROM ordered
-    GROUP BY client_id, ordering_key
-    ORDER BY client_id, ordering_key
-    ON CONFLICT (client_id, ordering_key) DO UPDATE
-        SET last_sequence = k.last_sequence + EXCLUDED.last_sequence
-    RETURNING client_id, ordering_key, last_sequence, done_through
-),
-sequenced AS (
-    SELECT o.entry_id, o.ordering_key,
-           k.last_sequence - o.writes + o.rank AS sequence,
-           k.last_sequence - o.writes + o.rank - 1 > k.done_through AS held
-    FROM ordered o JOIN counters k USING (client_id, ordering_key)
-),
-new_entries AS (
+"#,
+            $sequenced,
+            r#"new_entries AS (
     INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at, ordering_key,
                          sequence)
     SELECT i.entry_id, i.client_id, i.key, i.kind, i.data::jsonb, i.created_at, s.ordering_key,
@@ -498,7 +453,78 @@ SELECT now(), array_agg(client_id), array_agg(key),
        (SELECT array_agg(entry_id) FROM sequenced),
        (SELECT array_agg(sequence) FROM sequenced)
 FROM claimed
-"#;
+"#
+        )
+    };
+}
+
+/// Claims the keys, inserts entries and outbox rows for the claimed ones, in one statement.
+///
+/// Keys are inserted in `(client_id, key)` order so that two daemons' batches sharing keys wait
+/// for each other instead of deadlocking. A record past `expires_at` that the janitor has not
+/// deleted yet is taken over: after its retention a key is new again, whenever the janitor runs.
+///
+/// `expires_at` is the database's `now()` plus the retention ($16, in microseconds), never a
+/// time the daemon sends: a daemon whose clock is behind would otherwise write records that the
+/// database already sees as expired, and the next request for the key would take it over (a
+/// duplicate write). `created_at` is the daemon's estimate of the database's time (the answer
+/// and the events carry it, so it is known before the statement runs); `greatest` keeps a
+/// record's life at least the retention however far that estimate is off. The statement
+/// returns the database's `now()` with the claimed keys, for the next estimate.
+///
+/// Ordered writes (an ordering key, $17) are numbered here, once their keys are claimed (a
+/// replay or a conflict gets no number, so sequences have no gap): the upsert of
+/// `ordering_keys` takes the key's row lock, after every idempotency record (`ordered` reads
+/// all of `claimed` before its window functions yield a row) and in `(client_id,
+/// ordering_key)` order, the order every relay locks them in too, so no two transactions wait
+/// for each other in a circle. The lock lasts until this statement commits: the key's next
+/// write waits for it and so commits later, with the next number. The writes of one key in one
+/// batch are numbered in batch order. An event whose write is not next in line to be published
+/// (its key's earlier events are not all sent: `done_through` behind) is held: due at
+/// `infinity`, out of the relays' range until a relay (or `outbox skip`) releases it. Its
+/// CloudEvent gets `partitionkey` and `sequence`, and `entry.created`'s data (the entry, $18)
+/// its `ordering_key` and `sequence`. Batches without an ordered write take
+/// [`CLAIM_AND_INSERT_UNORDERED`].
+const CLAIM_AND_INSERT: &str = claim_and_insert!(
+    r#"ordered AS (
+    SELECT i.client_id, i.ordering_key, i.entry_id,
+           row_number() OVER same_key AS rank,
+           count(*) OVER (PARTITION BY i.client_id, i.ordering_key) AS writes
+    FROM input i JOIN claimed c USING (client_id, key)
+    WHERE i.ordering_key IS NOT NULL
+    WINDOW same_key AS (PARTITION BY i.client_id, i.ordering_key ORDER BY i.position)
+),
+counters AS (
+    INSERT INTO ordering_keys AS k (client_id, ordering_key, last_sequence, done_through)
+    SELECT client_id, ordering_key, max(writes), 0
+    FROM ordered
+    GROUP BY client_id, ordering_key
+    ORDER BY client_id, ordering_key
+    ON CONFLICT (client_id, ordering_key) DO UPDATE
+        SET last_sequence = k.last_sequence + EXCLUDED.last_sequence
+    RETURNING client_id, ordering_key, last_sequence, done_through
+),
+sequenced AS (
+    SELECT o.entry_id, o.ordering_key,
+           k.last_sequence - o.writes + o.rank AS sequence,
+           k.last_sequence - o.writes + o.rank - 1 > k.done_through AS held
+    FROM ordered o JOIN counters k USING (client_id, ordering_key)
+),
+"#
+);
+
+/// [`CLAIM_AND_INSERT`] for a batch without an ordered write: `sequenced` is empty without
+/// reading `claimed` again or touching `ordering_keys`, so writes without an ordering key pay
+/// nothing for the feature (the ordered statement cost them 6-10 % of their rate;
+/// BENCHMARKS.md, "Ordered delivery").
+const CLAIM_AND_INSERT_UNORDERED: &str = claim_and_insert!(
+    r#"sequenced AS (
+    SELECT NULL::uuid AS entry_id, NULL::text AS ordering_key, NULL::bigint AS sequence,
+           NULL::boolean AS held
+    WHERE false
+),
+"#
+);
 
 /// Reads back the records of keys a batch did not claim. Runs after the claim has committed,
 /// so it sees the rows that the claim found or waited for. How long each record still lives is
@@ -631,7 +657,15 @@ async fn commit(
     config: &WriterConfig,
     prepared: &[PreparedWrite<'_>],
 ) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
-    let claim_and_insert = connection.prepare_cached(CLAIM_AND_INSERT).await?;
+    let statement = if prepared
+        .iter()
+        .any(|p| p.write.request.ordering_key.is_some())
+    {
+        CLAIM_AND_INSERT
+    } else {
+        CLAIM_AND_INSERT_UNORDERED
+    };
+    let claim_and_insert = connection.prepare_cached(statement).await?;
     let read_back = connection.prepare_cached(READ_BACK).await?;
 
     let columns = Columns::new(prepared, config.retention);
