@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::Timestamp;
+use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::{Database, StorageError};
@@ -16,39 +19,60 @@ pub const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// `SKIP LOCKED`: a row that a writer is taking over (an expired key reused) is left for the
 /// next pass instead of waited on.
+///
+/// Each batch starts where the pass's previous one ended (`$2`, the latest `expires_at` it
+/// deleted; `-infinity` for the first): the index entries of the rows deleted before are dead
+/// until vacuum removes them, and a batch that started from the left of the index would walk
+/// them all again, so that a pass over millions of rows cost more per row the further it got.
+/// Returns how many rows it deleted and the latest `expires_at` among them.
 const DELETE_EXPIRED_RECORDS: &str = "
-DELETE FROM idempotency_records r
-USING (
-    SELECT client_id, key FROM idempotency_records
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-) expired
-WHERE r.client_id = expired.client_id AND r.key = expired.key";
+WITH deleted AS (
+    DELETE FROM idempotency_records r
+    USING (
+        SELECT client_id, key FROM idempotency_records
+        WHERE expires_at >= $2 AND expires_at <= now()
+        ORDER BY expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ) expired
+    WHERE r.client_id = expired.client_id AND r.key = expired.key
+    RETURNING r.expires_at
+)
+SELECT count(*), max(expires_at) FROM deleted";
 
 /// Only sent rows: unsent and parked rows stay whatever their age. They are found through the
 /// partial index on `sent_at` of sent rows (migration V4), oldest first, so a pass reads about
 /// as many index entries as it deletes, and no number of parked or unsent rows stands in the
 /// way. The events' replay records go with them (found through event_replays' primary key):
 /// once an event is gone, how often it was replayed is of no use, and the record would grow
-/// with every replay for ever.
+/// with every replay for ever. Each batch starts where the previous one ended (`$3`), as
+/// [`DELETE_EXPIRED_RECORDS`] does.
 const DELETE_OLD_SENT_EVENTS: &str = "
 WITH deleted AS (
     DELETE FROM outbox_events
     WHERE id IN (
         SELECT id FROM outbox_events
-        WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1)
+        WHERE sent_at IS NOT NULL AND sent_at >= $3
+          AND sent_at < now() - make_interval(secs => $1)
         ORDER BY sent_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING event_id
+    RETURNING event_id, sent_at
 ),
 replays_deleted AS (
     DELETE FROM event_replays WHERE event_id IN (SELECT event_id FROM deleted)
 )
-SELECT count(*) FROM deleted";
+SELECT count(*), max(sent_at) FROM deleted";
+
+/// Where a pass's first batch starts: before every time.
+const NEGATIVE_INFINITY: Timestamp<DateTime<Utc>> = Timestamp::NegInfinity;
+
+/// A delete batch's row: how many it deleted, and the latest time among them (none if none).
+fn deleted_up_to(row: &Row) -> (u64, Option<Timestamp<DateTime<Utc>>>) {
+    let latest: Option<DateTime<Utc>> = row.get(1);
+    (row.get::<_, i64>(0) as u64, latest.map(Timestamp::Value))
+}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PurgeReport {
@@ -63,14 +87,17 @@ pub async fn purge_once(
     outbox_retention: Duration,
 ) -> Result<PurgeReport, StorageError> {
     let mut report = PurgeReport::default();
+    let mut from = NEGATIVE_INFINITY;
     loop {
-        let deleted = db
+        let (deleted, latest) = db
             .run(async |connection| {
-                Ok(connection
-                    .execute(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH])
-                    .await?)
+                let row = connection
+                    .query_one(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH, &from])
+                    .await?;
+                Ok(deleted_up_to(&row))
             })
             .await?;
+        from = latest.unwrap_or(from);
         report.records_deleted += deleted;
         metrics::counter!(telemetry::JANITOR_DELETED, "table" => "idempotency_records")
             .increment(deleted);
@@ -79,15 +106,20 @@ pub async fn purge_once(
         }
     }
     let retention_seconds = outbox_retention.as_secs_f64();
+    let mut from = NEGATIVE_INFINITY;
     loop {
-        let deleted = db
+        let (deleted, latest) = db
             .run(async |connection| {
                 let row = connection
-                    .query_one(DELETE_OLD_SENT_EVENTS, &[&retention_seconds, &PURGE_BATCH])
+                    .query_one(
+                        DELETE_OLD_SENT_EVENTS,
+                        &[&retention_seconds, &PURGE_BATCH, &from],
+                    )
                     .await?;
-                Ok(row.get::<_, i64>(0) as u64)
+                Ok(deleted_up_to(&row))
             })
             .await?;
+        from = latest.unwrap_or(from);
         report.events_deleted += deleted;
         metrics::counter!(telemetry::JANITOR_DELETED, "table" => "outbox_events")
             .increment(deleted);

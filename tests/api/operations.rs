@@ -50,6 +50,56 @@ async fn after_its_retention_a_key_is_new_again() {
     );
 }
 
+/// A pass goes on batch after batch, each from where the last ended: rows that share one time
+/// across a batch's end are deleted too, and what has not expired, or was not sent, stays.
+#[actix_web::test]
+async fn a_janitor_pass_deletes_every_batch_with_ties_at_their_ends() {
+    let app = spawn_app_without_relays(|_| {}).await;
+    // 1,500 records expired at one instant (a batch ends among them), 1,000 more at distinct
+    // times after, and 10 not expired.
+    app.db
+        .batch_execute(
+            "INSERT INTO idempotency_records (client_id, key, request_hash, status, response_status,
+                                              response_json, expires_at)
+             SELECT 'anonymous', 'purge-' || g, '\\x00', 'completed', 201, '{}',
+                    CASE WHEN g <= 1500 THEN now() - interval '2 hours'
+                         WHEN g <= 2500 THEN now() - interval '1 hour' + g * interval '1 ms'
+                         ELSE now() + interval '1 hour' END
+             FROM generate_series(1, 2510) AS g;
+             INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key,
+                                        event_type, payload, sent_at)
+             SELECT gen_random_uuid(), 'purge/' || g, 'anonymous', 'purge-' || g, 'entry.created',
+                    '{}', CASE WHEN g <= 1500 THEN now() - interval '8 days'
+                               WHEN g <= 2500 THEN now() - interval '8 days' + g * interval '1 ms'
+                               WHEN g <= 2505 THEN now() END
+             FROM generate_series(1, 2510) AS g",
+        )
+        .await
+        .unwrap();
+    let db = retrysafe::db::Database::new(&app.config().database).unwrap();
+    let report = purge_once(&db, Duration::from_secs(7 * 24 * 3600))
+        .await
+        .unwrap();
+    assert_eq!(report.records_deleted, 2500);
+    assert_eq!(report.events_deleted, 2500);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_records WHERE expires_at > now()")
+            .await,
+        10
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_records").await,
+        10
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")
+            .await,
+        5,
+        "unsent events stay"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM outbox_events").await, 10);
+}
+
 #[actix_web::test]
 async fn an_expired_key_is_new_again_even_before_the_janitor_runs() {
     let app =
