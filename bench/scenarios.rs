@@ -632,21 +632,26 @@ impl Bench {
     fn drain(&self, run: u32) -> anyhow::Result<Run> {
         let events = self.s.drain_events;
         log(TAG, &format!("run {run}: outbox drain of {events} events"));
-        let mut r = self.drained("drain", run, "")?;
+        let mut r = self.drained("drain", run, 0)?;
         self.publisher_baseline(run, r.payload_bytes.clone(), &mut r)?;
         Ok(r.into())
     }
 
-    /// The drain's backlog (and then `more_sql`) on a fresh stage, drained by a daemon started
-    /// on it: its figures, the stage removed after.
-    fn drained(&self, scenario: &str, run: u32, more_sql: &str) -> anyhow::Result<DrainRun> {
+    /// The drain's backlog, as writes of `ordering_keys` keys in turn unless that is 0, on a
+    /// fresh stage, drained by a daemon started on it: its figures (and, ordered, whether every
+    /// key went out in order), the stage removed after.
+    fn drained(&self, scenario: &str, run: u32, ordering_keys: u32) -> anyhow::Result<DrainRun> {
         let events = self.s.drain_events;
         let stage = self.stage(scenario, run)?;
         let backlog = BACKLOG_SQL.replace(":events", &events.to_string());
+        let ordered = match ordering_keys {
+            0 => String::new(),
+            keys => ORDERED_BACKLOG_SQL.replace(":keys", &keys.to_string()),
+        };
         let pg = &self.h.pg;
         pg.query(
             &stage.db,
-            &format!("{backlog}\n{more_sql}\nANALYZE outbox_events;"),
+            &format!("{backlog}\n{ordered}\nANALYZE outbox_events;"),
         )?;
         let payload = pg.number(&stage.db, PAYLOAD_SQL)?;
         let expected = i64::try_from(events)?;
@@ -696,8 +701,8 @@ impl Bench {
                 ),
             );
         }
-        if !more_sql.is_empty() {
-            // Ordered: whether every key went out in order (the drain scenario's rows have no key).
+        if ordering_keys > 0 {
+            // Whether every key went out in order too.
             r.queued_ok = Some(Num::flag(queued_ok && self.in_order(&stage.db, scenario)?));
         }
         self.unstage(stage)?;
@@ -842,8 +847,7 @@ impl Bench {
             TAG,
             &format!("run {run}: ordered drain of {events} events, {keys} keys"),
         );
-        let more = ORDERED_BACKLOG_SQL.replace(":keys", &keys.to_string());
-        let drain = self.drained("ordered_drain", run, &more)?;
+        let drain = self.drained("ordered_drain", run, keys)?;
         (r.drain_seconds, r.drain_events_per_s) = (drain.seconds, drain.events_per_s);
         (r.drain_queued, r.drain_order_ok) = (drain.queued, drain.queued_ok);
 
