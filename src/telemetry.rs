@@ -250,6 +250,15 @@ metrics_table! {
         &["reason"],
         "1 while writes fail for a reason only an operator can fix, by reason",
     );
+    /// The server committed locally and warned that its synchronous standby did not confirm
+    /// (the wait was cancelled): not acknowledged, and the pool's connections are renewed.
+    /// See docs/operations.md, "Synchronous replication".
+    DB_UNCONFIRMED_COMMITS = metric(
+        Counter,
+        "retrysafe_database_unconfirmed_commits_total",
+        &[],
+        "commits the database warned about (not confirmed by a synchronous standby), not acknowledged",
+    );
     /// Limits: concurrent_writes, requests_per_second.
     RATE_LIMITED = metric(
         Counter,

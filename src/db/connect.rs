@@ -9,12 +9,16 @@
 //! connections go straight to the new primary instead of waiting on the old one first.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures_util::StreamExt;
 
 use rand::seq::SliceRandom;
 use tokio_postgres::config::{Host, LoadBalanceHosts};
-use tokio_postgres::{Client, Config};
+use tokio_postgres::error::{DbError, Severity};
+use tokio_postgres::{AsyncMessage, Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::db::blocked::Blocker;
@@ -44,13 +48,77 @@ pub struct Connector {
 pub struct Connection {
     pub client: Client,
     io: tokio::task::JoinHandle<()>,
+    warnings: Arc<Warnings>,
+}
+
+/// The WARNING notices a connection's server sent, as its task reads them (in the order of the
+/// server's messages: a warning sent before a statement's ReadyForQuery is counted before a
+/// simple query's answer reaches the client).
+#[derive(Debug, Default)]
+struct Warnings {
+    count: AtomicU64,
+    last: Mutex<String>,
+}
+
+impl Warnings {
+    /// Counts and logs a notice that is a warning; logs the others at debug level.
+    fn note(&self, host: &str, notice: &DbError) {
+        let warning = match notice.parsed_severity() {
+            Some(severity) => severity == Severity::Warning,
+            None => notice.severity() == "WARNING",
+        };
+        let detail = notice.detail().unwrap_or_default();
+        if !warning {
+            tracing::debug!(
+                host,
+                code = notice.code().code(),
+                detail,
+                "database notice: {}",
+                notice.message()
+            );
+            return;
+        }
+        tracing::warn!(
+            host,
+            code = notice.code().code(),
+            detail,
+            "the database warned: {}",
+            notice.message()
+        );
+        let text = match notice.detail() {
+            Some(detail) => format!("{} ({detail})", notice.message()),
+            None => notice.message().to_owned(),
+        };
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = text;
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Connection {
+    /// How many WARNING notices the server has sent on this connection so far. A commit that
+    /// the server warned about (above all: "canceling wait for synchronous replication",
+    /// committed locally but not confirmed by a synchronous standby) is told apart by this
+    /// count changing across it.
+    pub fn warnings(&self) -> u64 {
+        self.warnings.count.load(Ordering::SeqCst)
+    }
+
+    /// The last warning's message and detail.
+    pub fn last_warning(&self) -> String {
+        self.warnings
+            .last
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// Ends the connection. `healthy`: the server answered the last request, so the connection
     /// may close gracefully; otherwise its task is stopped at once.
     pub fn close(self, healthy: bool) {
-        let Connection { client, io } = self;
+        let Connection { client, io, .. } = self;
         drop(client);
         if !healthy {
             io.abort();
@@ -224,12 +292,28 @@ impl Connector {
             match attempt {
                 Ok(Ok((client, connection))) => {
                     self.preferred.store(index, Ordering::Relaxed);
+                    let warnings = Arc::new(Warnings::default());
+                    let noted = Arc::clone(&warnings);
+                    let host = host_name(config);
                     let io = tokio::spawn(async move {
-                        // An error here (the server went away) shows up to the client as a
-                        // closed connection, which the pool then discards.
-                        let _ = connection.await;
+                        // Driven message by message (what awaiting the connection does) so
+                        // that its notices are seen. An error here (the server went away)
+                        // shows up to the client as a closed connection, which the pool then
+                        // discards.
+                        let mut connection = connection;
+                        let mut messages =
+                            futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                        while let Some(Ok(message)) = messages.next().await {
+                            if let AsyncMessage::Notice(notice) = message {
+                                noted.note(&host, &notice);
+                            }
+                        }
                     });
-                    return Ok(Connection { client, io });
+                    return Ok(Connection {
+                        client,
+                        io,
+                        warnings,
+                    });
                 }
                 Ok(Err(error)) => failures.push((host_name(config), HostFailure::Refused(error))),
                 Err(_elapsed) => failures.push((

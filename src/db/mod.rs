@@ -14,6 +14,7 @@ pub mod tls;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,9 +43,62 @@ pub struct PgClient {
     /// connection left in doubt (its operation abandoned at its deadline, or failed without a
     /// clear answer) is discarded by the pool.
     in_doubt: bool,
+    /// The pool's generation when the connection was opened; see [`Generation`].
+    generation: u64,
+    pool_generation: Generation,
+}
+
+/// A pool's generation: raised when a commit on one of its connections was not confirmed by a
+/// synchronous standby. That server may be an old primary cut off from the formation (paused,
+/// then resumed after its standby was promoted), which still takes writes, commits them
+/// locally and loses them when it is demoted: every connection opened before is discarded
+/// instead of being used again.
+#[derive(Debug, Clone, Default)]
+struct Generation(Arc<AtomicU64>);
+
+impl Generation {
+    fn current(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 impl PgClient {
+    /// How many WARNING notices this connection's server has sent; see
+    /// [`confirm_commit`](Self::confirm_commit).
+    pub fn warnings(&self) -> u64 {
+        self.connection
+            .as_ref()
+            .map_or(0, connect::Connection::warnings)
+    }
+
+    /// Checks a commit that just returned, given [`warnings`](Self::warnings) from before it was
+    /// sent; the commit must have been a simple query (`COMMIT`), whose answer follows the
+    /// commit's warnings. A server whose wait for its synchronous standby is cancelled
+    /// (`pg_cancel_backend`, as pg_auto_failover does when it disables synchronous
+    /// replication) answers the commit with success and a WARNING: "committed locally, but might not have been replicated to the standby". Such
+    /// a commit is not durable: a failover to that standby loses it. So it counts as
+    /// unavailable (503: the client retries, and the retry is judged by the record wherever
+    /// it survives), the connection is discarded, and so is every other connection of the
+    /// pool opened before it.
+    pub fn confirm_commit(&mut self, warnings_before: u64) -> Result<(), StorageError> {
+        if self.warnings() == warnings_before {
+            return Ok(());
+        }
+        let warning = self
+            .connection
+            .as_ref()
+            .map(connect::Connection::last_warning)
+            .unwrap_or_default();
+        self.in_doubt = true;
+        self.pool_generation
+            .0
+            .fetch_max(self.generation + 1, Ordering::SeqCst);
+        metrics::counter!(crate::telemetry::DB_UNCONFIRMED_COMMITS).increment(1);
+        Err(StorageError::Unavailable(format!(
+            "the database warned about a commit, which may not be durable (not confirmed by a synchronous standby?), so it is not acknowledged: {warning}"
+        )))
+    }
+
     /// The prepared statement for `sql`, preparing it on first use.
     pub async fn prepare_cached(
         &mut self,
@@ -100,6 +154,7 @@ impl DerefMut for PgClient {
 /// attempt bounded), with a statement cache on each.
 pub struct Manager {
     connector: Connector,
+    generation: Generation,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -107,10 +162,13 @@ impl bb8::ManageConnection for Manager {
     type Error = ConnectError;
 
     async fn connect(&self) -> Result<PgClient, ConnectError> {
+        let generation = self.generation.current();
         Ok(PgClient {
             connection: Some(self.connector.connect().await?),
             statements: HashMap::new(),
             in_doubt: false,
+            generation,
+            pool_generation: self.generation.clone(),
         })
     }
 
@@ -121,7 +179,9 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, connection: &mut PgClient) -> bool {
-        connection.in_doubt || connection.is_closed()
+        connection.in_doubt
+            || connection.is_closed()
+            || connection.generation < self.generation.current()
     }
 }
 
@@ -159,6 +219,7 @@ pub struct Database {
     /// Bound on waiting for a pooled connection (and on opening one, per host).
     connect_timeout: Duration,
     last_connect_error: LastConnectError,
+    generation: Generation,
 }
 
 impl Database {
@@ -197,6 +258,7 @@ impl Database {
         }
         let connector = connector(settings, (config, tls))?;
         let last_connect_error = LastConnectError::default();
+        let generation = Generation::default();
         let pool = bb8::Pool::builder()
             .max_size(size)
             .min_idle(Some(1))
@@ -204,13 +266,17 @@ impl Database {
             .idle_timeout(Some(Duration::from_secs(600)))
             .test_on_check_out(false)
             .error_sink(Box::new(last_connect_error.clone()))
-            .build_unchecked(Manager { connector });
+            .build_unchecked(Manager {
+                connector,
+                generation: generation.clone(),
+            });
         Ok(Self {
             pool,
             max_size: size,
             operation_timeout: operation_timeout(settings),
             connect_timeout: settings.connect_timeout,
             last_connect_error,
+            generation,
         })
     }
 
@@ -262,7 +328,20 @@ impl Database {
         result
     }
 
+    /// A pooled connection of the current [`Generation`]: idle connections opened before the
+    /// generation was raised are discarded on the way (the pool checks that only when a
+    /// connection is returned).
     async fn checkout(&self) -> Result<bb8::PooledConnection<'_, Manager>, StorageError> {
+        loop {
+            let mut connection = self.checkout_any().await?;
+            if connection.generation >= self.generation.current() {
+                return Ok(connection);
+            }
+            connection.in_doubt = true;
+        }
+    }
+
+    async fn checkout_any(&self) -> Result<bb8::PooledConnection<'_, Manager>, StorageError> {
         self.pool.get().await.map_err(|error| match error {
             bb8::RunError::User(error) => StorageError::Unavailable(error.to_string()),
             bb8::RunError::TimedOut => {

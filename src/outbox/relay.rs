@@ -139,6 +139,7 @@ async fn relay_batch(
     on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let statements = RelayStatements::prepare(connection).await?;
+    let warnings = connection.warnings();
     let client: &tokio_postgres::Client = connection;
     let (begun, claimed) = tokio::join!(
         client.batch_execute("BEGIN"),
@@ -171,7 +172,11 @@ async fn relay_batch(
                 "{error}; and the rollback after it failed: {rollback}"
             )));
         }
+        return result;
     }
+    // Marks the server warned about may be lost with it (the events are then sent again:
+    // at least once); what matters is leaving a server that does not replicate.
+    connection.confirm_commit(warnings)?;
     result
 }
 

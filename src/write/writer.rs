@@ -670,9 +670,24 @@ async fn commit(
 
     let columns = Columns::new(prepared, config.retention);
     let sent = Utc::now();
-    let row = connection
-        .query_one(&claim_and_insert, &columns.params())
-        .await?;
+    // In a transaction whose COMMIT is a simple query, all three sent together (one round
+    // trip): its answer comes after the commit's wait for a synchronous standby, and after any
+    // warning that the wait was cancelled, which `confirm_commit` then sees. (The statement
+    // alone, committed at its Sync, could return its row before that warning arrived.) A
+    // failed statement leaves the transaction aborted, and PostgreSQL answers the COMMIT with
+    // ROLLBACK.
+    let warnings = connection.warnings();
+    let client: &tokio_postgres::Client = connection;
+    let params = columns.params();
+    let (begun, row, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query_one(&claim_and_insert, &params),
+        client.batch_execute("COMMIT"),
+    );
+    begun?;
+    let row = row?;
+    committed?;
+    connection.confirm_commit(warnings)?;
     config.clock.observe(row.get(0), sent, Utc::now());
     // array_agg over no rows is NULL: nothing was claimed.
     let claimed_clients: Vec<String> = row.get::<_, Option<Vec<String>>>(1).unwrap_or_default();

@@ -3,7 +3,8 @@
 //! detail that names the reason and says that nothing was written; no row is written; the
 //! daemon says it is unready while it lasts (`/readyz` 503, `"writes":"failing"`) and recovers
 //! without a restart. A start without a free connection waits for one, within
-//! `database.start_timeout`, instead of exiting at once.
+//! `database.start_timeout`, instead of exiting at once. A commit that a synchronous standby
+//! did not confirm is not acknowledged.
 //!
 //! The full disk and the connection slots are a PostgreSQL cluster of the test's own (tests of
 //! them run as root: `runuser`, and `mount` for a small tmpfs).
@@ -387,4 +388,138 @@ async fn a_start_without_a_free_connection_waits_for_one_within_the_start_timeou
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(&log);
+}
+
+/// Cancels every backend waiting for its synchronous standby, every 50 ms, until dropped: what
+/// pg_auto_failover's keeper does when it disables synchronous replication (the standby is
+/// unhealthy, so the primary goes on alone: `SELECT pg_cancel_backend(pid) FROM
+/// pg_stat_activity WHERE wait_event = 'SyncRep'`), and an operator's cancel does.
+struct SyncRepCanceller {
+    task: actix_web::rt::task::JoinHandle<()>,
+}
+
+impl SyncRepCanceller {
+    async fn start(url: &str) -> Self {
+        let (db, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+        actix_web::rt::spawn(connection);
+        let task = actix_web::rt::spawn(async move {
+            loop {
+                let _ = db
+                    .execute(
+                        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+                         WHERE wait_event = 'SyncRep'",
+                        &[],
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for SyncRepCanceller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A primary whose synchronous standby does not confirm commits, and whose waits for it are
+/// cancelled: the server then answers each commit with success and a warning ("canceling wait
+/// for synchronous replication ... The transaction has already committed locally, but might
+/// not have been replicated to the standby"). After a failover to that standby such a write
+/// would be gone, so none is acknowledged, neither its first request nor a retry that finds
+/// its record; once the standby requirement is gone, the retry gets the record the first
+/// request saved.
+#[actix_web::test]
+async fn a_commit_the_synchronous_standby_did_not_confirm_is_not_acknowledged() {
+    if !is_root() {
+        eprintln!("skipped: a cluster of the test's own runs as the postgres user (runuser)");
+        return;
+    }
+    let cluster = PgCluster::start_plain("");
+    cluster.psql("CREATE DATABASE retrysafe");
+    let settings = test_settings();
+    let exchange = TestExchange::new(&settings);
+    let daemon = DaemonProcess::start(&[
+        ("RETRYSAFE_DATABASE__URL", cluster.url_of("retrysafe")),
+        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
+    ])
+    .await;
+    let (db, connection) = tokio_postgres::connect(&cluster.url_of("retrysafe"), NoTls)
+        .await
+        .unwrap();
+    actix_web::rt::spawn(connection);
+    assert_eq!(post(&daemon, "before").await.status, 201);
+
+    cluster.psql("ALTER SYSTEM SET synchronous_standby_names = 'a_standby_that_never_connects'");
+    cluster.psql("SELECT pg_reload_conf()");
+    let canceller = SyncRepCanceller::start(&cluster.url_of("postgres")).await;
+    let unconfirmed = post(&daemon, "unconfirmed").await;
+    unconfirmed.assert_problem(503, "storage-unavailable");
+    assert!(detail(&unconfirmed).contains("same Idempotency-Key"));
+    // The server did commit it, locally: that is what must not be acknowledged.
+    let local = "SELECT count(*) FROM idempotency_records WHERE key = 'unconfirmed'";
+    assert_eq!(count(&db, local).await, 1);
+    // A retry finds the record, and is not acknowledged either: its own commit (it locks the
+    // record) waits for the standby, like the first one did.
+    for _ in 0..2 {
+        let retry = post(&daemon, "unconfirmed").await;
+        assert_eq!(retry.status, 503, "{}", retry.describe());
+    }
+    drop(canceller);
+    let log = daemon.log_text();
+    assert!(
+        log.contains("canceling wait for synchronous replication"),
+        "the server's warning is logged"
+    );
+    let metrics = http_client(Duration::from_secs(30))
+        .get(format!("{}/metrics", daemon.address))
+        .send()
+        .await
+        .expect("answered")
+        .body()
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    let unconfirmed_commits: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("retrysafe_database_unconfirmed_commits_total "))
+        .expect("the counter is exported")
+        .parse()
+        .unwrap();
+    assert!(unconfirmed_commits >= 3.0, "{unconfirmed_commits}");
+
+    // The standby requirement gone, the retry is answered by the record the first request
+    // saved, and no second entry is written.
+    cluster.psql("ALTER SYSTEM RESET synchronous_standby_names");
+    cluster.psql("SELECT pg_reload_conf()");
+    let answered = eventually(Duration::from_secs(30), || async {
+        let answer = post(&daemon, "unconfirmed").await;
+        if answer.status / 100 == 2 {
+            Ok(answer)
+        } else {
+            Err(answer.describe())
+        }
+    })
+    .await;
+    let saved: uuid::Uuid = db
+        .query_one(
+            "SELECT entry_id FROM idempotency_records WHERE key = 'unconfirmed'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(answered.json()["id"], saved.to_string());
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM entries WHERE idempotency_key = 'unconfirmed'"
+        )
+        .await,
+        1
+    );
+    drop(daemon);
+    drop(exchange);
 }
