@@ -132,6 +132,7 @@ mod tests {
             idempotency_key: "k".into(),
             payload: "{}".into(),
             attempts: 0,
+            nacks: 0,
             created_at: chrono::Utc::now(),
             ordering_key: Some("invoice-42".into()),
             sequence: Some(7),

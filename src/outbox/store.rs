@@ -20,6 +20,8 @@ pub struct PendingEvent {
     /// The CloudEvent, as JSON text: the message body.
     pub payload: String,
     pub attempts: i32,
+    /// Of those failed attempts, the ones the broker nacked.
+    pub nacks: i32,
     pub created_at: DateTime<Utc>,
     /// The write's ordering key and its sequence among the key's writes; None when unordered.
     pub ordering_key: Option<String>,
@@ -48,7 +50,7 @@ pub struct PendingEvent {
 /// outbox_events_ordered_unsent for an ordered one.
 const CLAIM_DUE: &str = "
 SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
-       ordering_key, sequence, traceparent, tracestate
+       ordering_key, sequence, traceparent, tracestate, nacks
 FROM outbox_events e
 WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
   AND (e.ordering_key IS NULL OR NOT EXISTS (
@@ -68,10 +70,12 @@ const MARK_SENT: &str =
 const MARK_FAILED: &str = "
 UPDATE outbox_events AS o
 SET attempts = o.attempts + 1,
+    nacks = o.nacks + f.nacked::int,
     last_error = f.error,
     next_attempt_at = now() + make_interval(secs => f.delay_seconds),
     failed_at = CASE WHEN o.attempts + 1 >= $4 THEN now() END
-FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(id, error, delay_seconds)
+FROM unnest($1::bigint[], $2::text[], $3::float8[], $5::bool[])
+    AS f(id, error, delay_seconds, nacked)
 WHERE o.id = f.id";
 
 /// Locks the `ordering_keys` rows of the given (client, ordering key) pairs, in key order: the
@@ -233,6 +237,7 @@ pub fn pending_event(row: &Row) -> PendingEvent {
         sequence: row.get(9),
         traceparent: row.get(10),
         tracestate: row.get(11),
+        nacks: row.get(12),
     }
 }
 
@@ -269,19 +274,20 @@ pub async fn mark_failed(
     let delays: Vec<f64> = failures
         .iter()
         .map(|f| {
-            let attempts = f.event.attempts + 1;
+            // A nack backs off by the nacks so far, other failures by every failed attempt.
             let delay = if f.nacked {
-                retry_delay_after_nack(attempts)
+                retry_delay_after_nack(f.event.nacks + 1)
             } else {
-                retry_delay(attempts)
+                retry_delay(f.event.attempts + 1)
             };
             delay.as_secs_f64()
         })
         .collect();
+    let nacked: Vec<bool> = failures.iter().map(|f| f.nacked).collect();
     Ok(client
         .execute(
             &statements.mark_failed,
-            &[&ids, &errors, &delays, &max_attempts],
+            &[&ids, &errors, &delays, &max_attempts, &nacked],
         )
         .await?)
 }
@@ -306,9 +312,10 @@ pub fn retry_delay(failed_attempts: i32) -> Duration {
 }
 
 /// [`retry_delay`] for an attempt the broker nacked: the same shape, on a slower schedule
-/// ([`BASE_NACK_DELAY`]).
-pub fn retry_delay_after_nack(failed_attempts: i32) -> Duration {
-    backoff(failed_attempts, BASE_NACK_DELAY, MAX_NACK_DELAY)
+/// ([`BASE_NACK_DELAY`]), doubling with the event's `nacks` (this one included), not with all
+/// its failed attempts: failures that cost no queue a copy do not slow it down.
+pub fn retry_delay_after_nack(nacks: i32) -> Duration {
+    backoff(nacks, BASE_NACK_DELAY, MAX_NACK_DELAY)
 }
 
 fn backoff(failed_attempts: i32, base: Duration, max: Duration) -> Duration {
@@ -397,7 +404,7 @@ pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGrou
 /// ordering key (it is released when they are done).
 const REQUEUE_EVENT: &str = "
 UPDATE outbox_events
-SET failed_at = NULL, attempts = 0, next_attempt_at = now()
+SET failed_at = NULL, attempts = 0, nacks = 0, next_attempt_at = now()
 WHERE sent_at IS NULL AND skipped_at IS NULL AND next_attempt_at <> 'infinity' AND event_id = $1";
 
 /// Requeues the unsent event with `event_id`; false when there is none.
@@ -448,7 +455,7 @@ WITH selected AS (
             AND ($4::timestamptz IS NULL OR failed_at >= $4)) AS parked
 )
 UPDATE outbox_events o
-SET failed_at = NULL, attempts = 0,
+SET failed_at = NULL, attempts = 0, nacks = 0,
     next_attempt_at = now() + CASE WHEN $5::float8 IS NULL THEN interval '0'
                                    ELSE make_interval(secs => s.position / $5::float8) END
 FROM selected s

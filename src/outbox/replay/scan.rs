@@ -85,7 +85,7 @@ WHERE id > $1 AND id <= $2
 /// ordering key are in sequence order too: the writers draw their ids under the key's lock.
 const SELECT_PAGE: &str = concat!(
     "SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
-        ordering_key, sequence, traceparent, tracestate",
+        ordering_key, sequence, traceparent, tracestate, nacks",
     selected_events!(),
     "
 ORDER BY id
