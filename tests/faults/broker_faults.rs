@@ -493,3 +493,94 @@ async fn a_deleted_exchange_is_declared_again_and_events_still_arrive() {
         "after 3 failed attempts the daemon has not declared its exchange again; last_error: {last_error:?}"
     );
 }
+
+/// A nack backs off by the event's nacks, not by all its failed attempts: an event that failed
+/// four times for other reasons (a broker node down, say) waits at most 30 s after its first
+/// nack, then at most 60 s after its second; `outbox retry` starts both counts again.
+#[actix_web::test]
+async fn a_nack_after_other_failures_backs_off_by_the_nacks_alone() {
+    use retrysafe::db::Database;
+    use retrysafe::outbox::store::{self, FailedAttempt, RelayStatements};
+
+    let app = spawn_app_without_relays(|_| {}).await;
+    app.post_entry("nacked-late", &entry_body(1))
+        .await
+        .assert_created();
+    let db = Database::new(&app.config().database).unwrap();
+    // One failed attempt of the event, nacked or not; returns its attempts, nacks and the
+    // seconds until its next attempt.
+    let fail = |nacked: bool| {
+        let db = db.clone();
+        async move {
+            db.run(async |connection| {
+                let statements = RelayStatements::prepare(connection).await?;
+                let client: &tokio_postgres::Client = connection;
+                client
+                    .batch_execute("UPDATE outbox_events SET next_attempt_at = now()")
+                    .await?;
+                let claimed = store::claim_due(client, &statements, 10).await?;
+                assert_eq!(claimed.len(), 1);
+                let failure = FailedAttempt {
+                    event: &claimed[0],
+                    error: "test".into(),
+                    nacked,
+                };
+                store::mark_failed(client, &statements, &[failure], 1000).await?;
+                let row = client
+                    .query_one(
+                        "SELECT attempts, nacks,
+                                extract(epoch FROM next_attempt_at - now())::float8
+                         FROM outbox_events",
+                        &[],
+                    )
+                    .await?;
+                Ok((
+                    row.get::<_, i32>(0),
+                    row.get::<_, i32>(1),
+                    row.get::<_, f64>(2),
+                ))
+            })
+            .await
+            .unwrap()
+        }
+    };
+    for _ in 0..4 {
+        let (_, nacks, _) = fail(false).await;
+        assert_eq!(nacks, 0);
+    }
+    let (attempts, nacks, wait) = fail(true).await;
+    assert_eq!((attempts, nacks), (5, 1));
+    assert!(
+        (15.0..=30.5).contains(&wait),
+        "after the first nack: {wait} s"
+    );
+    let (attempts, nacks, wait) = fail(true).await;
+    assert_eq!((attempts, nacks), (6, 2));
+    assert!(
+        (30.0..=60.5).contains(&wait),
+        "after the second nack: {wait} s"
+    );
+    // A failure of another kind is scheduled by the attempts, as before.
+    let (attempts, nacks, wait) = fail(false).await;
+    assert_eq!((attempts, nacks), (7, 2));
+    assert!(
+        (16.0..=32.5).contains(&wait),
+        "after a 7th failed attempt: {wait} s"
+    );
+
+    let event_id: Uuid = app
+        .db
+        .query_one("SELECT event_id FROM outbox_events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(store::requeue_event(&app.db, event_id).await.unwrap());
+    assert_eq!(
+        count(
+            &app.db,
+            "SELECT count(*) FROM outbox_events WHERE attempts = 0 AND nacks = 0"
+        )
+        .await,
+        1
+    );
+}
