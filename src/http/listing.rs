@@ -45,12 +45,17 @@ const PARAMETERS: [&str; 6] = [
     "cursor",
 ];
 
-/// One page in one direction: `$after` compares a row's `(created_at, id)` with the cursor's,
-/// `$start_time` and `$start_id` are where a walk without a cursor starts, `$order` the
-/// direction. Absent bounds and
-/// cursor become infinite ones (`coalesce` of parameters is computed once, before the scan), so
-/// that every bound stays an index condition on `entries_client_created`, also in the generic
-/// plan of the prepared statement. The kind, when given, is checked on the rows the walk meets.
+/// One page in one direction: the row comparison `$position $after $start...` positions the
+/// walk where it starts (`$5`, `$6`: the cursor, or the time bound the walk starts from,
+/// whichever is tighter: [`start`]); `$start_time` and `$start_id` are where a walk without
+/// either starts, `$stop` where it stops, `$order` its direction, `$kind` the kind's condition.
+/// Absent bounds become infinite ones (`coalesce` of parameters is computed once, before the
+/// scan), so that every bound stays an index condition, also in the generic plan of the
+/// prepared statement. Without a kind the walk is on `entries_client_created`; with one, on
+/// `entries_client_kind_created`, the kind leading the row comparison, which only that index can
+/// position a scan by (the generic plan does not know how rare the kind is, and could otherwise
+/// walk the other index checking the kind of every row). A page costs the same whatever the
+/// table's size, the kind's share of it, and the time bounds.
 ///
 /// A page is bounded by bytes as well as by count (`$8`, [`PAGE_BYTES`]): the walk's rows are
 /// measured in order (their data as text, a running sum), and a row's data is sent only while
@@ -59,19 +64,26 @@ const PARAMETERS: [&str; 6] = [
 /// that one do not come back at all. So the daemon holds one page's bytes whatever `limit` and
 /// the entries' sizes, where it held `limit` entries of any size.
 macro_rules! list_entries {
-    ($after:literal, $start_time:literal, $start_id:literal, $order:literal) => {
+    ($kind:expr, $stop:expr, $position:expr, $after:literal, $start:expr, $start_time:literal, $start_id:literal, $order:literal) => {
         concat!(
             "
 WITH walk AS (
     SELECT id, kind, data::text AS data, created_at, idempotency_key, ordering_key, sequence
     FROM entries
     WHERE client_id = $1
-      AND ($2::text IS NULL OR kind = $2)
-      AND created_at > coalesce($3::timestamptz, '-infinity')
-      AND created_at < coalesce($4::timestamptz, 'infinity')
-      AND (created_at, id) ",
+      AND ",
+            $kind,
+            "
+      AND ",
+            $stop,
+            "
+      AND ",
+            $position,
+            " ",
             $after,
-            " (coalesce($5::timestamptz, '",
+            " ",
+            $start,
+            "coalesce($5::timestamptz, '",
             $start_time,
             "'), coalesce($6::uuid, '",
             $start_id,
@@ -100,9 +112,28 @@ ORDER BY ",
     };
 }
 
+/// Where a walk stops: the time bound on the side it walks to. The bound on the side it starts
+/// from is in where it starts ([`start`]), and only there: a condition of its own there could
+/// position the scan instead of the cursor, which would then be checked on every row from the
+/// bound to the cursor. (`$n IS NULL OR true` keeps the unused parameter's type known.)
+macro_rules! newest_first_stop {
+    () => {
+        "created_at > coalesce($3::timestamptz, '-infinity') AND ($4::timestamptz IS NULL OR true)"
+    };
+}
+macro_rules! oldest_first_stop {
+    () => {
+        "created_at < coalesce($4::timestamptz, 'infinity') AND ($3::timestamptz IS NULL OR true)"
+    };
+}
+
 /// Newest first: the index walked backwards from the cursor.
 pub const LIST_NEWEST_FIRST: &str = list_entries!(
+    "$2::text IS NULL",
+    newest_first_stop!(),
+    "(created_at, id)",
     "<",
+    "(",
     "infinity",
     "ffffffff-ffff-ffff-ffff-ffffffffffff",
     "created_at DESC, id DESC"
@@ -110,11 +141,63 @@ pub const LIST_NEWEST_FIRST: &str = list_entries!(
 
 /// Oldest first: the same walk, forwards.
 pub const LIST_OLDEST_FIRST: &str = list_entries!(
+    "$2::text IS NULL",
+    oldest_first_stop!(),
+    "(created_at, id)",
     ">",
+    "(",
     "-infinity",
     "00000000-0000-0000-0000-000000000000",
     "created_at, id"
 );
+
+/// [`LIST_NEWEST_FIRST`] of one kind.
+pub const LIST_KIND_NEWEST_FIRST: &str = list_entries!(
+    "kind = $2::text",
+    newest_first_stop!(),
+    "(kind, created_at, id)",
+    "<",
+    "($2::text, ",
+    "infinity",
+    "ffffffff-ffff-ffff-ffff-ffffffffffff",
+    "created_at DESC, id DESC"
+);
+
+/// [`LIST_OLDEST_FIRST`] of one kind.
+pub const LIST_KIND_OLDEST_FIRST: &str = list_entries!(
+    "kind = $2::text",
+    oldest_first_stop!(),
+    "(kind, created_at, id)",
+    ">",
+    "($2::text, ",
+    "-infinity",
+    "00000000-0000-0000-0000-000000000000",
+    "created_at, id"
+);
+
+/// Where a walk starts: after the cursor, or at the time bound on the side it starts from,
+/// whichever is tighter. `created_at < B` is `(created_at, id) < (B, the least uuid)` and
+/// `created_at > A` is `(created_at, id) > (A, the greatest uuid)`, so a time bound folds into
+/// the row comparison that positions the index scan. (Given apart, PostgreSQL would position the
+/// scan by one of them and check the other on every row until it held.)
+fn start(
+    order: Order,
+    cursor: Option<(DateTime<Utc>, Uuid)>,
+    created_after: Option<DateTime<Utc>>,
+    created_before: Option<DateTime<Utc>>,
+) -> Option<(DateTime<Utc>, Uuid)> {
+    let bound = match order {
+        Order::NewestFirst => created_before.map(|time| (time, Uuid::nil())),
+        Order::OldestFirst => created_after.map(|time| (time, Uuid::max())),
+    };
+    match (cursor, bound) {
+        (Some(cursor), Some(bound)) => Some(match order {
+            Order::NewestFirst => cursor.min(bound),
+            Order::OldestFirst => cursor.max(bound),
+        }),
+        (cursor, bound) => cursor.or(bound),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Order {
@@ -375,15 +458,25 @@ pub async fn list_entries(
             ))
         })?
         .expect("the listings' semaphore is never closed");
-    let statement = match query.order {
-        Order::NewestFirst => LIST_NEWEST_FIRST,
-        Order::OldestFirst => LIST_OLDEST_FIRST,
+    let statement = match (query.order, query.kind.is_some()) {
+        (Order::NewestFirst, false) => LIST_NEWEST_FIRST,
+        (Order::OldestFirst, false) => LIST_OLDEST_FIRST,
+        (Order::NewestFirst, true) => LIST_KIND_NEWEST_FIRST,
+        (Order::OldestFirst, true) => LIST_KIND_OLDEST_FIRST,
     };
     // One more than the page: whether there is a next page, without counting.
     let fetch = query.limit + 1;
     let page_bytes = PAGE_BYTES;
-    let (after_time, after_id) = match query.after {
-        Some(position) => (Some(position.created_at), Some(position.id)),
+    let cursor = query
+        .after
+        .map(|position| (position.created_at, position.id));
+    let (after_time, after_id) = match start(
+        query.order,
+        cursor,
+        query.created_after,
+        query.created_before,
+    ) {
+        Some((time, id)) => (Some(time), Some(id)),
         None => (None, None),
     };
     let rows = state
@@ -525,5 +618,53 @@ mod tests {
         assert!(detail.contains("not a cursor"), "{detail}");
         let cut = &cursor[..cursor.len() - 2];
         assert!(refusal(&format!("kind=a&order=asc&cursor={cut}")).contains("not a cursor"));
+    }
+
+    #[test]
+    fn a_walk_starts_at_the_tighter_of_the_cursor_and_the_time_bound_on_its_side() {
+        let at = |day: u32| {
+            chrono::NaiveDate::from_ymd_opt(2026, 12, day)
+                .unwrap()
+                .and_hms_opt(0, 0, 0)
+                .unwrap()
+                .and_utc()
+        };
+        let id = Uuid::now_v7();
+        let newest = Order::NewestFirst;
+        let oldest = Order::OldestFirst;
+        assert_eq!(start(newest, None, None, None), None);
+        assert_eq!(
+            start(newest, Some((at(5), id)), None, None),
+            Some((at(5), id))
+        );
+        // created_before: before the bound's least row; the cursor, when it is older.
+        assert_eq!(
+            start(newest, None, None, Some(at(3))),
+            Some((at(3), Uuid::nil()))
+        );
+        assert_eq!(
+            start(newest, Some((at(5), id)), None, Some(at(3))),
+            Some((at(3), Uuid::nil()))
+        );
+        assert_eq!(
+            start(newest, Some((at(2), id)), None, Some(at(3))),
+            Some((at(2), id))
+        );
+        // created_after starts nothing newest first (it is where the walk stops).
+        assert_eq!(start(newest, None, Some(at(3)), None), None);
+        // created_after, oldest first: after the bound's greatest row; the cursor, when newer.
+        assert_eq!(
+            start(oldest, None, Some(at(3)), None),
+            Some((at(3), Uuid::max()))
+        );
+        assert_eq!(
+            start(oldest, Some((at(2), id)), Some(at(3)), None),
+            Some((at(3), Uuid::max()))
+        );
+        assert_eq!(
+            start(oldest, Some((at(5), id)), Some(at(3)), Some(at(9))),
+            Some((at(5), id))
+        );
+        assert_eq!(start(oldest, None, None, Some(at(3))), None);
     }
 }

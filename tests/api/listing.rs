@@ -162,56 +162,182 @@ async fn paging_through_ten_thousand_entries_during_writes_returns_each_once_and
     assert_listing_uses_the_index(&app).await;
 }
 
-/// The listing's statements walk `entries_client_created` with the page's bounds as index
-/// conditions, in both orders and with a kind filter, in the plan PostgreSQL makes for each
-/// execution and in the generic plan it may switch a prepared statement to.
+/// The listing's four statements (each order, with and without a kind), prepared as the daemon
+/// prepares them, on `db`.
+async fn prepare_listing(db: &tokio_postgres::Client) {
+    let types = "text, text, timestamptz, timestamptz, timestamptz, uuid, bigint, bigint";
+    db.batch_execute(&format!(
+        "PREPARE newest_first ({types}) AS {};
+         PREPARE oldest_first ({types}) AS {};
+         PREPARE kind_newest_first ({types}) AS {};
+         PREPARE kind_oldest_first ({types}) AS {}",
+        retrysafe::http::listing::LIST_NEWEST_FIRST,
+        retrysafe::http::listing::LIST_OLDEST_FIRST,
+        retrysafe::http::listing::LIST_KIND_NEWEST_FIRST,
+        retrysafe::http::listing::LIST_KIND_OLDEST_FIRST,
+    ))
+    .await
+    .unwrap();
+}
+
+/// The rows of a simple query, first column, one text.
+async fn text_of(db: &tokio_postgres::Client, sql: &str) -> String {
+    db.simple_query(sql)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"))
+        .into_iter()
+        .filter_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The listing's statements walk an index with the page's bounds as index conditions, in both
+/// orders and with a kind filter, in the plan PostgreSQL makes for each execution and in the
+/// generic plan it may switch a prepared statement to.
 async fn assert_listing_uses_the_index(app: &TestDaemon) {
     app.db.batch_execute("ANALYZE entries").await.unwrap();
-    let types = "text, text, timestamptz, timestamptz, timestamptz, uuid, bigint, bigint";
-    app.db
-        .batch_execute(&format!(
-            "PREPARE newest_first ({types}) AS {};
-             PREPARE oldest_first ({types}) AS {}",
-            retrysafe::http::listing::LIST_NEWEST_FIRST,
-            retrysafe::http::listing::LIST_OLDEST_FIRST
-        ))
-        .await
-        .unwrap();
+    prepare_listing(&app.db).await;
     for mode in ["force_custom_plan", "force_generic_plan"] {
         app.db
             .batch_execute(&format!("SET plan_cache_mode = {mode}"))
             .await
             .unwrap();
-        for statement in ["newest_first", "oldest_first"] {
-            for arguments in [
-                "'billing', NULL, NULL, NULL, NULL, NULL, 1001, 1048576",
-                "'billing', 'invoice.paid', NULL, NULL, NULL, NULL, 1001, 1048576",
-                "'billing', NULL, '2000-01-01Z', NULL, '2100-01-01Z', '01a23833-187e-72d5-a313-eeb958536846', 101, 1048576",
-            ] {
-                let plan: Vec<String> = app
-                    .db
-                    .simple_query(&format!("EXPLAIN EXECUTE {statement}({arguments})"))
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .filter_map(|message| match message {
-                        tokio_postgres::SimpleQueryMessage::Row(row) => {
-                            row.get(0).map(str::to_owned)
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                let plan = plan.join("\n");
-                assert!(
-                    plan.contains("Index Scan") && plan.contains("entries_client_created"),
-                    "{mode} {statement}({arguments}):\n{plan}"
-                );
-                assert!(
-                    plan.contains("Index Cond: ((client_id = ") && plan.contains("ROW(created_at, id)"),
-                    "{mode} {statement}({arguments}): the cursor is not an index condition:\n{plan}"
-                );
-                assert!(!plan.contains("Sort"), "{mode} {statement}:\n{plan}");
-            }
+        for (statement, arguments, index) in [
+            ("newest_first", "'billing', NULL, NULL, NULL, NULL, NULL, 1001, 1048576", "entries_client_created"),
+            ("oldest_first", "'billing', NULL, NULL, NULL, NULL, NULL, 1001, 1048576", "entries_client_created"),
+            ("kind_newest_first", "'billing', 'invoice.paid', NULL, NULL, NULL, NULL, 1001, 1048576", "entries_client_kind_created"),
+            ("kind_oldest_first", "'billing', 'invoice.paid', NULL, NULL, NULL, NULL, 1001, 1048576", "entries_client_kind_created"),
+            ("newest_first", "'billing', NULL, '2000-01-01Z', NULL, '2100-01-01Z', '01a23833-187e-72d5-a313-eeb958536846', 101, 1048576", "entries_client_created"),
+            ("oldest_first", "'billing', NULL, '2000-01-01Z', NULL, '2000-01-01Z', '01a23833-187e-72d5-a313-eeb958536846', 101, 1048576", "entries_client_created"),
+        ] {
+            let plan = text_of(&app.db, &format!("EXPLAIN EXECUTE {statement}({arguments})")).await;
+            assert!(
+                plan.contains("Index Scan") && plan.contains(index),
+                "{mode} {statement}({arguments}):\n{plan}"
+            );
+            assert!(
+                plan.contains("Index Cond: ((client_id = ")
+                    && (plan.contains("ROW(created_at, id)")
+                        || plan.contains("ROW(kind, created_at, id)")),
+                "{mode} {statement}({arguments}): the cursor is not an index condition:\n{plan}"
+            );
+            assert!(!plan.contains("Sort"), "{mode} {statement}:\n{plan}");
+        }
+    }
+}
+
+/// Every shape of listing reads about a page, on a client with a million entries: no filter, a
+/// kind of 1 % of them, a kind with none, a time bound on either side, a deep cursor, in both
+/// orders, in the custom and the generic plan. `EXPLAIN (ANALYZE, BUFFERS)` counts the pages the
+/// execution touched; a page of 100 entries of a rare kind touches at most one heap page per
+/// entry and a few index pages. (Before the kind index and the folded time bounds, a page of
+/// the rare kind read ~10,000 entries, the kind with none all of them, and a time bound every
+/// entry from the other end to it.)
+#[actix_web::test]
+async fn every_listing_shape_reads_about_a_page_on_a_million_entries() {
+    let app = spawn_app_with(|_| {}).await;
+    // A million entries of one client, one a second from 2026-01-01, every 100th of the kind
+    // `rare`; and a few of another client.
+    app.db
+        .batch_execute(
+            "INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at)
+             SELECT gen_random_uuid(), 'billing', 'k' || n,
+                    CASE WHEN n % 100 = 0 THEN 'rare' ELSE 'common' END,
+                    jsonb_build_object('n', n),
+                    '2026-01-01Z'::timestamptz + n * interval '1 second'
+             FROM generate_series(1, 1000000) AS n;
+             INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at)
+             SELECT gen_random_uuid(), 'shipping', 'k' || n, 'rare', '{}',
+                    '2026-01-01Z'::timestamptz + n * interval '1 second'
+             FROM generate_series(1, 1000) AS n",
+        )
+        .await
+        .unwrap();
+    app.db
+        .batch_execute("VACUUM ANALYZE entries")
+        .await
+        .unwrap();
+    prepare_listing(&app.db).await;
+    let middle = "'2026-01-06T18:53:20Z'"; // entry 500,000
+    let nil = "'00000000-0000-0000-0000-000000000000'";
+    let max = "'ffffffff-ffff-ffff-ffff-ffffffffffff'";
+    let deep = "'2026-01-02T00:00:00Z'"; // entry 86,400
+                                         // (statement, kind, created_after, created_before, start time, start id), the start as
+                                         // the daemon folds the cursor and the time bound on the side a walk starts from.
+    let shapes = [
+        ("newest_first", "NULL", "NULL", "NULL", "NULL", "NULL"),
+        ("oldest_first", "NULL", "NULL", "NULL", "NULL", "NULL"),
+        (
+            "kind_newest_first",
+            "'rare'",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+        ),
+        (
+            "kind_oldest_first",
+            "'rare'",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+        ),
+        (
+            "kind_newest_first",
+            "'absent'",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+        ),
+        (
+            "kind_oldest_first",
+            "'absent'",
+            "NULL",
+            "NULL",
+            "NULL",
+            "NULL",
+        ),
+        ("newest_first", "NULL", "NULL", middle, middle, nil),
+        ("oldest_first", "NULL", middle, "NULL", middle, max),
+        ("kind_newest_first", "'rare'", "NULL", middle, middle, nil),
+        ("kind_oldest_first", "'rare'", middle, "NULL", middle, max),
+        ("kind_oldest_first", "'rare'", deep, middle, deep, max),
+        ("oldest_first", "NULL", "NULL", "NULL", middle, nil),
+        ("kind_newest_first", "'rare'", "NULL", "NULL", deep, nil),
+    ];
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        app.db
+            .batch_execute(&format!("SET plan_cache_mode = {mode}"))
+            .await
+            .unwrap();
+        for (statement, kind, after, before, start_time, start_id) in shapes {
+            let arguments = format!(
+                "'billing', {kind}, {after}, {before}, {start_time}, {start_id}, 101, 1048576"
+            );
+            let explained = text_of(
+                &app.db,
+                &format!(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}({arguments})"
+                ),
+            )
+            .await;
+            let explained: Value = serde_json::from_str(&explained).unwrap();
+            let plan = &explained[0]["Plan"];
+            let pages = plan["Shared Hit Blocks"].as_i64().unwrap()
+                + plan["Shared Read Blocks"].as_i64().unwrap();
+            let rows = plan["Actual Rows"].as_i64().unwrap();
+            eprintln!("listing pages: {mode} {statement}({arguments}): {pages} pages, {rows} rows");
+            let expected_rows = if kind == "'absent'" { 0 } else { 101 };
+            assert_eq!(rows, expected_rows, "{mode} {statement}({arguments})");
+            assert!(
+                pages <= 250,
+                "{mode} {statement}({arguments}): {pages} pages for a page of {rows} entries:\n{explained:#}"
+            );
         }
     }
 }
