@@ -30,6 +30,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::Connection;
 use retrysafe::config::{AmqpSettings, Settings};
 use retrysafe::inbox::Inbox;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use uuid::Uuid;
 
 const CONSUMER_NAME: &str = "example-consumer";
@@ -165,6 +166,13 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or("unknown")
             .to_owned();
         let position = retrysafe::inbox::ordering_of(&delivery.properties);
+        // The consumer's span continues the write's trace: with an OpenTelemetry layer
+        // installed (tracing-opentelemetry), it is a child of the daemon's span of the write.
+        let span = tracing::info_span!("process", "otel.kind" = "consumer", %event_id);
+        let _ = span.set_parent(retrysafe::inbox::parent_context_of(&delivery.properties));
+        if let Some(trace) = retrysafe::inbox::trace_context_of(&delivery.properties) {
+            println!("{event_id} continues trace {}", trace.trace_id());
+        }
         match inbox.begin(&mut db, event_id).await? {
             Some(transaction) => {
                 transaction.execute(APPLY_EFFECT, &[&kind]).await?;
@@ -197,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
         }
         // Only after the commit: a crash before this point redelivers, and the inbox skips it.
         delivery.ack(BasicAckOptions::default()).await?;
+        drop(span);
         handled += 1;
         if args.max_events.is_some_and(|max| handled >= max) {
             break;

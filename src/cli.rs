@@ -144,14 +144,18 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             Ok(())
         }
         Command::Serve => {
-            telemetry::init_logging(&config.log);
+            let export = telemetry::init_logging_and_traces(&config.log, &config.telemetry);
             for name in &stray {
                 tracing::warn!(variable = %name, "ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
             }
             for warning in crate::config::warnings(&settings, &path) {
                 tracing::warn!(key = %warning.key, "{}", warning.message);
             }
-            actix_web::rt::System::new().block_on(serve(config))
+            let served = actix_web::rt::System::new().block_on(serve(config));
+            if let Some(export) = export {
+                export.shutdown();
+            }
+            served
         }
         Command::Migrate => {
             telemetry::init_logging(&config.log);

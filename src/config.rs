@@ -58,6 +58,7 @@ pub struct Settings {
     pub events: EventSettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
+    pub telemetry: TelemetrySettings,
 }
 
 impl Settings {
@@ -72,6 +73,7 @@ impl Settings {
             EventSettings::KEYS,
             AuthSettings::KEYS,
             LogSettings::KEYS,
+            TelemetrySettings::KEYS,
         ]
         .into_iter()
         .flatten()
@@ -85,7 +87,8 @@ impl Settings {
         self.outbox.check_bounds()?;
         self.events.check_bounds()?;
         self.auth.check_bounds()?;
-        self.log.check_bounds()
+        self.log.check_bounds()?;
+        self.telemetry.check_bounds()
     }
 }
 
@@ -388,6 +391,20 @@ impl fmt::Debug for ClientSettings {
 }
 
 section! {
+    /// `[telemetry]`: spans over OTLP.
+    pub struct TelemetrySettings("telemetry") {
+        /// Base URL of an OpenTelemetry collector's OTLP/HTTP receiver
+        /// (`http://127.0.0.1:4318`); spans go to its `/v1/traces`. Empty: the
+        /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` variable, or no
+        /// export when neither is set.
+        otlp_endpoint: String = String::new(), Bound::Any;
+        /// Share of new traces whose spans are exported, 0 to 1; a request with a caller's
+        /// context follows the caller's sampled flag.
+        sample_ratio: f64 = 1.0, Bound::Any;
+    }
+}
+
+section! {
     /// `[log]`: what the daemon writes to stderr.
     pub struct LogSettings("log") {
         /// `text` for terminals, `json` for journald and collectors.
@@ -454,6 +471,17 @@ impl Settings {
         }
         if !matches!(self.idempotency.mismatch_status, 409 | 422) {
             return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
+        }
+        let ratio = self.telemetry.sample_ratio;
+        if !ratio.is_finite() || !(0.0..=1.0).contains(&ratio) {
+            return Err(invalid(
+                "telemetry.sample_ratio",
+                "must be between 0 (no new trace exported) and 1 (every one)",
+            ));
+        }
+        if !self.telemetry.otlp_endpoint.is_empty() {
+            crate::otlp::traces_url(&self.telemetry.otlp_endpoint)
+                .map_err(|error| invalid("telemetry.otlp_endpoint", error))?;
         }
         both_or_neither(
             ("http.tls_cert_file", &self.http.tls_cert_file),

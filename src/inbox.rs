@@ -52,6 +52,19 @@ pub fn trace_context_of(
     })
 }
 
+/// [`trace_context_of`] as an OpenTelemetry context holding the write's span as a remote
+/// parent: give it to the consumer's span (`tracing_opentelemetry::OpenTelemetrySpanExt::
+/// set_parent`, or `Tracer::start_with_context`) and the consumer's work is a child of the
+/// write in the caller's trace. An empty context when the event carries none.
+pub fn parent_context_of(properties: &BasicProperties) -> opentelemetry::Context {
+    use opentelemetry::trace::TraceContextExt;
+    trace_context_of(properties)
+        .as_ref()
+        .and_then(crate::otlp::span_context_of)
+        .map(|span| opentelemetry::Context::new().with_remote_span_context(span))
+        .unwrap_or_default()
+}
+
 /// Where an event stands among the events of its ordering key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
@@ -140,6 +153,24 @@ mod tests {
             tracestate: None,
         };
         let properties = crate::outbox::publish::message_properties(&event);
+        assert!(!opentelemetry::trace::TraceContextExt::has_active_span(
+            &parent_context_of(&properties)
+        ));
+        let traced = crate::outbox::store::PendingEvent {
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            ..event.clone()
+        };
+        let parent = parent_context_of(&crate::outbox::publish::message_properties(&traced));
+        let span = opentelemetry::trace::TraceContextExt::span(&parent);
+        assert_eq!(
+            span.span_context().trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(
+            span.span_context().span_id().to_string(),
+            "00f067aa0ba902b7"
+        );
+        assert!(span.span_context().is_remote());
         assert_eq!(
             ordering_of(&properties),
             Some(Position {

@@ -40,6 +40,7 @@ pub mod inbox;
 pub mod janitor;
 pub mod lifecycle;
 pub mod operator;
+pub mod otlp;
 pub mod outbox;
 pub mod startup;
 pub mod telemetry;

@@ -12,7 +12,7 @@ use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogFormat, LogSettings};
+use crate::config::{LogFormat, LogSettings, TelemetrySettings};
 use MetricKind::{Counter, Gauge, Histogram};
 
 /// How a metric is kept.
@@ -259,6 +259,20 @@ metrics_table! {
         &[],
         "commits the database warned about (not confirmed by a synchronous standby), not acknowledged",
     );
+    /// Reasons: queue_full (more than 4,096 spans waiting), export_failed (the collector did
+    /// not take a batch in time, or answered an error).
+    TRACE_SPANS_DROPPED = metric(
+        Counter,
+        "retrysafe_trace_spans_dropped_total",
+        &["reason"],
+        "spans not exported, by reason",
+    );
+    TRACE_SPANS_EXPORTED = metric(
+        Counter,
+        "retrysafe_trace_spans_exported_total",
+        &[],
+        "spans the collector took",
+    );
     /// Limits: concurrent_writes, requests_per_second.
     RATE_LIMITED = metric(
         Counter,
@@ -331,9 +345,51 @@ const ACTIX_DISPATCHER: &str = "actix_http::h1::dispatcher";
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
 pub fn init_logging(settings: &LogSettings) {
+    init_logging_and_traces(settings, &TelemetrySettings::default());
+}
+
+/// [`init_logging`], and the export of spans over OTLP when `telemetry` (or the environment)
+/// names a collector ([`crate::otlp`]); shut the export down at exit. A collector's address
+/// that cannot be used is logged, and nothing is exported.
+pub fn init_logging_and_traces(
+    settings: &LogSettings,
+    telemetry: &TelemetrySettings,
+) -> Option<crate::otlp::TraceExport> {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
+
+    let mut refused = None;
+    let started = match crate::otlp::endpoint(telemetry) {
+        None => None,
+        Some(Err(error)) => {
+            refused = Some(error);
+            None
+        }
+        Some(Ok(endpoint)) => match crate::otlp::TraceExport::start(telemetry, endpoint) {
+            Ok(started) => Some(started),
+            Err(error) => {
+                refused = Some(error);
+                None
+            }
+        },
+    };
+    let (export, tracer) = match started {
+        Some((export, tracer)) => (Some(export), Some(tracer)),
+        None => (None, None),
+    };
+    // The daemon's own spans only, at INFO and above (the request, the writer's batch, the
+    // relay's batch and each publish); the events logged inside them become span events.
+    let spans = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_level(false)
+            .with_filter(Targets::new().with_target("retrysafe", LevelFilter::INFO))
+    });
 
     let requested = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
     let directives = directives(&requested);
@@ -357,6 +413,7 @@ pub fn init_logging(settings: &LogSettings) {
     let result = tracing_subscriber::registry()
         .with(output.with_filter(filter))
         .with(own_answers)
+        .with(spans)
         .try_init();
     // A subscriber is already installed when the library is embedded (tests); keep that one.
     if result.is_ok() {
@@ -369,6 +426,14 @@ pub fn init_logging(settings: &LogSettings) {
             log::set_max_level(log_level(level));
         }
     }
+    match (&export, refused) {
+        (Some(export), _) => {
+            tracing::info!(endpoint = %export.endpoint, "exporting spans over OTLP/HTTP")
+        }
+        (None, Some(error)) => tracing::warn!(error = %error, "spans are not exported"),
+        (None, None) => {}
+    }
+    export
 }
 
 /// The filter's directives: the daemon's defaults for other crates' logs, then `requested`

@@ -9,7 +9,7 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
     invalid, redact_url, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings, EventSettings,
-    HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, Settings,
+    HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, Settings, TelemetrySettings,
 };
 use crate::db::tls::{self, PgTls};
 
@@ -28,6 +28,7 @@ pub struct Config {
     pub events: EventSettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
+    pub telemetry: TelemetrySettings,
 }
 
 /// `[database]`, with `database.url` parsed: what tokio-postgres reads, and libpq's TLS
@@ -67,6 +68,7 @@ impl Config {
             events: settings.events.clone(),
             auth: settings.auth.clone(),
             log: settings.log.clone(),
+            telemetry: settings.telemetry.clone(),
         })
     }
 }

@@ -17,7 +17,6 @@ use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 use crate::telemetry;
-use crate::trace_context::TraceContext;
 use crate::write::{Answer, SavedResponse, ScopedKey, Write};
 
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
@@ -74,7 +73,7 @@ pub async fn create_entry(
         key,
         request: decode(&state, body).await?,
         remote_addr: request.peer_addr().map(|addr| addr.ip().to_string()),
-        trace: Some(TraceContext::of_request(&request)),
+        trace: Some(crate::otlp::write_context(&request)),
     };
     respond(&state, shard.submit(write).await)
 }

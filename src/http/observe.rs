@@ -86,12 +86,26 @@ pub async fn observe(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
     let id = request_id(&request);
+    // trace_id and span_id for the log lines (the write's trace when not exporting: see
+    // otlp::write_context); the otel.* fields are recorded only while exporting.
     let span = tracing::info_span!(
         "request",
         request_id = %id,
         method = %request.method(),
         path = %request.path(),
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        "otel.kind" = tracing::field::Empty,
+        "otel.name" = tracing::field::Empty,
+        "otel.status_code" = tracing::field::Empty,
     );
+    // Probes and scrapes (every few seconds, from every monitor) are not traced.
+    let exporting =
+        crate::otlp::exporting() && !matches!(request.path(), "/healthz" | "/readyz" | "/metrics");
+    let method = exporting.then(|| request.method().clone());
+    if exporting {
+        crate::otlp::start_server_span(&span, &request);
+    }
     let started = Instant::now();
     let mut response = next.call(request).instrument(span.clone()).await?;
     let elapsed = started.elapsed();
@@ -107,6 +121,9 @@ pub async fn observe(
         .copied()
         .unwrap_or_else(|| RequestOutcome::from_status(status));
     record(&route, outcome, elapsed);
+    if let Some(method) = method {
+        crate::otlp::end_server_span(&span, method.as_str(), &route, status.as_u16());
+    }
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }

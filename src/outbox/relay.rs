@@ -219,7 +219,11 @@ async fn publish_and_record(
         client.batch_execute("ROLLBACK").await?;
         return Ok(blocked_report);
     }
+    let spans = crate::otlp::PublishSpans::start(&config.exchange, &events);
     let results = publish_batch(channel, config, &events, on_full_batch).await;
+    if let Some(spans) = spans {
+        spans.finish(&results);
+    }
     let unconfirmed = results.iter().any(
         |result| matches!(result, PublishResult::Failed { kind, .. } if kind.breaks_channel()),
     );

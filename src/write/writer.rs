@@ -17,6 +17,7 @@ use actix::prelude::*;
 use actix_web::web::Bytes;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::db::{Database, DatabaseClock, PgClient, StorageError, WriteHealth};
@@ -284,7 +285,15 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>)
         .map(|commit| prepare(&commit.write, config))
         .collect();
     metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
-    let results = commit_isolating_bad_items(db, config, &prepared).await;
+    let span =
+        crate::otlp::writer_batch_span(batch.iter().map(|commit| commit.write.trace.as_ref()));
+    let results = commit_isolating_bad_items(db, config, &prepared)
+        .instrument(span.clone())
+        .await;
+    if results.iter().any(Result::is_err) {
+        span.record("otel.status_code", "ERROR");
+    }
+    drop(span);
     drop(prepared);
     let mut created = 0;
     for (commit, result) in batch.into_iter().zip(results) {

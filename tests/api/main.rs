@@ -12,6 +12,7 @@ mod entries;
 mod listing;
 mod operations;
 mod ordering;
+mod otlp_export;
 mod outbox;
 mod refusals;
 mod replay;

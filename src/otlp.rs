@@ -1,0 +1,457 @@
+//! Spans over OTLP/HTTP (protobuf), when `telemetry.otlp_endpoint` (or the standard
+//! `OTEL_EXPORTER_OTLP_*ENDPOINT` variables) names a collector: the daemon's own `tracing` spans
+//! (targets `retrysafe::*`) become OpenTelemetry spans through `tracing-opentelemetry`, and the
+//! SDK's batch processor sends them from a thread of its own.
+//!
+//! Exporting never slows or fails a write. Spans wait in a queue bounded in spans (each span is
+//! bounded by the SDK's span limits, so the queue is bounded in bytes too); a span that finds it
+//! full is dropped at once, and so is a batch the collector did not take within
+//! [`EXPORT_TIMEOUT`] (slow, down, or answering errors): both counted in
+//! `retrysafe_trace_spans_dropped_total`. Without an endpoint nothing here runs: no layer, no
+//! thread, and the write path does not build the spans it would export.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, Span, SpanData,
+    SpanExporter, SpanProcessor, Tracer,
+};
+use opentelemetry_sdk::Resource;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::config::TelemetrySettings;
+use crate::telemetry;
+use crate::trace_context::TraceContext;
+
+/// Spans queued for export or being exported, at most; past it, new spans are dropped.
+const QUEUE_SPANS: usize = 4096;
+/// Spans per export request.
+const BATCH_SPANS: usize = 512;
+/// How long spans wait for the next export at most.
+const EXPORT_DELAY: Duration = Duration::from_secs(1);
+/// Bound on one export request, and on the flush at shutdown.
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported: the write path builds the writer's, the relay's and the
+/// publishes' spans only then.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// The traces URL of an OTLP/HTTP receiver given by its base URL (`http://host:4318` ->
+/// `http://host:4318/v1/traces`; a URL that already ends with `/v1/traces` is kept).
+pub fn traces_url(base: &str) -> Result<String, String> {
+    let url = url::Url::parse(base).map_err(|error| format!("{base:?} is not a URL: {error}"))?;
+    match url.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(format!(
+                "{base:?}: https is not supported; give the address of a collector on this machine or network over http (the OpenTelemetry Collector's OTLP/HTTP receiver, port 4318), which can forward over TLS"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "{base:?}: the scheme must be http, not {other:?}"
+            ))
+        }
+    }
+    let trimmed = base.trim_end_matches('/');
+    Ok(if trimmed.ends_with("/v1/traces") {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}/v1/traces")
+    })
+}
+
+/// Where spans go: `telemetry.otlp_endpoint`, else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (as it
+/// is), else `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL); None: nowhere.
+pub fn endpoint(settings: &TelemetrySettings) -> Option<Result<String, String>> {
+    let variable = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+    if !settings.otlp_endpoint.is_empty() {
+        return Some(traces_url(&settings.otlp_endpoint));
+    }
+    if let Some(url) = variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        return Some(Ok(url));
+    }
+    variable("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| {
+        traces_url(&base).map_err(|error| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {error}"))
+    })
+}
+
+/// The export, once started: shut it down at exit to send what is queued (bounded).
+pub struct TraceExport {
+    provider: SdkTracerProvider,
+    pub endpoint: String,
+}
+
+impl TraceExport {
+    /// Starts exporting to `endpoint` (see [`endpoint`]); returns the tracer for the layer.
+    pub fn start(settings: &TelemetrySettings, endpoint: String) -> Result<(Self, Tracer), String> {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(endpoint.clone())
+            .with_timeout(EXPORT_TIMEOUT)
+            .build()
+            .map_err(|error| format!("telemetry.otlp_endpoint: {error}"))?;
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let batches = BatchConfigBuilder::default()
+            .with_max_queue_size(QUEUE_SPANS)
+            .with_max_export_batch_size(BATCH_SPANS)
+            .with_scheduled_delay(EXPORT_DELAY)
+            .build();
+        let processor = Bounded {
+            inner: BatchSpanProcessor::builder(Counting {
+                inner: exporter,
+                in_flight: Arc::clone(&in_flight),
+            })
+            .with_batch_config(batches)
+            .build(),
+            in_flight,
+        };
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                settings.sample_ratio,
+            ))))
+            .with_resource(resource())
+            .build();
+        let tracer = provider.tracer("retrysafe");
+        EXPORTING.store(true, Ordering::Relaxed);
+        Ok((Self { provider, endpoint }, tracer))
+    }
+
+    /// Sends what is queued, within [`EXPORT_TIMEOUT`], and stops the export's thread.
+    pub fn shutdown(&self) {
+        EXPORTING.store(false, Ordering::Relaxed);
+        if let Err(error) = self.provider.shutdown_with_timeout(EXPORT_TIMEOUT) {
+            tracing::warn!(error = %error, "spans not all exported at shutdown");
+        }
+    }
+}
+
+/// `service.name = retrysafe` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names
+/// the service (the SDK reads both), and `service.version`.
+fn resource() -> Resource {
+    let named_by_environment = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attributes| {
+            attributes
+                .split(',')
+                .any(|pair| pair.trim_start().starts_with("service.name="))
+        });
+    let builder = Resource::builder();
+    let builder = if named_by_environment {
+        builder
+    } else {
+        builder.with_service_name("retrysafe")
+    };
+    builder
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// Hands spans to the batch processor while fewer than [`QUEUE_SPANS`] are queued or being
+/// exported, and drops (and counts) the rest: the batch processor would drop them too, but
+/// without telling anyone.
+#[derive(Debug)]
+struct Bounded {
+    inner: BatchSpanProcessor,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl SpanProcessor for Bounded {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) >= QUEUE_SPANS {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+            metrics::counter!(telemetry::TRACE_SPANS_DROPPED, "reason" => "queue_full")
+                .increment(1);
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting the spans of a batch the collector did not take as dropped, and
+/// every batch's spans out of [`Bounded`]'s count once it is done.
+#[derive(Debug)]
+struct Counting<E> {
+    inner: E,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counting<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        self.in_flight.fetch_sub(spans, Ordering::Relaxed);
+        if let Err(error) = &result {
+            metrics::counter!(telemetry::TRACE_SPANS_DROPPED, "reason" => "export_failed")
+                .increment(spans as u64);
+            tracing::debug!(error = %error, spans, "spans not exported");
+        }
+        if result.is_ok() {
+            metrics::counter!(telemetry::TRACE_SPANS_EXPORTED).increment(spans as u64);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The span context a write's stored `traceparent` names: what the writer's and the relay's
+/// spans link to, and what a publish's span continues.
+pub fn span_context_of(trace: &TraceContext) -> Option<SpanContext> {
+    let parent = &trace.traceparent;
+    let trace_id = TraceId::from_hex(parent.get(3..35)?).ok()?;
+    let span_id = SpanId::from_hex(parent.get(36..52)?).ok()?;
+    let flags = u8::from_str_radix(parent.get(53..55)?, 16).ok()?;
+    let state = trace
+        .tracestate
+        .as_deref()
+        .and_then(|state| state.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    Some(SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::new(flags),
+        true,
+        state,
+    ))
+}
+
+/// The `traceparent` and `tracestate` of a span context.
+pub fn trace_context_of(context: &SpanContext) -> TraceContext {
+    let state = context.trace_state().header();
+    TraceContext {
+        traceparent: format!(
+            "00-{}-{}-{:02x}",
+            context.trace_id(),
+            context.span_id(),
+            context.trace_flags().to_u8()
+        ),
+        tracestate: (!state.is_empty()).then_some(state),
+    }
+}
+
+/// The request's headers, as the W3C propagator reads them.
+struct Headers<'a>(&'a actix_web::http::header::HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|name| name.as_str()).collect()
+    }
+}
+
+/// Makes the request's span a SERVER span, child of the caller's (its `traceparent`, when
+/// well-formed; a new trace otherwise), with the HTTP conventions' request attributes, and
+/// records its `trace_id` and `span_id` for the log lines. Called before the span is entered.
+pub fn start_server_span(span: &tracing::Span, request: &actix_web::dev::ServiceRequest) {
+    span.record("otel.kind", "server");
+    span.record("otel.name", request.method().as_str());
+    let parent = TraceContextPropagator::new().extract(&Headers(request.headers()));
+    let _ = span.set_parent(parent);
+    span.set_attribute("http.request.method", request.method().as_str().to_owned());
+    span.set_attribute("url.path", request.path().to_owned());
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.record("trace_id", tracing::field::display(span_context.trace_id()));
+        span.record("span_id", tracing::field::display(span_context.span_id()));
+    }
+}
+
+/// The response's part of a SERVER span: its name (`POST /v1/entries`: the method and the
+/// route pattern), the route and the status, and the error status for a 5xx.
+pub fn end_server_span(span: &tracing::Span, method: &str, route: &str, status: u16) {
+    // Started by now: renamed through the OpenTelemetry span itself.
+    span.context()
+        .span()
+        .update_name(format!("{method} {route}"));
+    span.set_attribute("http.route", route.to_owned());
+    span.set_attribute("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+        span.set_attribute("error.type", status.to_string());
+    }
+}
+
+/// The trace context a write's events carry. While exporting: the request's SERVER span, so
+/// that the event names a span the daemon exported (in the caller's trace); otherwise the
+/// caller's context as it came, or a new trace. Its trace id goes into the log lines.
+pub fn write_context(request: &actix_web::HttpRequest) -> TraceContext {
+    let current = tracing::Span::current();
+    if exporting() {
+        let context = current.context();
+        let span = context.span();
+        if span.span_context().is_valid() {
+            return trace_context_of(span.span_context());
+        }
+    }
+    let trace = TraceContext::of_request(request);
+    current.record("trace_id", trace.trace_id());
+    trace
+}
+
+/// The span of a writer's batch, linking the writes it carries (None unless exporting).
+pub fn writer_batch_span<'a>(
+    writes: impl ExactSizeIterator<Item = Option<&'a TraceContext>>,
+) -> tracing::Span {
+    if !exporting() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(parent: None, "writer.batch", "otel.status_code" = tracing::field::Empty);
+    span.set_attribute("db.system.name", "postgresql");
+    span.set_attribute("retrysafe.batch.writes", writes.len() as i64);
+    for context in writes.flatten().filter_map(span_context_of) {
+        span.add_link(context);
+    }
+    span
+}
+
+/// The spans of a relay's batch: the batch, linking the writes of its events, and a PRODUCER
+/// span per publish (OpenTelemetry's messaging conventions for RabbitMQ), child of the batch
+/// and linked to its write's context. Built only while exporting.
+pub struct PublishSpans {
+    batch: tracing::Span,
+    publishes: Vec<tracing::Span>,
+}
+
+impl PublishSpans {
+    pub fn start(exchange: &str, events: &[crate::outbox::store::PendingEvent]) -> Option<Self> {
+        if !exporting() {
+            return None;
+        }
+        let batch = tracing::info_span!(parent: None, "relay.batch");
+        batch.set_attribute("retrysafe.batch.events", events.len() as i64);
+        let publishes = events
+            .iter()
+            .map(|event| {
+                let write = event.traceparent.as_ref().and_then(|traceparent| {
+                    span_context_of(&TraceContext {
+                        traceparent: traceparent.clone(),
+                        tracestate: event.tracestate.clone(),
+                    })
+                });
+                let span = tracing::info_span!(
+                    parent: &batch,
+                    "publish",
+                    "otel.kind" = "producer",
+                    "otel.name" = format!("publish {exchange}"),
+                    "otel.status_code" = tracing::field::Empty,
+                );
+                span.set_attribute("messaging.system", "rabbitmq");
+                span.set_attribute("messaging.operation.name", "publish");
+                span.set_attribute("messaging.operation.type", "send");
+                span.set_attribute("messaging.destination.name", exchange.to_owned());
+                span.set_attribute(
+                    "messaging.rabbitmq.destination.routing_key",
+                    event.event_type.clone(),
+                );
+                span.set_attribute("messaging.message.id", event.event_id.to_string());
+                if let Some(write) = write {
+                    batch.add_link(write.clone());
+                    span.add_link(write);
+                }
+                // Started now: the span covers the publish and its confirm.
+                let _ = span.context();
+                span
+            })
+            .collect();
+        Some(Self { batch, publishes })
+    }
+
+    /// Ends each publish's span with its outcome (an error status and `error.type` for a
+    /// failure), then the batch's.
+    pub fn finish(self, results: &[crate::outbox::publish::PublishResult]) {
+        for (span, result) in self.publishes.into_iter().zip(results) {
+            if let crate::outbox::publish::PublishResult::Failed { kind, .. } = result {
+                span.record("otel.status_code", "ERROR");
+                span.set_attribute("error.type", kind.as_str());
+            }
+        }
+        drop(self.batch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_url_gets_the_traces_path_and_https_is_refused_in_words() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318").unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("http://collector:4318/").unwrap(),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("http://collector:4318/v1/traces").unwrap(),
+            "http://collector:4318/v1/traces"
+        );
+        assert!(traces_url("https://collector:4318")
+            .unwrap_err()
+            .contains("https is not supported"));
+        assert!(traces_url("collector:4318").is_err());
+        assert!(traces_url("not a url").is_err());
+    }
+
+    #[test]
+    fn a_stored_trace_context_round_trips_through_a_span_context() {
+        let trace = TraceContext {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: Some("vendor=value".into()),
+        };
+        let context = span_context_of(&trace).unwrap();
+        assert!(context.is_valid() && context.is_sampled() && context.is_remote());
+        assert_eq!(trace_context_of(&context), trace);
+        let malformed = TraceContext {
+            traceparent: "00-xyz".into(),
+            tracestate: None,
+        };
+        assert!(span_context_of(&malformed).is_none());
+    }
+}
