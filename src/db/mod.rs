@@ -75,8 +75,9 @@ impl PgClient {
     /// sent; the commit must have been a simple query (`COMMIT`), whose answer follows the
     /// commit's warnings. A server whose wait for its synchronous standby is cancelled
     /// (`pg_cancel_backend`, as pg_auto_failover does when it disables synchronous
-    /// replication) answers the commit with success and a WARNING: "committed locally, but might not have been replicated to the standby". Such
-    /// a commit is not durable: a failover to that standby loses it. So it counts as
+    /// replication) answers the commit with success and a WARNING: "committed locally, but
+    /// might not have been replicated to the standby". Such a commit is not durable: a
+    /// failover to that standby loses it. So it counts as
     /// unavailable (503: the client retries, and the retry is judged by the record wherever
     /// it survives), the connection is discarded, and so is every other connection of the
     /// pool opened before it.
