@@ -224,9 +224,11 @@ async fn losing_cluster_nodes_under_load_loses_no_event_and_fails_no_write() {
     // What the freeze left unsent drains one event per ordering key per relay round trip
     // (load.rs, ORDERING_KEYS), and publishes to a quorum queue without a leader (while a node
     // is frozen or just back) are nacked: a nacked event is retried on the nack schedule (30 s
-    // doubling, with jitter: src/outbox/store.rs, BASE_NACK_DELAY), so an event nacked three
-    // or four times in a row waits up to 2-4 minutes for its next attempt, and its key's later
-    // events with it. The bound covers four nacks in a row.
+    // doubling with the event's nacks, not its other failures, with jitter:
+    // src/outbox/store.rs, BASE_NACK_DELAY), so an event nacked three or four times waits up to
+    // 2-4 minutes for its next attempt, and its key's later events with it. The bound covers
+    // four nacks. (When the schedule doubled with every failed attempt, one nack after four
+    // timeouts during the freeze cost up to 8 minutes: a failure of this test in CI.)
     let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
     eventually(Duration::from_secs(420), || async {
         match count_is(&db, unsent, 0).await {
