@@ -339,7 +339,7 @@ async fn a_write_is_traced_from_the_callers_span_to_the_publish_of_its_event() {
         "the request's log lines name its trace and span"
     );
     let exported = app.metric("retrysafe_trace_spans_exported_total").await;
-    assert!(exported >= 8.0, "{exported}");
+    assert!(exported >= 4.0, "{exported}");
 }
 
 #[actix_web::test]
