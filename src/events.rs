@@ -28,8 +28,20 @@ pub struct NewEvent {
 impl NewEvent {
     /// `'<entry id>/<event type>'`: unique, so an entry can never get an event type twice.
     pub fn event_key(&self, entry_id: Uuid) -> String {
+        debug_assert!(EVENT_TYPES.contains(&self.event_type));
         format!("{entry_id}/{}", self.event_type)
     }
+}
+
+/// Every event type a write can emit.
+pub const EVENT_TYPES: [&str; 2] = [ENTRY_CREATED, AUDIT_ENTRY_CREATED];
+
+/// The event keys the events of `entry_id` can have, one per [`EVENT_TYPES`].
+pub fn event_keys_of(entry_id: Uuid) -> Vec<String> {
+    EVENT_TYPES
+        .iter()
+        .map(|event_type| format!("{entry_id}/{event_type}"))
+        .collect()
 }
 
 /// The entry an event is about.

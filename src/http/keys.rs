@@ -64,8 +64,9 @@ FROM idempotency_records r
     LEFT JOIN entries e ON e.id = r.entry_id
 WHERE r.client_id = $1 AND r.key = $2 AND r.expires_at > now()";
 
-/// The events of the record's entry; a key that expired and was reused has older events under
-/// the same key, which belong to the older entry. Replays are counted through event_replays'
+/// The events of the record's entry, by their event keys (`'<entry id>/<event type>'`, every
+/// type a write can emit: the unique index of event_key finds each); a key that expired and was
+/// reused has older events under the same key, which belong to the older entry. Replays are counted through event_replays'
 /// primary key (event_id first). What blocks an ordered event is its key's first parked event
 /// before it (outbox_events_ordered_unsent).
 const SELECT_EVENTS: &str = "
@@ -87,7 +88,7 @@ FROM outbox_events o
          FROM event_replays
          WHERE event_id = o.event_id
      ) r
-WHERE o.client_id = $1 AND o.idempotency_key = $2 AND o.event_key LIKE $3 || '/%'
+WHERE o.event_key = ANY($3::text[]) AND o.client_id = $1 AND o.idempotency_key = $2
 ORDER BY o.id";
 
 /// What became of an idempotency key: its record and its events' delivery state.
@@ -128,7 +129,11 @@ pub async fn get_key(
                     connection
                         .query(
                             SELECT_EVENTS,
-                            &[&client, &key.as_str(), &entry_id.to_string()],
+                            &[
+                                &client,
+                                &key.as_str(),
+                                &crate::events::event_keys_of(entry_id),
+                            ],
                         )
                         .await?
                 }

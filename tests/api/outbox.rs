@@ -131,6 +131,24 @@ async fn audit_events_are_written_with_the_entry_and_a_replay_emits_nothing() {
         consumer.next(Duration::from_millis(500)).await.is_none(),
         "a replay publishes nothing"
     );
+
+    // The key lookup lists both events, found by their event keys (the outbox has no index
+    // of client and key: migration V11).
+    let lookup = app.get("/v1/idempotency-keys/audit-1", None).await;
+    assert_eq!(lookup.status, 200, "{}", lookup.describe());
+    let mut listed: Vec<String> = lookup.json()["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["event_type"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, ["audit.entry.created", "entry.created"]);
+    assert_eq!(
+        app.count("SELECT count(*) FROM pg_indexes WHERE indexname = 'outbox_events_client_key'")
+            .await,
+        0
+    );
 }
 
 #[actix_web::test]
