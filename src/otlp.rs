@@ -363,6 +363,10 @@ impl PublishSpans {
             return None;
         }
         let batch = tracing::info_span!(parent: None, "relay.batch");
+        // The publishes are its children, sampled with it: none built for a batch that is not.
+        if !batch.context().span().span_context().is_sampled() {
+            return None;
+        }
         batch.set_attribute("retrysafe.batch.events", events.len() as i64);
         let publishes = events
             .iter()
