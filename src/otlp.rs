@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider,
+    Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+    TraceState, Tracer as _, TracerProvider,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
@@ -128,6 +129,7 @@ impl TraceExport {
             .with_resource(resource())
             .build();
         let tracer = provider.tracer("retrysafe");
+        let _ = TRACER.set(tracer.clone());
         EXPORTING.store(true, Ordering::Relaxed);
         Ok((Self { provider, endpoint }, tracer))
     }
@@ -291,13 +293,15 @@ pub fn start_server_span(span: &tracing::Span, request: &actix_web::dev::Service
     span.record("otel.name", request.method().as_str());
     let parent = TraceContextPropagator::new().extract(&Headers(request.headers()));
     let _ = span.set_parent(parent);
-    span.set_attribute("http.request.method", request.method().as_str().to_owned());
-    span.set_attribute("url.path", request.path().to_owned());
     let context = span.context();
     let span_context = context.span().span_context().clone();
     if span_context.is_valid() {
         span.record("trace_id", tracing::field::display(span_context.trace_id()));
         span.record("span_id", tracing::field::display(span_context.span_id()));
+    }
+    if span_context.is_sampled() {
+        span.set_attribute("http.request.method", request.method().as_str().to_owned());
+        span.set_attribute("url.path", request.path().to_owned());
     }
 }
 
@@ -305,9 +309,11 @@ pub fn start_server_span(span: &tracing::Span, request: &actix_web::dev::Service
 /// route pattern), the route and the status, and the error status for a 5xx.
 pub fn end_server_span(span: &tracing::Span, method: &str, route: &str, status: u16) {
     // Started by now: renamed through the OpenTelemetry span itself.
-    span.context()
-        .span()
-        .update_name(format!("{method} {route}"));
+    let context = span.context();
+    if !context.span().span_context().is_sampled() {
+        return;
+    }
+    context.span().update_name(format!("{method} {route}"));
     span.set_attribute("http.route", route.to_owned());
     span.set_attribute("http.response.status_code", i64::from(status));
     if status >= 500 {
@@ -333,73 +339,112 @@ pub fn write_context(request: &actix_web::HttpRequest) -> TraceContext {
     trace
 }
 
-/// The span of a writer's batch, linking the writes it carries (None unless exporting).
-pub fn writer_batch_span<'a>(
-    writes: impl ExactSizeIterator<Item = Option<&'a TraceContext>>,
-) -> tracing::Span {
-    if !exporting() {
-        return tracing::Span::none();
+/// The tracer of the export, for the spans built without `tracing` (below): the writer's and
+/// the relay's batches and the publishes are built straight on the SDK, which costs a fraction
+/// of a `tracing` span's way through the subscriber and the OpenTelemetry layer.
+static TRACER: std::sync::OnceLock<Tracer> = std::sync::OnceLock::new();
+
+fn tracer() -> Option<&'static Tracer> {
+    if exporting() {
+        TRACER.get()
+    } else {
+        None
     }
-    let span = tracing::info_span!(parent: None, "writer.batch", "otel.status_code" = tracing::field::Empty);
-    span.set_attribute("db.system.name", "postgresql");
-    span.set_attribute("retrysafe.batch.writes", writes.len() as i64);
-    for context in writes.flatten().filter_map(span_context_of) {
-        span.add_link(context);
-    }
-    span
 }
 
-/// The spans of a relay's batch: the batch, linking the writes of its events, and a PRODUCER
-/// span per publish (OpenTelemetry's messaging conventions for RabbitMQ), child of the batch
-/// and linked to its write's context. Built only while exporting.
+/// The span of a writer's batch: INTERNAL, a trace of its own, linking the writes it carries.
+/// None unless exporting and sampled.
+pub fn writer_batch_span<'a>(
+    writes: impl ExactSizeIterator<Item = Option<&'a TraceContext>>,
+) -> Option<opentelemetry_sdk::trace::Span> {
+    let tracer = tracer()?;
+    let count = writes.len();
+    let links = writes
+        .flatten()
+        .filter_map(span_context_of)
+        .map(|context| Link::with_context(context))
+        .collect();
+    let span = tracer
+        .span_builder("writer.batch")
+        .with_kind(SpanKind::Internal)
+        .with_attributes([
+            KeyValue::new("db.system.name", "postgresql"),
+            KeyValue::new("retrysafe.batch.writes", count as i64),
+        ])
+        .with_links(links)
+        .start_with_context(tracer, &Context::new());
+    span.span_context().is_sampled().then_some(span)
+}
+
+/// Ends a writer's batch span, with an error status when a write of it failed.
+pub fn end_writer_batch_span(span: Option<opentelemetry_sdk::trace::Span>, failed: bool) {
+    if let Some(mut span) = span {
+        if failed {
+            span.set_status(Status::error("a write of the batch failed"));
+        }
+        span.end();
+    }
+}
+
+/// The spans of a relay's batch: the batch (INTERNAL, a trace of its own), linking the writes
+/// of its events, and a PRODUCER span per publish (OpenTelemetry's messaging conventions for
+/// RabbitMQ), child of the batch and linked to its write's context. Built only while exporting,
+/// and only for a sampled batch.
 pub struct PublishSpans {
-    batch: tracing::Span,
-    publishes: Vec<tracing::Span>,
+    batch: opentelemetry_sdk::trace::Span,
+    publishes: Vec<opentelemetry_sdk::trace::Span>,
 }
 
 impl PublishSpans {
     pub fn start(exchange: &str, events: &[crate::outbox::store::PendingEvent]) -> Option<Self> {
-        if !exporting() {
-            return None;
-        }
-        let batch = tracing::info_span!(parent: None, "relay.batch");
-        // The publishes are its children, sampled with it: none built for a batch that is not.
-        if !batch.context().span().span_context().is_sampled() {
-            return None;
-        }
-        batch.set_attribute("retrysafe.batch.events", events.len() as i64);
-        let publishes = events
+        let tracer = tracer()?;
+        let writes: Vec<Option<SpanContext>> = events
             .iter()
             .map(|event| {
-                let write = event.traceparent.as_ref().and_then(|traceparent| {
-                    span_context_of(&TraceContext {
-                        traceparent: traceparent.clone(),
-                        tracestate: event.tracestate.clone(),
-                    })
-                });
-                let span = tracing::info_span!(
-                    parent: &batch,
-                    "publish",
-                    "otel.kind" = "producer",
-                    "otel.name" = format!("publish {exchange}"),
-                    "otel.status_code" = tracing::field::Empty,
-                );
-                span.set_attribute("messaging.system", "rabbitmq");
-                span.set_attribute("messaging.operation.name", "publish");
-                span.set_attribute("messaging.operation.type", "send");
-                span.set_attribute("messaging.destination.name", exchange.to_owned());
-                span.set_attribute(
-                    "messaging.rabbitmq.destination.routing_key",
-                    event.event_type.clone(),
-                );
-                span.set_attribute("messaging.message.id", event.event_id.to_string());
-                if let Some(write) = write {
-                    batch.add_link(write.clone());
-                    span.add_link(write);
-                }
-                // Started now: the span covers the publish and its confirm.
-                let _ = span.context();
-                span
+                let traceparent = event.traceparent.as_ref()?;
+                span_context_of(&TraceContext {
+                    traceparent: traceparent.clone(),
+                    tracestate: event.tracestate.clone(),
+                })
+            })
+            .collect();
+        let batch = tracer
+            .span_builder("relay.batch")
+            .with_kind(SpanKind::Internal)
+            .with_attributes([KeyValue::new("retrysafe.batch.events", events.len() as i64)])
+            .with_links(
+                writes
+                    .iter()
+                    .flatten()
+                    .map(|context| Link::with_context(context.clone()))
+                    .collect(),
+            )
+            .start_with_context(tracer, &Context::new());
+        if !batch.span_context().is_sampled() {
+            return None;
+        }
+        let parent = Context::new().with_remote_span_context(batch.span_context().clone());
+        let name = format!("publish {exchange}");
+        let publishes = events
+            .iter()
+            .zip(writes)
+            .map(|(event, write)| {
+                tracer
+                    .span_builder(name.clone())
+                    .with_kind(SpanKind::Producer)
+                    .with_attributes([
+                        KeyValue::new("messaging.system", "rabbitmq"),
+                        KeyValue::new("messaging.operation.name", "publish"),
+                        KeyValue::new("messaging.operation.type", "send"),
+                        KeyValue::new("messaging.destination.name", exchange.to_owned()),
+                        KeyValue::new(
+                            "messaging.rabbitmq.destination.routing_key",
+                            event.event_type.clone(),
+                        ),
+                        KeyValue::new("messaging.message.id", event.event_id.to_string()),
+                    ])
+                    .with_links(write.map(Link::with_context).into_iter().collect())
+                    .start_with_context(tracer, &parent)
             })
             .collect();
         Some(Self { batch, publishes })
@@ -408,13 +453,15 @@ impl PublishSpans {
     /// Ends each publish's span with its outcome (an error status and `error.type` for a
     /// failure), then the batch's.
     pub fn finish(self, results: &[crate::outbox::publish::PublishResult]) {
-        for (span, result) in self.publishes.into_iter().zip(results) {
-            if let crate::outbox::publish::PublishResult::Failed { kind, .. } = result {
-                span.record("otel.status_code", "ERROR");
-                span.set_attribute("error.type", kind.as_str());
+        for (mut span, result) in self.publishes.into_iter().zip(results) {
+            if let crate::outbox::publish::PublishResult::Failed { kind, error } = result {
+                span.set_attribute(KeyValue::new("error.type", kind.as_str()));
+                span.set_status(Status::error(error.clone()));
             }
+            span.end();
         }
-        drop(self.batch);
+        let mut batch = self.batch;
+        batch.end();
     }
 }
 

@@ -17,7 +17,6 @@ use actix::prelude::*;
 use actix_web::web::Bytes;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::db::{Database, DatabaseClock, PgClient, StorageError, WriteHealth};
@@ -287,13 +286,8 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>)
     metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
     let span =
         crate::otlp::writer_batch_span(batch.iter().map(|commit| commit.write.trace.as_ref()));
-    let results = commit_isolating_bad_items(db, config, &prepared)
-        .instrument(span.clone())
-        .await;
-    if results.iter().any(Result::is_err) {
-        span.record("otel.status_code", "ERROR");
-    }
-    drop(span);
+    let results = commit_isolating_bad_items(db, config, &prepared).await;
+    crate::otlp::end_writer_batch_span(span, results.iter().any(Result::is_err));
     drop(prepared);
     let mut created = 0;
     for (commit, result) in batch.into_iter().zip(results) {
