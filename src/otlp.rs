@@ -362,7 +362,7 @@ pub fn writer_batch_span<'a>(
     let links = writes
         .flatten()
         .filter_map(span_context_of)
-        .map(|context| Link::with_context(context))
+        .map(Link::with_context)
         .collect();
     let span = tracer
         .span_builder("writer.batch")
