@@ -168,17 +168,9 @@ struct FullDiskLab {
     tmpfs: Tmpfs,
 }
 
-async fn full_disk_lab() -> FullDiskLab {
-    let tmpfs = Tmpfs::mount(48);
-    let cluster = PgCluster::start_plain("");
-    let location = tmpfs.path().join("tablespace");
-    std::fs::create_dir(&location).unwrap();
-    give_to("postgres", &location);
-    cluster.psql(&format!(
-        "CREATE TABLESPACE small LOCATION '{}'",
-        location.display()
-    ));
-    cluster.psql("CREATE DATABASE retrysafe TABLESPACE small");
+/// The daemon (the built binary) on the database `retrysafe` of `cluster`, with an exchange of
+/// its own, and the test's connection to that database.
+async fn daemon_on(cluster: &PgCluster) -> (DaemonProcess, tokio_postgres::Client, TestExchange) {
     let settings = test_settings();
     let exchange = TestExchange::new(&settings);
     let daemon = DaemonProcess::start(&[
@@ -190,6 +182,21 @@ async fn full_disk_lab() -> FullDiskLab {
         .await
         .unwrap();
     actix_web::rt::spawn(connection);
+    (daemon, db, exchange)
+}
+
+async fn full_disk_lab() -> FullDiskLab {
+    let tmpfs = Tmpfs::mount(48);
+    let cluster = PgCluster::start_plain("");
+    let location = tmpfs.path().join("tablespace");
+    std::fs::create_dir(&location).unwrap();
+    give_to("postgres", &location);
+    cluster.psql(&format!(
+        "CREATE TABLESPACE small LOCATION '{}'",
+        location.display()
+    ));
+    cluster.psql("CREATE DATABASE retrysafe TABLESPACE small");
+    let (daemon, db, exchange) = daemon_on(&cluster).await;
     FullDiskLab {
         daemon,
         db,
@@ -439,17 +446,7 @@ async fn a_commit_the_synchronous_standby_did_not_confirm_is_not_acknowledged() 
     }
     let cluster = PgCluster::start_plain("");
     cluster.psql("CREATE DATABASE retrysafe");
-    let settings = test_settings();
-    let exchange = TestExchange::new(&settings);
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", cluster.url_of("retrysafe")),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-    ])
-    .await;
-    let (db, connection) = tokio_postgres::connect(&cluster.url_of("retrysafe"), NoTls)
-        .await
-        .unwrap();
-    actix_web::rt::spawn(connection);
+    let (daemon, db, exchange) = daemon_on(&cluster).await;
     assert_eq!(post(&daemon, "before").await.status, 201);
 
     cluster.psql("ALTER SYSTEM SET synchronous_standby_names = 'a_standby_that_never_connects'");
