@@ -240,13 +240,15 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
 /// The span context a write's stored `traceparent` names: what the writer's and the relay's
 /// spans link to, and what a publish's span continues.
 pub fn span_context_of(trace: &TraceContext) -> Option<SpanContext> {
-    let parent = &trace.traceparent;
-    let trace_id = TraceId::from_hex(parent.get(3..35)?).ok()?;
-    let span_id = SpanId::from_hex(parent.get(36..52)?).ok()?;
-    let flags = u8::from_str_radix(parent.get(53..55)?, 16).ok()?;
-    let state = trace
-        .tracestate
-        .as_deref()
+    span_context_from(&trace.traceparent, trace.tracestate.as_deref())
+}
+
+/// [`span_context_of`] from the two headers' values, as an event row holds them.
+pub fn span_context_from(traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
+    let trace_id = TraceId::from_hex(traceparent.get(3..35)?).ok()?;
+    let span_id = SpanId::from_hex(traceparent.get(36..52)?).ok()?;
+    let flags = u8::from_str_radix(traceparent.get(53..55)?, 16).ok()?;
+    let state = tracestate
         .and_then(|state| state.parse::<TraceState>().ok())
         .unwrap_or_default();
     Some(SpanContext::new(
@@ -401,11 +403,7 @@ impl PublishSpans {
         let writes: Vec<Option<SpanContext>> = events
             .iter()
             .map(|event| {
-                let traceparent = event.traceparent.as_ref()?;
-                span_context_of(&TraceContext {
-                    traceparent: traceparent.clone(),
-                    tracestate: event.tracestate.clone(),
-                })
+                span_context_from(event.traceparent.as_deref()?, event.tracestate.as_deref())
             })
             .collect();
         let batch = tracer

@@ -85,9 +85,10 @@ impl Warnings {
             "the database warned: {}",
             notice.message()
         );
-        let text = match notice.detail() {
-            Some(detail) => format!("{} ({detail})", notice.message()),
-            None => notice.message().to_owned(),
+        let text = if detail.is_empty() {
+            notice.message().to_owned()
+        } else {
+            format!("{} ({detail})", notice.message())
         };
         *self
             .last
