@@ -319,8 +319,13 @@ fn print_parked(groups: &[outbox::store::ParkedGroup]) {
 /// Ordered delivery held back by parked events: how much, and which events to retry or skip.
 fn print_blocked(blocked: &outbox::store::Blocked, blocking: &[outbox::store::BlockingEvent]) {
     println!();
+    let at_least = if blocked.events >= outbox::store::GAUGE_COUNT_CAP {
+        "at least "
+    } else {
+        ""
+    };
     println!(
-        "blocked: {} event(s) of {} ordering key(s) wait behind a parked event",
+        "blocked: {at_least}{} event(s) of {} ordering key(s) wait behind a parked event",
         blocked.events, blocked.keys
     );
     if blocking.is_empty() {
