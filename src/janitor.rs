@@ -80,15 +80,57 @@ pub struct PurgeReport {
     pub events_deleted: u64,
 }
 
-/// One janitor pass: deletes in batches until nothing more is due. Each batch is one operation
-/// with its own deadline.
+/// Where a pass's deletes start, per table: where the previous pass ended, so that a pass does
+/// not walk the index entries of every row deleted since vacuum last ran (on a table at
+/// retention size with autovacuum's default settings, millions of them). Every
+/// [`FULL_PASS_EVERY`]-th pass starts from the beginning instead, for rows the others passed
+/// over: one a writer had locked at the time (an expired key being reused), or one whose time is
+/// earlier than where the passes stood (the database's clock set back by a failover).
+#[derive(Debug, Clone, Copy)]
+pub struct PassStart {
+    records: Timestamp<DateTime<Utc>>,
+    events: Timestamp<DateTime<Utc>>,
+    passes: u32,
+}
+
+/// How often (in passes) a pass starts from the beginning of both tables: every 10 minutes.
+pub const FULL_PASS_EVERY: u32 = 10;
+
+impl Default for PassStart {
+    /// The first pass starts from the beginning.
+    fn default() -> Self {
+        PassStart {
+            records: NEGATIVE_INFINITY,
+            events: NEGATIVE_INFINITY,
+            passes: 0,
+        }
+    }
+}
+
+/// One janitor pass from the beginning of both tables: deletes in batches until nothing more is
+/// due. Each batch is one operation with its own deadline.
 pub async fn purge_once(
     db: &Database,
     outbox_retention: Duration,
 ) -> Result<PurgeReport, StorageError> {
+    purge_from(db, outbox_retention, &mut PassStart::default()).await
+}
+
+/// One janitor pass from `start`, which it moves on to where this pass ended (see
+/// [`PassStart`]).
+pub async fn purge_from(
+    db: &Database,
+    outbox_retention: Duration,
+    start: &mut PassStart,
+) -> Result<PurgeReport, StorageError> {
+    if start.passes.is_multiple_of(FULL_PASS_EVERY) {
+        start.records = NEGATIVE_INFINITY;
+        start.events = NEGATIVE_INFINITY;
+    }
+    start.passes = start.passes.wrapping_add(1);
     let mut report = PurgeReport::default();
-    let mut from = NEGATIVE_INFINITY;
     loop {
+        let from = start.records;
         let (deleted, latest) = db
             .run(async |connection| {
                 let row = connection
@@ -97,7 +139,7 @@ pub async fn purge_once(
                 Ok(deleted_up_to(&row))
             })
             .await?;
-        from = latest.unwrap_or(from);
+        start.records = latest.unwrap_or(from);
         report.records_deleted += deleted;
         metrics::counter!(telemetry::JANITOR_DELETED, "table" => "idempotency_records")
             .increment(deleted);
@@ -106,8 +148,8 @@ pub async fn purge_once(
         }
     }
     let retention_seconds = outbox_retention.as_secs_f64();
-    let mut from = NEGATIVE_INFINITY;
     loop {
+        let from = start.events;
         let (deleted, latest) = db
             .run(async |connection| {
                 let row = connection
@@ -119,7 +161,7 @@ pub async fn purge_once(
                 Ok(deleted_up_to(&row))
             })
             .await?;
-        from = latest.unwrap_or(from);
+        start.events = latest.unwrap_or(from);
         report.events_deleted += deleted;
         metrics::counter!(telemetry::JANITOR_DELETED, "table" => "outbox_events")
             .increment(deleted);
@@ -134,8 +176,10 @@ pub async fn purge_once(
 /// task of the daemon ([`crate::lifecycle`]). A pass in progress at shutdown is abandoned (each
 /// of its deletes stands or not on its own; the next start deletes what is left).
 pub async fn run(db: Database, outbox_retention: Duration, shutdown: CancellationToken) {
+    let start = tokio::sync::Mutex::new(PassStart::default());
     lifecycle::every(PURGE_INTERVAL, shutdown, || async {
-        match purge_once(&db, outbox_retention).await {
+        let mut start = start.lock().await;
+        match purge_from(&db, outbox_retention, &mut start).await {
             Ok(report) if report != PurgeReport::default() => tracing::info!(
                 records_deleted = report.records_deleted,
                 events_deleted = report.events_deleted,
