@@ -20,7 +20,7 @@ use crate::lifecycle::{self, systemd, Tasks};
 use crate::outbox::{gauges, Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::tls::server::ServerCertificate;
 use crate::write::writer::CommitHook;
-use crate::write::{KeyShard, PendingBytes, ShardHandle, Writer, WriterConfig};
+use crate::write::{KeyShard, PendingBytes, ShardHandle, WriteQueue, Writer, WriterConfig};
 use crate::{janitor, telemetry};
 
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
@@ -249,15 +249,23 @@ fn start_write_path(
         clock,
         health,
     };
+    let queue = WriteQueue::new(config.database.writers, config.database.max_batch);
     let writers: Vec<Addr<Writer>> = (0..config.database.writers)
-        .map(|_| Writer::start(db.clone(), writer_config.clone(), on_commit.clone()))
+        .map(|_| {
+            Writer::start(
+                db.clone(),
+                writer_config.clone(),
+                queue.clone(),
+                on_commit.clone(),
+            )
+        })
         .collect();
     let pending = PendingBytes::new(config.database.max_pending_bytes);
     let shard_count = config.idempotency.shards;
     let shards = (0..shard_count)
         .map(|_| {
             KeyShard::start(
-                writers.clone(),
+                queue.clone(),
                 config.idempotency.cache_entries.div_ceil(shard_count),
                 CACHE_BYTES / shard_count,
                 pending.clone(),

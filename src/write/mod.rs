@@ -30,7 +30,7 @@ use crate::trace_context::TraceContext;
 pub use cache::ReplayCache;
 pub use pending::{PendingBytes, PendingPermit};
 pub use shard::{shard_index, KeyShard, ShardHandle};
-pub use writer::{Writer, WriterConfig};
+pub use writer::{WriteQueue, Writer, WriterConfig};
 
 /// An idempotency key as the write path knows it: keys are scoped by client.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

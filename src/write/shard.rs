@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
 use crate::lifecycle::Stop;
 use crate::telemetry;
-use crate::write::writer::{Commit, Committed, Writer};
+use crate::write::writer::{Commit, Committed, WriteQueue};
 use crate::write::{
     Answer, PendingBytes, PendingPermit, ReplayCache, ScopedKey, Write, WriteError,
 };
@@ -108,8 +108,7 @@ struct InFlight {
 }
 
 pub struct KeyShard {
-    writers: Vec<Addr<Writer>>,
-    next_writer: usize,
+    queue: WriteQueue,
     in_flight: HashMap<ScopedKey, InFlight>,
     cache: ReplayCache,
     /// How long a request waits for its answer (`idempotency.wait_timeout`).
@@ -117,20 +116,18 @@ pub struct KeyShard {
 }
 
 impl KeyShard {
-    /// Starts a shard sending its writes to `writers`, with a cache of at most
+    /// Starts a shard sending its writes to the writers through `queue`, with a cache of at most
     /// `cache_capacity` records and `cache_bytes` bytes.
     pub fn start(
-        writers: Vec<Addr<Writer>>,
+        queue: WriteQueue,
         cache_capacity: usize,
         cache_bytes: usize,
         pending: PendingBytes,
         wait_timeout: Duration,
     ) -> ShardHandle {
-        assert!(!writers.is_empty(), "a shard needs at least one writer");
         let cache = ReplayCache::new(cache_capacity, cache_bytes);
         let addr = KeyShard {
-            writers,
-            next_writer: 0,
+            queue,
             in_flight: HashMap::new(),
             cache: cache.clone(),
             wait_timeout,
@@ -141,11 +138,6 @@ impl KeyShard {
             cache,
             pending,
         }
-    }
-
-    fn pick_writer(&mut self) -> Addr<Writer> {
-        self.next_writer = (self.next_writer + 1) % self.writers.len();
-        self.writers[self.next_writer].clone()
     }
 
     /// Sends the write to a writer and records it as its key's write in flight.
@@ -171,7 +163,7 @@ impl KeyShard {
             },
         );
         let (commit_reply, committed) = oneshot::channel();
-        self.pick_writer().do_send(Commit {
+        self.queue.push(Commit {
             write,
             permit,
             reply: commit_reply,

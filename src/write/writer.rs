@@ -1,16 +1,18 @@
 //! Writer actors: they commit writes to PostgreSQL, many at a time.
 //!
-//! A writer queues the writes sent to it. While one batch is in flight, new writes queue; when it
-//! finishes, the next batch takes everything that queued (up to `database.max_batch`, and
-//! [`MAX_BATCH_BYTES`]). No timer delays a lone write: an idle writer starts a batch of one at
-//! once.
+//! The writers share one queue ([`WriteQueue`]): the shards put writes in it, and a writer that
+//! is free takes everything that queued (up to `database.max_batch`, and [`MAX_BATCH_BYTES`]) as
+//! its next batch. So a write waits only until the first writer is free, not for one writer
+//! chosen when it arrived (which could be busy with a batch while another stood idle: with the
+//! database 20 ms away, that made a write wait about one batch more). No timer delays a lone
+//! write: an idle writer is woken and starts a batch of one at once.
 //!
 //! A batch is one transaction whose main statement claims every key with `INSERT ... ON CONFLICT`
 //! and inserts the entries and outbox rows of the keys it claimed. A key it did not claim (another
 //! process holds or completed it) is read back and answered as a replay or a conflict.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -27,9 +29,10 @@ use crate::lifecycle::Stop;
 use crate::telemetry;
 use crate::write::{PendingPermit, SavedRecord, SavedResponse, Write, WriteError};
 
-/// Writes a writer queues at most, in batches' worth: past that it refuses new writes with
-/// 503 at once (shedding load) rather than letting latency and memory grow without bound.
-const MAX_QUEUED_BATCHES: usize = 8;
+/// Writes the queue holds at most, in batches' worth per writer: past that new writes are
+/// refused with 503 at once (shedding load) rather than letting latency and memory grow without
+/// bound.
+pub const MAX_QUEUED_BATCHES: usize = 8;
 
 /// How often a batch aborted by a deadlock or serialization failure is run again.
 const MAX_CONFLICT_RETRIES: u32 = 5;
@@ -39,9 +42,7 @@ const MAX_CONFLICT_RETRIES: u32 = 5;
 /// batch, other clients' small ones included, would fail with it.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
-/// Asks a writer to commit one write; the outcome comes on `reply`.
-#[derive(Message)]
-#[rtype(result = "()")]
+/// One write to commit; the outcome comes on `reply`.
 pub struct Commit {
     pub write: Write,
     /// Held until the write is answered.
@@ -74,23 +75,105 @@ pub struct WriterConfig {
 /// Called after each commit that wrote outbox rows, to wake the outbox relays.
 pub type CommitHook = Arc<dyn Fn() + Send + Sync>;
 
+/// The writes waiting for a writer, shared by the shards (which [`push`](Self::push)) and the
+/// writers (which take their batches from it), with the writers that wait for work.
+#[derive(Clone)]
+pub struct WriteQueue {
+    inner: Arc<Mutex<QueueInner>>,
+    /// Writes it holds at most.
+    limit: usize,
+}
+
+struct QueueInner {
+    writes: VecDeque<Commit>,
+    /// Writers with no batch in flight and nothing to take, each at most once.
+    idle: Vec<Addr<Writer>>,
+}
+
+impl WriteQueue {
+    /// A queue for `writers` writers of batches of `max_batch`.
+    pub fn new(writers: usize, max_batch: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(QueueInner {
+                writes: VecDeque::new(),
+                idle: Vec::new(),
+            })),
+            limit: writers.max(1) * max_batch * MAX_QUEUED_BATCHES,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `commit` for the first writer free, and wakes one that waits; refuses it at once
+    /// when the queue is full.
+    pub fn push(&self, commit: Commit) {
+        let mut inner = self.lock();
+        if inner.writes.len() >= self.limit {
+            drop(inner);
+            let _ = commit.reply.send(Err(WriteError::Overloaded(
+                "the writers are saturated: too many writes queued",
+            )));
+            metrics::counter!(telemetry::WRITES_SHED, "reason" => "queue_full").increment(1);
+            return;
+        }
+        inner.writes.push_back(commit);
+        metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).increment(1.0);
+        let idle = inner.idle.pop();
+        drop(inner);
+        if let Some(writer) = idle {
+            writer.do_send(Wake);
+        }
+    }
+
+    /// The next batch ([`take_batch`]); when there is none and `waiter` is given, it is
+    /// recorded as waiting, to be woken by the next [`push`](Self::push).
+    fn take_or_wait(&self, max_batch: usize, waiter: Option<Addr<Writer>>) -> Vec<Commit> {
+        let mut inner = self.lock();
+        let batch = take_batch(&mut inner.writes, max_batch);
+        if batch.is_empty() {
+            inner.idle.extend(waiter);
+        }
+        batch
+    }
+
+    /// `writer` no longer waits for work (it stops).
+    fn forget(&self, writer: &Addr<Writer>) {
+        self.lock().idle.retain(|idle| idle != writer);
+    }
+}
+
+/// Tells a waiting writer that the queue has writes.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Wake;
+
 pub struct Writer {
     db: Database,
     config: WriterConfig,
-    queue: VecDeque<Commit>,
+    queue: WriteQueue,
     batch_in_flight: bool,
+    /// In the queue's list of waiting writers (until a push wakes it).
+    waiting: bool,
     on_commit: CommitHook,
     /// [`Stop`] requests, answered once the queue is committed.
     stopping: Vec<oneshot::Sender<()>>,
 }
 
 impl Writer {
-    pub fn start(db: Database, config: WriterConfig, on_commit: CommitHook) -> Addr<Self> {
+    pub fn start(
+        db: Database,
+        config: WriterConfig,
+        queue: WriteQueue,
+        on_commit: CommitHook,
+    ) -> Addr<Self> {
         Self {
             db,
             config,
-            queue: VecDeque::new(),
+            queue,
             batch_in_flight: false,
+            waiting: false,
             on_commit,
             stopping: Vec::new(),
         }
@@ -101,8 +184,14 @@ impl Writer {
         if self.batch_in_flight {
             return;
         }
-        if self.queue.is_empty() {
+        // A stopping writer does not wait for more: it takes what is queued, then stops.
+        let waiter = (!self.waiting && self.stopping.is_empty()).then(|| ctx.address());
+        let will_wait = waiter.is_some();
+        let batch = self.queue.take_or_wait(self.config.max_batch, waiter);
+        if batch.is_empty() {
+            self.waiting |= will_wait;
             if !self.stopping.is_empty() {
+                self.queue.forget(&ctx.address());
                 for stopped in self.stopping.drain(..) {
                     let _ = stopped.send(());
                 }
@@ -110,7 +199,6 @@ impl Writer {
             }
             return;
         }
-        let batch = self.take_batch();
         self.batch_in_flight = true;
         let db = self.db.clone();
         let config = self.config.clone();
@@ -126,56 +214,52 @@ impl Writer {
             writer.start_batch(ctx);
         }));
     }
+}
 
-    /// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one),
-    /// never two of one key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement.
-    /// (Shards keep one write per key in flight, so that is a guard, not a path taken in
-    /// practice.)
-    fn take_batch(&mut self) -> Vec<Commit> {
-        let mut batch = Vec::with_capacity(self.queue.len().min(self.config.max_batch));
-        let mut bytes = 0;
-        let mut keys = HashSet::new();
-        let mut deferred = VecDeque::new();
-        while batch.len() < self.config.max_batch {
-            let Some(commit) = self.queue.pop_front() else {
-                break;
-            };
-            let size = commit.permit.bytes();
-            if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
-                self.queue.push_front(commit);
-                break;
-            }
-            if keys.insert(commit.write.key.clone()) {
-                bytes += size;
-                batch.push(commit);
-            } else {
-                deferred.push_back(commit);
-            }
+/// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one), never
+/// two of one key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Shards
+/// keep one write per key in flight, so that is a guard, not a path taken in practice.)
+fn take_batch(queue: &mut VecDeque<Commit>, max_batch: usize) -> Vec<Commit> {
+    let mut batch = Vec::with_capacity(queue.len().min(max_batch));
+    let mut bytes = 0;
+    let mut keys = HashSet::new();
+    let mut deferred = VecDeque::new();
+    while batch.len() < max_batch {
+        let Some(commit) = queue.pop_front() else {
+            break;
+        };
+        let size = commit.permit.bytes();
+        if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
+            queue.push_front(commit);
+            break;
         }
-        deferred.append(&mut self.queue);
-        self.queue = deferred;
-        metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
-        batch
+        if keys.insert(commit.write.key.clone()) {
+            bytes += size;
+            batch.push(commit);
+        } else {
+            deferred.push_back(commit);
+        }
     }
+    deferred.append(queue);
+    *queue = deferred;
+    metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
+    batch
 }
 
 impl Actor for Writer {
     type Context = Context<Self>;
+
+    /// A new writer waits for the first write.
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.start_batch(ctx);
+    }
 }
 
-impl Handler<Commit> for Writer {
+impl Handler<Wake> for Writer {
     type Result = ();
 
-    fn handle(&mut self, commit: Commit, ctx: &mut Self::Context) {
-        if self.queue.len() >= self.config.max_batch * MAX_QUEUED_BATCHES {
-            let _ = commit.reply.send(Err(WriteError::Overloaded(
-                "the writers are saturated: too many writes queued",
-            )));
-            metrics::counter!(telemetry::WRITES_SHED, "reason" => "queue_full").increment(1);
-            return;
-        }
-        self.queue.push_back(commit);
-        metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).increment(1.0);
+    fn handle(&mut self, _: Wake, ctx: &mut Self::Context) {
+        self.waiting = false;
         self.start_batch(ctx);
     }
 }
@@ -793,48 +877,23 @@ mod tests {
         }
     }
 
-    #[actix_web::test]
-    async fn a_batch_is_bounded_in_bytes_as_well_as_in_writes() {
-        let db = Database::new(
-            &crate::config::Settings::default()
-                .validated()
-                .expect("the defaults are valid")
-                .database,
-        )
-        .unwrap();
-        let config = WriterConfig {
-            max_batch: 256,
-            retention: Duration::from_secs(60),
-            audit: false,
-            clock: DatabaseClock::new(),
-            health: WriteHealth::default(),
-        };
-        let mut writer = Writer {
-            db,
-            config,
-            queue: VecDeque::new(),
-            batch_in_flight: false,
-            on_commit: Arc::new(|| {}),
-            stopping: Vec::new(),
-        };
+    #[test]
+    fn a_batch_is_bounded_in_bytes_as_well_as_in_writes() {
+        let mut queue = VecDeque::new();
         let pending = PendingBytes::new(usize::MAX);
         for n in 0..10 {
-            writer
-                .queue
-                .push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
+            queue.push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
         }
-        let first = writer.take_batch();
+        let first = take_batch(&mut queue, 256);
         assert_eq!(
             first.len(),
             3,
             "three of 512 KiB fit in MAX_BATCH_BYTES, a fourth does not"
         );
-        assert_eq!(writer.queue.len(), 7);
-        writer
-            .queue
-            .push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
+        assert_eq!(queue.len(), 7);
+        queue.push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
         assert_eq!(
-            writer.take_batch().len(),
+            take_batch(&mut queue, 256).len(),
             1,
             "an oversized write still goes, alone"
         );
