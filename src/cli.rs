@@ -86,11 +86,16 @@ enum OutboxCommand {
 
 #[derive(Subcommand)]
 enum TokenCommand {
-    /// Print a fresh bearer token and the configuration lines that admit it
+    /// Print a fresh bearer token and the configuration lines that admit it: a client's (the
+    /// API), or an admin's (the admin listener: admin API and console)
+    #[command(group(clap::ArgGroup::new("principal").required(true).args(["client", "admin"])))]
     New {
         /// Client id: 1 to 64 of a-z A-Z 0-9 . _ -
         #[arg(long, value_name = "NAME")]
-        client: String,
+        client: Option<String>,
+        /// Admin id: 1 to 64 of a-z A-Z 0-9 . _ -
+        #[arg(long, value_name = "NAME")]
+        admin: Option<String>,
     },
 }
 
@@ -120,8 +125,13 @@ pub fn run() -> anyhow::Result<ExitCode> {
         // These read no configuration file: a job's machine may have none.
         Command::Send(args) => send::run(args),
         Command::Token {
-            command: TokenCommand::New { client },
-        } => token_new(client).map(|()| ExitCode::SUCCESS),
+            command: TokenCommand::New { client, admin },
+        } => match (client, admin) {
+            (Some(client), _) => token_new("client", client),
+            (None, Some(admin)) => token_new("admin", admin),
+            (None, None) => unreachable!("clap requires --client or --admin"),
+        }
+        .map(|()| ExitCode::SUCCESS),
         _ => run_with_settings(&cli),
     }
 }
@@ -401,17 +411,25 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn token_new(client: &str) -> anyhow::Result<()> {
-    if !is_valid_client_id(client) {
-        anyhow::bail!("--client {client:?}: must be 1 to 64 of a-z A-Z 0-9 . _ -");
+/// Prints a token for a `kind` ("client" or "admin") named `name`, and its configuration.
+fn token_new(kind: &str, name: &str) -> anyhow::Result<()> {
+    if !is_valid_client_id(name) {
+        anyhow::bail!("--{kind} {name:?}: must be 1 to 64 of a-z A-Z 0-9 . _ -");
     }
     let (token, digest) = http::auth::new_token();
-    println!("# token for client {client:?}; give it to the client, it is not stored anywhere:");
+    let (holder, table) = match kind {
+        "admin" => (
+            "the admin (the admin api and the console on admin.listen)",
+            "auth.admins",
+        ),
+        _ => ("the client", "auth.clients"),
+    };
+    println!("# token for {kind} {name:?}; give it to {holder}, it is not stored anywhere:");
     println!("{token}");
     println!();
-    println!("# add to the configuration ([[auth.clients]] may repeat):");
-    println!("[[auth.clients]]");
-    println!("id = \"{client}\"");
+    println!("# add to the configuration ([[{table}]] may repeat):");
+    println!("[[{table}]]");
+    println!("id = \"{name}\"");
     println!("token_sha256 = \"{digest}\"");
     Ok(())
 }

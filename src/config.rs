@@ -57,6 +57,7 @@ pub struct Settings {
     pub outbox: OutboxSettings,
     pub events: EventSettings,
     pub auth: AuthSettings,
+    pub admin: AdminSettings,
     pub log: LogSettings,
     pub telemetry: TelemetrySettings,
 }
@@ -72,6 +73,7 @@ impl Settings {
             OutboxSettings::KEYS,
             EventSettings::KEYS,
             AuthSettings::KEYS,
+            AdminSettings::KEYS,
             LogSettings::KEYS,
             TelemetrySettings::KEYS,
         ]
@@ -87,6 +89,7 @@ impl Settings {
         self.outbox.check_bounds()?;
         self.events.check_bounds()?;
         self.auth.check_bounds()?;
+        self.admin.check_bounds()?;
         self.log.check_bounds()?;
         self.telemetry.check_bounds()
     }
@@ -340,6 +343,9 @@ section! {
         /// The clients (`[[auth.clients]]`); none: every request is the anonymous client,
         /// allowed on a loopback address only.
         clients: Vec<ClientSettings> = Vec::new(), Bound::Any;
+        /// The admins (`[[auth.admins]]`: `id` and `token_sha256`), who reach the admin API and
+        /// the console on `admin.listen` and see every client's data; none: no admin listener.
+        admins: Vec<AdminPrincipal> = Vec::new(), Bound::Any;
         /// Writes of one client in flight at once, at most (past it, 429 at once); 0 is no
         /// limit. The default for every client, the anonymous one included; a client may set
         /// its own.
@@ -387,6 +393,52 @@ impl fmt::Debug for ClientSettings {
             .field("max_concurrent_writes", &self.max_concurrent_writes)
             .field("max_requests_per_second", &self.max_requests_per_second)
             .finish_non_exhaustive()
+    }
+}
+
+/// An admin (`[[auth.admins]]`): a principal of the admin listener, never of the API.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminPrincipal {
+    pub id: String,
+    /// Hex SHA-256 of the admin's bearer token (`retrysafe token new --admin NAME`).
+    pub token_sha256: String,
+}
+
+impl fmt::Debug for AdminPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminPrincipal")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+section! {
+    /// `[admin]`: the admin listener (the admin API and the console), started when
+    /// `[[auth.admins]]` are configured.
+    pub struct AdminSettings("admin") {
+        /// Address of the admin listener; one that is not loopback needs `tls_cert_file` and
+        /// `tls_key_file`.
+        listen: SocketAddr = localhost(8081), Bound::Any;
+        /// PEM certificate (and its chain) of the admin listener, which then speaks HTTPS only.
+        tls_cert_file: Option<PathBuf> = None, Bound::Any;
+        /// PEM private key of `tls_cert_file`.
+        tls_key_file: Option<PathBuf> = None, Bound::Any;
+        /// Host names (with or without a port) the admin listener answers besides loopback
+        /// ones and its own address; any other `Host` gets 421 (DNS rebinding).
+        hosts: Vec<String> = Vec::new(), Bound::Any;
+        /// How long a console login lasts.
+        session_timeout: Duration = secs(8 * 3600), Bound::Duration(minutes(7 * 24 * 60));
+    }
+}
+
+impl AdminSettings {
+    /// The certificate and key files, when the admin listener is HTTPS.
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        Some((
+            self.tls_cert_file.as_deref()?,
+            self.tls_key_file.as_deref()?,
+        ))
     }
 }
 
@@ -496,6 +548,11 @@ impl Settings {
             }
         }
         both_or_neither(
+            ("admin.tls_cert_file", &self.admin.tls_cert_file),
+            ("admin.tls_key_file", &self.admin.tls_key_file),
+        )?;
+        self.validate_admins()?;
+        both_or_neither(
             ("amqp.tls_cert_file", &self.amqp.tls_cert_file),
             ("amqp.tls_key_file", &self.amqp.tls_key_file),
         )?;
@@ -549,9 +606,7 @@ impl Settings {
                     format!("{:?} is configured twice", client.id),
                 ));
             }
-            let is_sha256_hex = client.token_sha256.len() == 64
-                && client.token_sha256.bytes().all(|b| b.is_ascii_hexdigit());
-            if !is_sha256_hex {
+            if !is_sha256_hex(&client.token_sha256) {
                 return Err(invalid(
                     "auth.clients.token_sha256",
                     format!(
@@ -572,6 +627,77 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+impl Settings {
+    /// The admins' ids and digests, and where the admin listener may listen.
+    fn validate_admins(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for admin in &self.auth.admins {
+            if !is_valid_client_id(&admin.id) {
+                return Err(invalid(
+                    "auth.admins.id",
+                    format!("{:?} must be 1 to 64 of a-z A-Z 0-9 . _ -", admin.id),
+                ));
+            }
+            if !seen.insert(admin.id.as_str()) {
+                return Err(invalid(
+                    "auth.admins.id",
+                    format!("{:?} is configured twice", admin.id),
+                ));
+            }
+            if !is_sha256_hex(&admin.token_sha256) {
+                return Err(invalid(
+                    "auth.admins.token_sha256",
+                    format!(
+                        "admin {:?}: must be 64 hex digits (SHA-256 of the token)",
+                        admin.id
+                    ),
+                ));
+            }
+            let digest = admin.token_sha256.to_ascii_lowercase();
+            if self
+                .auth
+                .clients
+                .iter()
+                .any(|client| client.token_sha256.to_ascii_lowercase() == digest)
+            {
+                return Err(invalid(
+                    "auth.admins.token_sha256",
+                    format!("admin {:?}: a client has the same token; give the admin a token of its own (retrysafe token new --admin NAME)", admin.id),
+                ));
+            }
+        }
+        let admin = &self.admin;
+        if !admin.listen.ip().is_loopback() && admin.tls_files().is_none() {
+            return Err(invalid(
+                "admin.listen",
+                format!("{} is not a loopback address, so admin tokens and session cookies would travel in clear; set admin.tls_cert_file and admin.tls_key_file, or listen on loopback and reach it through an SSH tunnel", admin.listen),
+            ));
+        }
+        if !self.auth.admins.is_empty() {
+            let taken = [Some(self.http.listen), self.http.operations_listen];
+            if admin.listen.port() != 0 && taken.contains(&Some(admin.listen)) {
+                return Err(invalid(
+                    "admin.listen",
+                    format!("{} is already http.listen or http.operations_listen; give the admin listener an address of its own", admin.listen),
+                ));
+            }
+        }
+        for host in &admin.hosts {
+            if host.is_empty() || host.len() > 255 || !host.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "admin.hosts",
+                    format!("{host:?} is not a host name (1 to 255 visible ASCII characters)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 pub fn is_valid_client_id(id: &str) -> bool {

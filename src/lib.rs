@@ -28,6 +28,7 @@
 //! administrative command, as its records name them), [`telemetry`], and [`tls`] (TLS for the
 //! database, the broker and the HTTPS listener, with rustls).
 
+pub mod admin;
 pub mod cli;
 pub mod client;
 pub mod config;

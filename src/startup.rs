@@ -44,7 +44,8 @@ impl Default for Options {
 pub struct Application {
     ports: Ports,
     server: Server,
-    certificate: Option<Arc<ServerCertificate>>,
+    /// The HTTPS certificates of `http.listen` and `admin.listen`, reloaded on SIGHUP.
+    certificates: Vec<Arc<ServerCertificate>>,
     config: Config,
     broker: Arc<Broker>,
     shards: Vec<Addr<KeyShard>>,
@@ -75,12 +76,18 @@ impl Application {
         let tasks = Tasks::default();
         tasks.spawn(telemetry::metrics_upkeep);
         // Read before anything else: a certificate that cannot be used stops the start at once.
-        let certificate = match config.http.tls_files() {
-            Some((certificate_file, key_file)) => Some(
+        let load = |files: Option<(&std::path::Path, &std::path::Path)>| match files {
+            Some((certificate_file, key_file)) => {
                 ServerCertificate::load(certificate_file, key_file)
-                    .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))?,
-            ),
-            None => None,
+                    .map(Some)
+                    .map_err(|error| anyhow::anyhow!("invalid configuration: {error}"))
+            }
+            None => Ok(None),
+        };
+        let certificate = load(config.http.tls_files())?;
+        let admin_certificate = match config.auth.admins.is_empty() {
+            true => None,
+            false => load(config.admin.tls_files())?,
         };
         db::migrate(&config.database)
             .await
@@ -128,11 +135,16 @@ impl Application {
             broker.clone(),
             readiness,
         );
-        let (server, ports) = start_http(&config, state, certificate.as_ref())?;
+        let (server, ports) = start_http(
+            &config,
+            state,
+            certificate.as_ref(),
+            admin_certificate.as_ref(),
+        )?;
         Ok(Self {
             ports,
             server,
-            certificate,
+            certificates: certificate.into_iter().chain(admin_certificate).collect(),
             config,
             broker,
             shards,
@@ -153,6 +165,11 @@ impl Application {
         self.ports.operations
     }
 
+    /// The port of `admin.listen`, when admins are configured.
+    pub fn admin_port(&self) -> Option<u16> {
+        self.ports.admin
+    }
+
     /// A handle that stops the server gracefully, which then shuts the whole daemon down.
     pub fn server_handle(&self) -> ServerHandle {
         self.server.handle()
@@ -163,7 +180,7 @@ impl Application {
     /// ready (and pings its watchdog), and when it stops.
     pub async fn run_until_signal(self) -> std::io::Result<()> {
         let server = self.server_handle();
-        spawn_reload_on_hangup(self.certificate.clone());
+        spawn_reload_on_hangup(self.certificates.clone());
         systemd::ready();
         systemd::watchdog(&self.tasks);
         actix::spawn(async move {
@@ -282,6 +299,7 @@ fn start_http(
     config: &Config,
     state: AppState,
     certificate: Option<&Arc<ServerCertificate>>,
+    admin_certificate: Option<&Arc<ServerCertificate>>,
 ) -> anyhow::Result<(Server, Ports)> {
     let anonymous = state.auth.is_anonymous();
     let shared = web::Data::new(state);
@@ -300,6 +318,7 @@ fn start_http(
         tls: certificate
             .map(|certificate| certificate.server_config())
             .transpose()?,
+        hosts: None,
     }];
     let mut operations_port = None;
     if let Some(address) = config.http.operations_listen {
@@ -309,6 +328,24 @@ fn start_http(
             socket: operations_socket,
             serves: Serves::Operations,
             tls: None,
+            hosts: None,
+        });
+    }
+    let mut admin_port = None;
+    if !config.auth.admins.is_empty() {
+        let admin_socket = bind(config.admin.listen)?;
+        let local = admin_socket.local_addr()?;
+        admin_port = Some(local.port());
+        listeners.push(Listener {
+            socket: admin_socket,
+            serves: Serves::Admin,
+            tls: admin_certificate
+                .map(|certificate| certificate.server_config())
+                .transpose()?,
+            hosts: Some(http::host::HostPolicy::for_admin(
+                local,
+                &config.admin.hosts,
+            )),
         });
     }
     let server = http::server::serve(listeners, shared, &config.http)?;
@@ -333,6 +370,15 @@ fn start_http(
             "listening for /healthz, /readyz, /metrics and /openapi.json"
         );
     }
+    if let Some(port) = admin_port {
+        tracing::info!(
+            address = %config.admin.listen.ip(),
+            port,
+            scheme = if admin_certificate.is_some() { "https" } else { "http" },
+            admins = config.auth.admins.len(),
+            "listening for the admin api and the console (/console)"
+        );
+    }
     if tokens_travel_in_clear(config) {
         tracing::warn!(
             address = %config.http.listen,
@@ -344,6 +390,7 @@ fn start_http(
         Ports {
             listen: port,
             operations: operations_port,
+            admin: admin_port,
         },
     ))
 }
@@ -355,6 +402,8 @@ struct Ports {
     listen: u16,
     /// `http.operations_listen`'s, when set.
     operations: Option<u16>,
+    /// `admin.listen`'s, when admins are configured.
+    admin: Option<u16>,
 }
 
 /// Whether bearer tokens reach the listener unencrypted over a network: clients are configured,
@@ -384,7 +433,7 @@ async fn wait_for_termination() {
 /// SIGHUP reloads the HTTPS listener's certificate and key (after certbot or cert-manager
 /// renewed them). Handled even without HTTPS, where it only logs: SIGHUP's default action
 /// would end the process.
-fn spawn_reload_on_hangup(certificate: Option<Arc<ServerCertificate>>) {
+fn spawn_reload_on_hangup(certificates: Vec<Arc<ServerCertificate>>) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         tracing::error!(
@@ -394,12 +443,12 @@ fn spawn_reload_on_hangup(certificate: Option<Arc<ServerCertificate>>) {
     };
     actix::spawn(async move {
         while hangup.recv().await.is_some() {
-            match &certificate {
-                // The outcome is logged by reload itself, an error included.
-                Some(certificate) => {
-                    let _ = certificate.reload();
-                }
-                None => tracing::info!("sighup: nothing to reload (the listener is plain http)"),
+            if certificates.is_empty() {
+                tracing::info!("sighup: nothing to reload (the listeners are plain http)");
+            }
+            // The outcome is logged by reload itself, an error included.
+            for certificate in &certificates {
+                let _ = certificate.reload();
             }
         }
     });

@@ -73,6 +73,7 @@ pub async fn run(db: &Database, args: &RetryArgs) -> anyhow::Result<()> {
                 clients: args.client.clone(),
                 error: args.error.clone(),
                 parked_since: args.since.map(|since| since.resolve(now)),
+                ..ParkedSelection::default()
             };
             if args.dry_run {
                 let counts = store::count_parked(&**connection, &selection).await?;

@@ -106,6 +106,8 @@ as_serde_does!(
     crate::config::UrlList,
     crate::config::ConnectionString,
     Vec<crate::config::ClientSettings>,
+    Vec<crate::config::AdminPrincipal>,
+    Vec<String>,
 );
 
 /// Counts: read as serde does, checked against [`Bound::Count`].

@@ -8,8 +8,9 @@ use std::str::FromStr;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
-    invalid, redact_url, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings, EventSettings,
-    HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, Settings, TelemetrySettings,
+    invalid, redact_url, AdminSettings, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings,
+    EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, Settings,
+    TelemetrySettings,
 };
 use crate::db::tls::{self, PgTls};
 
@@ -27,6 +28,7 @@ pub struct Config {
     pub outbox: OutboxSettings,
     pub events: EventSettings,
     pub auth: AuthSettings,
+    pub admin: AdminSettings,
     pub log: LogSettings,
     pub telemetry: TelemetrySettings,
 }
@@ -67,6 +69,7 @@ impl Config {
             outbox: settings.outbox.clone(),
             events: settings.events.clone(),
             auth: settings.auth.clone(),
+            admin: settings.admin.clone(),
             log: settings.log.clone(),
             telemetry: settings.telemetry.clone(),
         })

@@ -18,11 +18,55 @@ pub struct Client {
     pub limits: ClientLimiter,
 }
 
+/// Principals (clients, or admins) by the SHA-256 of their tokens.
+pub struct Principals<T> {
+    known: Vec<(T, [u8; 32])>,
+}
+
+impl<T: Clone> Principals<T> {
+    /// From each principal and its token's SHA-256 as configured (validated as 64 hex digits
+    /// when the configuration was loaded).
+    pub fn new<'a>(configured: impl IntoIterator<Item = (T, &'a str)>) -> Self {
+        let known = configured
+            .into_iter()
+            .map(|(principal, token_sha256)| {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(token_sha256, &mut digest)
+                    .expect("token_sha256 is validated as 64 hex digits");
+                (principal, digest)
+            })
+            .collect();
+        Self { known }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// The principal whose token is `token`. Compared against every one, in constant time, so
+    /// that timing tells nothing about which token (or how much of one) matched.
+    pub fn find(&self, token: &[u8]) -> Option<T> {
+        let digest: [u8; 32] = Sha256::digest(token).into();
+        let mut found = None;
+        for (principal, expected) in &self.known {
+            if bool::from(expected.ct_eq(&digest)) {
+                found = Some(principal.clone());
+            }
+        }
+        found
+    }
+
+    /// The principal of the request's bearer token.
+    pub fn of_request(&self, request: &HttpRequest) -> Option<T> {
+        self.find(bearer_token(request)?)
+    }
+}
+
 /// Resolves the client a request comes from.
 pub struct Authenticator {
-    /// Each client with the SHA-256 of its token. Empty: every request is the anonymous client,
+    /// Each client by the SHA-256 of its token. Empty: every request is the anonymous client,
     /// which configuration allows only on a loopback listen address.
-    clients: Vec<(Arc<Client>, [u8; 32])>,
+    clients: Principals<Arc<Client>>,
     anonymous: Arc<Client>,
 }
 
@@ -35,18 +79,13 @@ impl Authenticator {
                 id,
             })
         };
-        let clients = settings
-            .clients
-            .iter()
-            .map(|configured| {
-                let mut digest = [0u8; 32];
-                // Validated as 64 hex digits when the configuration was loaded.
-                hex::decode_to_slice(&configured.token_sha256, &mut digest)
-                    .expect("token_sha256 is validated as 64 hex digits");
-                let limits = settings.limits_of(Some(configured));
-                (client(&configured.id, limits), digest)
-            })
-            .collect();
+        let clients = Principals::new(settings.clients.iter().map(|configured| {
+            let limits = settings.limits_of(Some(configured));
+            (
+                client(&configured.id, limits),
+                configured.token_sha256.as_str(),
+            )
+        }));
         Self {
             clients,
             anonymous: client(ANONYMOUS_CLIENT, settings.limits_of(None)),
@@ -70,17 +109,9 @@ impl Authenticator {
         if self.clients.is_empty() {
             return Ok(self.anonymous.clone());
         }
-        let token = bearer_token(request).ok_or(ApiError::Unauthorized)?;
-        let digest: [u8; 32] = Sha256::digest(token).into();
-        // Compare against every client, in constant time, so timing tells nothing about which
-        // token (or how much of one) matched.
-        let mut found = None;
-        for (id, expected) in &self.clients {
-            if bool::from(expected.ct_eq(&digest)) {
-                found = Some(id.clone());
-            }
-        }
-        found.ok_or(ApiError::Unauthorized)
+        self.clients
+            .of_request(request)
+            .ok_or(ApiError::Unauthorized)
     }
 }
 

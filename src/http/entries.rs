@@ -146,7 +146,7 @@ fn entry_location(entry_id: Uuid) -> HeaderValue {
     HeaderValue::from_bytes(&location).expect("a path and a UUID are visible ASCII")
 }
 
-fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
+pub(crate) fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     let mut values = request.headers().get_all(KEY_HEADER);
     let value = values.next().ok_or(ApiError::MissingIdempotencyKey)?;
     if values.next().is_some() {
@@ -158,7 +158,7 @@ fn idempotency_key(request: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
 }
 
 /// Accepts `application/json`, optionally with `charset=utf-8`.
-fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
+pub(crate) fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
     let refuse = |what: &str| {
         ApiError::UnsupportedMediaType(format!("{what}; send Content-Type: application/json"))
     };
@@ -199,7 +199,7 @@ fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
 }
 
 /// Reads the body, refusing it (413) as soon as it is known to exceed `limit`.
-async fn read_body(
+pub(crate) async fn read_body(
     request: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,

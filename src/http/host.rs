@@ -12,8 +12,13 @@
 //! without `Host` is accepted from HTTP/1.0 clients only (HTTP/1.1 requires the header).
 //!
 //! With clients configured, requests need a token a page cannot have, and `Host` is not checked.
+//!
+//! The admin listener (`admin.listen`) always checks: its console is driven by a browser, with a
+//! session cookie that a rebinding page would have the browser send. It answers loopback hosts,
+//! its own address, and the names in `admin.hosts`.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -24,10 +29,12 @@ use actix_web::Error;
 use crate::http::problem::ApiError;
 
 /// Whether a listener checks `Host`: set per listener, as app data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPolicy {
-    /// Only loopback hosts are answered.
+    /// Only loopback hosts are answered (and, on the admin listener, [`Self::admin_hosts`]).
     pub loopback_only: bool,
+    /// The admin listener: the hosts it answers besides loopback ones, without their ports.
+    pub admin_hosts: Option<Arc<[String]>>,
 }
 
 impl HostPolicy {
@@ -37,6 +44,40 @@ impl HostPolicy {
     pub fn for_listener(anonymous: bool, address: IpAddr) -> Self {
         Self {
             loopback_only: anonymous && address.is_loopback(),
+            admin_hosts: None,
+        }
+    }
+
+    /// The admin listener's: loopback hosts, its own address, and `admin.hosts`.
+    pub fn for_admin(address: SocketAddr, hosts: &[String]) -> Self {
+        let own = match address.ip() {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("[{v6}]"),
+        };
+        let hosts = hosts
+            .iter()
+            .filter_map(|host| without_port(host))
+            .chain((!address.ip().is_unspecified()).then_some(own.as_str()))
+            .map(str::to_owned)
+            .collect();
+        Self {
+            loopback_only: true,
+            admin_hosts: Some(hosts),
+        }
+    }
+
+    fn answers(&self, host: &str) -> bool {
+        is_loopback_host(host)
+            || self.admin_hosts.as_deref().is_some_and(|hosts| {
+                without_port(host)
+                    .is_some_and(|name| hosts.iter().any(|h| h.eq_ignore_ascii_case(name)))
+            })
+    }
+
+    fn refusal(&self) -> &'static str {
+        match self.admin_hosts {
+            Some(_) => "the admin listener answers only requests to a loopback host (localhost, 127.0.0.1 or [::1]), its own address, or a name in admin.hosts",
+            None => "this daemon serves clients without credentials (no [[auth.clients]]), so it answers only requests to a loopback host: localhost, 127.0.0.1 or [::1]",
         }
     }
 }
@@ -47,11 +88,11 @@ pub async fn check_host(
     request: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, Error> {
-    let loopback_only = request
+    let policy = request
         .app_data::<HostPolicy>()
-        .is_some_and(|policy| policy.loopback_only);
-    if loopback_only {
-        if let Err(detail) = names_a_loopback_host(&request) {
+        .filter(|policy| policy.loopback_only);
+    if let Some(policy) = policy {
+        if let Err(detail) = names_an_answered_host(&request, policy) {
             let error = ApiError::MisdirectedRequest(detail);
             return Ok(request.error_response(error).map_into_right_body());
         }
@@ -60,25 +101,25 @@ pub async fn check_host(
 }
 
 /// Whether the request's `Host` (and the authority of an absolute-form target, if any) is a
-/// loopback host; otherwise what the client is told.
-fn names_a_loopback_host(request: &ServiceRequest) -> Result<(), String> {
-    let refusal = "this daemon serves clients without credentials (no [[auth.clients]]), so it answers only requests to a loopback host: localhost, 127.0.0.1 or [::1]";
+/// host `policy` answers; otherwise what the client is told.
+fn names_an_answered_host(request: &ServiceRequest, policy: &HostPolicy) -> Result<(), String> {
+    let refusal = policy.refusal();
     let mut hosts = request.headers().get_all(header::HOST);
     match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => return Err(format!("more than one Host header; {refusal}")),
         (Some(host), None) => {
             let host = host.to_str().unwrap_or_default();
-            if !is_loopback_host(host) {
-                return Err(format!("Host {host:?} is not a loopback host; {refusal}"));
+            if !policy.answers(host) {
+                return Err(format!("Host {host:?} is not a host it answers; {refusal}"));
             }
         }
         (None, _) if request.version() <= Version::HTTP_10 => {}
         (None, _) => return Err(format!("no Host header; {refusal}")),
     }
     if let Some(authority) = request.uri().authority() {
-        if !is_loopback_host(authority.as_str()) {
+        if !policy.answers(authority.as_str()) {
             return Err(format!(
-                "the request target names {:?}, not a loopback host; {refusal}",
+                "the request target names {:?}, not a host it answers; {refusal}",
                 authority.as_str()
             ));
         }
@@ -174,5 +215,30 @@ mod tests {
         assert!(HostPolicy::for_listener(true, loopback).loopback_only);
         assert!(!HostPolicy::for_listener(true, other).loopback_only);
         assert!(!HostPolicy::for_listener(false, loopback).loopback_only);
+    }
+
+    #[test]
+    fn the_admin_listener_answers_loopback_its_address_and_its_names() {
+        let admin = HostPolicy::for_admin(
+            "10.0.0.5:8081".parse().unwrap(),
+            &["ops.example:443".to_owned(), "console.internal".to_owned()],
+        );
+        assert!(admin.loopback_only);
+        for host in [
+            "localhost:8081",
+            "10.0.0.5:8081",
+            "OPS.example",
+            "console.internal:8081",
+        ] {
+            assert!(admin.answers(host), "{host}");
+        }
+        for host in [
+            "attacker.example",
+            "10.0.0.6:8081",
+            "ops.example.attacker",
+            "",
+        ] {
+            assert!(!admin.answers(host), "{host}");
+        }
     }
 }

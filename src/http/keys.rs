@@ -14,46 +14,46 @@ use crate::idempotency::IdempotencyKey;
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct KeyView {
-    key: String,
-    status: String,
-    request_hash: String,
-    created_at: String,
-    expires_at: String,
-    response_status: i16,
-    entry_id: Option<Uuid>,
+    pub key: String,
+    pub status: String,
+    pub request_hash: String,
+    pub created_at: String,
+    pub expires_at: String,
+    pub response_status: i16,
+    pub entry_id: Option<Uuid>,
     /// The write's ordering key and its sequence; absent for an unordered write.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
-    ordering_key: Option<String>,
+    pub ordering_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
-    sequence: Option<i64>,
+    pub sequence: Option<i64>,
     /// The parked event of the ordering key that holds this write's events back (retry or
     /// skip it: README "Ordered delivery"); null when nothing does.
-    blocked_by: Option<Uuid>,
-    events: Vec<EventView>,
+    pub blocked_by: Option<Uuid>,
+    pub events: Vec<EventView>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct EventView {
-    event_id: Uuid,
-    event_type: String,
-    attempts: i32,
-    sent_at: Option<String>,
-    failed_at: Option<String>,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub attempts: i32,
+    pub sent_at: Option<String>,
+    pub failed_at: Option<String>,
     /// When a relay tries it next; null while it waits for the earlier events of its ordering
     /// key (it is released when they are sent or skipped).
-    next_attempt_at: Option<String>,
-    last_error: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub last_error: Option<String>,
     /// Given up on with `retrysafe outbox skip`: never published.
-    skipped_at: Option<String>,
+    pub skipped_at: Option<String>,
     /// The parked event of the ordering key that holds this one back; null when nothing does.
-    blocked_by: Option<Uuid>,
+    pub blocked_by: Option<Uuid>,
     /// How many replays (`retrysafe outbox replay`) have published this event again; the
     /// relay's own delivery is not one.
-    replay_count: i64,
+    pub replay_count: i64,
     /// When a replay last published it; null when never.
-    last_replayed_at: Option<String>,
+    pub last_replayed_at: Option<String>,
 }
 
 /// An expired record is gone for clients even before the janitor deletes it.
@@ -112,9 +112,18 @@ pub async fn get_key(
 ) -> Result<HttpResponse, ApiError> {
     let client_id = state.auth.admit(&request).await?.id.clone();
     let key = IdempotencyKey::parse(path.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
+    Ok(HttpResponse::Ok().json(lookup(&state, &client_id, &key).await?))
+}
+
+/// The record of `client`'s `key` and its events: what the key lookup answers, to the client
+/// (`GET /v1/idempotency-keys/{key}`) or to an admin (`GET /admin/v1/keys/{client}/{key}`).
+pub async fn lookup(
+    state: &SharedState,
+    client: &str,
+    key: &IdempotencyKey,
+) -> Result<KeyView, ApiError> {
     let not_found =
         || ApiError::NotFound(format!("no record for Idempotency-Key {:?}", key.as_str()));
-    let client = &*client_id;
     let (record, event_rows) = state
         .reads
         .run(async |connection| {
@@ -184,5 +193,5 @@ pub async fn get_key(
         blocked_by,
         events,
     };
-    Ok(HttpResponse::Ok().json(view))
+    Ok(view)
 }

@@ -316,7 +316,7 @@ fn parse_query(query_string: &str, client_id: &str) -> Result<ListQuery, ApiErro
     }
 }
 
-fn query_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn query_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
     actix_web::web::Query::<Vec<(String, String)>>::from_query(query)
         .map(|pairs| pairs.into_inner())
         .map_err(|error| ApiError::InvalidQuery(format!("the query string is malformed: {error}")))

@@ -49,6 +49,8 @@ pub struct AppState {
     pub read_wait: Duration,
     /// The database's readiness, shared by every probe.
     pub readiness: Arc<health::ReadinessMonitor>,
+    /// The admin listener's principals and console sessions.
+    pub admin: crate::admin::AdminState,
 }
 
 impl AppState {
@@ -74,6 +76,7 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
+            admin: crate::admin::AdminState::new(config),
             listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
             read_wait: config.database.connect_timeout,
             // As many at once as there are cores to run them, and never fewer than two.
@@ -140,20 +143,20 @@ pub fn operations_listener_routes(config: &mut web::ServiceConfig) {
 
 /// A resource and the methods it answers: every GET route answers HEAD too (RFC 9110), and any
 /// other method gets a `method-not-allowed` problem with an `Allow` header listing them.
-struct Methods {
+pub(crate) struct Methods {
     resource: actix_web::Resource,
     allow: Vec<&'static str>,
 }
 
 impl Methods {
-    fn on(path: &str) -> Self {
+    pub(crate) fn on(path: &str) -> Self {
         Self {
             resource: web::resource(path),
             allow: Vec::new(),
         }
     }
 
-    fn get<F, Args>(mut self, handler: F) -> Self
+    pub(crate) fn get<F, Args>(mut self, handler: F) -> Self
     where
         F: actix_web::Handler<Args> + Clone,
         Args: actix_web::FromRequest + 'static,
@@ -167,7 +170,7 @@ impl Methods {
         self
     }
 
-    fn post<F, Args>(mut self, handler: F) -> Self
+    pub(crate) fn post<F, Args>(mut self, handler: F) -> Self
     where
         F: actix_web::Handler<Args>,
         Args: actix_web::FromRequest + 'static,
@@ -178,7 +181,7 @@ impl Methods {
         self
     }
 
-    fn finish(self) -> actix_web::Resource {
+    pub(crate) fn finish(self) -> actix_web::Resource {
         let allow = self.allow.join(", ");
         self.resource
             .default_service(web::to(move |request: HttpRequest| {

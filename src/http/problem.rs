@@ -225,6 +225,16 @@ pub const MISDIRECTED_REQUEST: ProblemType = problem(
     false,
     "the `Host` header, or the request target, names a host other than localhost, 127.0.0.0/8 or [::1]: without clients configured the daemon answers only requests to a loopback host",
 );
+/// The admin listener's own: a console POST without its session's CSRF token, or sent from
+/// another origin. Not in [`ALL`], the API's table: the API never answers it.
+pub const FORBIDDEN: ProblemType = problem(
+    StatusCode::FORBIDDEN,
+    "forbidden",
+    "Forbidden",
+    RequestOutcome::Unauthorized,
+    false,
+    "a console form sent without the session's CSRF token, or from another origin; nothing was done",
+);
 pub const INTERNAL_ERROR: ProblemType = problem(
     StatusCode::INTERNAL_SERVER_ERROR,
     "internal-error",
@@ -275,6 +285,9 @@ pub enum ApiError {
     /// Query parameters that are unknown, repeated or invalid; the text names each.
     #[error("invalid query parameters: {0}")]
     InvalidQuery(String),
+    /// An admin action's selector that cannot be acted on; the text says why.
+    #[error("invalid selector: {0}")]
+    InvalidSelector(String),
     #[error("this Idempotency-Key was used with a different request")]
     IdempotencyKeyReused { status: StatusCode },
     #[error("a request with this Idempotency-Key is still being processed")]
@@ -307,6 +320,10 @@ pub enum ApiError {
         /// The methods the resource answers, for the `Allow` header.
         allow: String,
     },
+    /// The admin listener: a console POST without its session's CSRF token, or from another
+    /// origin; the text says which.
+    #[error("{0}")]
+    Forbidden(String),
     /// Anonymous mode: the request does not name a loopback host; the text says what it named.
     #[error("{0}")]
     MisdirectedRequest(String),
@@ -349,7 +366,9 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => &PAYLOAD_TOO_LARGE,
             ApiError::RequestTimeout(_) => &REQUEST_TIMEOUT,
             ApiError::MalformedJson(_) => &MALFORMED_JSON,
-            ApiError::InvalidRequest(_) | ApiError::InvalidQuery(_) => &INVALID_REQUEST,
+            ApiError::InvalidRequest(_)
+            | ApiError::InvalidQuery(_)
+            | ApiError::InvalidSelector(_) => &INVALID_REQUEST,
             ApiError::IdempotencyKeyReused { .. } => &IDEMPOTENCY_KEY_REUSED,
             ApiError::RequestInProgress => &REQUEST_IN_PROGRESS,
             ApiError::RateLimited(_) => &RATE_LIMITED,
@@ -361,6 +380,7 @@ impl ApiError {
             ApiError::NotFound(_) => &NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => &METHOD_NOT_ALLOWED,
             ApiError::MisdirectedRequest(_) => &MISDIRECTED_REQUEST,
+            ApiError::Forbidden(_) => &FORBIDDEN,
             ApiError::Internal(_) => &INTERNAL_ERROR,
         }
     }

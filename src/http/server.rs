@@ -35,6 +35,8 @@ pub enum Serves {
     Api,
     /// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` (`http.operations_listen`).
     Operations,
+    /// The admin API, its `/openapi.json` and the console (`admin.listen`).
+    Admin,
 }
 
 impl Serves {
@@ -43,6 +45,7 @@ impl Serves {
             Serves::Everything => crate::http::routes,
             Serves::Api => crate::http::api_routes,
             Serves::Operations => crate::http::operations_listener_routes,
+            Serves::Admin => crate::admin::routes,
         }
     }
 }
@@ -53,6 +56,8 @@ pub struct Listener {
     pub serves: Serves,
     /// HTTPS: the TLS configuration, whose ALPN offers `http/1.1` alone.
     pub tls: Option<rustls::ServerConfig>,
+    /// The hosts it answers, when not those [`HostPolicy::for_listener`] gives.
+    pub hosts: Option<HostPolicy>,
 }
 
 /// actix-web's defaults, which `HttpServer` applied: how long an idle connection is kept, and
@@ -77,7 +82,9 @@ pub fn serve(
     let head_timeout = settings.head_timeout;
     for listener in listeners {
         let local = listener.socket.local_addr()?;
-        let policy = HostPolicy::for_listener(state.auth.is_anonymous(), local.ip());
+        let policy = listener
+            .hosts
+            .unwrap_or_else(|| HostPolicy::for_listener(state.auth.is_anonymous(), local.ip()));
         let routes = listener.serves.routes();
         // Tells the connections of a worker that the server is shutting down, so that idle
         // keep-alive connections close instead of holding the shutdown to its timeout (actix-
@@ -100,7 +107,7 @@ pub fn serve(
                     .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
                     .local_addr(local)
                     .finish(map_config(
-                        app(state.clone(), policy, routes)
+                        app(state.clone(), policy.clone(), routes)
                             .into_factory()
                             .map_err(|error| error.error_response()),
                         move |_| app_config($secure, local),

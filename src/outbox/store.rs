@@ -375,18 +375,23 @@ pub struct ParkedGroup {
 /// At most this many groups are listed (the largest).
 pub const PARKED_GROUPS_SHOWN: i64 = 20;
 
-/// Through the partial index of parked rows: as cheap as the parked rows are few.
+/// Through the partial index of parked rows, over at most [`GAUGE_COUNT_CAP`] of them (the
+/// oldest), so that the cost is bounded however many are parked: past the cap the counts are
+/// lower bounds.
 const PARKED_GROUPS: &str = "
 SELECT event_type, coalesce(last_error, ''), count(*), min(failed_at), max(failed_at)
-FROM outbox_events
-WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+FROM (SELECT event_type, last_error, failed_at
+      FROM outbox_events
+      WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+      ORDER BY id
+      LIMIT $2) AS parked
 GROUP BY event_type, last_error
 ORDER BY count(*) DESC, event_type
 LIMIT $1";
 
 pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGroup>, StorageError> {
     Ok(client
-        .query(PARKED_GROUPS, &[&PARKED_GROUPS_SHOWN])
+        .query(PARKED_GROUPS, &[&PARKED_GROUPS_SHOWN, &GAUGE_COUNT_CAP])
         .await?
         .iter()
         .map(|row| ParkedGroup {
@@ -402,17 +407,26 @@ pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGrou
 /// Requeues one unsent event (parked or not) for an attempt now, with a fresh attempt count;
 /// not a skipped one (given up on for good), nor one held behind earlier events of its
 /// ordering key (it is released when they are done).
-const REQUEUE_EVENT: &str = "
+const REQUEUE_EVENTS: &str = "
 UPDATE outbox_events
 SET failed_at = NULL, attempts = 0, nacks = 0, next_attempt_at = now()
-WHERE sent_at IS NULL AND skipped_at IS NULL AND next_attempt_at <> 'infinity' AND event_id = $1";
+WHERE sent_at IS NULL AND skipped_at IS NULL AND next_attempt_at <> 'infinity'
+  AND event_id = ANY($1)";
 
 /// Requeues the unsent event with `event_id`; false when there is none.
 pub async fn requeue_event(
     client: &impl GenericClient,
     event_id: Uuid,
 ) -> Result<bool, StorageError> {
-    Ok(client.execute(REQUEUE_EVENT, &[&event_id]).await? > 0)
+    Ok(requeue_events(client, &[event_id]).await? > 0)
+}
+
+/// Requeues the unsent events among `event_ids` (parked or not); returns how many.
+pub async fn requeue_events(
+    client: &impl GenericClient,
+    event_ids: &[Uuid],
+) -> Result<u64, StorageError> {
+    Ok(client.execute(REQUEUE_EVENTS, &[&event_ids]).await?)
 }
 
 /// Which parked events to requeue: every criterion given must hold; none given is every parked
@@ -427,6 +441,12 @@ pub struct ParkedSelection {
     pub error: Option<String>,
     /// Parked at or after this time (on the database's clock).
     pub parked_since: Option<DateTime<Utc>>,
+    /// Whose last error is exactly this text (a group of `outbox status` and the console).
+    pub error_is: Option<String>,
+    /// Created after this time (exclusive).
+    pub created_after: Option<DateTime<Utc>>,
+    /// Created before this time (exclusive).
+    pub created_before: Option<DateTime<Utc>>,
 }
 
 /// The parked rows a [`ParkedSelection`] picks, through the partial index of parked rows
@@ -438,7 +458,10 @@ WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
   AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
   AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
   AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
-  AND ($4::timestamptz IS NULL OR failed_at >= $4)";
+  AND ($4::timestamptz IS NULL OR failed_at >= $4)
+  AND ($5::text IS NULL OR coalesce(last_error, '') = $5)
+  AND ($6::timestamptz IS NULL OR created_at > $6)
+  AND ($7::timestamptz IS NULL OR created_at < $7)";
 
 /// Requeues the selected parked events with a fresh attempt count, due one after another at
 /// `$5` events per second from now (all at once when null): a consumer whose queue has room for
@@ -452,18 +475,29 @@ WITH selected AS (
             AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
             AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
             AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
-            AND ($4::timestamptz IS NULL OR failed_at >= $4)) AS parked
+            AND ($4::timestamptz IS NULL OR failed_at >= $4)
+            AND ($5::text IS NULL OR coalesce(last_error, '') = $5)
+            AND ($6::timestamptz IS NULL OR created_at > $6)
+            AND ($7::timestamptz IS NULL OR created_at < $7)) AS parked
 )
 UPDATE outbox_events o
 SET failed_at = NULL, attempts = 0, nacks = 0,
-    next_attempt_at = now() + CASE WHEN $5::float8 IS NULL THEN interval '0'
-                                   ELSE make_interval(secs => s.position / $5::float8) END
+    next_attempt_at = now() + CASE WHEN $8::float8 IS NULL THEN interval '0'
+                                   ELSE make_interval(secs => s.position / $8::float8) END
 FROM selected s
 WHERE o.id = s.id AND o.sent_at IS NULL AND o.failed_at IS NOT NULL AND o.skipped_at IS NULL";
 
 impl ParkedSelection {
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
-        [&self.types, &self.clients, &self.error, &self.parked_since]
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
+        [
+            &self.types,
+            &self.clients,
+            &self.error,
+            &self.parked_since,
+            &self.error_is,
+            &self.created_after,
+            &self.created_before,
+        ]
     }
 }
 
@@ -490,10 +524,30 @@ pub async fn requeue_parked(
     selection: &ParkedSelection,
     rate: Option<f64>,
 ) -> Result<u64, StorageError> {
-    let [types, clients, error, since] = selection.params();
+    let [types, clients, error, since, error_is, after, before] = selection.params();
     Ok(client
-        .execute(REQUEUE_PARKED, &[types, clients, error, since, &rate])
+        .execute(
+            REQUEUE_PARKED,
+            &[types, clients, error, since, error_is, after, before, &rate],
+        )
         .await?)
+}
+
+/// The event ids of at most `limit` parked events `selection` picks, oldest first.
+pub async fn parked_event_ids(
+    client: &impl GenericClient,
+    selection: &ParkedSelection,
+    limit: i64,
+) -> Result<Vec<Uuid>, StorageError> {
+    let picked = format!(
+        "SELECT o.event_id FROM ({PARKED_SELECTED}) AS picked JOIN outbox_events o ON o.id = picked.id ORDER BY picked.id LIMIT {limit}"
+    );
+    Ok(client
+        .query(&picked, &selection.params())
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect())
 }
 
 /// The database's time now: what relative times (`--since 24h`) are counted back from.
@@ -636,7 +690,7 @@ WHERE event_id = $1
 FOR UPDATE NOWAIT";
 
 /// Gives up on the event: never published, out of the relays' reach (failed_at), recorded
-/// with who (the OS user id given, the session's role) and why.
+/// with who (the OS user id given, or the admin's id; the session's role) and why.
 const SKIP: &str = "
 WITH skipped AS (
     UPDATE outbox_events
@@ -645,8 +699,8 @@ WITH skipped AS (
     RETURNING event_id, event_type, client_id, ordering_key, sequence
 )
 INSERT INTO outbox_skips (event_id, event_type, client_id, ordering_key, sequence,
-                          requested_uid, requested_db_user, reason)
-SELECT event_id, event_type, client_id, ordering_key, sequence, $2, current_user, $3
+                          requested_uid, requested_db_user, reason, admin_id)
+SELECT event_id, event_type, client_id, ordering_key, sequence, $2, current_user, $3, $4
 FROM skipped";
 
 /// What `outbox skip` did.
@@ -676,7 +730,35 @@ pub async fn skip_event(
     requested_uid: i64,
     reason: &str,
 ) -> Result<Skip, StorageError> {
-    let transaction = connection.transaction().await?;
+    let mut transaction = connection.transaction().await?;
+    let who = SkippedBy::User(requested_uid);
+    let skip = skip_in(&mut transaction, event_id, who, reason).await?;
+    transaction.commit().await?;
+    Ok(skip)
+}
+
+/// Who asks for a skip, as `outbox_skips` records it.
+#[derive(Debug, Clone, Copy)]
+pub enum SkippedBy<'a> {
+    /// `retrysafe outbox skip`: the operating-system user id of the command.
+    User(i64),
+    /// The admin API or the console: the admin's id.
+    Admin(&'a str),
+}
+
+/// [`skip_event`] inside `outer`, in a savepoint of its own: an event a relay holds (Busy) or
+/// any other outcome but a skip leaves `outer` as it was and usable.
+pub async fn skip_in(
+    outer: &mut tokio_postgres::Transaction<'_>,
+    event_id: Uuid,
+    who: SkippedBy<'_>,
+    reason: &str,
+) -> Result<Skip, StorageError> {
+    let (requested_uid, admin_id) = match who {
+        SkippedBy::User(uid) => (Some(uid), None),
+        SkippedBy::Admin(admin) => (None, Some(admin)),
+    };
+    let transaction = outer.transaction().await?;
     let Some(found) = transaction
         .query_opt(
             "SELECT client_id, ordering_key FROM outbox_events WHERE event_id = $1",
@@ -704,7 +786,7 @@ pub async fn skip_event(
         return Ok(Skip::AlreadySkipped);
     }
     transaction
-        .execute(SKIP, &[&event_id, &requested_uid, &reason])
+        .execute(SKIP, &[&event_id, &requested_uid, &reason, &admin_id])
         .await?;
     let released = on_keys(&transaction, ADVANCE_KEYS, &keys).await?;
     transaction.commit().await?;

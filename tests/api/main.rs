@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod alerts;
 mod auth;
 mod cli;

@@ -33,6 +33,8 @@ pub struct TestDaemon {
     /// `http://127.0.0.1:<port>` of `http.operations_listen`, for an in-process daemon that sets
     /// it.
     pub operations_address: Option<String>,
+    /// `http://127.0.0.1:<port>` of `admin.listen`, for an in-process daemon with admins.
+    pub admin_address: Option<String>,
     pub settings: Settings,
     pub db: tokio_postgres::Client,
     pub http: awc::Client,
@@ -102,6 +104,9 @@ async fn start_in_process(
         operations_address: in_process
             .operations_port
             .map(|port| format!("http://127.0.0.1:{port}")),
+        admin_address: in_process
+            .admin_port
+            .map(|port| format!("http://127.0.0.1:{port}")),
         in_process: Some(in_process),
         settings,
         db: connect(&database.name).await,
@@ -118,6 +123,7 @@ async fn start_in_process(
 struct InProcess {
     port: u16,
     operations_port: Option<u16>,
+    admin_port: Option<u16>,
     server: actix_web::dev::ServerHandle,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -135,6 +141,7 @@ impl InProcess {
                             let handle = (
                                 application.port(),
                                 application.operations_port(),
+                                application.admin_port(),
                                 application.server_handle(),
                             );
                             let _ = started.send(Ok(handle));
@@ -147,13 +154,14 @@ impl InProcess {
                 })
             })
             .expect("a thread for the daemon");
-        let (port, operations_port, server) = answer
+        let (port, operations_port, admin_port, server) = answer
             .await
             .expect("the daemon's thread answers")
             .expect("the app starts");
         Self {
             port,
             operations_port,
+            admin_port,
             server,
             thread: Some(thread),
         }
@@ -210,6 +218,7 @@ async fn binary_daemon(
     TestDaemon {
         address: process.address.clone(),
         operations_address: None,
+        admin_address: None,
         process: Some(process),
         in_process: None,
         settings,

@@ -53,6 +53,7 @@ pub fn knob(name: &str, default: usize) -> usize {
 pub fn test_settings() -> Settings {
     let mut settings = Settings::default();
     settings.http.listen = "127.0.0.1:0".parse().unwrap();
+    settings.admin.listen = "127.0.0.1:0".parse().unwrap();
     settings.http.shutdown_timeout = std::time::Duration::from_secs(5);
     settings.database.url = pg_url(&format!("retrysafe_test_{}", Uuid::new_v4().simple())).into();
     // Longer than the daemon's default (2 s): on a loaded machine a connection can take over a
@@ -104,6 +105,15 @@ pub fn client(id: &str, token: &str) -> ClientSettings {
         token_sha256: hex::encode(sha2::Sha256::digest(token.as_bytes())),
         max_concurrent_writes: None,
         max_requests_per_second: None,
+    }
+}
+
+/// An admin with a known token, for configs with an admin listener.
+pub fn admin(id: &str, token: &str) -> retrysafe::config::AdminPrincipal {
+    use sha2::Digest;
+    retrysafe::config::AdminPrincipal {
+        id: id.into(),
+        token_sha256: hex::encode(sha2::Sha256::digest(token.as_bytes())),
     }
 }
 

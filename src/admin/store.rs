@@ -1,0 +1,598 @@
+//! What the admin API and the console read and change, on the read pool: the outbox overview,
+//! events by filter, the action log, and the actions themselves (retry, skip), recorded with
+//! the admin's Idempotency-Key in the transaction that makes them.
+//!
+//! Every read is bounded: the counts over at most [`GAUGE_COUNT_CAP`] rows (as the gauges),
+//! the pages by a limit and a keyset cursor.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::db::{PgClient, StorageError};
+use crate::outbox::store::{
+    self, Blocked, BlockingEvent, ParkedGroup, ParkedSelection, Skip, SkippedBy, Totals,
+    GAUGE_COUNT_CAP,
+};
+
+/// The backlog of one event type, counted over at most [`GAUGE_COUNT_CAP`] unsent events.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TypeBacklog {
+    pub event_type: String,
+    pub unsent: i64,
+    pub parked: i64,
+}
+
+/// Unsent and parked events by type, over at most [`GAUGE_COUNT_CAP`] rows: past it, lower
+/// bounds (`backlog_capped`).
+const BACKLOG_BY_TYPE: &str = "
+SELECT event_type,
+       count(*) FILTER (WHERE failed_at IS NULL),
+       count(*) FILTER (WHERE failed_at IS NOT NULL)
+FROM (SELECT event_type, failed_at
+      FROM outbox_events
+      WHERE sent_at IS NULL AND skipped_at IS NULL
+      LIMIT $1) AS unsent
+GROUP BY event_type
+ORDER BY event_type";
+
+pub async fn backlog_by_type(
+    client: &impl GenericClient,
+) -> Result<Vec<TypeBacklog>, StorageError> {
+    Ok(client
+        .query(BACKLOG_BY_TYPE, &[&GAUGE_COUNT_CAP])
+        .await?
+        .iter()
+        .map(|row| TypeBacklog {
+            event_type: row.get(0),
+            unsent: row.get(1),
+            parked: row.get(2),
+        })
+        .collect())
+}
+
+/// What the overview reads from the database, in one transaction (one snapshot).
+pub struct OutboxFigures {
+    pub totals: Totals,
+    pub by_type: Vec<TypeBacklog>,
+    pub parked_groups: Vec<ParkedGroup>,
+    pub blocked: Blocked,
+    pub blocking: Vec<BlockingEvent>,
+}
+
+pub async fn outbox_figures(connection: &mut PgClient) -> Result<OutboxFigures, StorageError> {
+    let transaction = connection
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let figures = OutboxFigures {
+        totals: store::totals(&transaction).await?,
+        by_type: backlog_by_type(&transaction).await?,
+        parked_groups: store::parked_groups(&transaction).await?,
+        blocked: store::blocked(&transaction).await?,
+        blocking: store::blocking_events(&transaction).await?,
+    };
+    transaction.commit().await?;
+    Ok(figures)
+}
+
+/// The delivery states an event is listed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EventState {
+    /// Given up on after `outbox.max_attempts` (or nacked for good): waits for an operator.
+    Parked,
+    /// Not sent yet, not parked: the relays have it.
+    Unsent,
+    Sent,
+    /// Given up on by an operator: never published.
+    Skipped,
+}
+
+impl EventState {
+    pub const ALL: [EventState; 4] = [
+        EventState::Parked,
+        EventState::Unsent,
+        EventState::Sent,
+        EventState::Skipped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Parked => "parked",
+            EventState::Unsent => "unsent",
+            EventState::Sent => "sent",
+            EventState::Skipped => "skipped",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == text)
+    }
+
+    /// The state's condition, written as the partial indexes are (parked and skipped rows are
+    /// in `outbox_events_parked`, so that their pages read that small index).
+    fn condition(self) -> &'static str {
+        match self {
+            EventState::Parked => {
+                "sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL"
+            }
+            EventState::Unsent => "sent_at IS NULL AND failed_at IS NULL",
+            EventState::Sent => "sent_at IS NOT NULL",
+            EventState::Skipped => {
+                "sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NOT NULL"
+            }
+        }
+    }
+}
+
+/// Which events a page lists: every criterion given must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventFilter {
+    pub state: EventState,
+    pub event_type: Option<String>,
+    pub client: Option<String>,
+    /// The exact last error (a parked group).
+    pub error: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// One event as the admin API lists it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ListedEvent {
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub client_id: String,
+    pub idempotency_key: String,
+    pub state: EventState,
+    pub created_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub sent_at: Option<DateTime<Utc>>,
+    pub failed_at: Option<DateTime<Utc>>,
+    pub skipped_at: Option<DateTime<Utc>>,
+    /// When a relay tries it next; null while sent, parked, or held behind its ordering key.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+    /// The event's body as published.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// The keyset position (outbox id): pages go on from the last one's.
+    #[serde(skip)]
+    pub position: i64,
+}
+
+/// A page of events, newest first, from `before` (an outbox id, exclusive).
+pub async fn events_page(
+    client: &impl GenericClient,
+    filter: &EventFilter,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<ListedEvent>, StorageError> {
+    let query = format!(
+        "SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
+                last_error, sent_at, failed_at, skipped_at,
+                CASE WHEN sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'
+                     THEN next_attempt_at END,
+                ordering_key, sequence, payload::text
+         FROM outbox_events
+         WHERE {}
+           AND ($1::text IS NULL OR event_type = $1)
+           AND ($2::text IS NULL OR client_id = $2)
+           AND ($3::text IS NULL OR coalesce(last_error, '') = $3)
+           AND ($4::timestamptz IS NULL OR created_at > $4)
+           AND ($5::timestamptz IS NULL OR created_at < $5)
+           AND ($6::bigint IS NULL OR id < $6)
+         ORDER BY id DESC
+         LIMIT $7",
+        filter.state.condition()
+    );
+    let rows = client
+        .query(
+            &query,
+            &[
+                &filter.event_type,
+                &filter.client,
+                &filter.error,
+                &filter.created_after,
+                &filter.created_before,
+                &before,
+                &limit,
+            ],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let payload: String = row.get(14);
+            let sent_at: Option<DateTime<Utc>> = row.get(8);
+            let failed_at: Option<DateTime<Utc>> = row.get(9);
+            let skipped_at: Option<DateTime<Utc>> = row.get(10);
+            let state = match (sent_at, failed_at, skipped_at) {
+                (Some(_), _, _) => EventState::Sent,
+                (None, _, Some(_)) => EventState::Skipped,
+                (None, Some(_), None) => EventState::Parked,
+                (None, None, None) => EventState::Unsent,
+            };
+            Ok(ListedEvent {
+                position: row.get(0),
+                event_id: row.get(1),
+                event_type: row.get(2),
+                client_id: row.get(3),
+                idempotency_key: row.get(4),
+                state,
+                created_at: row.get(5),
+                attempts: row.get(6),
+                last_error: row.get(7),
+                sent_at,
+                failed_at,
+                skipped_at,
+                next_attempt_at: row.get(11),
+                ordering_key: row.get(12),
+                sequence: row.get(13),
+                payload: serde_json::from_str(&payload).map_err(|error| {
+                    StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
+                })?,
+            })
+        })
+        .collect()
+}
+
+/// What an admin action applies to: some events by id, or the parked events that match every
+/// filter given. Nothing given matches every parked event, which must be said (`all`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Selector {
+    /// These events (up to 1,000), whatever their filters: for a retry, each unsent one
+    /// (parked or not); for a skip, each unsent one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_ids: Vec<Uuid>,
+    /// Parked events of this type.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// Parked events of this client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// Parked events whose last error is exactly this (a group of the overview).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Parked events created after this time (RFC 3339, exclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_after: Option<DateTime<Utc>>,
+    /// Parked events created before this time (RFC 3339, exclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_before: Option<DateTime<Utc>>,
+    /// Says that a selector without ids or filters means every parked event.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all: bool,
+}
+
+/// Event ids one selector may name.
+pub const MAX_EVENT_IDS: usize = 1000;
+/// Events one skip may change: a skip is for good, so a larger one is refused (narrow it).
+pub const MAX_SKIPPED_AT_ONCE: i64 = 1000;
+
+impl Selector {
+    fn has_filters(&self) -> bool {
+        self.event_type.is_some()
+            || self.client.is_some()
+            || self.error.is_some()
+            || self.created_after.is_some()
+            || self.created_before.is_some()
+    }
+
+    /// What is wrong with it, in words for the admin; None when it may be acted on.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !self.event_ids.is_empty() {
+            if self.has_filters() || self.all {
+                problems.push("event_ids: name events, or filter them (type, client, error, created_after, created_before, all), not both".into());
+            }
+            if self.event_ids.len() > MAX_EVENT_IDS {
+                problems.push(format!("event_ids: at most {MAX_EVENT_IDS} at once"));
+            }
+        } else if !self.has_filters() && !self.all {
+            problems.push("the selector matches every parked event; send \"all\": true to mean that, or narrow it with event_ids, type, client, error, created_after or created_before".into());
+        }
+        let text = |name: &str, value: &Option<String>, max: usize, problems: &mut Vec<String>| {
+            if let Some(value) = value {
+                if value.is_empty() || value.len() > max || value.contains('\0') {
+                    problems.push(format!("{name}: 1 to {max} bytes, without NUL"));
+                }
+            }
+        };
+        text("type", &self.event_type, 255, &mut problems);
+        text("error", &self.error, 4096, &mut problems);
+        if let Some(client) = &self.client {
+            if !crate::config::is_valid_client_id(client) {
+                problems.push("client: 1 to 64 of a-z A-Z 0-9 . _ -".into());
+            }
+        }
+        if let (Some(after), Some(before)) = (self.created_after, self.created_before) {
+            if after >= before {
+                problems.push("created_after: must be before created_before".into());
+            }
+        }
+        problems
+    }
+
+    fn parked(&self) -> ParkedSelection {
+        ParkedSelection {
+            types: self.event_type.iter().cloned().collect(),
+            clients: self.client.iter().cloned().collect(),
+            error_is: self.error.clone(),
+            created_after: self.created_after,
+            created_before: self.created_before,
+            ..ParkedSelection::default()
+        }
+    }
+}
+
+/// What an admin may do to events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Requeue for delivery, with a fresh attempt count.
+    Retry,
+    /// Give up on for good: never published; an ordering key goes on past it.
+    Skip,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Skip => "skip",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [Action::Retry, Action::Skip]
+            .into_iter()
+            .find(|action| action.as_str() == text)
+    }
+}
+
+/// What an action did (or, for a dry run, would do): the answer of the admin POST, stored with
+/// its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ActionOutcome {
+    /// The action's row in the log (`GET /admin/v1/actions`); null for a dry run.
+    pub action_id: Option<i64>,
+    pub action: Action,
+    pub admin_id: String,
+    pub selector: Selector,
+    /// Events the selector matched when the action ran.
+    pub matched: i64,
+    /// Events it changed: requeued, or skipped. Less than `matched` when some changed
+    /// meanwhile (sent, or being published by a relay: skip them again).
+    pub changed: i64,
+    pub dry_run: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+/// How a stored action answers a request under its key.
+pub enum Recorded {
+    /// Acted now.
+    New(ActionOutcome),
+    /// The same request was made before under this key: its answer.
+    Replayed(ActionOutcome),
+    /// Another request was made under this key.
+    KeyReused,
+}
+
+/// The hash that tells the same request from another under one key.
+fn request_hash(action: Action, selector: &Selector) -> Vec<u8> {
+    let canonical = serde_json::to_vec(&(action, selector)).expect("a selector serializes");
+    Sha256::digest(&canonical).to_vec()
+}
+
+const FIND_ACTION: &str = "
+SELECT request_hash, response::text FROM admin_actions WHERE admin_id = $1 AND idempotency_key = $2";
+
+/// Claims the key: blocks while another transaction holds it, and inserts nothing when it was
+/// used before (then [`FIND_ACTION`] tells what for).
+const CLAIM_ACTION: &str = "
+INSERT INTO admin_actions (admin_id, idempotency_key, request_hash, action, selector, changed, response)
+VALUES ($1, $2, $3, $4, $5::text::jsonb, 0, '{}')
+ON CONFLICT (admin_id, idempotency_key) DO NOTHING
+RETURNING id, created_at";
+
+const FINISH_ACTION: &str = "
+UPDATE admin_actions SET changed = $2, response = $3::text::jsonb WHERE id = $1";
+
+/// How many events the selector matches now, and their ids where the action goes one by one.
+async fn matched(
+    client: &impl GenericClient,
+    action: Action,
+    selector: &Selector,
+) -> Result<(i64, Vec<Uuid>), StorageError> {
+    if !selector.event_ids.is_empty() {
+        let ids: Vec<Uuid> = client
+            .query(
+                "SELECT event_id FROM outbox_events
+                 WHERE event_id = ANY($1) AND sent_at IS NULL AND skipped_at IS NULL
+                 ORDER BY id",
+                &[&selector.event_ids],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        return Ok((ids.len() as i64, ids));
+    }
+    let parked = selector.parked();
+    match action {
+        Action::Retry => {
+            let counts = store::count_parked(client, &parked).await?;
+            Ok((counts.iter().map(|(_, count)| count).sum(), Vec::new()))
+        }
+        Action::Skip => {
+            let ids = store::parked_event_ids(client, &parked, MAX_SKIPPED_AT_ONCE + 1).await?;
+            Ok((ids.len() as i64, ids))
+        }
+    }
+}
+
+/// Refused before anything changes.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("the selector matches more than {MAX_SKIPPED_AT_ONCE} parked events; a skip is for good, so skip at most {MAX_SKIPPED_AT_ONCE} at a time: narrow the selector (type, client, error, created_after, created_before)")]
+    TooManyToSkip,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<tokio_postgres::Error> for ActionError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        ActionError::Storage(error.into())
+    }
+}
+
+/// Counts what `action` would change, changing nothing.
+pub async fn dry_run(
+    connection: &mut PgClient,
+    admin: &str,
+    action: Action,
+    selector: &Selector,
+) -> Result<ActionOutcome, ActionError> {
+    let (matched, _) = matched(&**connection, action, selector).await?;
+    if action == Action::Skip && matched > MAX_SKIPPED_AT_ONCE {
+        return Err(ActionError::TooManyToSkip);
+    }
+    Ok(ActionOutcome {
+        action_id: None,
+        action,
+        admin_id: admin.to_owned(),
+        selector: selector.clone(),
+        matched,
+        changed: 0,
+        dry_run: true,
+        created_at: store::database_now(&**connection).await?,
+    })
+}
+
+/// Acts, once per `key`: in one transaction, claims the key, changes the events and records
+/// what it did. The same request again under the key gets the first answer; another request
+/// under it is refused.
+pub async fn act(
+    connection: &mut PgClient,
+    admin: &str,
+    key: &str,
+    action: Action,
+    selector: &Selector,
+) -> Result<Recorded, ActionError> {
+    let hash = request_hash(action, selector);
+    let selector_json = serde_json::to_string(selector).expect("a selector serializes");
+    let mut transaction = connection.transaction().await?;
+    let claimed = transaction
+        .query_opt(
+            CLAIM_ACTION,
+            &[&admin, &key, &hash, &action.as_str(), &selector_json],
+        )
+        .await?;
+    let Some(claimed) = claimed else {
+        let row = transaction.query_one(FIND_ACTION, &[&admin, &key]).await?;
+        let stored_hash: Vec<u8> = row.get(0);
+        if stored_hash != hash {
+            return Ok(Recorded::KeyReused);
+        }
+        let response: String = row.get(1);
+        let outcome = serde_json::from_str(&response).map_err(|error| {
+            StorageError::from(anyhow::anyhow!("a stored admin answer is not one: {error}"))
+        })?;
+        return Ok(Recorded::Replayed(outcome));
+    };
+    let (action_id, created_at): (i64, DateTime<Utc>) = (claimed.get(0), claimed.get(1));
+    let (matched, ids) = matched(&transaction, action, selector).await?;
+    let changed = match action {
+        Action::Retry if selector.event_ids.is_empty() => {
+            store::requeue_parked(&transaction, &selector.parked(), None).await? as i64
+        }
+        Action::Retry => store::requeue_events(&transaction, &ids).await? as i64,
+        Action::Skip => {
+            if matched > MAX_SKIPPED_AT_ONCE {
+                return Err(ActionError::TooManyToSkip);
+            }
+            let reason = format!("admin action {action_id}");
+            let mut skipped = 0;
+            for event_id in ids {
+                let outcome =
+                    store::skip_in(&mut transaction, event_id, SkippedBy::Admin(admin), &reason)
+                        .await?;
+                if matches!(outcome, Skip::Skipped { .. }) {
+                    skipped += 1;
+                }
+            }
+            skipped
+        }
+    };
+    let outcome = ActionOutcome {
+        action_id: Some(action_id),
+        action,
+        admin_id: admin.to_owned(),
+        selector: selector.clone(),
+        matched,
+        changed,
+        dry_run: false,
+        created_at,
+    };
+    let response = serde_json::to_string(&outcome).expect("an outcome serializes");
+    transaction
+        .execute(FINISH_ACTION, &[&action_id, &changed, &response])
+        .await?;
+    transaction.commit().await?;
+    Ok(Recorded::New(outcome))
+}
+
+/// One admin action as the log lists it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct LoggedAction {
+    pub id: i64,
+    pub admin_id: String,
+    pub action: String,
+    #[schema(value_type = Object)]
+    pub selector: serde_json::Value,
+    pub changed: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A page of the action log, newest first, from `before` (an action id, exclusive).
+pub async fn actions_page(
+    client: &impl GenericClient,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<LoggedAction>, StorageError> {
+    client
+        .query(
+            "SELECT id, admin_id, action, selector::text, changed, created_at
+             FROM admin_actions
+             WHERE $1::bigint IS NULL OR id < $1
+             ORDER BY id DESC
+             LIMIT $2",
+            &[&before, &limit],
+        )
+        .await?
+        .iter()
+        .map(|row| {
+            let selector: String = row.get(3);
+            Ok(LoggedAction {
+                id: row.get(0),
+                admin_id: row.get(1),
+                action: row.get(2),
+                selector: serde_json::from_str(&selector).map_err(|error| {
+                    StorageError::from(anyhow::anyhow!("a stored selector is not JSON: {error}"))
+                })?,
+                changed: row.get(4),
+                created_at: row.get(5),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,600 @@
+//! The admin listener: who reaches it, every admin API route and its refusals, and the
+//! console's login, session and CSRF checks (the console in a browser: `console.rs`).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::consumer::TestConsumer;
+use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, TestDaemon};
+use crate::common::helpers::{admin, client, entry_body, TestResponse};
+
+pub const ADMIN_TOKEN: &str = "rs_admin-token-for-tests";
+const CLIENT_TOKEN: &str = "rs_client-token-for-tests";
+
+/// A daemon without relays whose events park at their first failure (no queue is bound, so
+/// every publish comes back NO_ROUTE), with one admin (`ops`).
+pub async fn parking_daemon() -> TestDaemon {
+    spawn_app_without_relays(|settings| {
+        settings.outbox.max_attempts = 1;
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+    })
+    .await
+}
+
+/// Writes `n` entries and parks their events.
+pub async fn park(app: &TestDaemon, prefix: &str, n: i64) {
+    for i in 0..n {
+        app.post_entry(&format!("{prefix}-{i}"), &entry_body(i))
+            .await
+            .assert_created();
+    }
+    assert_eq!(app.relay_until_empty().await, 0);
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND sent_at IS NULL"
+        )
+        .await,
+        n
+    );
+}
+
+/// A client that shows redirects instead of following them.
+pub fn http() -> awc::Client {
+    awc::Client::builder()
+        .disable_redirects()
+        .timeout(Duration::from_secs(60))
+        .finish()
+}
+
+pub fn admin_address(app: &TestDaemon) -> &str {
+    app.admin_address
+        .as_deref()
+        .expect("the admin listener is up")
+}
+
+async fn admin_get(app: &TestDaemon, path: &str, token: Option<&str>) -> TestResponse {
+    let mut request = http().get(format!("{}{path}", admin_address(app)));
+    if let Some(token) = token {
+        request = request.insert_header(("Authorization", format!("Bearer {token}")));
+    }
+    app.send(request, Vec::new()).await
+}
+
+async fn admin_post(
+    app: &TestDaemon,
+    path: &str,
+    key: Option<&str>,
+    body: impl Into<Vec<u8>>,
+) -> TestResponse {
+    let mut request = http()
+        .post(format!("{}{path}", admin_address(app)))
+        .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+        .insert_header(("Content-Type", "application/json"));
+    if let Some(key) = key {
+        request = request.insert_header(("Idempotency-Key", key));
+    }
+    app.send(request, body).await
+}
+
+fn assert_problem(response: &TestResponse, status: u16, slug: &str) {
+    assert_eq!(response.status, status, "{}", response.describe());
+    assert_eq!(
+        response.problem_slug().as_deref(),
+        Some(slug),
+        "{}",
+        response.describe()
+    );
+}
+
+async fn unsent_parked(app: &TestDaemon) -> i64 {
+    app.count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL AND sent_at IS NULL AND skipped_at IS NULL")
+        .await
+}
+
+#[actix_web::test]
+async fn the_admin_listener_serves_admins_alone_and_only_when_there_are_some() {
+    let without = spawn_app_with(|_| {}).await;
+    assert!(without.admin_address.is_none(), "no admins, no listener");
+
+    let app = spawn_app_with(|settings| {
+        settings.auth.clients = vec![client("jobs", CLIENT_TOKEN)];
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+    })
+    .await;
+    let missing = admin_get(&app, "/admin/v1/outbox", None).await;
+    assert_problem(&missing, 401, "unauthorized");
+    assert_eq!(
+        missing.header("www-authenticate").as_deref(),
+        Some("Bearer")
+    );
+    let as_client = admin_get(&app, "/admin/v1/outbox", Some(CLIENT_TOKEN)).await;
+    assert_problem(&as_client, 401, "unauthorized");
+    let as_admin = admin_get(&app, "/admin/v1/outbox", Some(ADMIN_TOKEN)).await;
+    assert_eq!(as_admin.status, 200, "{}", as_admin.describe());
+    assert!(as_admin.json()["broker"]["connected"].is_boolean());
+
+    // An admin's token is not a client's: the API refuses it, and has no admin route.
+    let on_api = app.get("/v1/entries", Some(ADMIN_TOKEN)).await;
+    assert_problem(&on_api, 401, "unauthorized");
+    let admin_on_api = app.get("/admin/v1/outbox", Some(ADMIN_TOKEN)).await;
+    assert_problem(&admin_on_api, 404, "not-found");
+    // And the console is not on the API's listener either.
+    assert_eq!(app.get("/console", None).await.status, 404);
+
+    // A page whose name was made to resolve to 127.0.0.1 (DNS rebinding) is refused.
+    let rebound = app
+        .send(
+            http()
+                .get(format!("{}/admin/v1/outbox", admin_address(&app)))
+                .insert_header(("Host", "attacker.example"))
+                .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}"))),
+            Vec::new(),
+        )
+        .await;
+    assert_problem(&rebound, 421, "misdirected-request");
+    let console_rebound = app
+        .send(
+            http()
+                .get(format!("{}/console/login", admin_address(&app)))
+                .insert_header(("Host", "attacker.example:8081")),
+            Vec::new(),
+        )
+        .await;
+    assert_problem(&console_rebound, 421, "misdirected-request");
+
+    // Its own description.
+    let described = admin_get(&app, "/openapi.json", None).await;
+    assert_eq!(described.status, 200);
+    let paths = described.json()["paths"].clone();
+    for path in [
+        "/admin/v1/outbox",
+        "/admin/v1/events",
+        "/admin/v1/events/retry",
+        "/admin/v1/events/skip",
+        "/admin/v1/keys/{client}/{key}",
+        "/admin/v1/actions",
+    ] {
+        assert!(paths.get(path).is_some(), "{path} is described: {paths}");
+    }
+    let wrong_method = app
+        .send(
+            http()
+                .delete(format!("{}/admin/v1/outbox", admin_address(&app)))
+                .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}"))),
+            Vec::new(),
+        )
+        .await;
+    assert_problem(&wrong_method, 405, "method-not-allowed");
+}
+
+#[actix_web::test]
+async fn parked_events_are_grouped_listed_and_retried_by_selector_once_per_key() {
+    let app = parking_daemon().await;
+    park(&app, "parked", 3).await;
+
+    let overview = admin_get(&app, "/admin/v1/outbox", Some(ADMIN_TOKEN)).await;
+    assert_eq!(overview.status, 200, "{}", overview.describe());
+    let overview = overview.json();
+    assert_eq!(overview["parked"], 3, "{overview}");
+    assert_eq!(
+        overview["unsent"], 0,
+        "parked events are not unsent: {overview}"
+    );
+    assert_eq!(overview["backlog"][0]["event_type"], "entry.created");
+    assert_eq!(overview["backlog"][0]["parked"], 3);
+    let group = &overview["parked_groups"][0];
+    assert_eq!(group["parked"], 3, "{overview}");
+    let error = group["last_error"].as_str().unwrap().to_owned();
+    assert!(error.contains("NO_ROUTE"), "{error}");
+    assert_eq!(overview["replays_in_progress"], 0);
+
+    // Listed, newest first, in keyset pages.
+    let first = admin_get(
+        &app,
+        "/admin/v1/events?state=parked&limit=2",
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    let first = first.json();
+    assert_eq!(first["events"].as_array().unwrap().len(), 2);
+    assert_eq!(first["events"][0]["state"], "parked");
+    assert_eq!(first["events"][0]["idempotency_key"], "parked-2");
+    assert_eq!(
+        first["events"][0]["payload"]["id"], first["events"][0]["event_id"],
+        "the payload as published"
+    );
+    let next = first["next"].as_str().unwrap();
+    let second = admin_get(
+        &app,
+        &format!("/admin/v1/events?state=parked&limit=2&cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .json();
+    assert_eq!(second["events"].as_array().unwrap().len(), 1);
+    assert_eq!(second["events"][0]["idempotency_key"], "parked-0");
+    assert_eq!(second["next"], Value::Null);
+    let sent = admin_get(&app, "/admin/v1/events?state=sent", Some(ADMIN_TOKEN)).await;
+    assert_eq!(sent.json()["events"], json!([]));
+    for bad in [
+        "state=lost",
+        "limit=0",
+        "cursor=abc",
+        "created_after=yesterday",
+        "client=no%20spaces",
+        "bogus=1",
+        "type=a&type=b",
+    ] {
+        let refused = admin_get(&app, &format!("/admin/v1/events?{bad}"), Some(ADMIN_TOKEN)).await;
+        assert_problem(&refused, 400, "invalid-request");
+    }
+
+    // A selector that would match everything must say so; nothing changes meanwhile.
+    let everything = admin_post(&app, "/admin/v1/events/retry", Some("k-all"), "{}").await;
+    assert_problem(&everything, 400, "invalid-request");
+    assert!(everything.text().contains("all"), "{}", everything.text());
+    let no_key = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        None,
+        json!({"type": "entry.created"}).to_string(),
+    )
+    .await;
+    assert_problem(&no_key, 400, "missing-idempotency-key");
+    let counted = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        None,
+        json!({"error": error, "dry_run": true}).to_string(),
+    )
+    .await;
+    assert_eq!(counted.status, 200, "{}", counted.describe());
+    assert_eq!(counted.json()["matched"], 3);
+    assert_eq!(counted.json()["changed"], 0);
+    assert_eq!(unsent_parked(&app).await, 3, "a dry run changes nothing");
+    assert_eq!(app.count("SELECT count(*) FROM admin_actions").await, 0);
+
+    // Retried by group, once per key.
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    let selector = json!({"type": "entry.created", "error": error});
+    let retried = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("k-1"),
+        selector.to_string(),
+    )
+    .await;
+    assert_eq!(retried.status, 200, "{}", retried.describe());
+    assert!(!retried.replayed());
+    let outcome = retried.json();
+    assert_eq!(outcome["changed"], 3, "{outcome}");
+    assert_eq!(outcome["matched"], 3);
+    assert_eq!(outcome["admin_id"], "ops");
+    assert_eq!(unsent_parked(&app).await, 0);
+    let again = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("k-1"),
+        // The same selector, written otherwise.
+        format!(
+            "  {{\"error\": {},\n \"type\": \"entry.created\"}}",
+            json!(error)
+        ),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.describe());
+    assert!(again.replayed(), "the first answer, replayed");
+    assert_eq!(again.json(), outcome);
+    let reused = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("k-1"),
+        json!({"type": "audit.entry.created"}).to_string(),
+    )
+    .await;
+    assert_problem(&reused, 409, "idempotency-key-reused");
+    assert_eq!(app.count("SELECT count(*) FROM admin_actions").await, 1);
+
+    app.relay_until_empty().await;
+    let delivered = consumer.drain(Duration::from_secs(2)).await;
+    assert_eq!(
+        delivered.len(),
+        3,
+        "the retried events reach the bound queue"
+    );
+
+    let log = admin_get(&app, "/admin/v1/actions", Some(ADMIN_TOKEN)).await;
+    assert_eq!(log.status, 200, "{}", log.describe());
+    let log = log.json();
+    let actions = log["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 1, "{log}");
+    assert_eq!(actions[0]["admin_id"], "ops");
+    assert_eq!(actions[0]["action"], "retry");
+    assert_eq!(actions[0]["changed"], 3);
+    assert_eq!(actions[0]["selector"], selector);
+}
+
+#[actix_web::test]
+async fn events_are_skipped_by_id_and_bad_selectors_change_nothing() {
+    let app = parking_daemon().await;
+    park(&app, "skip", 3).await;
+    let event: uuid::Uuid = app
+        .db
+        .query_one(
+            "SELECT event_id FROM outbox_events WHERE idempotency_key = 'skip-1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    let bad_bodies: [(&str, &str, u16, &str); 7] = [
+        ("{\"event_ids\": [\"x\"]}", "application/json", 400, "malformed-json"),
+        ("{\"typo\": 1}", "application/json", 400, "malformed-json"),
+        ("{\"type\": \"a\\u0000b\"}", "application/json", 400, "invalid-request"),
+        ("{\"type\": \"\"}", "application/json", 400, "invalid-request"),
+        ("{\"client\": \"jobs\", \"event_ids\": [\"8d1a5d4e-9a43-4c44-8f3a-6a2f0f4b3c11\"]}", "application/json", 400, "invalid-request"),
+        ("{\"created_after\": \"2026-12-02T00:00:00Z\", \"created_before\": \"2026-12-01T00:00:00Z\"}", "application/json", 400, "invalid-request"),
+        ("{\"all\": true}", "text/plain", 415, "unsupported-media-type"),
+    ];
+    for (body, content_type, status, slug) in bad_bodies {
+        let response = app
+            .send(
+                http()
+                    .post(format!("{}/admin/v1/events/skip", admin_address(&app)))
+                    .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")))
+                    .insert_header(("Content-Type", content_type))
+                    .insert_header(("Idempotency-Key", "bad")),
+                body.to_owned(),
+            )
+            .await;
+        assert_problem(&response, status, slug);
+    }
+    let huge = format!("{{\"type\": \"{}\"}}", "x".repeat(100 * 1024));
+    let too_large = admin_post(&app, "/admin/v1/events/skip", Some("huge"), huge).await;
+    assert_problem(&too_large, 413, "payload-too-large");
+    assert_eq!(unsent_parked(&app).await, 3, "nothing was skipped");
+    assert_eq!(app.count("SELECT count(*) FROM admin_actions").await, 0);
+
+    let skipped = admin_post(
+        &app,
+        "/admin/v1/events/skip",
+        Some("skip-one"),
+        json!({"event_ids": [event]}).to_string(),
+    )
+    .await;
+    assert_eq!(skipped.status, 200, "{}", skipped.describe());
+    assert_eq!(skipped.json()["changed"], 1);
+    assert_eq!(unsent_parked(&app).await, 2);
+    let recorded = app
+        .db
+        .query_one(
+            "SELECT admin_id, reason FROM outbox_skips WHERE event_id = $1",
+            &[&event],
+        )
+        .await
+        .unwrap();
+    assert_eq!(recorded.get::<_, Option<String>>(0).as_deref(), Some("ops"));
+    assert!(recorded.get::<_, String>(1).starts_with("admin action "));
+    let listed = admin_get(&app, "/admin/v1/events?state=skipped", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(listed["events"][0]["event_id"], json!(event));
+    // Skipping it again changes nothing more.
+    let twice = admin_post(
+        &app,
+        "/admin/v1/events/skip",
+        Some("skip-again"),
+        json!({"event_ids": [event]}).to_string(),
+    )
+    .await;
+    assert_eq!(twice.json()["changed"], 0, "{}", twice.describe());
+    let everything = admin_post(
+        &app,
+        "/admin/v1/events/skip",
+        Some("skip-all"),
+        json!({"all": true, "dry_run": true}).to_string(),
+    )
+    .await;
+    assert_eq!(everything.json()["matched"], 2, "{}", everything.describe());
+}
+
+#[actix_web::test]
+async fn any_clients_key_is_looked_up() {
+    let app = parking_daemon().await;
+    park(&app, "lookup", 1).await;
+    let found = admin_get(&app, "/admin/v1/keys/anonymous/lookup-0", Some(ADMIN_TOKEN)).await;
+    assert_eq!(found.status, 200, "{}", found.describe());
+    let found = found.json();
+    assert_eq!(found["key"], "lookup-0");
+    assert_eq!(found["events"][0]["event_type"], "entry.created");
+    assert!(found["events"][0]["failed_at"].is_string(), "{found}");
+    let missing = admin_get(&app, "/admin/v1/keys/anonymous/nope", Some(ADMIN_TOKEN)).await;
+    assert_problem(&missing, 404, "not-found");
+    let other_client = admin_get(&app, "/admin/v1/keys/jobs/lookup-0", Some(ADMIN_TOKEN)).await;
+    assert_problem(&other_client, 404, "not-found");
+    let bad_client = admin_get(&app, "/admin/v1/keys/a%20b/lookup-0", Some(ADMIN_TOKEN)).await;
+    assert_problem(&bad_client, 400, "invalid-request");
+}
+
+/// The cookie `Set-Cookie` sets, as `name=value`.
+fn session_cookie(response: &TestResponse) -> String {
+    let set = response
+        .header("set-cookie")
+        .unwrap_or_else(|| panic!("a session cookie: {}", response.describe()));
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set.contains(attribute), "{attribute}: {set}");
+    }
+    set.split(';').next().unwrap().to_owned()
+}
+
+async fn console_post(
+    app: &TestDaemon,
+    path: &str,
+    cookie: Option<&str>,
+    origin: Option<&str>,
+    form: &str,
+) -> TestResponse {
+    let mut request = http()
+        .post(format!("{}{path}", admin_address(app)))
+        .insert_header(("Content-Type", "application/x-www-form-urlencoded"));
+    if let Some(cookie) = cookie {
+        request = request.insert_header(("Cookie", cookie.to_owned()));
+    }
+    if let Some(origin) = origin {
+        request = request.insert_header(("Origin", origin.to_owned()));
+    }
+    app.send(request, form.to_owned()).await
+}
+
+/// The value of the hidden field `name` in a page.
+fn hidden(page: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = page
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} in the page"))
+        + marker.len();
+    page[start..].split('"').next().unwrap().to_owned()
+}
+
+#[actix_web::test]
+async fn the_console_takes_a_login_and_refuses_forms_without_the_sessions_csrf_token() {
+    let app = parking_daemon().await;
+    park(&app, "console", 2).await;
+    let own_origin = admin_address(&app).to_owned();
+
+    let anonymous = admin_get(&app, "/console", None).await;
+    assert_eq!(anonymous.status, 303);
+    assert_eq!(
+        anonymous.header("location").as_deref(),
+        Some("/console/login")
+    );
+    let wrong = console_post(&app, "/console/login", None, None, "token=rs_nope").await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.header("set-cookie").is_none());
+    let client_token = console_post(&app, "/console/login", None, None, "token=").await;
+    assert_eq!(client_token.status, 401);
+    let cross_site = console_post(
+        &app,
+        "/console/login",
+        None,
+        Some("http://attacker.example"),
+        &format!("token={ADMIN_TOKEN}"),
+    )
+    .await;
+    assert_problem(&cross_site, 403, "forbidden");
+
+    let login = console_post(
+        &app,
+        "/console/login",
+        None,
+        Some(&own_origin),
+        &format!("token={ADMIN_TOKEN}"),
+    )
+    .await;
+    assert_eq!(login.status, 303, "{}", login.describe());
+    let cookie = session_cookie(&login);
+    let page = app
+        .send(
+            http()
+                .get(format!("{own_origin}/console"))
+                .insert_header(("Cookie", cookie.clone())),
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(page.status, 200, "{}", page.describe());
+    assert!(page.text().contains("needs attention"), "{}", page.text());
+    assert!(page.text().contains("NO_ROUTE"));
+    assert!(page
+        .header("content-security-policy")
+        .unwrap()
+        .contains("frame-ancestors 'none'"));
+    let csrf = hidden(&page.text(), "csrf");
+
+    let ids: Vec<uuid::Uuid> = app
+        .db
+        .query("SELECT event_id FROM outbox_events ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let form = format!("action=retry&key=form-1&event_id={}", ids[0]);
+    let no_session = console_post(
+        &app,
+        "/console/act",
+        None,
+        None,
+        &format!("{form}&csrf={csrf}"),
+    )
+    .await;
+    assert_problem(&no_session, 401, "unauthorized");
+    let no_csrf = console_post(&app, "/console/act", Some(&cookie), None, &form).await;
+    assert_problem(&no_csrf, 403, "forbidden");
+    let wrong_csrf = console_post(
+        &app,
+        "/console/act",
+        Some(&cookie),
+        None,
+        &format!("{form}&csrf=00"),
+    )
+    .await;
+    assert_problem(&wrong_csrf, 403, "forbidden");
+    let other_origin = console_post(
+        &app,
+        "/console/act",
+        Some(&cookie),
+        Some("http://attacker.example"),
+        &format!("{form}&csrf={csrf}"),
+    )
+    .await;
+    assert_problem(&other_origin, 403, "forbidden");
+    assert_eq!(unsent_parked(&app).await, 2, "nothing was retried");
+
+    let done = console_post(
+        &app,
+        "/console/act",
+        Some(&cookie),
+        Some(&own_origin),
+        &format!("{form}&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.describe());
+    assert!(done.text().contains("1 of 1 event(s)"), "{}", done.text());
+    assert_eq!(unsent_parked(&app).await, 1);
+    let resent = console_post(
+        &app,
+        "/console/act",
+        Some(&cookie),
+        Some(&own_origin),
+        &format!("{form}&csrf={csrf}"),
+    )
+    .await;
+    assert!(
+        resent.text().contains("already been sent"),
+        "{}",
+        resent.text()
+    );
+    assert_eq!(app.count("SELECT count(*) FROM admin_actions").await, 1);
+
+    let logout = console_post(
+        &app,
+        "/console/logout",
+        Some(&cookie),
+        Some(&own_origin),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(logout.status, 303);
+    let after = app
+        .send(
+            http()
+                .get(format!("{own_origin}/console"))
+                .insert_header(("Cookie", cookie.clone())),
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(after.status, 303, "the session ended");
+}
