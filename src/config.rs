@@ -930,6 +930,68 @@ mod tests {
     }
 
     #[test]
+    fn the_admin_listener_needs_tls_off_loopback_an_address_of_its_own_and_valid_admins() {
+        let admin = |id: &str, digest: &str| AdminPrincipal {
+            id: id.into(),
+            token_sha256: digest.into(),
+        };
+        let digest = "ab".repeat(32);
+        let refused = |change: &dyn Fn(&mut Settings), key: &str| {
+            let mut settings = Settings::default();
+            settings.auth.admins = vec![admin("ops", &digest)];
+            change(&mut settings);
+            let error = settings.validate().unwrap_err().to_string();
+            assert!(error.contains(key), "{key}: {error}");
+        };
+        refused(
+            &|settings| settings.admin.listen = "0.0.0.0:8081".parse().unwrap(),
+            "admin.listen",
+        );
+        refused(
+            &|settings| settings.admin.listen = settings.http.listen,
+            "admin.listen",
+        );
+        refused(
+            &|settings| settings.auth.admins.push(admin("ops", &"cd".repeat(32))),
+            "auth.admins.id",
+        );
+        refused(
+            &|settings| settings.auth.admins = vec![admin("o ps", &digest)],
+            "auth.admins.id",
+        );
+        refused(
+            &|settings| settings.auth.admins = vec![admin("ops", "abc")],
+            "auth.admins.token_sha256",
+        );
+        refused(
+            &|settings| {
+                settings.auth.clients = vec![ClientSettings {
+                    id: "jobs".into(),
+                    token_sha256: digest.to_uppercase(),
+                    max_concurrent_writes: None,
+                    max_requests_per_second: None,
+                }]
+            },
+            "auth.admins.token_sha256",
+        );
+        refused(
+            &|settings| settings.admin.tls_cert_file = Some("/etc/retrysafe/admin.pem".into()),
+            "admin.tls_key_file",
+        );
+        refused(
+            &|settings| settings.admin.hosts = vec!["has space".into()],
+            "admin.hosts",
+        );
+        let mut settings = Settings::default();
+        settings.auth.admins = vec![admin("ops", &digest)];
+        settings.validate().unwrap();
+        settings.admin.listen = "0.0.0.0:8081".parse().unwrap();
+        settings.admin.tls_cert_file = Some("/etc/retrysafe/admin.pem".into());
+        settings.admin.tls_key_file = Some("/etc/retrysafe/admin.key".into());
+        settings.validate().unwrap();
+    }
+
+    #[test]
     fn several_database_hosts_need_read_write_sessions() {
         let mut settings = Settings::default();
         settings.database.url = "postgres://app@db1:5432,db2:5432/x".into();

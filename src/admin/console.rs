@@ -70,7 +70,9 @@ fn secure_headers(builder: &mut HttpResponseBuilder) {
             "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ))
         .insert_header((header::X_FRAME_OPTIONS, "DENY"))
-        .insert_header((header::REFERRER_POLICY, "no-referrer"))
+        // Not no-referrer: under it browsers send `Origin: null` with the console's own forms,
+        // which the origin check ([`same_origin`]) could not tell from a foreign page's.
+        .insert_header((header::REFERRER_POLICY, "same-origin"))
         .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"));
 }
 

@@ -251,6 +251,21 @@ fn token_new_prints_a_token_and_its_config_lines() {
         Some(2),
         "clap refuses a missing --client"
     );
+
+    let output = retrysafe(&["token", "new", "--admin", "alice"], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let token = text
+        .lines()
+        .find(|l| l.starts_with("rs_"))
+        .expect("a token line");
+    let digest = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    assert!(text.contains("[[auth.admins]]"), "{text}");
+    assert!(!text.contains("[[auth.clients]]"), "{text}");
+    assert!(text.contains("id = \"alice\""));
+    assert!(text.contains(&format!("token_sha256 = \"{digest}\"")));
+    let output = retrysafe(&["token", "new", "--admin", "a", "--client", "b"], &[]);
+    assert_eq!(output.status.code(), Some(2), "one or the other");
 }
 
 #[test]

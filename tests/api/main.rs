@@ -8,6 +8,7 @@ mod admin;
 mod alerts;
 mod auth;
 mod cli;
+mod console;
 mod crash;
 mod entries;
 mod listing;
