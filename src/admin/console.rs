@@ -499,14 +499,18 @@ async fn events(request: HttpRequest, state: SharedState) -> HttpResponse {
         pairs.extend([("limit", limit_text.as_str()), ("cursor", next)]);
         link("/console/events", &pairs)
     });
-    let retry_all_pairs: Vec<(&str, &str)> = std::iter::once(("action", "retry"))
+    let mut retry_all_pairs: Vec<(&str, &str)> = std::iter::once(("action", "retry"))
         .chain(
             filter_pairs
                 .iter()
                 .copied()
-                .filter(|(name, _)| *name != "state"),
+                .filter(|(name, value)| *name != "state" && !value.is_empty()),
         )
         .collect();
+    if retry_all_pairs.len() == 1 {
+        // No filter: every parked event, which the selector must say.
+        retry_all_pairs.push(("all", "true"));
+    }
     let content = html! {
         form.filters method="get" action="/console/events" {
             label { "State"
