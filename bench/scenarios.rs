@@ -158,6 +158,33 @@ fn wrk_figure(result: &Map<String, Value>, metric: &str) -> Option<Num> {
     }
 }
 
+/// The size of a replay's answer: the body the daemon answers replay-1 of bench/replay.lua with.
+fn replay_answer_bytes(url: &str) -> anyhow::Result<usize> {
+    let body = r#"{"kind":"bench.replay","data":{"i":1,"note":"retrysafe benchmark payload"}}"#;
+    let output = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{size_download}",
+            "-X",
+            "POST",
+        ])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "Idempotency-Key: replay-1",
+        ])
+        .args(["--data-binary", body, &format!("{url}/v1/entries")])
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("curl did not say the size of a replay's answer: {text:?}"))
+}
+
 /// pgbench's figures, from its output: tps, the average latency (ms), the failed transactions,
 /// and the transactions done.
 fn pgbench_figures(text: &str) -> [Option<Num>; 4] {
@@ -575,6 +602,14 @@ impl Bench {
         let [cpu_cores, rss_mb] = window.close(&daemon)?;
         let out = format!("healthz-{run}.wrk");
         let healthz = self.wrk(&out, "bench/healthz.lua", "/healthz", &[])?;
+        // The same requests to the route that only reads them and answers a replay's bytes.
+        let answer_bytes = replay_answer_bytes(&url)?;
+        let env = [
+            ("BENCH_REPLAY_KEYS", keys.to_string()),
+            ("BENCH_SAME_BYTES", answer_bytes.to_string()),
+        ];
+        let out = format!("same-bytes-{run}.wrk");
+        let same_bytes = self.wrk(&out, "bench/same_bytes.lua", "/", &env)?;
         let out = format!("replays-pgbench-{run}.txt");
         let keys = format!("-D keys={keys}");
         let [pg_tps, pg_latency_ms, ..] =
@@ -593,6 +628,8 @@ impl Bench {
         let mut run = Run::from(r);
         run.fill(wrk);
         run.fill(|metric| healthz(metric.strip_prefix("healthz_")?));
+        run.fill(|metric| same_bytes(metric.strip_prefix("same_bytes_")?));
+        run.fill(|metric| (metric == "answer_bytes").then(|| Num::int(answer_bytes as i64)));
         Ok(run)
     }
 

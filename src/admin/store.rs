@@ -25,16 +25,21 @@ pub struct TypeBacklog {
     pub parked: i64,
 }
 
-/// Unsent and parked events by type, over at most [`GAUGE_COUNT_CAP`] rows: past it, lower
-/// bounds (`backlog_capped`).
+/// Unsent and parked events by type, over at most [`GAUGE_COUNT_CAP`] rows of each: past it,
+/// lower bounds. Each side reads its own partial index (`outbox_events_due`, the relays';
+/// `outbox_events_parked`), so that neither walks the sent rows: one scan of "sent_at IS NULL"
+/// read the whole table to find a backlog at its end (2.2 s at 3 million rows, bench/admin).
 const BACKLOG_BY_TYPE: &str = "
-SELECT event_type,
-       count(*) FILTER (WHERE failed_at IS NULL),
-       count(*) FILTER (WHERE failed_at IS NOT NULL)
-FROM (SELECT event_type, failed_at
-      FROM outbox_events
-      WHERE sent_at IS NULL AND skipped_at IS NULL
-      LIMIT $1) AS unsent
+SELECT event_type, sum(unsent)::bigint, sum(parked)::bigint
+FROM (SELECT event_type, 1 AS unsent, 0 AS parked
+      FROM (SELECT event_type FROM outbox_events
+            WHERE sent_at IS NULL AND failed_at IS NULL
+            LIMIT $1) AS due
+      UNION ALL
+      SELECT event_type, 0, 1
+      FROM (SELECT event_type FROM outbox_events
+            WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+            LIMIT $1) AS parked) AS backlog
 GROUP BY event_type
 ORDER BY event_type";
 

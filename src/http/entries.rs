@@ -78,6 +78,44 @@ pub async fn create_entry(
     respond(&state, shard.submit(write).await)
 }
 
+/// `POST /bench/same-bytes?bytes=N` (cargo feature `bench-routes`, for bench/run alone): what a
+/// replay costs the HTTP stack and nothing else. The client is admitted and the key, the media
+/// type and the body are read as [`create_entry`] does; the answer is a 201 of N bytes with a
+/// replay's header fields. A replay adds to this only the lookup of its key and the comparison
+/// of the body with the saved one.
+#[cfg(feature = "bench-routes")]
+pub async fn same_bytes(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: SharedState,
+) -> Result<HttpResponse, ApiError> {
+    let _client = state.auth.admit(&request).await?;
+    idempotency_key(&request)?;
+    require_json(&request)?;
+    let body = tokio::time::timeout(
+        state.body_timeout,
+        read_body(&request, payload, state.max_body_bytes),
+    )
+    .await
+    .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
+    let _ = body;
+    // The answer's bytes are borrowed, as a replay's are (its saved answer is shared).
+    static ANSWER: [u8; 64 * 1024] = [b' '; 64 * 1024];
+    let bytes = request
+        .query_string()
+        .strip_prefix("bytes=")
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(400)
+        .min(ANSWER.len());
+    let response = SavedResponse {
+        status: 201,
+        body: Bytes::from_static(&ANSWER[..bytes]),
+        entry_id: Some(Uuid::nil()),
+        live_until: std::time::Instant::now(),
+    };
+    Ok(saved_response(&response, true))
+}
+
 /// The HTTP response for what became of a write.
 fn respond(state: &SharedState, answer: Answer) -> Result<HttpResponse, ApiError> {
     match answer {

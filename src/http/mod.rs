@@ -120,6 +120,12 @@ pub fn api_routes(config: &mut web::ServiceConfig) {
                 .finish(),
         )
         .service(Methods::on("/healthz").get(health::healthz).finish());
+    #[cfg(feature = "bench-routes")]
+    config.service(
+        Methods::on("/bench/same-bytes")
+            .post(entries::same_bytes)
+            .finish(),
+    );
 }
 
 /// `/readyz`, `/metrics` and `/openapi.json`: what `http.operations_listen` serves, with its own

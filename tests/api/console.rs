@@ -13,7 +13,9 @@ use crate::admin::{admin_address, park, parking_daemon, ADMIN_TOKEN};
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::free_port;
 
-/// chromedriver on a port of its own, killed with the test.
+/// chromedriver on a port of its own, in a process group of its own: the group (chromedriver
+/// and the browsers it started) is killed with the test, also when the test fails before it
+/// closed its browser.
 struct ChromeDriver {
     child: Child,
     port: u16,
@@ -29,8 +31,10 @@ impl ChromeDriver {
                 "chromedriver is missing: install Debian's chromium and chromium-driver (.ci/run and scripts/setup do)",
             );
         let port = free_port();
+        use std::os::unix::process::CommandExt;
         let child = Command::new(binary)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -87,7 +91,12 @@ impl ChromeDriver {
 
 impl Drop for ChromeDriver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // The group's id is chromedriver's pid.
+        let group = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) with a negative pid signals that process group; no memory is involved.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
