@@ -475,7 +475,7 @@ pub async fn retry(
     params(("Idempotency-Key" = String, Header, description = "Required unless dry_run: the same request again under it answers the first answer")),
     responses(
         (status = 200, description = "What was skipped (never to be published; an ordering key goes on past it)", body = ActionOutcome),
-        (status = 400, description = "A selector that is invalid, that would match every parked event without `all: true`, or that matches more than 1,000 events; a missing Idempotency-Key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A selector that is invalid, that would match every parked event without `all: true`, or that matches more than 100 events; a missing Idempotency-Key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The Idempotency-Key was used with another request", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "A body over 64 KiB", body = crate::http::problem::Problem, content_type = "application/problem+json"),

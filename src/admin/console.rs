@@ -407,8 +407,12 @@ async fn overview(request: HttpRequest, state: SharedState) -> HttpResponse {
                             td { (crate::entry::format_time(group.last_parked_at)) }
                             td {
                                 a href=(link("/console/events", &[("state", "parked"), pairs[0], pairs[1]])) { "See the events" }
-                                " · "
-                                a href=(link("/console/confirm", &[("action", "retry"), pairs[0], pairs[1]])) { "Retry this group…" }
+                                // A group without an error text cannot be named by one: its
+                                // link would select every parked event of the type.
+                                @if !group.last_error.is_empty() {
+                                    " · "
+                                    a href=(link("/console/confirm", &[("action", "retry"), pairs[0], pairs[1]])) { "Retry this group…" }
+                                }
                             }
                         }
                     }

@@ -281,8 +281,10 @@ pub struct Selector {
 
 /// Event ids one selector may name.
 pub const MAX_EVENT_IDS: usize = 1000;
-/// Events one skip may change: a skip is for good, so a larger one is refused (narrow it).
-pub const MAX_SKIPPED_AT_ONCE: i64 = 1000;
+/// Events one skip may change: a skip is for good, so a larger one is refused (narrow it); and
+/// each is a few round trips, all within one transaction and its time limit
+/// (`database.statement_timeout`), holding the events' ordering keys meanwhile.
+pub const MAX_SKIPPED_AT_ONCE: i64 = 100;
 
 impl Selector {
     fn has_filters(&self) -> bool {
@@ -318,6 +320,16 @@ impl Selector {
         if let Some(client) = &self.client {
             if !crate::config::is_valid_client_id(client) {
                 problems.push("client: 1 to 64 of a-z A-Z 0-9 . _ -".into());
+            }
+        }
+        for (name, time) in [
+            ("created_after", self.created_after),
+            ("created_before", self.created_before),
+        ] {
+            // PostgreSQL takes other years than RFC 3339's four digits, but not all that
+            // chrono reads (a signed year of six digits): refused here, not by the database.
+            if time.is_some_and(|time| !(1..=9999).contains(&chrono::Datelike::year(&time))) {
+                problems.push(format!("{name}: a year from 1 to 9999"));
             }
         }
         if let (Some(after), Some(before)) = (self.created_after, self.created_before) {
@@ -527,6 +539,9 @@ pub async fn act(
                 return Err(ActionError::TooManyToSkip);
             }
             let reason = format!("admin action {action_id}");
+            // Every key at once, in key order: each skip would otherwise lock its key in the
+            // events' order and hold it to the commit, against writers that lock in key order.
+            store::lock_keys_of_events(&transaction, &ids).await?;
             let mut skipped = 0;
             for event_id in ids {
                 let outcome =

@@ -187,6 +187,25 @@ pub async fn lock_keys(
     on_keys(client, &statements.lock_keys, keys).await
 }
 
+/// Locks the `ordering_keys` rows of the ordered events among `event_ids`, in key order (as
+/// [`LOCK_KEYS`] does): taken once, before a transaction skips several events one by one, so
+/// that it holds its keys in the order writers and relays take them, not in the events' order.
+const LOCK_KEYS_OF_EVENTS: &str = "
+SELECT 1
+FROM ordering_keys k
+WHERE (k.client_id, k.ordering_key) IN (
+    SELECT client_id, ordering_key FROM outbox_events
+    WHERE event_id = ANY($1) AND ordering_key IS NOT NULL)
+ORDER BY k.client_id, k.ordering_key
+FOR UPDATE OF k";
+
+pub async fn lock_keys_of_events(
+    client: &impl GenericClient,
+    event_ids: &[Uuid],
+) -> Result<u64, StorageError> {
+    Ok(client.execute(LOCK_KEYS_OF_EVENTS, &[&event_ids]).await?)
+}
+
 /// Moves the keys on past what is sent or skipped and releases their next events
 /// ([`ADVANCE_KEYS`]); returns how many events it released.
 pub async fn advance_keys(

@@ -330,7 +330,7 @@ async fn events_are_skipped_by_id_and_bad_selectors_change_nothing() {
         .unwrap()
         .get(0);
 
-    let bad_bodies: [(&str, &str, u16, &str); 7] = [
+    let bad_bodies: [(&str, &str, u16, &str); 8] = [
         ("{\"event_ids\": [\"x\"]}", "application/json", 400, "malformed-json"),
         ("{\"typo\": 1}", "application/json", 400, "malformed-json"),
         ("{\"type\": \"a\\u0000b\"}", "application/json", 400, "invalid-request"),
@@ -338,6 +338,7 @@ async fn events_are_skipped_by_id_and_bad_selectors_change_nothing() {
         ("{\"client\": \"jobs\", \"event_ids\": [\"8d1a5d4e-9a43-4c44-8f3a-6a2f0f4b3c11\"]}", "application/json", 400, "invalid-request"),
         ("{\"created_after\": \"2026-12-02T00:00:00Z\", \"created_before\": \"2026-12-01T00:00:00Z\"}", "application/json", 400, "invalid-request"),
         ("{\"all\": true}", "text/plain", 415, "unsupported-media-type"),
+        ("{\"created_after\": \"-5000-01-01T00:00:00Z\"}", "application/json", 400, "invalid-request"),
     ];
     for (body, content_type, status, slug) in bad_bodies {
         let response = app
@@ -597,4 +598,46 @@ async fn the_console_takes_a_login_and_refuses_forms_without_the_sessions_csrf_t
         )
         .await;
     assert_eq!(after.status, 303, "the session ended");
+}
+
+#[actix_web::test]
+async fn skipping_parked_heads_of_ordering_keys_lets_each_key_go_on() {
+    let app = parking_daemon().await;
+    // Two keys, two writes each; the heads park (no queue is bound), the seconds wait behind.
+    for key in ["k-a", "k-b"] {
+        for n in 1..=2 {
+            app.post_entry(
+                &format!("{key}-{n}"),
+                &json!({"kind": "invoice.event", "data": {"n": n}, "ordering_key": key}),
+            )
+            .await
+            .assert_created();
+        }
+    }
+    app.relay_until_empty().await;
+    let held = "SELECT count(*) FROM outbox_events WHERE next_attempt_at = 'infinity'";
+    assert_eq!(app.count(held).await, 2, "each key's second event waits");
+    let overview = admin_get(&app, "/admin/v1/outbox", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(overview["blocked"]["keys"], 2, "{overview}");
+    assert_eq!(overview["blocked"]["events"], 2, "{overview}");
+    assert_eq!(overview["blocked"]["by"].as_array().unwrap().len(), 2);
+
+    // Both heads at once, by filter (the parked events of the type).
+    let skipped = admin_post(
+        &app,
+        "/admin/v1/events/skip",
+        Some("skip-heads"),
+        json!({"type": "entry.created"}).to_string(),
+    )
+    .await;
+    assert_eq!(skipped.status, 200, "{}", skipped.describe());
+    assert_eq!(skipped.json()["changed"], 2, "{}", skipped.describe());
+    assert_eq!(app.count(held).await, 0, "each key went on past its head");
+    assert_eq!(
+        app.count("SELECT count(*) FROM outbox_skips WHERE admin_id = 'ops'")
+            .await,
+        2
+    );
 }
