@@ -13,7 +13,7 @@ use crate::admin::store::{
     self, Action, ActionError, ActionOutcome, EventFilter, EventState, ListedEvent, LoggedAction,
     Recorded, Selector, TypeBacklog,
 };
-use crate::http::entries::{idempotency_key, read_body, require_json};
+use crate::http::entries::{idempotency_key, read_body_within, require_json};
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
@@ -195,13 +195,23 @@ impl Parameters {
     }
 }
 
-/// An RFC 3339 time, or what is wrong with it.
-pub fn parse_time(name: &str, text: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|time| time.with_timezone(&Utc))
-        .map_err(|_| {
-            format!("{name}: {text:?} is not an RFC 3339 time such as 2026-12-01T00:00:00Z")
-        })
+/// The RFC 3339 time `text` of parameter `name`, if given; what is wrong with it goes to
+/// `problems`.
+pub fn optional_time(
+    name: &str,
+    text: Option<&str>,
+    problems: &mut Vec<String>,
+) -> Option<DateTime<Utc>> {
+    let text = text?;
+    match DateTime::parse_from_rfc3339(text) {
+        Ok(time) => Some(time.with_timezone(&Utc)),
+        Err(_) => {
+            problems.push(format!(
+                "{name}: {text:?} is not an RFC 3339 time such as 2026-12-01T00:00:00Z"
+            ));
+            None
+        }
+    }
 }
 
 /// The page size and the cursor (an id, exclusive) of `parameters`.
@@ -237,14 +247,7 @@ pub fn event_query(parameters: &Parameters) -> Result<(EventFilter, i64, Option<
             EventState::Parked
         }),
     };
-    let mut time = |name: &str| match parameters.get(name).map(|text| parse_time(name, text)) {
-        Some(Ok(time)) => Some(time),
-        Some(Err(problem)) => {
-            problems.push(problem);
-            None
-        }
-        None => None,
-    };
+    let mut time = |name: &str| optional_time(name, parameters.get(name), &mut problems);
     let created_after = time("created_after");
     let created_before = time("created_before");
     let selector = Selector {
@@ -416,12 +419,7 @@ async fn act_on_events(
 ) -> Result<HttpResponse, ApiError> {
     let admin = admin_of(&state, &request)?;
     require_json(&request)?;
-    let body = tokio::time::timeout(
-        state.body_timeout,
-        read_body(&request, payload, MAX_ADMIN_BODY),
-    )
-    .await
-    .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
+    let body = read_body_within(&state, &request, payload, MAX_ADMIN_BODY).await?;
     let parsed: ActionRequest = serde_json::from_slice(&body)
         .map_err(|error| ApiError::MalformedJson(format!("the body is not a selector: {error}")))?;
     let key = match idempotency_key(&request) {

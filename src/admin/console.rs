@@ -13,7 +13,7 @@ use maud::{html, Markup, DOCTYPE};
 use crate::admin::api::{self, Parameters};
 use crate::admin::session::Session;
 use crate::admin::store::{Action, ActionOutcome, EventState, Selector};
-use crate::http::entries::read_body;
+use crate::http::entries::read_body_within;
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
 use crate::http::{Methods, SharedState};
@@ -241,12 +241,7 @@ async fn form(
             "Content-Type {essence:?} is not a form; console forms are application/x-www-form-urlencoded"
         )));
     }
-    let body = tokio::time::timeout(
-        state.body_timeout,
-        read_body(request, payload, MAX_FORM_BYTES),
-    )
-    .await
-    .map_err(|_| ApiError::RequestTimeout(state.body_timeout))??;
+    let body = read_body_within(state, request, payload, MAX_FORM_BYTES).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::MalformedJson("the form is not UTF-8".into()))?;
     query_pairs(text)
@@ -595,14 +590,7 @@ fn selector_of(fields: &[(String, String)]) -> Result<(Action, Selector), ApiErr
             }
         }
     }
-    let mut time = |name: &str| match field(fields, name).map(|text| api::parse_time(name, text)) {
-        Some(Ok(time)) => Some(time),
-        Some(Err(problem)) => {
-            problems.push(problem);
-            None
-        }
-        None => None,
-    };
+    let mut time = |name: &str| api::optional_time(name, field(fields, name), &mut problems);
     let created_after = time("created_after");
     let created_before = time("created_before");
     let selector = Selector {
