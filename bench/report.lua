@@ -8,12 +8,12 @@ function setup(thread)
    thread:set("thread_id", threads)
 end
 
--- POST /v1/entries with the key <prefix><i> and the body {"kind":<kind>,"data":{"i":<i>,...}}
--- (the body `bench-e2e precreate` sends for the same key).
-function keyed_request(kind, prefix, i)
+-- POST /v1/entries (or `path`) with the key <prefix><i> and the body
+-- {"kind":<kind>,"data":{"i":<i>,...}} (the body `bench-e2e precreate` sends for the same key).
+function keyed_request(kind, prefix, i, path)
    local body = string.format(
       '{"kind":"%s","data":{"i":%d,"note":"retrysafe benchmark payload"}}', kind, i)
-   return wrk.format("POST", "/v1/entries",
+   return wrk.format("POST", path or "/v1/entries",
       { ["Content-Type"] = "application/json", ["Idempotency-Key"] = prefix .. i }, body)
 end
 

@@ -13,10 +13,7 @@ function init(args)
    n = tonumber(os.getenv("BENCH_REPLAY_KEYS") or "1000")
    local path = "/bench/same-bytes?bytes=" .. (os.getenv("BENCH_SAME_BYTES") or "400")
    for i = 1, n do
-      local body = string.format(
-         '{"kind":"%s","data":{"i":%d,"note":"retrysafe benchmark payload"}}', "bench.replay", i)
-      requests[i] = wrk.format("POST", path,
-         { ["Content-Type"] = "application/json", ["Idempotency-Key"] = "replay-" .. i }, body)
+      requests[i] = keyed_request("bench.replay", "replay-", i, path)
    end
    next_index = ((thread_id or 1) - 1) * math.floor(n / 2)
 end
