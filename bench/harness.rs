@@ -109,7 +109,7 @@ impl Binaries {
         for path in [&binaries.daemon, &binaries.publisher, &binaries.e2e] {
             if !path.is_file() {
                 bail!(
-                    "{} is missing: build with cargo build --release --features bench-routes --bin retrysafe --example bench-publisher --example bench-e2e --example bench",
+                    "{} is missing: build with cargo build --release --features bench-routes --bin retrysafe --example bench-publisher --example bench-e2e --example bench-delay-proxy --example bench",
                     path.display()
                 );
             }

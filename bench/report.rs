@@ -33,20 +33,24 @@ pub enum Scenario {
     Drain,
     E2e,
     Ordered,
+    Latency,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::Writes,
         Scenario::Replays,
         Scenario::Storm,
         Scenario::Drain,
         Scenario::E2e,
         Scenario::Ordered,
+        Scenario::Latency,
     ];
 
     pub fn name(self) -> &'static str {
-        ["writes", "replays", "storm", "drain", "e2e", "ordered"][self as usize]
+        [
+            "writes", "replays", "storm", "drain", "e2e", "ordered", "latency",
+        ][self as usize]
     }
 
     /// A list such as BENCH_SCENARIOS gives it: names separated by spaces or commas.
@@ -87,6 +91,14 @@ impl Run {
             if value.is_none() {
                 *value = source(name);
             }
+        }
+    }
+
+    /// Sets `metric`, which must be one of the run's.
+    pub fn set(&mut self, metric: &str, value: Option<Num>) {
+        match self.0.iter_mut().find(|(name, _)| name == metric) {
+            Some((_, slot)) => *slot = value,
+            None => panic!("no metric {metric} in this run"),
         }
     }
 
@@ -194,7 +206,33 @@ runs! {
         e2e_duplicate_deliveries,
         log_problems, shutdown_log_problems,
     }
+    /// Writes and the conventional transaction through `bench-delay-proxy`, which adds N ms to
+    /// every round trip to PostgreSQL, for N of `LINK_DELAYS_MS` (`d<N>_`): the link's round
+    /// trip as one client's `SELECT 1` sees it; wrk's unique-key writes (its errors: connect +
+    /// read + write + status + timeout), their p50 in round trips of the link, the writers'
+    /// batches (writes per batch, ms per batch transaction) and the client's sends through the
+    /// proxy per write (the relays' and probes' included); pgbench's conventional transaction
+    /// on a fresh database through the same link, and its sends per transaction. The daemon's
+    /// CPU is with no delay added (its busiest), its RSS the peak of the three, its log lines
+    /// the sum.
+    LatencyRun {
+        cpu_cores, rss_mb,
+        d0_round_trip_ms, d0_rps, d0_p50_ms, d0_p99_ms, d0_errors, d0_p50_round_trips,
+        d0_writes_per_batch, d0_ms_per_batch, d0_sends_per_write,
+        d0_pg_tps, d0_pg_latency_ms, d0_pg_sends_per_transaction,
+        d2_round_trip_ms, d2_rps, d2_p50_ms, d2_p99_ms, d2_errors, d2_p50_round_trips,
+        d2_writes_per_batch, d2_ms_per_batch, d2_sends_per_write,
+        d2_pg_tps, d2_pg_latency_ms, d2_pg_sends_per_transaction,
+        d20_round_trip_ms, d20_rps, d20_p50_ms, d20_p99_ms, d20_errors, d20_p50_round_trips,
+        d20_writes_per_batch, d20_ms_per_batch, d20_sends_per_write,
+        d20_pg_tps, d20_pg_latency_ms, d20_pg_sends_per_transaction,
+        log_problems, shutdown_log_problems,
+    }
 }
+
+/// The latency scenario's delays, in ms added to every round trip to PostgreSQL: its metrics
+/// are `d<N>_...` for each (see `LatencyRun`).
+pub const LINK_DELAYS_MS: [u32; 3] = [0, 2, 20];
 
 /// A figure of the results table, from the runs of one scenario.
 enum Figure {
@@ -241,7 +279,7 @@ struct Row {
 }
 
 use Figure::{Busy, Costs, Dash, Median, Noted, PerRun};
-use Scenario::{Drain, E2e, Ordered, Replays, Storm, Writes};
+use Scenario::{Drain, E2e, Latency, Ordered, Replays, Storm, Writes};
 
 const WRITE_COST: [&str; 3] = ["cost_daemon", "cost_postgres", "cost_rabbitmq"];
 const ALONE_COST: [&str; 3] = [
@@ -257,7 +295,7 @@ const DELIVERY_COST: [&str; 3] = [
 
 /// The results: each figure beside its baseline, with its target.
 #[rustfmt::skip]
-const RESULTS: [Row; 21] = [
+const RESULTS: [Row; 25] = [
     Row {
         scenario: "unique-key writes, {connections} conn.",
         measure: "requests/s vs pgbench conventional tps",
@@ -389,13 +427,39 @@ const RESULTS: [Row; 21] = [
         baseline: Noted(&Median(E2e, "p50_ms", 2), "p99", &Median(E2e, "p99_ms", 2)),
         ratio: true, target: "–", judge: Judge::Nothing,
     },
+    Row {
+        scenario: "unique-key writes, PostgreSQL 20 ms further away (bench-delay-proxy), {connections} conn.",
+        measure: "requests/s vs pgbench conventional tps through the same link (its five round trips against the batch's one)",
+        value: Median(Latency, "d20_rps", 0), baseline: Median(Latency, "d20_pg_tps", 0), ratio: true,
+        target: "≥ 5×", judge: Judge::Ratio(Target::AtLeast(5.0)),
+    },
+    Row {
+        scenario: "unique-key writes, 20 ms further",
+        measure: "p50 latency in round trips of the link (p50 ms ÷ one client's SELECT 1 through it, in brackets)",
+        value: Median(Latency, "d20_p50_round_trips", 2),
+        baseline: Noted(&Median(Latency, "d20_p50_ms", 2), "round trip", &Median(Latency, "d20_round_trip_ms", 2)),
+        ratio: false, target: "≤ 1.5", judge: Judge::Value(Target::AtMost(1.5)),
+    },
+    Row {
+        scenario: "unique-key writes, 2 ms further",
+        measure: "requests/s (p50 in round trips) vs pgbench conventional tps through the same link",
+        value: Noted(&Median(Latency, "d2_rps", 0), "p50", &Median(Latency, "d2_p50_round_trips", 2)),
+        baseline: Median(Latency, "d2_pg_tps", 0), ratio: true,
+        target: "–", judge: Judge::Nothing,
+    },
+    Row {
+        scenario: "unique-key writes, through the proxy with no delay added",
+        measure: "requests/s vs pgbench conventional tps through the same proxy",
+        value: Median(Latency, "d0_rps", 0), baseline: Median(Latency, "d0_pg_tps", 0), ratio: true,
+        target: "–", judge: Judge::Nothing,
+    },
 ];
 
 /// The checks: every run's values of each row's metrics (`name:decimals` to round them), joined
 /// with " / ", and a note after them. `{name}` is a setting. The log lines close the table (see
 /// `Report::checks_table`).
 #[rustfmt::skip]
-const CHECKS: [(&str, Scenario, &[&str], &str); 21] = [
+const CHECKS: [(&str, Scenario, &[&str], &str); 23] = [
     ("writes: wrk errors (connect/read/write/status/timeout)", Writes, &["errors"], ""),
     ("writes: entries − 2xx answers (≥ 0; in-flight at the end on top)", Writes, &["entries_minus_2xx"], ""),
     ("writes: entries = idempotency records = outbox rows", Writes, &["rows_consistent"], " (1 = yes)"),
@@ -417,6 +481,8 @@ const CHECKS: [(&str, Scenario, &[&str], &str); 21] = [
     ("ordered: wrk errors; entries − 2xx answers", Ordered, &["errors", "entries_minus_2xx"], ""),
     ("ordered: writes in order after delivery; drain in order", Ordered, &["order_ok", "drain_order_ok"], " (1 = yes)"),
     ("ordered e2e: sent / 201 / errors / matched / duplicates", Ordered, &["e2e_sent", "e2e_created", "e2e_errors", "e2e_matched", "e2e_duplicate_deliveries"], ""),
+    ("latency: wrk errors at 0 / 2 / 20 ms", Latency, &["d0_errors", "d2_errors", "d20_errors"], ""),
+    ("latency: client sends per write / per conventional transaction at 20 ms", Latency, &["d20_sends_per_write:2", "d20_pg_sends_per_transaction:2"], ""),
 ];
 
 /// How the benchmark was run: the knobs that the report quotes.
@@ -537,7 +603,7 @@ pub struct Report {
     pub written_at: String,
     pub run_id: String,
     /// The runs of each scenario, in the order of `Scenario::ALL`; none for one not run.
-    pub runs: [Vec<Run>; 6],
+    pub runs: [Vec<Run>; 7],
 }
 
 impl Figure {
@@ -694,7 +760,7 @@ impl Report {
         }
         for (check, metric) in [
             (
-                "under load (writes/replays/storm/drain/e2e/ordered)",
+                "under load (writes/replays/storm/drain/e2e/ordered/latency)",
                 "log_problems",
             ),
             ("after SIGTERM (same order)", "shutdown_log_problems"),
@@ -806,7 +872,7 @@ and a fresh durable topic exchange `retrysafe.bench.<run id>.<scenario>.<run>` w
 queue bound for `#` (`bench-publisher bind`):
 
 ```sh
-cargo build --release --locked --features bench-routes --bin retrysafe --example bench-publisher --example bench-e2e --example bench
+cargo build --release --locked --features bench-routes --bin retrysafe --example bench-publisher --example bench-e2e --example bench-delay-proxy --example bench
 RETRYSAFE_HTTP__LISTEN=127.0.0.1:{port} RETRYSAFE_DATABASE__URL={pg_base}/<db> \
   RETRYSAFE_AMQP__EXCHANGE=<exchange> RETRYSAFE_LOG__LEVEL=warn \
   target/release/retrysafe serve --config {config}
@@ -845,6 +911,17 @@ target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_ra
 # after BACKLOG_SQL), drained and checked as above; on a third the end-to-end load with a key each
 BENCH_ORDERING_KEYS={ordering_keys} wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
 target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds} --ordering-keys {ordering_keys}
+
+# latency: for each delay D of 0, 2 and 20 ms, a proxy that adds D to every round trip to
+# PostgreSQL; the link's round trip (one client's SELECT 1 for 3 s), the daemon reaching
+# PostgreSQL through it (RETRYSAFE_DATABASE__URL=postgres://<user>@127.0.0.1:<proxy port>/<db>),
+# the unique-key writes as above and the writers' batches from /metrics; then (daemon stopped)
+# pgbench through the same proxy on a fresh database; the proxy's count of the client's sends
+# (SIGUSR1) around each load
+target/release/examples/bench-delay-proxy --target <PGHOST>:<PGPORT> --delay-ms D
+pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p <proxy port> -f <SELECT 1;> <db>
+wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
+pgbench -n -M prepared -c {c} -j {t} -T {d} -h 127.0.0.1 -p <proxy port> -f bench/conventional.sql <db>
 ```
 
 Method notes:
@@ -870,6 +947,12 @@ Method notes:
   moment its consumer (auto-ack, on its own thread) gets the delivery; both clocks are the same
   monotonic clock of one process. A negative value means the event arrived before the client had
   read the 201.
+- The latency scenario's proxy (bench/delay_proxy.rs) holds each of the client's sends for D ms
+  before passing it on, and passes the server's answers at once, so a round trip takes D ms
+  longer (a link whose one-way delay is D; this kernel has no netem, and the proxy needs no
+  privileges). Its timer counts whole milliseconds, so a send waits D to D + 1 ms; the round
+  trip the p50 is divided by is measured through the proxy, not assumed. pgbench counts the
+  time its 64 connections take to open (seconds at 20 ms) out of its tps.
 
 ## Per-run values
 
@@ -957,7 +1040,7 @@ mod tests {
         let file = COMMITTED;
         let per_run = between(file, "## Per-run values\n\n", "\n\n");
         let runs = per_run.lines().next().unwrap().matches(" run ").count();
-        let mut by_scenario: [Vec<Run>; 6] = Default::default();
+        let mut by_scenario: [Vec<Run>; 7] = Default::default();
         for line in per_run.lines().skip(2) {
             let row: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
             let scenario: Scenario = row[0].parse().unwrap();
@@ -1023,8 +1106,8 @@ mod tests {
     #[test]
     fn the_committed_file_is_rendered_again_byte_for_byte() {
         let report = committed_report();
-        assert_eq!(report.runs.iter().map(Vec::len).collect::<Vec<_>>(), [3; 6]);
-        assert_eq!(report.results_table().lines().count(), 23);
+        assert_eq!(report.runs.iter().map(Vec::len).collect::<Vec<_>>(), [3; 7]);
+        assert_eq!(report.results_table().lines().count(), 27);
         assert_eq!(report.render(Some(COMMITTED)), COMMITTED);
     }
 
@@ -1032,13 +1115,14 @@ mod tests {
     #[test]
     fn each_scenario_records_the_metrics_of_the_per_run_table() {
         let committed = committed_report();
-        let recorded: [Run; 6] = [
+        let recorded: [Run; 7] = [
             WritesRun::default().into(),
             ReplaysRun::default().into(),
             StormRun::default().into(),
             DrainRun::default().into(),
             E2eRun::default().into(),
             OrderedRun::default().into(),
+            LatencyRun::default().into(),
         ];
         for (scenario, run) in Scenario::ALL.into_iter().zip(recorded) {
             let names = |run: &Run| {
@@ -1081,7 +1165,7 @@ mod tests {
     #[test]
     fn scenarios_not_run_show_na() {
         let mut report = committed_report();
-        for scenario in [Replays, Storm, Drain, E2e, Ordered] {
+        for scenario in [Replays, Storm, Drain, E2e, Ordered, Latency] {
             report.runs[scenario as usize].clear();
         }
         let table = report.results_table();
@@ -1151,7 +1235,7 @@ mod tests {
     #[test]
     fn scenario_lists() {
         assert_eq!(
-            Scenario::list("writes replays storm drain e2e ordered").unwrap(),
+            Scenario::list("writes replays storm drain e2e ordered latency").unwrap(),
             Scenario::ALL
         );
         assert_eq!(Scenario::list(" drain,writes ").unwrap(), [Drain, Writes]);

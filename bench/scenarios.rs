@@ -15,11 +15,11 @@ use serde_json::{Map, Value};
 
 use crate::harness::{
     self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, seconds_per_1000,
-    unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks, Pg, ServiceTicks,
+    send_signal, unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks, Pg, ServiceTicks,
 };
 use crate::report::{
-    quoted_settings, DrainRun, E2eRun, Machine, OrderedRun, ReplaysRun, Report, Run, Scenario,
-    Settings, StormRun, WritesRun,
+    quoted_settings, DrainRun, E2eRun, LatencyRun, Machine, OrderedRun, ReplaysRun, Report, Run,
+    Scenario, Settings, StormRun, WritesRun, LINK_DELAYS_MS,
 };
 use crate::stats::Num;
 
@@ -77,12 +77,12 @@ pub struct RunArgs {
     /// The report; what it has after the hand-written marker is kept.
     #[arg(long, env = "BENCH_OUTPUT", default_value = "BENCHMARKS.md")]
     pub output: PathBuf,
-    /// A subset of "writes replays storm drain e2e ordered" (spaces or commas); the report
-    /// shows n/a for the others.
+    /// A subset of "writes replays storm drain e2e ordered latency" (spaces or commas); the
+    /// report shows n/a for the others.
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "writes replays storm drain e2e ordered"
+        default_value = "writes replays storm drain e2e ordered latency"
     )]
     pub scenarios: String,
     /// SQL run on every fresh database after its migrations, e.g. "DROP INDEX
@@ -466,6 +466,7 @@ impl Bench {
             Scenario::Drain => self.drain(run),
             Scenario::E2e => self.e2e(run),
             Scenario::Ordered => self.ordered(run),
+            Scenario::Latency => self.latency(run),
         }
     }
 
@@ -914,6 +915,310 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// Writes and the conventional transaction with PostgreSQL further away: for each delay of
+    /// `LINK_DELAYS_MS`, through a `bench-delay-proxy` that adds it to every round trip.
+    fn latency(&self, run: u32) -> anyhow::Result<Run> {
+        let mut r = Run::from(LatencyRun::default());
+        let (mut rss, mut problems) = (0.0f64, [0i64; 2]);
+        for delay in LINK_DELAYS_MS {
+            let [cores, peak, under_load, after] = self.over_link(run, delay, &mut r)?;
+            if delay == 0 {
+                r.set("cpu_cores", cores);
+            }
+            rss = rss.max(peak.map_or(0.0, |n| n.value));
+            for (sum, lines) in problems.iter_mut().zip([under_load, after]) {
+                *sum += lines.map_or(0, |n| n.value as i64);
+            }
+        }
+        r.set("rss_mb", Num::fixed(rss, 1));
+        r.set("log_problems", Some(Num::int(problems[0])));
+        r.set("shutdown_log_problems", Some(Num::int(problems[1])));
+        Ok(r)
+    }
+
+    /// One delay of [`latency`](Self::latency): fills the `d<delay>_` metrics of `r`; returns the
+    /// daemon's cores and peak RSS while wrk ran, and its WARN/ERROR lines (under load, after
+    /// SIGTERM).
+    fn over_link(&self, run: u32, delay: u32, r: &mut Run) -> anyhow::Result<[Option<Num>; 4]> {
+        let (connections, duration) = (self.s.connections, self.s.duration);
+        log(
+            TAG,
+            &format!("run {run}: unique-key writes with {delay} ms added to every round trip to PostgreSQL (wrk -c{connections}, {duration}s), then pgbench through the same link"),
+        );
+        let metric = |name: &str| format!("d{delay}_{name}");
+        let stage = self.stage(&format!("latency{delay}"), run)?;
+        let mut proxy = DelayProxy::start(
+            &self.h.bin.publisher.with_file_name("bench-delay-proxy"),
+            delay,
+            self.path(&format!("proxy-{delay}-{run}.txt")),
+        )?;
+        let round_trip =
+            self.round_trip(&proxy, &stage.db, &format!("round-trip-{delay}-{run}.txt"))?;
+        r.set(&metric("round_trip_ms"), round_trip.clone());
+
+        let spec = DaemonSpec {
+            config: &self.s.config,
+            port: self.s.port,
+            db_url: proxy.url(&stage.db),
+            amqp: &self.amqp,
+            exchange: &stage.exchange,
+            log: self.path(&format!("daemon-{}.log", stage.name)),
+        };
+        let mut daemon = self.h.start(spec, true)?;
+        let window = Window::open(&daemon)?;
+        let sends_before = proxy.sends()?;
+        let nonce = format!("{}l{delay}r{run}", self.run_id);
+        let wrk = self.unique_key_writes(&format!("latency-{delay}-{run}.wrk"), nonce)?;
+        let sends = proxy.sends()? - sends_before;
+        let [cores, peak] = window.close(&daemon)?;
+        let (per_batch, ms_per_batch) = writer_batches(&self.s.url())?;
+        let [under_load, after] = self.stop(&mut daemon)?;
+        for name in ["rps", "p50_ms", "p99_ms", "errors"] {
+            r.set(&metric(name), wrk(name));
+        }
+        let p50 = wrk("p50_ms").map(|n| n.value);
+        let trips = p50
+            .zip(round_trip.map(|n| n.value))
+            .map(|(p50, trip)| p50 / trip);
+        r.set(
+            &metric("p50_round_trips"),
+            trips.and_then(|t| Num::fixed(t, 2)),
+        );
+        r.set(&metric("writes_per_batch"), per_batch);
+        r.set(&metric("ms_per_batch"), ms_per_batch);
+        let writes = wrk("requests").map_or(0.0, |n| n.value);
+        r.set(&metric("sends_per_write"), per(sends, writes));
+        self.unstage(stage)?;
+
+        let db = self.db_name(&format!("pglatency{delay}"), run);
+        self.fresh_db(&db)?;
+        let sends_before = proxy.sends()?;
+        let out = self.path(&format!("latency-pgbench-{delay}-{run}.txt"));
+        let (c, j, t) = (connections, self.s.wrk_threads, duration);
+        // pgbench opens its connections, then prepares each client's statements, one client
+        // after another on each of its threads: seconds at 20 ms, all in its -T. It runs that
+        // much longer, and its figures are the medians of its last `duration` per-second
+        // reports.
+        let words = format!(
+            "-n -M prepared -c {c} -j {j} -T {} -P 1 -h 127.0.0.1 -p {} -f bench/conventional.sql {db}",
+            t + PGBENCH_WARM_UP_SECONDS,
+            proxy.port
+        );
+        let mut command = Command::new("pgbench");
+        command.args(words.split_whitespace());
+        let (status, text) = run_to_file(&mut command, &out)?;
+        if !status.success() {
+            log(
+                TAG,
+                &format!("pgbench exited with {status}; see {}", out.display()),
+            );
+        }
+        let sends = proxy.sends()? - sends_before;
+        let [tps, latency] = pgbench_steady(&text, duration);
+        r.set(&metric("pg_tps"), tps);
+        r.set(&metric("pg_latency_ms"), latency);
+        let [_, _, _, transactions] = pgbench_figures(&text);
+        let transactions = transactions.map_or(0.0, |n| n.value);
+        r.set(
+            &metric("pg_sends_per_transaction"),
+            per(sends, transactions),
+        );
+        self.h.pg.drop_db(&db)?;
+        Ok([cores, peak, under_load, after])
+    }
+
+    /// The link's round trip as one client sees it: the average latency of pgbench's single
+    /// client sending `SELECT 1` through the proxy for 3 s.
+    fn round_trip(&self, proxy: &DelayProxy, db: &str, out: &str) -> anyhow::Result<Option<Num>> {
+        let script = self.path("select-1.sql");
+        fs::write(&script, "SELECT 1;\n")?;
+        let port = proxy.port.to_string();
+        let mut command = Command::new("pgbench");
+        command
+            .args([
+                "-n",
+                "-M",
+                "prepared",
+                "-c",
+                "1",
+                "-T",
+                "3",
+                "-h",
+                "127.0.0.1",
+                "-p",
+            ])
+            .arg(&port)
+            .arg("-f")
+            .arg(&script)
+            .arg(db);
+        let text = run_ok(&mut command, &self.path(out), "pgbench SELECT 1")?;
+        let [_, latency, _, _] = pgbench_figures(&text);
+        Ok(latency)
+    }
+}
+
+/// How much longer than the others the latency scenario runs pgbench (see `Bench::over_link`).
+const PGBENCH_WARM_UP_SECONDS: u32 = 6;
+
+/// The medians of pgbench's last `seconds` per-second reports (`-P 1`), tps and latency (ms), the
+/// reports before its first transaction and its first partial second left out.
+fn pgbench_steady(text: &str, seconds: u32) -> [Option<Num>; 2] {
+    let reports: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("progress: ")?;
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            // progress: 7.0 s, 512.0 tps, lat 124.650 ms stddev 10.123, 0 failed
+            let tps = words.get(2)?.parse().ok()?;
+            let latency = words.get(5)?.parse().ok()?;
+            Some((tps, latency))
+        })
+        .skip_while(|(tps, _)| *tps == 0.0)
+        .skip(1)
+        .collect();
+    let steady = &reports[reports.len().saturating_sub(seconds as usize)..];
+    let median = |pick: fn(&(f64, f64)) -> f64| {
+        let values: Vec<Option<Num>> = steady.iter().map(|r| Num::fixed(pick(r), 1)).collect();
+        crate::stats::median(&values).and_then(|v| Num::fixed(v, 1))
+    };
+    [median(|r| r.0), median(|r| r.1)]
+}
+
+/// `count` per `of`, two decimals; None when `of` is 0.
+fn per(count: i64, of: f64) -> Option<Num> {
+    (of > 0.0)
+        .then(|| Num::fixed(count as f64 / of, 2))
+        .flatten()
+}
+
+/// The writers' batches so far, from the daemon's /metrics: writes per batch, and ms per batch
+/// transaction.
+fn writer_batches(url: &str) -> anyhow::Result<(Option<Num>, Option<Num>)> {
+    let output = Command::new("curl")
+        .args(["-sf", "--max-time", "10", &format!("{url}/metrics")])
+        .output()?;
+    if !output.status.success() {
+        bail!("cannot read {url}/metrics");
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    let batches = value("retrysafe_writer_batch_size_count");
+    let transactions = value("retrysafe_writer_transaction_seconds_count");
+    let per_batch = (batches > 0.0).then(|| value("retrysafe_writer_batch_size_sum") / batches);
+    let ms = (transactions > 0.0)
+        .then(|| 1000.0 * value("retrysafe_writer_transaction_seconds_sum") / transactions);
+    Ok((
+        per_batch.and_then(|v| Num::fixed(v, 1)),
+        ms.and_then(|v| Num::fixed(v, 1)),
+    ))
+}
+
+/// `bench-delay-proxy` (bench/delay_proxy.rs) in front of PostgreSQL (PGHOST:PGPORT), adding its
+/// delay to every round trip through it; stopped when dropped.
+struct DelayProxy {
+    child: std::process::Child,
+    port: u16,
+    out: PathBuf,
+    /// The `BENCH_RESULT` lines asked for so far.
+    reports: usize,
+}
+
+impl DelayProxy {
+    fn start(binary: &Path, delay_ms: u32, out: PathBuf) -> anyhow::Result<DelayProxy> {
+        if !binary.is_file() {
+            bail!(
+                "{} is missing: build with cargo build --release --example bench-delay-proxy",
+                binary.display()
+            );
+        }
+        let host = std::env::var("PGHOST").unwrap_or_else(|_| "127.0.0.1".into());
+        let port = std::env::var("PGPORT").unwrap_or_else(|_| "5432".into());
+        let child = Command::new(binary)
+            .args(["--target", &format!("{host}:{port}")])
+            .args(["--delay-ms", &delay_ms.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(fs::File::create(&out)?)
+            .stderr(append(&out)?)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut proxy = DelayProxy {
+            child,
+            port: 0,
+            out,
+            reports: 0,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = fs::read_to_string(&proxy.out).unwrap_or_default();
+            if let Some(port) = text
+                .lines()
+                .find_map(|line| line.strip_prefix("LISTENING "))
+            {
+                proxy.port = port.trim().parse()?;
+                return Ok(proxy);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "bench-delay-proxy did not listen within 10 s; see {}",
+                    proxy.out.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The URL of `db` through the proxy.
+    fn url(&self, db: &str) -> String {
+        let user = std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into());
+        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The client's sends the proxy forwarded so far (SIGUSR1 makes it print them).
+    fn sends(&mut self) -> anyhow::Result<i64> {
+        send_signal(self.child.id(), libc::SIGUSR1);
+        self.reports += 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = fs::read_to_string(&self.out).unwrap_or_default();
+            let results: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("BENCH_RESULT "))
+                .collect();
+            if results.len() >= self.reports {
+                let result = result_line(results[self.reports - 1], "BENCH_RESULT")?;
+                return field(&result, "sends")
+                    .map(|n| n.value as i64)
+                    .context("bench-delay-proxy printed no sends");
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "bench-delay-proxy did not report within 10 s; see {}",
+                    self.out.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn ensure_tools() -> anyhow::Result<()> {
     let mut missing = Vec::new();
     if !harness::have("wrk") {
@@ -1012,7 +1317,7 @@ fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Resu
             bench.run_id, s.runs, s.duration, s.drain_events
         ),
     );
-    let mut runs: [Vec<Run>; 6] = Default::default();
+    let mut runs: [Vec<Run>; 7] = Default::default();
     for run in 1..=s.runs {
         for scenario in scenarios {
             runs[*scenario as usize].push(bench.measure(*scenario, run)?);
@@ -1051,6 +1356,25 @@ mod tests {
         assert_eq!(texts, ["3026.413026", "21.147", "0", "45359"]);
         let figures = pgbench_figures("pgbench: error: connection refused\n");
         assert!(figures.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn pgbench_steady_seconds() {
+        let mut text = String::from("pgbench (15.20)\n");
+        for (second, tps) in [0.0, 0.0, 3.0, 40.0, 500.0, 510.0, 490.0, 505.0]
+            .iter()
+            .enumerate()
+        {
+            let latency = if *tps > 100.0 { 126.0 } else { 900.0 };
+            text += &format!(
+                "progress: {}.0 s, {tps:.1} tps, lat {latency:.3} ms stddev 1.000, 0 failed\n",
+                second + 1
+            );
+        }
+        // The zeros and the first partial second are left out; the last three are taken.
+        let [tps, latency] = pgbench_steady(&text, 3).map(|n| n.unwrap().value);
+        assert_eq!((tps, latency), (505.0, 126.0));
+        assert_eq!(pgbench_steady("no progress\n", 3), [None, None]);
     }
 
     #[test]

@@ -154,6 +154,7 @@ impl fmt::Display for Verdict {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Target {
     AtLeast(f64),
+    AtMost(f64),
     Below(f64),
     Above(f64),
 }
@@ -162,6 +163,7 @@ impl Target {
     pub fn judge(self, value: Option<f64>) -> Verdict {
         Verdict::of(value.map(|v| match self {
             Target::AtLeast(bound) => v >= bound,
+            Target::AtMost(bound) => v <= bound,
             Target::Below(bound) => v < bound,
             Target::Above(bound) => v > bound,
         }))
@@ -297,6 +299,8 @@ mod tests {
         assert_eq!(Target::Below(5.0).judge(Some(5.0)), Verdict::NotMet);
         assert_eq!(Target::Above(1.0).judge(Some(1.0)), Verdict::NotMet);
         assert_eq!(Target::AtLeast(1.0).judge(Some(1.0)), Verdict::Met);
+        assert_eq!(Target::AtMost(1.5).judge(Some(1.5)), Verdict::Met);
+        assert_eq!(Target::AtMost(1.5).judge(Some(1.51)), Verdict::NotMet);
         assert_eq!(Target::Below(5.0).judge(None), Verdict::NotAvailable);
         assert_eq!(
             Target::judge_against(Some(32.5), Some(21.15), Target::Below),
