@@ -1177,6 +1177,9 @@ mod tests {
         ));
         assert!(table.contains("exactly 10 entries, records, events | n/a |"));
         assert!(table.contains(
+            "| unique-key writes, 20 ms further | p50 latency in round trips of the link (p50 ms ÷ one client's SELECT 1 through it, in brackets) | n/a | n/a (round trip n/a) | – | ≤ 1.5 | n/a |"
+        ));
+        assert!(table.contains(
             "| outbox drain | every event reached the bound queue | n/a | – | – | 100000 | n/a |"
         ));
         assert!(report
@@ -1187,7 +1190,7 @@ mod tests {
             .contains("| storm: entries / records / events | n/a / n/a / n/a |"));
         // The per-run table has rows only for what ran.
         let per_run = report.per_run_table();
-        assert!(per_run.contains("| writes | rps | 1439.46 | 2084.05 | 1719.44 |"));
+        assert!(per_run.contains("| writes | rps | 6706.67 | 7384.17 | 6004.64 |"));
         assert!(!per_run.contains("| storm |"));
     }
 
