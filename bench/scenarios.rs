@@ -395,9 +395,22 @@ impl Bench {
         script: &str,
         extra: &str,
     ) -> anyhow::Result<[Option<Num>; 4]> {
+        let text = self.pgbench_output(out, db, script, extra, self.s.duration)?;
+        Ok(pgbench_figures(&text))
+    }
+
+    /// [`pgbench`](Self::pgbench) for `seconds`: what it printed.
+    fn pgbench_output(
+        &self,
+        out: &str,
+        db: &str,
+        script: &str,
+        extra: &str,
+        seconds: u32,
+    ) -> anyhow::Result<String> {
         let out = self.path(out);
-        let (c, j, t) = (self.s.connections, self.s.wrk_threads, self.s.duration);
-        let words = format!("-n -M prepared -c {c} -j {j} -T {t} {extra} -f {script} {db}");
+        let (c, j) = (self.s.connections, self.s.wrk_threads);
+        let words = format!("-n -M prepared -c {c} -j {j} -T {seconds} {extra} -f {script} {db}");
         let mut command = Command::new("pgbench");
         command.args(words.split_whitespace());
         let (status, text) = run_to_file(&mut command, &out)?;
@@ -405,7 +418,7 @@ impl Bench {
             let out = out.display();
             log(TAG, &format!("pgbench exited with {status}; see {out}"));
         }
-        Ok(pgbench_figures(&text))
+        Ok(text)
     }
 
     /// Runs a helper program (`bench-e2e`, `bench-publisher`) with `words` (none has a space)
@@ -994,26 +1007,14 @@ impl Bench {
         let db = self.db_name(&format!("pglatency{delay}"), run);
         self.fresh_db(&db)?;
         let sends_before = proxy.sends()?;
-        let out = self.path(&format!("latency-pgbench-{delay}-{run}.txt"));
-        let (c, j, t) = (connections, self.s.wrk_threads, duration);
+        let out = format!("latency-pgbench-{delay}-{run}.txt");
         // pgbench opens its connections, then prepares each client's statements, one client
         // after another on each of its threads: seconds at 20 ms, all in its -T. It runs that
         // much longer, and its figures are the medians of its last `duration` per-second
         // reports.
-        let words = format!(
-            "-n -M prepared -c {c} -j {j} -T {} -P 1 -h 127.0.0.1 -p {} -f bench/conventional.sql {db}",
-            t + PGBENCH_WARM_UP_SECONDS,
-            proxy.port
-        );
-        let mut command = Command::new("pgbench");
-        command.args(words.split_whitespace());
-        let (status, text) = run_to_file(&mut command, &out)?;
-        if !status.success() {
-            log(
-                TAG,
-                &format!("pgbench exited with {status}; see {}", out.display()),
-            );
-        }
+        let link = format!("-P 1 -h 127.0.0.1 -p {}", proxy.port);
+        let seconds = duration + PGBENCH_WARM_UP_SECONDS;
+        let text = self.pgbench_output(&out, &db, "bench/conventional.sql", &link, seconds)?;
         let sends = proxy.sends()? - sends_before;
         let [tps, latency] = pgbench_steady(&text, duration);
         r.set(&metric("pg_tps"), tps);
