@@ -921,7 +921,7 @@ target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_ra
 target/release/examples/bench-delay-proxy --target <PGHOST>:<PGPORT> --delay-ms D
 pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p <proxy port> -f <SELECT 1;> <db>
 wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-pgbench -n -M prepared -c {c} -j {t} -T {d} -h 127.0.0.1 -p <proxy port> -f bench/conventional.sql <db>
+pgbench -n -M prepared -c {c} -j {t} -T <{d} + 6> -P 1 -h 127.0.0.1 -p <proxy port> -f bench/conventional.sql <db>
 ```
 
 Method notes:
@@ -951,8 +951,10 @@ Method notes:
   before passing it on, and passes the server's answers at once, so a round trip takes D ms
   longer (a link whose one-way delay is D; this kernel has no netem, and the proxy needs no
   privileges). Its timer counts whole milliseconds, so a send waits D to D + 1 ms; the round
-  trip the p50 is divided by is measured through the proxy, not assumed. pgbench counts the
-  time its 64 connections take to open (seconds at 20 ms) out of its tps.
+  trip the p50 is divided by is measured through the proxy, not assumed. Through the proxy,
+  pgbench opens its connections and then prepares each client's statements one client after
+  another (seconds at 20 ms, inside its `-T`), so it runs 6 s longer and its tps and latency
+  are the medians of its last {d} per-second reports (`-P 1`).
 
 ## Per-run values
 
