@@ -148,7 +148,7 @@ section! {
         /// Connections in the pool, shared by writers, relays and reads.
         pool_size: u32 = 16, Bound::Count(2, 1000);
         /// Writer actors; each commits one batch at a time.
-        writers: usize = 8, Bound::Count(1, 64);
+        writers: usize = 6, Bound::Count(1, 64);
         /// Most writes one batch (one transaction) takes.
         max_batch: usize = 256, Bound::Count(1, 10_000);
         /// Bound on opening a connection and on waiting for a pooled one.
