@@ -112,6 +112,29 @@ async fn body_text(browser: &Client) -> String {
         .unwrap()
 }
 
+/// The text of the page at `path` once it shows `needle`: a click or a key that sends a form
+/// can return before the browser has loaded the next page, so the old page may still be there.
+/// Fails after 30 s, saying where the browser is and what it shows.
+async fn page_at(browser: &Client, path: &str, needle: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let url = browser.current_url().await.unwrap();
+        // The body may belong to a page being replaced: read again rather than fail.
+        let text = match browser.find(Locator::Css("body")).await {
+            Ok(body) => body.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if url.path() == path && text.contains(needle) {
+            return text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no {path} showing {needle:?}: at {url}, showing\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[actix_web::test]
 async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
     let app = parking_daemon().await;
@@ -131,17 +154,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .send_keys(&format!("{ADMIN_TOKEN}{}", char::from(Key::Enter)))
         .await
         .unwrap();
-    let started = Instant::now();
-    while browser.current_url().await.unwrap().path() != "/console" {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no overview after the login: {} {}",
-            browser.current_url().await.unwrap(),
-            body_text(&browser).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let overview = body_text(&browser).await;
+    let overview = page_at(&browser, "/console", "Delivery:").await;
     assert!(overview.contains("Delivery: needs attention"), "{overview}");
     assert!(overview.contains("3 parked event(s)"), "{overview}");
     assert!(overview.contains("NO_ROUTE"), "{overview}");
@@ -154,7 +167,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .click()
         .await
         .unwrap();
-    let events = body_text(&browser).await;
+    let events = page_at(&browser, "/console/events", "browser-").await;
     assert!(
         events.contains("browser-0") && events.contains("browser-2"),
         "{events}"
@@ -170,7 +183,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .click()
         .await
         .unwrap();
-    let confirm = body_text(&browser).await;
+    let confirm = page_at(&browser, "/console/confirm", "match").await;
     assert!(confirm.contains("3 event(s) match"), "{confirm}");
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
@@ -185,7 +198,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .click()
         .await
         .unwrap();
-    let done = body_text(&browser).await;
+    let done = page_at(&browser, "/console/act", "Retry:").await;
     assert!(done.contains("Retry: 3 of 3 event(s)"), "{done}");
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
@@ -204,7 +217,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .click()
         .await
         .unwrap();
-    let log = body_text(&browser).await;
+    let log = page_at(&browser, "/console/actions", "retry").await;
     assert!(log.contains("ops") && log.contains("retry"), "{log}");
     assert!(log.contains("NO_ROUTE"), "the selector is shown: {log}");
 
