@@ -4,7 +4,7 @@
 //! the page, and watches the events arrive and the action appear in the log.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -12,6 +12,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use crate::admin::{admin_address, park, parking_daemon, ADMIN_TOKEN};
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::free_port;
+use crate::common::helpers::eventually;
 
 /// chromedriver on a port of its own, in a process group of its own: the group (chromedriver
 /// and the browsers it started) is killed with the test, also when the test fails before it
@@ -47,19 +48,14 @@ impl ChromeDriver {
             profile,
         };
         let http = awc::Client::default();
-        let started = Instant::now();
-        while http
-            .get(format!("http://127.0.0.1:{port}/status"))
-            .send()
-            .await
-            .is_err()
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "chromedriver did not answer"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(Duration::from_secs(30), || async {
+            http.get(format!("http://127.0.0.1:{port}/status"))
+                .send()
+                .await
+                .map(drop)
+                .map_err(|error| format!("chromedriver did not answer: {error}"))
+        })
+        .await;
         driver
     }
 
@@ -102,37 +98,29 @@ impl Drop for ChromeDriver {
     }
 }
 
-async fn body_text(browser: &Client) -> String {
-    browser
-        .find(Locator::Css("body"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The text of the page at `path` once it shows `needle`: a click or a key that sends a form
 /// can return before the browser has loaded the next page, so the old page may still be there.
 /// Fails after 30 s, saying where the browser is and what it shows.
 async fn page_at(browser: &Client, path: &str, needle: &str) -> String {
-    let started = Instant::now();
-    loop {
-        let url = browser.current_url().await.unwrap();
+    eventually(Duration::from_secs(30), || async {
+        let url = browser
+            .current_url()
+            .await
+            .map_err(|error| error.to_string())?;
         // The body may belong to a page being replaced: read again rather than fail.
         let text = match browser.find(Locator::Css("body")).await {
             Ok(body) => body.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
         if url.path() == path && text.contains(needle) {
-            return text;
+            Ok(text)
+        } else {
+            Err(format!(
+                "no {path} showing {needle:?}: at {url}, showing\n{text}"
+            ))
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no {path} showing {needle:?}: at {url}, showing\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[actix_web::test]
@@ -228,7 +216,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         ))
         .await
         .unwrap();
-    let key = body_text(&browser).await;
+    let key = page_at(&browser, "/console/keys", "entry.created").await;
     assert!(
         key.contains("entry.created") && key.contains("sent"),
         "{key}"
