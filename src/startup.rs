@@ -116,6 +116,7 @@ impl Application {
         // answer quickly, and the check is one small query.
         let readiness = Arc::new(ReadinessMonitor::new(
             reads.clone(),
+            writes.clone(),
             config.database.connect_timeout + Duration::from_secs(1),
             write_health,
         ));

@@ -204,6 +204,14 @@ metrics_table! {
         &["outcome"],
         "event publishes by outcome",
     );
+    /// The relay then records the publishes as failed attempts (backing off as failed
+    /// publishes do) and waits itself: see docs/operations.md, "Delivery".
+    OUTBOX_RECORDING_FAILURES = metric(
+        Counter,
+        "retrysafe_outbox_recording_failures_total",
+        &[],
+        "relay batches the broker confirmed whose recording in the database failed (their events are published again, with backoff)",
+    );
     OUTBOX_CONFIRM = metric(
         Histogram,
         "retrysafe_outbox_confirm_seconds",
@@ -223,7 +231,7 @@ metrics_table! {
         Gauge,
         "retrysafe_ready",
         &[],
-        "1 while the database answers and migrations are applied (readiness)",
+        "1 while ready: the database answers, migrations are applied, and writes do not fail",
     );
     BROKER_CONNECTED =
         metric(Gauge, "retrysafe_broker_connected", &[], "1 while the broker connection is up");

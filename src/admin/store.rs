@@ -508,6 +508,36 @@ pub async fn act(
 ) -> Result<Recorded, ActionError> {
     let hash = request_hash(action, selector);
     let selector_json = serde_json::to_string(selector).expect("a selector serializes");
+    let promised: bool = connection
+        .query_one(crate::db::REPLICATION_PROMISED, &[])
+        .await?
+        .get(0);
+    let warnings = connection.warnings();
+    let recorded = act_in_transaction(
+        connection,
+        admin,
+        key,
+        (action, selector),
+        (&hash, &selector_json),
+    )
+    .await?;
+    // As a write batch's: a commit the database warned about (its synchronous standby did not
+    // confirm it) is not reported done; and an answer found under the key is given only once
+    // the standby has it too.
+    connection.confirm_commit(warnings)?;
+    if promised && matches!(recorded, Recorded::Replayed(_)) {
+        crate::db::barrier(connection).await?;
+    }
+    Ok(recorded)
+}
+
+async fn act_in_transaction(
+    connection: &mut PgClient,
+    admin: &str,
+    key: &str,
+    (action, selector): (Action, &Selector),
+    (hash, selector_json): (&Vec<u8>, &String),
+) -> Result<Recorded, ActionError> {
     let mut transaction = connection.transaction().await?;
     let claimed = transaction
         .query_opt(
@@ -518,7 +548,7 @@ pub async fn act(
     let Some(claimed) = claimed else {
         let row = transaction.query_one(FIND_ACTION, &[&admin, &key]).await?;
         let stored_hash: Vec<u8> = row.get(0);
-        if stored_hash != hash {
+        if stored_hash != *hash {
             return Ok(Recorded::KeyReused);
         }
         let response: String = row.get(1);

@@ -1,11 +1,22 @@
-//! Writes that fail for a reason only an operator can fix: the database's disk is full, the
-//! database is read-only, or it takes no more connections. Such a failure is certain (nothing
-//! was written), is told to the client in those words, and, while it lasts, makes the daemon
-//! unready (`/readyz` 503), where a passing fault (a lost connection, a timeout) does not.
+//! Whether writes succeed, as the writers find it: `/readyz` reports the daemon unready while
+//! writes fail and none succeeds, whatever the reason, so that a load balancer stops sending
+//! writes to a daemon that cannot make them.
+//!
+//! Failures of three kinds only an operator can fix are named ([`Blocker`]: the database's
+//! disk is full, the database is read-only, it takes no more connections), told to the client
+//! in those words, and make the daemon unready at once (a full disk) or after a few seconds (a
+//! failover or a burst of other clients pass within that). Every other failure of a write
+//! batch (an unreachable database, a statement the schema does not fit, a commit the database
+//! warned about, ...) makes it unready once writes have failed for [`FAILING_WINDOW`] with none
+//! succeeding. Readiness then comes back by itself: while writes fail, each readiness check
+//! runs a probe write (the writers' statement, writing nothing, in a transaction that does
+//! write WAL; see `write::writer::probe`), and the first write or probe that succeeds clears
+//! the failure.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::db::StorageError;
 use crate::telemetry;
 
 /// Why the database takes no writes now.
@@ -64,92 +75,140 @@ impl Blocker {
     const ALL: [Blocker; 3] = [Blocker::DiskFull, Blocker::ReadOnly, Blocker::NoConnections];
 }
 
-/// With no write failing for this long, a blocker is taken to have passed even if no write has
-/// succeeded since: the daemon is ready again, and the next write tells.
-const FORGOTTEN_AFTER: Duration = Duration::from_secs(60);
+/// How long writes must fail, with none succeeding, before the daemon calls itself unready for
+/// a failure that is not a [`Blocker`]: long enough that a lost connection or a failover's
+/// first seconds do not take it out of a load balancer, short enough that a daemon whose every
+/// write fails is out within seconds.
+pub const FAILING_WINDOW: Duration = Duration::from_secs(5);
 
-/// The write path's last word on whether the database takes writes: set by writers when a batch
-/// fails for a [`Blocker`], cleared when one commits; read by `/readyz`.
+/// The write path's last word on whether writes succeed: set by writers (and readiness probes)
+/// when a batch fails, cleared when one commits; read by `/readyz`.
 #[derive(Debug, Clone, Default)]
-pub struct WriteHealth(Arc<Mutex<Option<Blocked>>>);
+pub struct WriteHealth(Arc<Mutex<Option<Failing>>>);
 
+/// Writes failing since `first`, none succeeding since.
 #[derive(Debug, Clone)]
-struct Blocked {
-    blocker: Blocker,
+struct Failing {
+    /// The last failure's class ([`StorageError::class`]).
+    class: &'static str,
+    /// The last failure, when it was a [`Blocker`].
+    blocker: Option<Blocker>,
+    /// The last failure, in the database's words.
     reason: String,
     first: Instant,
     last: Instant,
 }
 
-/// A blocker that makes the daemon unready: what, the database's words, and since when.
+/// Why the daemon is unready for writes: what fails, in words, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CurrentBlocker {
-    pub blocker: Blocker,
+pub struct FailingWrites {
+    /// [`StorageError::class`] of the last failure (a [`Blocker`]'s is its name).
+    pub class: &'static str,
+    pub blocker: Option<Blocker>,
     pub reason: String,
     pub for_how_long: Duration,
 }
 
-impl WriteHealth {
-    /// A write failed because of `blocker`; `reason` is the database's message.
-    pub fn failed(&self, blocker: Blocker, reason: &str) {
-        let now = Instant::now();
-        let mut state = self.lock();
-        match state.as_mut() {
-            Some(blocked) if blocked.blocker == blocker => {
-                blocked.last = now;
-                blocked.reason = reason.to_owned();
-            }
-            _ => {
-                tracing::warn!(
-                    blocker = blocker.as_str(),
-                    reason,
-                    "writes fail: {}; {} (the daemon reports itself unready while this lasts)",
-                    blocker.describe(),
-                    blocker.remedy()
-                );
-                *state = Some(Blocked {
-                    blocker,
-                    reason: reason.to_owned(),
-                    first: now,
-                    last: now,
-                });
-                set_gauges(Some(blocker));
-            }
+impl FailingWrites {
+    /// For `/readyz` and the log: what fails, for how long, and what to do where that is known.
+    pub fn describe(&self) -> String {
+        let lasted = humantime::format_duration(self.for_how_long);
+        match self.blocker {
+            Some(blocker) => format!(
+                "{} for {lasted}: {}; {}",
+                blocker.describe(),
+                self.reason,
+                blocker.remedy()
+            ),
+            None => format!(
+                "every write has failed for {lasted}, none succeeding ({}): {}",
+                self.class, self.reason
+            ),
         }
     }
+}
 
-    /// A write committed: whatever blocked writes has passed.
+impl WriteHealth {
+    /// A write batch (or a probe) failed with `error`.
+    pub fn failed(&self, error: &StorageError) {
+        let now = Instant::now();
+        let blocker = match error {
+            StorageError::CannotWrite(blocker, _) => Some(*blocker),
+            _ => None,
+        };
+        let reason = match error {
+            StorageError::CannotWrite(_, reason) => reason.clone(),
+            other => other.to_string(),
+        };
+        let mut state = self.lock();
+        let previous_blocker = state.as_ref().and_then(|failing| failing.blocker);
+        if let Some(blocker) = blocker.filter(|_| blocker != previous_blocker) {
+            tracing::warn!(
+                blocker = blocker.as_str(),
+                reason = %reason,
+                "writes fail: {}; {} (the daemon reports itself unready while this lasts)",
+                blocker.describe(),
+                blocker.remedy()
+            );
+        }
+        if blocker != previous_blocker {
+            set_gauges(blocker);
+        }
+        let failing = state.get_or_insert_with(|| Failing {
+            class: error.class(),
+            blocker,
+            reason: String::new(),
+            first: now,
+            last: now,
+        });
+        failing.class = error.class();
+        failing.blocker = blocker;
+        failing.reason = reason;
+        failing.last = now;
+    }
+
+    /// A write committed (or a probe did): whatever failed has passed.
     pub fn succeeded(&self) {
         let mut state = self.lock();
-        if let Some(blocked) = state.take() {
-            tracing::info!(
-                blocker = blocked.blocker.as_str(),
-                after = %humantime::format_duration(round_to_seconds(blocked.first.elapsed())),
-                "writes succeed again"
-            );
-            set_gauges(None);
+        if let Some(failing) = state.take() {
+            if failing.last.duration_since(failing.first) >= FAILING_WINDOW
+                || failing.blocker.is_some()
+            {
+                tracing::info!(
+                    class = failing.class,
+                    after = %humantime::format_duration(round_to_seconds(failing.first.elapsed())),
+                    "writes succeed again"
+                );
+            }
+            if failing.blocker.is_some() {
+                set_gauges(None);
+            }
         }
     }
 
-    /// The blocker that makes the daemon unready now, if any: one that has lasted long enough
-    /// and has not gone quiet.
-    pub fn current(&self) -> Option<CurrentBlocker> {
-        let mut state = self.lock();
-        let blocked = state.as_ref()?;
-        if blocked.last.elapsed() > FORGOTTEN_AFTER {
-            *state = None;
-            set_gauges(None);
-            return None;
-        }
-        let lasted = blocked.last.duration_since(blocked.first);
-        (lasted >= blocked.blocker.persists_after()).then(|| CurrentBlocker {
-            blocker: blocked.blocker,
-            reason: blocked.reason.clone(),
-            for_how_long: round_to_seconds(blocked.first.elapsed()),
+    /// Whether the last write (or probe) failed: worth a probe, to learn when that ends.
+    pub fn is_failing(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// What makes the daemon unready now, if anything: writes failing, none succeeding, for
+    /// long enough (a [`Blocker`]'s own time, or [`FAILING_WINDOW`]).
+    pub fn current(&self) -> Option<FailingWrites> {
+        let state = self.lock();
+        let failing = state.as_ref()?;
+        let lasted = failing.last.duration_since(failing.first);
+        let needed = failing
+            .blocker
+            .map_or(FAILING_WINDOW, Blocker::persists_after);
+        (lasted >= needed).then(|| FailingWrites {
+            class: failing.class,
+            blocker: failing.blocker,
+            reason: failing.reason.clone(),
+            for_how_long: round_to_seconds(failing.first.elapsed()),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Blocked>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Failing>> {
         // The state is replaced whole: a panic elsewhere cannot leave it half-written.
         self.0
             .lock()
@@ -172,35 +231,70 @@ fn set_gauges(current: Option<Blocker>) {
 mod tests {
     use super::*;
 
+    fn blocked(blocker: Blocker, reason: &str) -> StorageError {
+        StorageError::CannotWrite(blocker, reason.into())
+    }
+
+    /// Moves the failure's start `by` into the past, as if it had lasted that much longer.
+    fn age(health: &WriteHealth, by: Duration) {
+        let mut state = health.lock();
+        let failing = state.as_mut().unwrap();
+        failing.first -= by;
+    }
+
     #[test]
     fn a_full_disk_blocks_at_once_and_a_commit_clears_it() {
         let health = WriteHealth::default();
         assert_eq!(health.current(), None);
-        health.failed(Blocker::DiskFull, "could not extend file");
+        health.failed(&blocked(Blocker::DiskFull, "could not extend file"));
         let current = health.current().expect("blocked");
-        assert_eq!(current.blocker, Blocker::DiskFull);
+        assert_eq!(current.blocker, Some(Blocker::DiskFull));
+        assert_eq!(current.class, "disk_full");
         assert_eq!(current.reason, "could not extend file");
         health.succeeded();
         assert_eq!(health.current(), None);
+        assert!(!health.is_failing());
     }
 
     #[test]
     fn a_read_only_database_blocks_only_once_it_lasts() {
         let health = WriteHealth::default();
-        health.failed(Blocker::ReadOnly, "read-only transaction");
+        health.failed(&blocked(Blocker::ReadOnly, "read-only transaction"));
         assert_eq!(health.current(), None, "a failover may be in progress");
-        {
-            let mut state = health.lock();
-            let blocked = state.as_mut().unwrap();
-            blocked.first -= Duration::from_secs(6);
-        }
-        assert_eq!(health.current().unwrap().blocker, Blocker::ReadOnly);
-        {
-            let mut state = health.lock();
-            let blocked = state.as_mut().unwrap();
-            blocked.first -= FORGOTTEN_AFTER;
-            blocked.last -= FORGOTTEN_AFTER + Duration::from_secs(1);
-        }
-        assert_eq!(health.current(), None, "quiet for long: forgotten");
+        age(&health, Duration::from_secs(6));
+        health.failed(&blocked(Blocker::ReadOnly, "read-only transaction"));
+        assert_eq!(health.current().unwrap().blocker, Some(Blocker::ReadOnly));
+    }
+
+    #[test]
+    fn any_failure_that_lasts_with_no_success_makes_writes_failing_until_one_succeeds() {
+        let health = WriteHealth::default();
+        let error = StorageError::from(anyhow::anyhow!(
+            "functions used in the WHERE clause must be marked IMMUTABLE"
+        ));
+        health.failed(&error);
+        assert!(health.is_failing());
+        assert_eq!(health.current(), None, "one failure is not a window");
+        age(&health, FAILING_WINDOW);
+        health.failed(&error);
+        let current = health.current().expect("failing for the window");
+        assert_eq!(current.class, "other");
+        assert_eq!(current.blocker, None);
+        assert!(
+            current.describe().contains("IMMUTABLE"),
+            "{}",
+            current.describe()
+        );
+        // The class named is the last failure's.
+        health.failed(&StorageError::Unavailable("connection refused".into()));
+        assert_eq!(health.current().unwrap().class, "unavailable");
+        health.succeeded();
+        assert_eq!(health.current(), None);
+        // A success between failures starts the window again.
+        health.failed(&error);
+        age(&health, FAILING_WINDOW);
+        health.succeeded();
+        health.failed(&error);
+        assert_eq!(health.current(), None);
     }
 }

@@ -2,84 +2,116 @@
 //!
 //! Every time that decides something is the database's `now()`: when a record expires (set by
 //! the write's own statement), whether an expired key may be taken over, what the janitor
-//! deletes, whether a key lookup still shows a record. The daemon's clock may be wrong (a bad
-//! hardware clock at boot, a restored VM, a step by NTP) and is never compared with a stored
-//! time. It is used only to estimate the database's time between two readings: the time
-//! stamped on a new entry (`created_at`, which its answer and its events carry, so it must be
-//! known before the write's statement is sent) is the daemon's clock corrected by the offset
-//! measured at the last reading. Every write batch's statement returns the database's `now()`,
-//! so the offset is at most one batch old.
+//! deletes, whether a key lookup still shows a record. The daemon's wall clock may be wrong (a
+//! bad hardware clock at boot, a restored VM, a step by NTP) and is never compared with a
+//! stored time. The time stamped on a new entry (`created_at`, which its answer and its events
+//! carry, so it must be known before the write's statement is sent) is the database's time at
+//! the last reading plus the time elapsed since on this process's monotonic clock, which no
+//! step of the wall clock moves. Every write batch's statement returns the database's `now()`,
+//! so a reading is at most one batch old while writes flow.
+//!
+//! A monotonic clock stops while the machine is suspended (a paused VM, a laptop's sleep),
+//! where the world's time goes on. So before an estimate is used, the wall clock's progress
+//! since the reading is compared with the monotonic clock's: when they differ by more than
+//! [`STEP_BOUND`] (the wall clock was stepped, or the machine slept), the estimate is not
+//! used, and the writer reads the database's clock first. An entry's time is therefore never
+//! further off the database's than that bound plus a round trip.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
 use crate::telemetry;
 
-/// An offset this large (either way) is worth a warning: the daemon's clock is wrong.
-const SKEW_WORTH_A_WARNING_MICROS: i64 = 1_000_000;
+/// An offset this large (either way) is worth a warning: the daemon's clock is wrong. Also
+/// the most the wall clock and the monotonic clock may disagree about the time elapsed since a
+/// reading before the estimate is distrusted.
+pub const STEP_BOUND: Duration = Duration::from_secs(1);
 
-/// No reading yet.
-const UNKNOWN: i64 = i64::MIN;
-
-/// The database's time minus this process's, in microseconds, shared by every writer.
-#[derive(Debug, Clone)]
-pub struct DatabaseClock {
-    offset_micros: Arc<AtomicI64>,
+/// One reading of the database's clock.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// What the database said.
+    database: DateTime<Utc>,
+    /// When it said it, on this process's monotonic clock (the middle of the exchange).
+    at: Instant,
+    /// And on its wall clock: only ever compared with the wall clock itself.
+    wall: DateTime<Utc>,
 }
 
-impl Default for DatabaseClock {
-    fn default() -> Self {
-        Self::new()
-    }
+/// The last reading of the database's clock, shared by every writer.
+#[derive(Debug, Clone, Default)]
+pub struct DatabaseClock {
+    last: Arc<Mutex<Option<Reading>>>,
 }
 
 impl DatabaseClock {
-    /// A clock with no reading yet: until the first, it is the daemon's own.
+    /// A clock with no reading yet: [`now`](Self::now) has no estimate until the first.
     pub fn new() -> Self {
-        Self {
-            offset_micros: Arc::new(AtomicI64::new(UNKNOWN)),
+        Self::default()
+    }
+
+    fn last(&self) -> Option<Reading> {
+        // A reading is replaced whole: a panic elsewhere cannot leave it half-written.
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The database's time now, to the microsecond PostgreSQL keeps: the last reading moved on
+    /// by the monotonic clock. None before the first reading, and when the wall clock's
+    /// progress since it disagrees with the monotonic clock's by more than [`STEP_BOUND`]
+    /// (then read the database's clock again: [`read`](Self::read)).
+    pub fn now(&self) -> Option<DateTime<Utc>> {
+        let reading = self.last()?;
+        let elapsed = reading.at.elapsed();
+        let wall_elapsed = Utc::now().signed_duration_since(reading.wall);
+        let monotonic_elapsed = chrono::Duration::from_std(elapsed).ok()?;
+        let disagreement = (wall_elapsed - monotonic_elapsed).abs();
+        if disagreement > chrono::Duration::from_std(STEP_BOUND).ok()? {
+            return None;
         }
+        let micros = reading
+            .database
+            .timestamp_micros()
+            .saturating_add(i64::try_from(elapsed.as_micros()).ok()?);
+        DateTime::from_timestamp_micros(micros)
     }
 
-    /// The database's time now, as last measured, to the microsecond PostgreSQL keeps.
-    pub fn now(&self) -> DateTime<Utc> {
-        let offset = match self.offset_micros.load(Ordering::Relaxed) {
-            UNKNOWN => 0,
-            offset => offset,
-        };
-        let micros = Utc::now().timestamp_micros().saturating_add(offset);
-        DateTime::from_timestamp_micros(micros).unwrap_or_else(Utc::now)
-    }
-
-    /// The database's offset from this process's clock, once measured.
+    /// The database's offset from this process's wall clock at the last reading, once
+    /// measured.
     pub fn offset(&self) -> Option<chrono::Duration> {
-        match self.offset_micros.load(Ordering::Relaxed) {
-            UNKNOWN => None,
-            offset => Some(chrono::Duration::microseconds(offset)),
-        }
+        self.last()
+            .map(|reading| reading.database.signed_duration_since(reading.wall))
     }
 
-    /// Takes in a reading: the database said `database_now` while this process's clock went
-    /// from `sent` to `received` (the server's time is taken as the middle of the exchange).
-    /// A daemon clock off by more than a second, or one that moved by more than a second since
-    /// the last reading, is logged: the database's time is used regardless.
-    pub fn observe(
-        &self,
-        database_now: DateTime<Utc>,
-        sent: DateTime<Utc>,
-        received: DateTime<Utc>,
-    ) {
-        let local_micros = sent.timestamp_micros() / 2 + received.timestamp_micros() / 2;
-        let offset = database_now.timestamp_micros().saturating_sub(local_micros);
-        let previous = self.offset_micros.swap(offset, Ordering::Relaxed);
+    /// Takes in a reading: the database said `database_now` while this process's monotonic
+    /// clock went from `sent` to `received` (the server's time is taken as the middle of the
+    /// exchange). A daemon clock off by more than [`STEP_BOUND`], or one that moved by more
+    /// than that since the last reading, is logged: the database's time is used regardless.
+    pub fn observe(&self, database_now: DateTime<Utc>, sent: Instant, received: Instant) {
+        let at = sent + received.saturating_duration_since(sent) / 2;
+        let since_middle = chrono::Duration::from_std(at.elapsed()).unwrap_or_default();
+        let reading = Reading {
+            database: database_now,
+            at,
+            wall: Utc::now() - since_middle,
+        };
+        let previous = self
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(reading);
+        let offset = micros_between(reading.wall, reading.database);
         metrics::gauge!(telemetry::CLOCK_OFFSET).set(offset as f64 / 1e6);
-        let skewed = offset.abs() >= SKEW_WORTH_A_WARNING_MICROS;
-        let moved = previous != UNKNOWN
-            && offset.saturating_sub(previous).abs() >= SKEW_WORTH_A_WARNING_MICROS;
-        let first_skewed = previous == UNKNOWN && skewed;
-        if moved || first_skewed {
+        let bound = STEP_BOUND.as_micros() as i64;
+        let skewed = offset.abs() >= bound;
+        let moved = previous.is_some_and(|previous| {
+            offset
+                .saturating_sub(micros_between(previous.wall, previous.database))
+                .abs()
+                >= bound
+        });
+        if moved || (previous.is_none() && skewed) {
             let offset_text = describe_offset(offset);
             if skewed {
                 tracing::warn!(
@@ -92,14 +124,24 @@ impl DatabaseClock {
         }
     }
 
-    /// Reads the database's clock once, on `client`: at start, so that the first writes are
-    /// stamped right.
-    pub async fn read(&self, client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
-        let sent = Utc::now();
+    /// Reads the database's clock once, on `client`, and returns what it said: at start, and
+    /// before a batch whose estimate [`now`](Self::now) distrusts.
+    pub async fn read(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<DateTime<Utc>, tokio_postgres::Error> {
+        let sent = Instant::now();
         let row = client.query_one("SELECT clock_timestamp()", &[]).await?;
-        self.observe(row.get(0), sent, Utc::now());
-        Ok(())
+        let database_now = row.get(0);
+        self.observe(database_now, sent, Instant::now());
+        Ok(database_now)
     }
+}
+
+/// `to - from` in microseconds, saturating.
+fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    to.timestamp_micros()
+        .saturating_sub(from.timestamp_micros())
 }
 
 /// `+25h 3s` (the database ahead) or `-2s 120ms` (behind), for logs.
@@ -122,28 +164,60 @@ mod tests {
     fn the_clock_follows_the_database_by_the_measured_offset() {
         let clock = DatabaseClock::new();
         assert!(clock.offset().is_none());
-        let local = Utc::now();
-        let ahead = local + chrono::Duration::hours(25);
-        clock.observe(ahead, local, local + chrono::Duration::milliseconds(2));
+        assert!(clock.now().is_none(), "no estimate before a reading");
+        let ahead = Utc::now() + chrono::Duration::hours(25);
+        let sent = Instant::now();
+        clock.observe(ahead, sent, sent + Duration::from_millis(2));
         let offset = clock.offset().unwrap();
         assert!(
             (offset - chrono::Duration::hours(25))
                 .num_milliseconds()
                 .abs()
-                <= 2,
+                <= 50,
             "{offset}"
         );
-        let estimated = clock.now();
+        let estimated = clock.now().expect("an estimate");
         assert!(
-            (estimated - (Utc::now() + chrono::Duration::hours(25)))
-                .num_seconds()
-                .abs()
-                <= 1,
-            "{estimated}"
+            (estimated - ahead).num_milliseconds().abs() <= 50,
+            "{estimated} against {ahead}"
         );
         assert_eq!(
             describe_offset(-1_500_000),
             "-1s 500ms (database minus this machine)"
         );
+    }
+
+    #[test]
+    fn a_step_of_the_wall_clock_since_the_reading_makes_the_estimate_unusable() {
+        let clock = DatabaseClock::new();
+        let database = Utc::now();
+        // As if the wall clock had been stepped back 25 hours since the reading.
+        *clock.last.lock().unwrap() = Some(Reading {
+            database,
+            at: Instant::now(),
+            wall: Utc::now() + chrono::Duration::hours(25),
+        });
+        assert!(
+            clock.now().is_none(),
+            "stepped back: read the database again"
+        );
+        // And forward by two seconds (or two seconds of sleep the monotonic clock missed).
+        *clock.last.lock().unwrap() = Some(Reading {
+            database,
+            at: Instant::now(),
+            wall: Utc::now() - chrono::Duration::seconds(2),
+        });
+        assert!(
+            clock.now().is_none(),
+            "stepped forward: read the database again"
+        );
+        // Within the bound, the estimate stands.
+        *clock.last.lock().unwrap() = Some(Reading {
+            database,
+            at: Instant::now(),
+            wall: Utc::now() - chrono::Duration::milliseconds(300),
+        });
+        let estimated = clock.now().expect("within the bound");
+        assert!((estimated - database).num_milliseconds().abs() <= 50);
     }
 }

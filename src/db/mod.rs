@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Statement};
 
 use crate::config::DatabaseConfig;
-pub use blocked::{Blocker, WriteHealth};
+pub use blocked::{Blocker, FailingWrites, WriteHealth};
 pub use clock::DatabaseClock;
 use connect::{ConnectError, Connection, Connector};
 pub use sqlstate::StorageError;
@@ -149,6 +149,40 @@ impl DerefMut for PgClient {
             .expect("a live PgClient has its connection")
             .client
     }
+}
+
+/// Whether a commit on this session waits for a synchronous standby: what a commit is
+/// promised to be durable as. Sent with other statements (in one round trip), it tells whether
+/// a [`barrier`] is needed.
+pub const REPLICATION_PROMISED: &str = "SELECT current_setting('synchronous_standby_names') <> ''
+    AND current_setting('synchronous_commit') NOT IN ('off', 'local')";
+
+/// A transaction that writes one WAL record (a logical decoding message, which no table
+/// holds) so that its commit is a real one, waited for by a synchronous standby.
+const BARRIER: &str = "SELECT pg_logical_emit_message(true, 'retrysafe', 'barrier')";
+
+/// Waits until a synchronous standby has everything this session could read until now: a
+/// commit of a transaction that writes one WAL record, checked as a write batch's commit is
+/// ([`PgClient::confirm_commit`]). PostgreSQL shows a commit to other sessions once it is
+/// flushed locally if its wait for the standby was cancelled (or the server crashed while
+/// waiting), so a row read from the primary may be one the standby never gets; the standby
+/// confirming this later commit confirms every earlier one, since it receives the WAL in
+/// order. Call it after the reads, and only where [`REPLICATION_PROMISED`] said so: a
+/// commit with nothing to wait for costs a WAL flush for nothing. Fails with
+/// [`StorageError::Unavailable`] when the database warned about the commit (the standby did not
+/// confirm it): what was read must then not be acted on as durable.
+pub async fn barrier(connection: &mut PgClient) -> Result<(), StorageError> {
+    let warnings = connection.warnings();
+    let client: &Client = connection;
+    let (begun, marked, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.batch_execute(BARRIER),
+        client.batch_execute("COMMIT"),
+    );
+    begun?;
+    marked?;
+    committed?;
+    connection.confirm_commit(warnings)
 }
 
 /// The pool's connection manager: connections from a [`Connector`] (each host in turn, each

@@ -54,6 +54,18 @@ impl From<crate::db::connect::ConnectError> for StorageError {
 }
 
 impl StorageError {
+    /// The kind of failure in one word, for `/readyz`, logs and metrics labels.
+    pub fn class(&self) -> &'static str {
+        match self {
+            StorageError::Unavailable(_) => "unavailable",
+            StorageError::StatementTimeout(_) => "statement_timeout",
+            StorageError::Retryable(_) => "conflict",
+            StorageError::DataRejected(_) => "data_rejected",
+            StorageError::CannotWrite(blocker, _) => blocker.as_str(),
+            StorageError::Other(_) => "other",
+        }
+    }
+
     /// Whether the connection that raised this error may be used again: the server answered
     /// (and the transaction, if any, is rolled back). After an `Unavailable` error the
     /// connection's state is unknown, or it is on a server that cannot take writes (a demoted

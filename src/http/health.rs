@@ -21,13 +21,18 @@ pub struct Readiness {
     status: &'static str,
     database: &'static str,
     migrations: &'static str,
-    /// `ok`, or `failing` while writes fail for a reason only an operator can fix (the
-    /// database's disk full, the database read-only, no connection slot free): then the daemon
-    /// is unready.
+    /// `ok`, or `failing` while writes fail with none succeeding: at once for a full disk, after
+    /// a few seconds for any other reason (the database read-only, no connection slot free,
+    /// unreachable, a statement the schema does not fit, ...). Then the daemon is unready.
     writes: &'static str,
     /// Why writes fail, in words, with the database's message; absent while they do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     writes_error: Option<String>,
+    /// The class of the last failure: `disk_full`, `read_only`, `no_connections`,
+    /// `unavailable`, `statement_timeout`, `conflict`, `data_rejected` or `other`; absent while
+    /// writes do not fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    writes_error_class: Option<&'static str>,
     /// `connected`, `blocked` (a resource alarm: the broker takes no publishes until it clears;
     /// events wait in the outbox) or `disconnected`. Reported, but not part of readiness:
     /// writes work while the broker is down or blocked.
@@ -44,13 +49,13 @@ pub struct Readiness {
 }
 
 /// Ready when the database answers, has every migration this build needs, and writes do not
-/// fail for a reason only an operator can fix.
+/// fail.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
-        (status = 200, description = "The database answers, migrations are applied, and writes do not fail for a reason only an operator can fix", body = Readiness, content_type = "application/json"),
+        (status = 200, description = "The database answers, migrations are applied, and writes do not fail", body = Readiness, content_type = "application/json"),
         (status = 503, description = "Not ready; the body says why", body = Readiness, content_type = "application/json"),
     ),
 )]
@@ -73,15 +78,8 @@ pub async fn readyz(state: SharedState) -> HttpResponse {
         } else {
             "ok"
         },
-        writes_error: writes_blocked.map(|current| {
-            format!(
-                "{} for {}: {}; {}",
-                current.blocker.describe(),
-                humantime::format_duration(current.for_how_long),
-                current.reason,
-                current.blocker.remedy()
-            )
-        }),
+        writes_error_class: writes_blocked.as_ref().map(|failing| failing.class),
+        writes_error: writes_blocked.map(|failing| failing.describe()),
         broker: match (state.broker.is_connected(), &blocked) {
             (true, Some(_)) => "blocked",
             (true, None) => "connected",
@@ -121,7 +119,9 @@ const READINESS_FRESH: Duration = Duration::from_secs(1);
 pub struct ReadinessMonitor {
     /// The reads' pool, on which the check runs.
     reads: Database,
-    /// What the writers last found.
+    /// The writes' pool, on which a probe write runs while writes fail.
+    write_pool: Database,
+    /// What the writers (and the last probe) found.
     writes: WriteHealth,
     /// Bound on one check.
     limit: Duration,
@@ -132,9 +132,15 @@ pub struct ReadinessMonitor {
 }
 
 impl ReadinessMonitor {
-    pub fn new(reads: Database, limit: Duration, writes: WriteHealth) -> Self {
+    pub fn new(
+        reads: Database,
+        write_pool: Database,
+        limit: Duration,
+        writes: WriteHealth,
+    ) -> Self {
         Self {
             reads,
+            write_pool,
             writes,
             limit,
             last: tokio::sync::Mutex::new(None),
@@ -152,14 +158,17 @@ impl ReadinessMonitor {
             }
         }
         let state = self.check().await;
+        if state == DatabaseState::Ready && self.writes.is_failing() {
+            crate::write::writer::probe(&self.write_pool, &self.writes, self.limit).await;
+        }
         *last = Some((Instant::now(), state));
         let ready = state == DatabaseState::Ready && self.writes.current().is_none();
         metrics::gauge!(telemetry::READY).set(if ready { 1.0 } else { 0.0 });
         state
     }
 
-    /// What makes writes fail now, if it is a reason only an operator can fix and has lasted.
-    pub fn writes_blocked(&self) -> Option<db::blocked::CurrentBlocker> {
+    /// What makes writes fail now, if it has lasted (see [`WriteHealth::current`]).
+    pub fn writes_blocked(&self) -> Option<db::FailingWrites> {
         self.writes.current()
     }
 

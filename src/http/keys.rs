@@ -117,6 +117,8 @@ pub async fn get_key(
 
 /// The record of `client`'s `key` and its events: what the key lookup answers, to the client
 /// (`GET /v1/idempotency-keys/{key}`) or to an admin (`GET /admin/v1/keys/{client}/{key}`).
+/// With a synchronous standby, only once the standby has them ([`crate::db::barrier`]), so that
+/// the lookup never reports a write that a failover may lose.
 pub async fn lookup(
     state: &SharedState,
     client: &str,
@@ -127,10 +129,13 @@ pub async fn lookup(
     let (record, event_rows) = state
         .reads
         .run(async |connection| {
-            let Some(record) = connection
-                .query_opt(SELECT_RECORD, &[&client, &key.as_str()])
-                .await?
-            else {
+            let key_text = key.as_str();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&client, &key_text];
+            let (promised, record) = tokio::join!(
+                connection.query_one(crate::db::REPLICATION_PROMISED, &[]),
+                connection.query_opt(SELECT_RECORD, &params),
+            );
+            let Some(record) = record? else {
                 return Ok(None);
             };
             let events = match record.get::<_, Option<Uuid>>("entry_id") {
@@ -148,6 +153,12 @@ pub async fn lookup(
                 }
                 None => Vec::new(),
             };
+            // A record read on the primary may be of a write whose commit the synchronous
+            // standby never confirmed (its client was answered 503): not shown as completed
+            // until the standby has it.
+            if promised?.get::<_, bool>(0) {
+                crate::db::barrier(connection).await?;
+            }
             Ok::<_, StorageError>(Some((record, events)))
         })
         .await?

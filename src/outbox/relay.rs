@@ -10,7 +10,7 @@ use actix::prelude::*;
 use lapin::Channel;
 use tokio::sync::oneshot;
 
-use crate::db::{Database, PgClient, StorageError};
+use crate::db::{barrier, Database, PgClient, StorageError};
 use crate::lifecycle::Stop;
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
@@ -89,6 +89,10 @@ pub struct RelayReport {
     /// again (confirms of its publishes may still come), but its connection is kept: the
     /// broker will unblock it.
     pub blocked: bool,
+    /// The broker confirmed the batch, but recording that in the database failed: its events
+    /// are published again later (each with a failed attempt counted where that could be
+    /// recorded), and the relay backs off.
+    pub recording_failed: bool,
 }
 
 /// Claims up to `batch_size` due rows, publishes them all with confirms pipelined, awaits the
@@ -118,7 +122,7 @@ async fn relay_once_then(
 ) -> Result<RelayReport, StorageError> {
     let limit = db.operation_timeout() + config.confirm_timeout;
     db.run_within(limit, async |connection| {
-        relay_batch(connection, broker, channel, config, on_full_batch).await
+        relay_batch(db, connection, broker, channel, config, on_full_batch).await
     })
     .await
 }
@@ -131,7 +135,16 @@ async fn relay_once_then(
 /// (tokio-postgres pipelines requests sent together on one connection): a batch costs the
 /// database two round trips, not four. After a failure the transaction is rolled back before
 /// the connection goes back to the pool.
+///
+/// With a synchronous standby, the claimed events are published only once a [`barrier`] on
+/// another connection, taken after the claim, is confirmed by the standby: a write whose
+/// commit's wait for the standby was cancelled is visible on the primary at once (its client
+/// was answered 503, not 201), and an event of it published before the standby has it would be
+/// an event of a write that a failover loses. If the barrier is not confirmed, nothing is
+/// published and the batch ends as failed (its events are due again at once: no attempt is
+/// counted, the events did not fail).
 async fn relay_batch(
+    db: &Database,
     connection: &mut PgClient,
     broker: &Broker,
     channel: &Channel,
@@ -141,14 +154,28 @@ async fn relay_batch(
     let statements = RelayStatements::prepare(connection).await?;
     let warnings = connection.warnings();
     let client: &tokio_postgres::Client = connection;
-    let (begun, claimed) = tokio::join!(
+    let (begun, promised, claimed) = tokio::join!(
         client.batch_execute("BEGIN"),
+        client.query_one(&statements.replication_promised, &[]),
         store::claim_due(client, &statements, config.batch_size),
     );
-    let result = match (begun, claimed) {
-        (Err(error), _) => Err(StorageError::from(error)),
-        (Ok(()), Err(error)) => Err(error),
-        (Ok(()), Ok(events)) => {
+    let claimed = match (begun, promised, claimed) {
+        (Err(error), _, _) | (Ok(()), Err(error), _) => Err(StorageError::from(error)),
+        (Ok(()), Ok(_), Err(error)) => Err(error),
+        (Ok(()), Ok(promised), Ok(events)) if promised.get(0) && !events.is_empty() => {
+            match db.run(async |other| barrier(other).await).await {
+                Ok(()) => Ok(events),
+                Err(error) => Err(StorageError::Unavailable(format!(
+                    "not publishing {} events: the synchronous standby did not confirm a barrier after their claim ({error})",
+                    events.len()
+                ))),
+            }
+        }
+        (Ok(()), Ok(_), Ok(events)) => Ok(events),
+    };
+    let result = match claimed {
+        Err(error) => Err(error),
+        Ok(events) => {
             let target = Publishing {
                 broker,
                 channel,
@@ -249,13 +276,68 @@ async fn publish_and_record(
         store::advance_keys(client, statements, &advancing),
         client.batch_execute("COMMIT"),
     );
-    marked_sent?;
-    marked_failed?;
-    locked?;
-    advanced?;
-    committed?;
+    let recorded = marked_sent
+        .and(marked_failed)
+        .and(locked)
+        .and(advanced)
+        .and(committed.map_err(StorageError::from));
+    if let Err(error) = recorded {
+        metrics::counter!(telemetry::OUTBOX_RECORDING_FAILURES).increment(1);
+        return Ok(
+            record_unrecorded(client, statements, &events, &error, config.max_attempts).await,
+        );
+    }
     log_failures(&sorted.failures, config.max_attempts);
     Ok(sorted.report)
+}
+
+/// After the broker confirmed a batch whose recording (mark sent, advance the ordering keys,
+/// the commit) then failed and was rolled back: the events are due again, and a relay would
+/// publish them again at once, every round for as long as the fault lasts. So the publish is
+/// recorded as a failed attempt of each event instead, in a transaction of its own, which
+/// backs off as a failed publish does (and parks after `outbox.max_attempts`): a persistent
+/// fault costs a bounded number of copies. The report says so
+/// ([`RelayReport::recording_failed`]), and the relay itself backs off too, in case this
+/// recording fails as well (the events are then due at once in the database).
+async fn record_unrecorded(
+    client: &tokio_postgres::Client,
+    statements: &RelayStatements,
+    events: &[store::PendingEvent],
+    error: &StorageError,
+    max_attempts: i32,
+) -> RelayReport {
+    let reason = format!("published, but recording the publish failed: {error}");
+    let failures: Vec<FailedAttempt> = events
+        .iter()
+        .map(|event| FailedAttempt {
+            event,
+            error: reason.clone(),
+            nacked: false,
+        })
+        .collect();
+    let backed_off = if client.is_closed() {
+        Err(StorageError::Unavailable("the connection is closed".into()))
+    } else {
+        store::mark_failed(client, statements, &failures, max_attempts).await
+    };
+    match backed_off {
+        Ok(_) => tracing::error!(
+            events = events.len(),
+            error = %error,
+            "the broker confirmed a batch, but recording it failed; its events will be published again, with backoff"
+        ),
+        Err(backoff_error) => tracing::error!(
+            events = events.len(),
+            error = %error,
+            backoff_error = %backoff_error,
+            "the broker confirmed a batch, but recording it failed, and so did recording the failure; its events will be published again once the relay's backoff ends"
+        ),
+    }
+    RelayReport {
+        claimed: events.len(),
+        recording_failed: true,
+        ..RelayReport::default()
+    }
 }
 
 /// Publishes the claimed events to the exchange and awaits their confirms: the broker's part of
@@ -420,8 +502,9 @@ pub struct RelayState {
 enum Pause {
     /// Until the poll interval or a wake-up.
     Poll,
-    /// Until the reconnect delay: a wake-up must not cut a backoff short.
-    Reconnect,
+    /// Until a backoff ends (a reconnect to the broker, or after a batch whose recording
+    /// failed): a wake-up must not cut it short.
+    Backoff,
     /// Until the broker unblocks publishing: a wake-up would only find it blocked.
     Unblocked,
 }
@@ -454,6 +537,9 @@ pub struct OutboxRelay {
     more_due: bool,
     /// The last batch to end had events of ordering keys (see [`OutboxRelay::claim_limit`]).
     ordered_lately: bool,
+    /// Batches in a row whose recording failed after the broker confirmed them: the relay
+    /// waits [`store::retry_delay`] of it before its next batch.
+    unrecorded_batches: i32,
     /// Stop requests, answered once the last batch in flight has ended.
     stopping: Option<Vec<oneshot::Sender<()>>>,
     state: RelayState,
@@ -489,6 +575,7 @@ impl OutboxRelay {
             in_flight: 0,
             more_due: false,
             ordered_lately: false,
+            unrecorded_batches: 0,
             stopping: None,
             state: RelayState::default(),
         })
@@ -635,7 +722,7 @@ impl OutboxRelay {
                 self.state.connected = false;
                 self.state.last_error = Some(error.to_string());
                 self.channels.clear();
-                self.schedule(self.reconnect_delay, Pause::Reconnect, ctx);
+                self.schedule(self.reconnect_delay, Pause::Backoff, ctx);
                 self.reconnect_delay = (self.reconnect_delay * 2).min(MAX_RECONNECT_DELAY);
                 return;
             }
@@ -656,6 +743,18 @@ impl OutboxRelay {
         };
         self.state.events_sent += report.sent as u64;
         self.ordered_lately = report.ordered;
+        if report.recording_failed {
+            // Published, not recorded: the next batch may publish the same events again, so
+            // it waits, longer each time in a row, whatever wakes the relay meanwhile.
+            self.unrecorded_batches = self.unrecorded_batches.saturating_add(1);
+            self.state.last_error =
+                Some("the broker confirmed a batch, but recording it failed".into());
+            self.channels.push(channel);
+            let delay = store::retry_delay(self.unrecorded_batches);
+            self.schedule(delay, Pause::Backoff, ctx);
+            return;
+        }
+        self.unrecorded_batches = 0;
         if report.blocked {
             // The channel may still get confirms of this batch's publishes: not used again.
             // The connection stays: the broker unblocks it, and a new one would be blocked too.

@@ -67,6 +67,9 @@ const MARK_SENT: &str =
     "UPDATE outbox_events SET sent_at = now(), last_error = NULL WHERE id = ANY($1)";
 
 /// Failed attempts: count them, schedule the next one, and park the row after `max_attempts`.
+/// A row sent meanwhile is left alone: after a batch whose recording failed (the relay records
+/// its publishes as failed attempts in a transaction of its own), another relay may have
+/// claimed, published and marked it.
 const MARK_FAILED: &str = "
 UPDATE outbox_events AS o
 SET attempts = o.attempts + 1,
@@ -76,7 +79,7 @@ SET attempts = o.attempts + 1,
     failed_at = CASE WHEN o.attempts + 1 >= $4 THEN now() END
 FROM unnest($1::bigint[], $2::text[], $3::float8[], $5::bool[])
     AS f(id, error, delay_seconds, nacked)
-WHERE o.id = f.id";
+WHERE o.id = f.id AND o.sent_at IS NULL";
 
 /// Locks the `ordering_keys` rows of the given (client, ordering key) pairs, in key order: the
 /// order writers lock them in, so that a relay and a writer never wait for each other in a
@@ -120,6 +123,9 @@ WHERE e.client_id = a.client_id AND e.ordering_key = a.ordering_key
 
 /// The relay's statements, prepared once per connection.
 pub struct RelayStatements {
+    /// Whether the batch's publishes must wait for a synchronous standby
+    /// ([`crate::db::barrier`]).
+    pub replication_promised: Statement,
     claim_due: Statement,
     mark_sent: Statement,
     mark_failed: Statement,
@@ -130,6 +136,9 @@ pub struct RelayStatements {
 impl RelayStatements {
     pub async fn prepare(connection: &mut PgClient) -> Result<Self, StorageError> {
         Ok(Self {
+            replication_promised: connection
+                .prepare_cached(crate::db::REPLICATION_PROMISED)
+                .await?,
             claim_due: connection.prepare_cached(CLAIM_DUE).await?,
             mark_sent: connection.prepare_cached(MARK_SENT).await?,
             mark_failed: connection.prepare_cached(MARK_FAILED).await?,

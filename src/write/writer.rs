@@ -284,15 +284,18 @@ impl Handler<Stop> for Writer {
 struct PreparedWrite<'a> {
     write: &'a Write,
     entry_id: Uuid,
-    /// The database's time as the daemon last measured it ([`DatabaseClock`]).
+    /// The database's time, as estimated for the batch ([`stamp`]).
     created_at: DateTime<Utc>,
     /// The entry as the API shows it: the saved response's body, and the data of its event.
     response_body: String,
     events: Vec<NewEvent>,
 }
 
-fn prepare<'a>(write: &'a Write, config: &WriterConfig) -> PreparedWrite<'a> {
-    let created_at = config.clock.now();
+fn prepare<'a>(
+    write: &'a Write,
+    config: &WriterConfig,
+    created_at: DateTime<Utc>,
+) -> PreparedWrite<'a> {
     let created_at_text = format_time(created_at);
     let entry_id = Uuid::now_v7();
     let request = &write.request;
@@ -363,16 +366,27 @@ fn live_until(remaining: Duration) -> std::time::Instant {
 
 /// Commits `batch`, answers every write in it, and returns how many entries it created.
 async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>) -> usize {
-    let prepared: Vec<PreparedWrite> = batch
-        .iter()
-        .map(|commit| prepare(&commit.write, config))
-        .collect();
-    metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(prepared.len() as f64);
+    metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(batch.len() as f64);
     let span =
         crate::otlp::writer_batch_span(batch.iter().map(|commit| commit.write.trace.as_ref()));
-    let results = commit_isolating_bad_items(db, config, &prepared).await;
+    let results = match stamp(db, config).await {
+        Ok(created_at) => {
+            let prepared: Vec<PreparedWrite> = batch
+                .iter()
+                .map(|commit| prepare(&commit.write, config, created_at))
+                .collect();
+            commit_isolating_bad_items(db, config, &prepared).await
+        }
+        Err(error) => {
+            tracing::warn!(error = %error, size = batch.len(), "batch failed: cannot read the database's clock");
+            config.health.failed(&error);
+            batch
+                .iter()
+                .map(|_| Err(WriteError::Storage(error.clone())))
+                .collect()
+        }
+    };
     crate::otlp::end_writer_batch_span(span, results.iter().any(Result::is_err));
-    drop(prepared);
     let mut created = 0;
     for (commit, result) in batch.into_iter().zip(results) {
         if matches!(result, Ok(Committed::Created(_))) {
@@ -386,6 +400,18 @@ async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>)
         let _ = commit.reply.send(result);
     }
     created
+}
+
+/// The time a batch's entries are stamped with: the database's time as the daemon's clock
+/// estimates it ([`DatabaseClock::now`]), or, where that estimate is not to be trusted (no
+/// reading yet, or the wall clock stepped or the machine slept since the last), the database's
+/// clock read now, at the cost of a round trip.
+async fn stamp(db: &Database, config: &WriterConfig) -> Result<DateTime<Utc>, StorageError> {
+    if let Some(now) = config.clock.now() {
+        return Ok(now);
+    }
+    db.run(async |connection| Ok(config.clock.read(connection).await?))
+        .await
 }
 
 /// Commits the batch; if it fails for a reason one item can cause, commits each item alone so
@@ -450,18 +476,57 @@ async fn commit_with_retries(
             "failed"
         };
         metrics::counter!(telemetry::WRITER_BATCHES, "result" => label).increment(1);
-        match &result {
-            Ok(_) => config.health.succeeded(),
-            Err(StorageError::CannotWrite(blocker, reason)) => {
-                config.health.failed(*blocker, reason)
-            }
-            Err(_) => {}
-        }
         match result {
             Err(StorageError::Retryable(reason)) if attempt < MAX_CONFLICT_RETRIES => {
                 tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
             }
-            other => return other,
+            other => {
+                match &other {
+                    Ok(_) => config.health.succeeded(),
+                    Err(error) => config.health.failed(error),
+                }
+                return other;
+            }
+        }
+    }
+}
+
+/// Writes WAL in the probe's transaction, so that its commit is a real one: flushed, and
+/// waited for by a synchronous standby.
+const PROBE_WAL: &str = "SELECT pg_logical_emit_message(true, 'retrysafe', 'write probe')";
+
+/// Whether writes would succeed now, without writing a row: the writers' statement with no
+/// write in it (so a schema it does not fit, a read-only database or a lost connection fail it
+/// as they fail writes), in a transaction that writes a WAL record (so a full disk fails its
+/// commit, and a synchronous standby must confirm it) and commits as a batch does. Told to
+/// `health` either way. Run by readiness checks while writes fail, so that readiness comes
+/// back by itself when they would succeed, even with no write arriving to tell.
+pub async fn probe(db: &Database, health: &WriteHealth, limit: Duration) {
+    let result = db
+        .run_within(limit, async |connection| {
+            let statement = connection.prepare_cached(CLAIM_AND_INSERT).await?;
+            let columns = Columns::new(&[], Duration::ZERO);
+            let params = columns.params();
+            let warnings = connection.warnings();
+            let client: &tokio_postgres::Client = connection;
+            let (begun, claimed, wrote, committed) = tokio::join!(
+                client.batch_execute("BEGIN"),
+                client.query_one(&statement, &params),
+                client.batch_execute(PROBE_WAL),
+                client.batch_execute("COMMIT"),
+            );
+            begun?;
+            claimed?;
+            wrote?;
+            committed?;
+            connection.confirm_commit(warnings)
+        })
+        .await;
+    match result {
+        Ok(()) => health.succeeded(),
+        Err(error) => {
+            tracing::debug!(error = %error, "write probe failed");
+            health.failed(&error);
         }
     }
 }
@@ -756,7 +821,7 @@ async fn commit(
     let read_back = connection.prepare_cached(READ_BACK).await?;
 
     let columns = Columns::new(prepared, config.retention);
-    let sent = Utc::now();
+    let sent = std::time::Instant::now();
     // In a transaction whose COMMIT is a simple query, all three sent together (one round
     // trip): its answer comes after the commit's wait for a synchronous standby, and after any
     // warning that the wait was cancelled, which `confirm_commit` then sees. (The statement
@@ -775,7 +840,9 @@ async fn commit(
     let row = row?;
     committed?;
     connection.confirm_commit(warnings)?;
-    config.clock.observe(row.get(0), sent, Utc::now());
+    config
+        .clock
+        .observe(row.get(0), sent, std::time::Instant::now());
     // array_agg over no rows is NULL: nothing was claimed.
     let claimed_clients: Vec<String> = row.get::<_, Option<Vec<String>>>(1).unwrap_or_default();
     let claimed_keys: Vec<String> = row.get::<_, Option<Vec<String>>>(2).unwrap_or_default();

@@ -487,3 +487,216 @@ async fn a_503_after_an_unknown_commit_outcome_does_not_claim_nothing_was_saved(
         "a client told \"nothing was saved\" may retry with a NEW key and write twice: {detail}"
     );
 }
+
+/// Every write fails with a 500 (a schema the daemon's statement does not fit: a column renamed
+/// under it). Readiness, which used to know only the failures it was taught (read-only, a full
+/// disk, no connection slot), stayed 200 with `"writes":"ok"`: within a few seconds of failing
+/// writes it is 503, naming the failure's class; and once the schema fits again it is ready
+/// again by itself, before any write arrives (its probe write succeeds), and writes succeed.
+#[actix_web::test]
+async fn writes_that_all_fail_make_the_daemon_unready_until_they_would_succeed_again() {
+    let app = spawn_app_with(|_| {}).await;
+    app.post_entry("before", &entry_body(1))
+        .await
+        .assert_created();
+    app.readyz_once(|ready| ready.status == 200).await;
+    app.db
+        .batch_execute("ALTER TABLE entries RENAME COLUMN kind TO kind_renamed")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut n = 0;
+    let unready = loop {
+        n += 1;
+        let answer = app.post_entry(&format!("broken-{n}"), &entry_body(n)).await;
+        assert_eq!(answer.status, 500, "{}", answer.describe());
+        let ready = app.get("/readyz", None).await;
+        if ready.status == 503 {
+            break ready;
+        }
+        assert_eq!(ready.json()["writes"], "ok", "{}", ready.describe());
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "writes fail, /readyz still says {}",
+            ready.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let body = unready.json();
+    assert_eq!(body["status"], "unready", "{body}");
+    assert_eq!(body["writes"], "failing", "{body}");
+    assert_eq!(body["writes_error_class"], "other", "{body}");
+    assert!(
+        body["writes_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("kind")),
+        "the database's words: {body}"
+    );
+    assert!(
+        started.elapsed() >= retrysafe::db::blocked::FAILING_WINDOW,
+        "not before writes have failed for the window"
+    );
+    assert_eq!(app.metric("retrysafe_ready").await, 0.0);
+    assert_eq!(count(&app.db, "SELECT count(*) FROM entries").await, 1);
+
+    // The schema fits again: ready again without a write (the probe), then writes succeed.
+    app.db
+        .batch_execute("ALTER TABLE entries RENAME COLUMN kind_renamed TO kind")
+        .await
+        .unwrap();
+    let ready = app.readyz_once(|ready| ready.status == 200).await;
+    assert_eq!(ready.json()["writes"], "ok", "{}", ready.describe());
+    assert_eq!(count(&app.db, "SELECT count(*) FROM entries").await, 1);
+    app.post_entry("after", &entry_body(2))
+        .await
+        .assert_created();
+}
+
+/// Refuses every update that marks an event sent: the statement that records a publish fails
+/// after the broker confirmed it.
+const REFUSE_MARKING_SENT: &str = "
+CREATE FUNCTION refuse_marking_sent() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'marking events sent is refused by the test'; END $$;
+CREATE TRIGGER refuse_marking_sent BEFORE UPDATE OF sent_at ON outbox_events
+    FOR EACH ROW WHEN (NEW.sent_at IS NOT NULL) EXECUTE FUNCTION refuse_marking_sent();";
+
+/// Copies of `event_id` delivered within `window`.
+async fn copies_within(consumer: &mut TestConsumer, event_id: &str, window: Duration) -> usize {
+    let until = std::time::Instant::now() + window;
+    let mut copies = 0;
+    while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+        match consumer.next(left).await {
+            Some(delivery) if crate::common::consumer::message_id(&delivery) == event_id => {
+                copies += 1
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    copies
+}
+
+/// The statement that records a publish fails after the broker confirmed it (a trigger refuses
+/// to mark events sent). The batch rolls back, so its events are due again: the build before
+/// published the same event again every round, about 25 copies in 10 seconds. Now the publish
+/// is recorded as a failed attempt instead, which backs off like a failed publish: a handful of
+/// copies in 12 seconds, the attempts and the cause on the event, a count and a log line.
+#[actix_web::test]
+async fn a_publish_whose_recording_fails_is_published_again_only_with_backoff() {
+    let app = spawn_app_with(|_| {}).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "entry.created").await;
+    app.db.batch_execute(REFUSE_MARKING_SENT).await.unwrap();
+    app.post_entry("unrecorded", &entry_body(1))
+        .await
+        .assert_created();
+    let event_id: Uuid = app
+        .db
+        .query_one(
+            "SELECT event_id FROM outbox_events WHERE idempotency_key = 'unrecorded'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let copies = copies_within(
+        &mut consumer,
+        &event_id.to_string(),
+        Duration::from_secs(12),
+    )
+    .await;
+    eprintln!("a recording that fails: {copies} copies in 12 s");
+    assert!(
+        (2..=7).contains(&copies),
+        "{copies} copies in 12 s: published again, but only with backoff (0.5, 1, 2, 4, 8 s)"
+    );
+    let row = app
+        .db
+        .query_one(
+            "SELECT attempts, last_error, sent_at IS NULL FROM outbox_events WHERE event_id = $1",
+            &[&event_id],
+        )
+        .await
+        .unwrap();
+    let (attempts, last_error, unsent): (i32, Option<String>, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    assert!(unsent);
+    assert!(attempts >= 2, "each copy counted as an attempt: {attempts}");
+    let last_error = last_error.unwrap_or_default();
+    assert!(
+        last_error.contains("recording the publish failed")
+            && last_error.contains("refused by the test"),
+        "{last_error}"
+    );
+    assert!(
+        app.metric("retrysafe_outbox_recording_failures_total")
+            .await
+            >= 2.0
+    );
+
+    // The fault gone, the event is recorded sent, and no more copies come.
+    app.db
+        .batch_execute("DROP TRIGGER refuse_marking_sent ON outbox_events")
+        .await
+        .unwrap();
+    app.db
+        .execute(
+            "UPDATE outbox_events SET next_attempt_at = now() WHERE event_id = $1",
+            &[&event_id],
+        )
+        .await
+        .unwrap();
+    crate::common::helpers::eventually(Duration::from_secs(30), || async {
+        crate::common::helpers::count_is(
+            &app.db,
+            "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL",
+            0,
+        )
+        .await
+    })
+    .await;
+}
+
+/// As above, but recording the failure fails too (every update of the outbox is refused): the
+/// relay itself backs off, so a persistent fault still costs a bounded number of copies.
+#[actix_web::test]
+async fn a_relay_backs_off_when_even_recording_the_failure_fails() {
+    let app = spawn_app_with(|settings| settings.outbox.workers = 1).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "entry.created").await;
+    app.db
+        .batch_execute(
+            "CREATE FUNCTION refuse_updates() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'updates of the outbox are refused by the test'; END $$;
+             CREATE TRIGGER refuse_updates BEFORE UPDATE ON outbox_events
+                 FOR EACH ROW EXECUTE FUNCTION refuse_updates();",
+        )
+        .await
+        .unwrap();
+    app.post_entry("unrecordable", &entry_body(1))
+        .await
+        .assert_created();
+    let event_id: Uuid = app
+        .db
+        .query_one(
+            "SELECT event_id FROM outbox_events WHERE idempotency_key = 'unrecordable'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let copies = copies_within(
+        &mut consumer,
+        &event_id.to_string(),
+        Duration::from_secs(12),
+    )
+    .await;
+    eprintln!("recording the failure fails too: {copies} copies in 12 s");
+    assert!(
+        (2..=7).contains(&copies),
+        "{copies} copies in 12 s: published again, but only with the relay's backoff"
+    );
+    assert!(
+        app.metric("retrysafe_outbox_recording_failures_total")
+            .await
+            >= 2.0
+    );
+}

@@ -520,3 +520,133 @@ async fn a_commit_the_synchronous_standby_did_not_confirm_is_not_acknowledged() 
     drop(daemon);
     drop(exchange);
 }
+
+/// The `/metrics` sample of `name` (a counter without labels) of a daemon process.
+async fn process_metric(daemon: &DaemonProcess, name: &str) -> f64 {
+    let metrics = http_client(Duration::from_secs(30))
+        .get(format!("{}/metrics", daemon.address))
+        .send()
+        .await
+        .expect("answered")
+        .body()
+        .await
+        .unwrap();
+    crate::common::helpers::metric_sample(&String::from_utf8_lossy(&metrics), name)
+        .unwrap_or_else(|| panic!("{name} is exported"))
+}
+
+/// With a synchronous standby that does not confirm commits and waits that are cancelled, a
+/// write's commit is visible on the primary at once though its client was answered 503: after
+/// a failover to that standby it would not exist. No event of it may reach a queue then: each
+/// relay batch publishes only after a barrier (a commit taken after the claim) that the standby
+/// confirms, and none is confirmed here, so nothing is published (the build before published
+/// it within a second). The key lookup does not report the write either, nor does an admin
+/// action that changes events report success. Once synchronous replication is off (the
+/// primary goes on alone, promising nothing more), the event is published.
+#[actix_web::test]
+async fn no_event_of_a_write_the_synchronous_standby_did_not_confirm_is_published() {
+    if !is_root() {
+        eprintln!("skipped: a cluster of the test's own runs as the postgres user (runuser)");
+        return;
+    }
+    let cluster = PgCluster::start_plain("");
+    cluster.psql("CREATE DATABASE retrysafe");
+    let (daemon, db, exchange) = daemon_on(&cluster).await;
+    let mut consumer =
+        crate::common::consumer::TestConsumer::bind(&exchange.name, "entry.created").await;
+    assert_eq!(post(&daemon, "before").await.status, 201);
+    assert!(
+        consumer.next(Duration::from_secs(30)).await.is_some(),
+        "an event of a write the database promised is published"
+    );
+
+    cluster.psql("ALTER SYSTEM SET synchronous_standby_names = 'a_standby_that_never_connects'");
+    cluster.psql("SELECT pg_reload_conf()");
+    let canceller = SyncRepCanceller::start(&cluster.url_of("postgres")).await;
+    let unconfirmed = post(&daemon, "unconfirmed").await;
+    unconfirmed.assert_problem(503, "storage-unavailable");
+    let event_id: uuid::Uuid = db
+        .query_one(
+            "SELECT event_id FROM outbox_events WHERE idempotency_key = 'unconfirmed'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let unconfirmed_before =
+        process_metric(&daemon, "retrysafe_database_unconfirmed_commits_total").await;
+    // Relays poll every second and find the event due: several batches claim it.
+    let published = consumer.next(Duration::from_secs(8)).await;
+    assert!(
+        published.is_none(),
+        "an event of a write the standby never confirmed was published"
+    );
+    assert!(
+        process_metric(&daemon, "retrysafe_database_unconfirmed_commits_total").await
+            > unconfirmed_before,
+        "relay batches tried, and their barriers were not confirmed"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox_events WHERE idempotency_key = 'unconfirmed' AND sent_at IS NULL AND attempts = 0"
+        )
+        .await,
+        1,
+        "not published, and no attempt counted: the event did not fail"
+    );
+    let lookup = http_client(Duration::from_secs(30))
+        .get(format!(
+            "{}/v1/idempotency-keys/unconfirmed",
+            daemon.address
+        ))
+        .send()
+        .await
+        .expect("answered");
+    let lookup = TestResponse::read(lookup).await.unwrap();
+    lookup.assert_problem(503, "storage-unavailable");
+
+    // An admin action that changes events: its commit is not confirmed either.
+    let mut settings = test_settings();
+    settings.database.url = cluster.url_of("retrysafe").as_str().into();
+    let database = retrysafe::db::Database::new(&settings.validated().unwrap().database).unwrap();
+    let selector = retrysafe::admin::store::Selector {
+        event_ids: vec![event_id],
+        ..Default::default()
+    };
+    let acted = database
+        .run(async |connection| {
+            retrysafe::admin::store::act(
+                connection,
+                "ops",
+                "retry-unconfirmed",
+                retrysafe::admin::store::Action::Retry,
+                &selector,
+            )
+            .await
+            .map_err(|error| match error {
+                retrysafe::admin::store::ActionError::Storage(storage) => storage,
+                other => panic!("{other}"),
+            })
+        })
+        .await;
+    assert!(
+        matches!(acted, Err(retrysafe::db::StorageError::Unavailable(_))),
+        "an admin action whose commit the standby did not confirm is not reported done"
+    );
+
+    // Synchronous replication off: the primary goes on alone, and the event is published.
+    drop(canceller);
+    cluster.psql("ALTER SYSTEM RESET synchronous_standby_names");
+    cluster.psql("SELECT pg_reload_conf()");
+    let delivered = consumer
+        .next(Duration::from_secs(30))
+        .await
+        .expect("published once nothing more is promised");
+    assert_eq!(
+        crate::common::consumer::message_id(&delivered),
+        event_id.to_string()
+    );
+    drop(daemon);
+    drop(exchange);
+}

@@ -166,3 +166,90 @@ async fn a_daemon_a_day_ahead_does_not_make_records_outlive_their_retention() {
     .unwrap();
     assert_eq!(report.records_deleted, 0);
 }
+
+/// The daemon's wall clock stepped back 25 hours while it writes (libfaketime reading its
+/// offset from a file the test rewrites; the monotonic clock stays real): every entry is still
+/// stamped within a second of the database's time, the one its write's events got from the
+/// database's `now()`. An estimate made from the wall clock and the offset of the reading
+/// before the step would be 25 hours off, and one from a reading that spans the step 12.5.
+#[actix_web::test]
+async fn entries_written_across_a_step_of_the_clock_are_stamped_with_the_databases_time() {
+    if !have_libfaketime() {
+        return;
+    }
+    let offset_file =
+        std::env::temp_dir().join(format!("retrysafe-clock-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&offset_file, "+0\n").unwrap();
+    let env = vec![
+        ("LD_PRELOAD", LIBFAKETIME.to_owned()),
+        ("FAKETIME_TIMESTAMP_FILE", offset_file.display().to_string()),
+        // Read again at most once a second, not at every clock reading.
+        ("FAKETIME_CACHE_DURATION", "1".to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ("RETRYSAFE_LOG__LEVEL", "info".to_owned()),
+    ];
+    let daemon = spawn_binary(test_settings(), &env).await;
+    let written = std::sync::atomic::AtomicUsize::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let writer = |task: usize| {
+        let (daemon, written, stop) = (&daemon, &written, &stop);
+        async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("step-{task}-{n}");
+                daemon
+                    .post_entry(&key, &entry_body(n))
+                    .await
+                    .assert_created();
+                written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                n += 1;
+            }
+        }
+    };
+    let step = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        std::fs::write(&offset_file, "-25h\n").unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    futures_util::join!(join_all((0..8).map(writer)), step);
+    let _ = std::fs::remove_file(&offset_file);
+
+    assert!(
+        daemon
+            .log_text()
+            .contains("this machine's clock differs from the database's"),
+        "the step happened and was seen: {}",
+        daemon.log_tail(20)
+    );
+    let total = written.load(std::sync::atomic::Ordering::Relaxed) as i64;
+    assert_eq!(daemon.count("SELECT count(*) FROM entries").await, total);
+    // Each entry against its entry.created event, whose created_at is the database's now() in
+    // the write's own statement.
+    let off = daemon
+        .db
+        .query(
+            "SELECT e.idempotency_key, e.created_at::text, o.created_at::text
+             FROM entries e JOIN outbox_events o ON o.event_key = e.id || '/entry.created'
+             WHERE abs(extract(epoch FROM e.created_at - o.created_at)) > 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let described: Vec<String> = off
+        .iter()
+        .map(|row| {
+            format!(
+                "{}: stamped {}, written at {}",
+                row.get::<_, String>(0),
+                row.get::<_, String>(1),
+                row.get::<_, String>(2)
+            )
+        })
+        .collect();
+    assert!(
+        described.is_empty(),
+        "{} of {total} entries stamped over a second off the database's time: {described:?}",
+        described.len()
+    );
+}
