@@ -110,7 +110,8 @@ section! {
         listen: SocketAddr = localhost(8080), Bound::Any;
         /// Largest request body accepted; larger ones get 413.
         max_body_bytes: usize = 64 * 1024, Bound::Count(64, 64 << 20);
-        /// How long a shutdown waits for requests in flight, and then for the relays' batches.
+        /// How long the whole stop may take, from the signal: requests in flight, queued
+        /// writes, the relays' batches, the tasks and the broker's close, in that order.
         shutdown_timeout: Duration = secs(30), Bound::Duration(HOUR);
         /// How long a client may take to send a request body; slower ones get 408.
         body_timeout: Duration = secs(30), Bound::Duration(HOUR);

@@ -4,8 +4,8 @@
 //! [`crate::lifecycle`] describes.
 
 use std::net::TcpListener;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use actix::Addr;
 use actix_web::dev::{Server, ServerHandle};
@@ -53,8 +53,11 @@ pub struct Application {
     relays: Vec<Addr<OutboxRelay>>,
     /// The relays' thread.
     relay_arbiter: actix::Arbiter,
-    /// The janitor, the outbox gauges, the metrics' upkeep, the systemd watchdog.
+    /// The janitor, the outbox gauges, the metrics' upkeep, the systemd watchdog, the signal
+    /// handlers.
     tasks: Tasks,
+    /// When a signal asked the daemon to stop: `http.shutdown_timeout` counts from then.
+    stop_asked: Arc<OnceLock<Instant>>,
 }
 
 /// The write path: its writers, and the shards the HTTP layer submits writes to.
@@ -153,6 +156,7 @@ impl Application {
             relays,
             relay_arbiter,
             tasks,
+            stop_asked: Arc::default(),
         })
     }
 
@@ -181,11 +185,19 @@ impl Application {
     /// ready (and pings its watchdog), and when it stops.
     pub async fn run_until_signal(self) -> std::io::Result<()> {
         let server = self.server_handle();
-        spawn_reload_on_hangup(self.certificates.clone());
+        let certificates = self.certificates.clone();
+        self.tasks
+            .spawn(move |shutdown| reload_on_hangup(certificates, shutdown));
         systemd::ready();
         systemd::watchdog(&self.tasks);
-        actix::spawn(async move {
-            wait_for_termination().await;
+        let stop_asked = self.stop_asked.clone();
+        self.tasks.spawn(move |shutdown| async move {
+            tokio::select! {
+                () = wait_for_termination() => {}
+                // Stopped another way (its handle): nothing left to wait for.
+                () = shutdown.cancelled() => return,
+            }
+            let _ = stop_asked.set(Instant::now());
             tracing::info!("shutting down: finishing requests in flight");
             systemd::stopping();
             server.stop(true).await;
@@ -194,28 +206,38 @@ impl Application {
     }
 
     /// Serves until the server is stopped (by a signal, or its handle), then shuts down, in
-    /// order, each step bounded by `http.shutdown_timeout`: the server has finished the
-    /// requests in flight; the key shards stop (nothing waits on them any more); the writers
-    /// commit what they have queued; the relays finish their batches; the tasks (janitor,
-    /// gauges, upkeep, watchdog) end; the broker connection is closed.
+    /// order, all within one `http.shutdown_timeout` counted from the signal: the server
+    /// finishes the requests in flight (actix-web's own graceful timeout is the same); the key
+    /// shards stop (nothing waits on them any more); the writers commit what they have queued;
+    /// the relays finish their batches; the tasks (janitor, gauges, upkeep, watchdog, signal
+    /// handlers) end; the broker connection is closed. Each step has what the steps before it
+    /// left, so the whole stop stays within the bound (and systemd's `TimeoutStopSec`, which
+    /// must be longer): what a step could not finish in time is what a crash would leave, and
+    /// is safe to leave (an unacknowledged write, a batch published again).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
-        let limit = self.config.http.shutdown_timeout;
+        let began = self.stop_asked.get().copied().unwrap_or_else(Instant::now);
+        let deadline = began + self.config.http.shutdown_timeout;
+        let left = || deadline.saturating_duration_since(Instant::now());
         tracing::info!("http server stopped; committing queued writes");
-        lifecycle::stop_all(&self.shards, limit).await;
-        if !lifecycle::stop_all(&self.writers, limit).await {
+        lifecycle::stop_all(&self.shards, left()).await;
+        if !lifecycle::stop_all(&self.writers, left()).await {
             tracing::warn!("writers did not commit their queues within http.shutdown_timeout");
         }
         tracing::info!("stopping relays after their batches in flight");
-        if !lifecycle::stop_all(&self.relays, limit).await {
+        if !lifecycle::stop_all(&self.relays, left()).await {
             tracing::warn!("relays did not finish within http.shutdown_timeout");
         }
         // None holds anything that must be finished: a pass or a refresh is abandoned.
-        if !self.tasks.stop(limit).await {
+        if !self.tasks.stop(left()).await {
             tracing::warn!("tasks did not end within http.shutdown_timeout");
         }
-        self.broker.close().await;
+        self.broker.close_within(left()).await;
         self.relay_arbiter.stop();
+        tracing::info!(
+            took = %humantime::format_duration(Duration::from_millis(began.elapsed().as_millis() as u64)),
+            "stopped"
+        );
         served
     }
 }
@@ -432,9 +454,12 @@ async fn wait_for_termination() {
 }
 
 /// SIGHUP reloads the HTTPS listener's certificate and key (after certbot or cert-manager
-/// renewed them). Handled even without HTTPS, where it only logs: SIGHUP's default action
-/// would end the process.
-fn spawn_reload_on_hangup(certificates: Vec<Arc<ServerCertificate>>) {
+/// renewed them), until `shutdown`. Handled even without HTTPS, where it only logs: SIGHUP's
+/// default action would end the process.
+async fn reload_on_hangup(
+    certificates: Vec<Arc<ServerCertificate>>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         tracing::error!(
@@ -442,17 +467,19 @@ fn spawn_reload_on_hangup(certificates: Vec<Arc<ServerCertificate>>) {
         );
         return;
     };
-    actix::spawn(async move {
-        while hangup.recv().await.is_some() {
-            if certificates.is_empty() {
-                tracing::info!("sighup: nothing to reload (the listeners are plain http)");
-            }
-            // The outcome is logged by reload itself, an error included.
-            for certificate in &certificates {
-                let _ = certificate.reload();
-            }
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            received = hangup.recv() => if received.is_none() { return },
         }
-    });
+        if certificates.is_empty() {
+            tracing::info!("sighup: nothing to reload (the listeners are plain http)");
+        }
+        // The outcome is logged by reload itself, an error included.
+        for certificate in &certificates {
+            let _ = certificate.reload();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -60,6 +60,9 @@ pub struct Broker {
     closing: Arc<AtomicBool>,
     /// Whether the broker blocks publishing on the connection in use, and every change of it.
     blocked: Arc<tokio::sync::watch::Sender<Blocked>>,
+    /// Each connection's event listener, and the closes of abandoned connections: waited for
+    /// by [`close`](Self::close).
+    tasks: tokio_util::task::TaskTracker,
 }
 
 /// The broker's flow control as the daemon last heard it.
@@ -103,6 +106,7 @@ impl Broker {
             live: Arc::new(AtomicU64::new(0)),
             closing: Arc::new(AtomicBool::new(false)),
             blocked: Arc::new(tokio::sync::watch::Sender::new(Blocked::default())),
+            tasks: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -172,7 +176,7 @@ impl Broker {
             Ok(channel) => channel,
             Err(error) => {
                 state.next_endpoint = (index + 1) % self.endpoints.len();
-                abandon(connection, self.connect_timeout);
+                abandon(&self.tasks, connection, self.connect_timeout);
                 return Err(error);
             }
         };
@@ -197,7 +201,7 @@ impl Broker {
 
     fn drop_connection(&self, state: &mut ConnectionState) {
         if let Some(connection) = state.connection.take() {
-            abandon(connection, self.connect_timeout);
+            abandon(&self.tasks, connection, self.connect_timeout);
         }
         state.next_endpoint = (state.next_endpoint + 1) % self.endpoints.len();
         self.live.store(0, Ordering::Relaxed);
@@ -247,7 +251,7 @@ impl Broker {
         let closing = self.closing.clone();
         let blocked = self.blocked.clone();
         let broker = endpoint.display.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             while let Some(event) = events.next().await {
                 match event {
                     Event::ConnectionBlocked(reason) => {
@@ -339,17 +343,26 @@ impl Broker {
 
     /// Closes the connection, for shutdown.
     pub async fn close(&self) {
+        self.close_within(self.connect_timeout).await;
+    }
+
+    /// [`close`](Self::close), waiting at most `limit` (and `amqp.connect_timeout`) for the
+    /// broker to answer, and for the connections' listeners and abandoned closes to end.
+    pub async fn close_within(&self, limit: Duration) {
         self.closing.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + limit;
         if let Some(connection) = self.state.lock().await.connection.take() {
             // Closing a connection that already failed reports that failure; a broker that
             // does not answer the close is not waited for past the timeout.
             let _ = tokio::time::timeout(
-                self.connect_timeout,
+                self.connect_timeout.min(limit),
                 connection.close(200, "retrysafe shutting down".into()),
             )
             .await;
         }
         self.live.store(0, Ordering::Relaxed);
+        self.tasks.close();
+        let _ = tokio::time::timeout_at(deadline, self.tasks.wait()).await;
     }
 }
 
@@ -475,10 +488,10 @@ fn flow_unblocked(blocked: &tokio::sync::watch::Sender<Blocked>, generation: u64
     });
 }
 
-/// Closes a connection that is no longer used, in the background and within `limit`: its
-/// broker may be the one that stopped answering.
-fn abandon(connection: Connection, limit: Duration) {
-    tokio::spawn(async move {
+/// Closes a connection that is no longer used, in the background (on `tasks`) and within
+/// `limit`: its broker may be the one that stopped answering.
+fn abandon(tasks: &tokio_util::task::TaskTracker, connection: Connection, limit: Duration) {
+    tasks.spawn(async move {
         let _ = tokio::time::timeout(limit, connection.close(320, "reconnecting".into())).await;
     });
 }

@@ -879,3 +879,68 @@ async fn sigterm_finishes_requests_in_flight_and_loses_nothing() {
         assert!(delivered.contains(key), "the event of {key} was lost");
     }
 }
+
+/// SIGTERM while everything is stuck on the database (the test holds the write tables locked):
+/// a request in flight, a writer in its batch, relays in theirs. The whole stop stays within one
+/// `http.shutdown_timeout` counted from the signal, whatever it leaves unfinished (the build
+/// before gave each of its steps the whole timeout: the server's drain, the writers, the
+/// relays, each 3 s here). Nothing stuck is acknowledged: the write in flight gets no 201, and
+/// once the locks are gone it is written by its retry.
+#[actix_web::test]
+async fn the_whole_stop_fits_in_one_shutdown_timeout_whatever_is_stuck() {
+    let mut daemon = spawn_binary(
+        test_settings(),
+        &[
+            ("RETRYSAFE_HTTP__SHUTDOWN_TIMEOUT", "3s".to_owned()),
+            ("RETRYSAFE_DATABASE__STATEMENT_TIMEOUT", "60s".to_owned()),
+        ],
+    )
+    .await;
+    daemon
+        .post_entry("before", &entry_body(1))
+        .await
+        .assert_created();
+    let locks = crate::common::helpers::LockHolder::take(
+        &daemon.database.name,
+        "LOCK TABLE idempotency_records, outbox_events IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let stuck = {
+        let request = daemon.post_request("stuck");
+        actix_web::rt::spawn(async move { request.send_body(entry_body(2).to_string()).await })
+    };
+    // The write reaches its writer, and the relays' polls meet the locks too.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let signalled = std::time::Instant::now();
+    daemon.signal("TERM");
+    let status = daemon.wait_for_exit().await;
+    let took = signalled.elapsed();
+    assert!(
+        status.success(),
+        "exit status {status}: {}",
+        daemon.log_tail(20)
+    );
+    assert!(
+        took < Duration::from_millis(4500),
+        "stopped {took:?} after SIGTERM, with http.shutdown_timeout = 3s: {}",
+        daemon.log_tail(20)
+    );
+    let stuck = stuck.await.unwrap();
+    assert!(
+        !matches!(&stuck, Ok(response) if response.status().is_success()),
+        "the stuck write was not acknowledged: {:?}",
+        stuck.as_ref().map(|response| response.status())
+    );
+    locks.release().await;
+    daemon.restart().await;
+    daemon
+        .post_entry("stuck", &entry_body(2))
+        .await
+        .assert_created();
+    assert_eq!(
+        daemon
+            .count("SELECT count(*) FROM entries WHERE idempotency_key = 'stuck'")
+            .await,
+        1
+    );
+}
