@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::{Database, StorageError};
-use crate::{lifecycle, telemetry};
+use crate::{lifecycle, metric};
 
 /// Rows one DELETE removes at most.
 pub const PURGE_BATCH: i64 = 1000;
@@ -141,7 +141,7 @@ pub async fn purge_from(
             .await?;
         start.records = latest.unwrap_or(from);
         report.records_deleted += deleted;
-        metrics::counter!(telemetry::JANITOR_DELETED, "table" => "idempotency_records")
+        metrics::counter!(metric::JANITOR_DELETED, "table" => "idempotency_records")
             .increment(deleted);
         if deleted < PURGE_BATCH as u64 {
             break;
@@ -163,8 +163,7 @@ pub async fn purge_from(
             .await?;
         start.events = latest.unwrap_or(from);
         report.events_deleted += deleted;
-        metrics::counter!(telemetry::JANITOR_DELETED, "table" => "outbox_events")
-            .increment(deleted);
+        metrics::counter!(metric::JANITOR_DELETED, "table" => "outbox_events").increment(deleted);
         if deleted < PURGE_BATCH as u64 {
             break;
         }

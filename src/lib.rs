@@ -40,6 +40,7 @@ pub mod idempotency;
 pub mod inbox;
 pub mod janitor;
 pub mod lifecycle;
+pub mod metric;
 pub mod operator;
 pub mod otlp;
 pub mod outbox;

@@ -31,7 +31,7 @@ use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::TelemetrySettings;
-use crate::telemetry;
+use crate::metric;
 use crate::trace_context::TraceContext;
 
 /// Spans queued for export or being exported, at most; past it, new spans are dropped.
@@ -180,8 +180,7 @@ impl SpanProcessor for Bounded {
     fn on_end(&self, span: SpanData) {
         if self.in_flight.fetch_add(1, Ordering::Relaxed) >= QUEUE_SPANS {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
-            metrics::counter!(telemetry::TRACE_SPANS_DROPPED, "reason" => "queue_full")
-                .increment(1);
+            metrics::counter!(metric::TRACE_SPANS_DROPPED, "reason" => "queue_full").increment(1);
             return;
         }
         self.inner.on_end(span);
@@ -214,12 +213,12 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
         let result = self.inner.export(batch).await;
         self.in_flight.fetch_sub(spans, Ordering::Relaxed);
         if let Err(error) = &result {
-            metrics::counter!(telemetry::TRACE_SPANS_DROPPED, "reason" => "export_failed")
+            metrics::counter!(metric::TRACE_SPANS_DROPPED, "reason" => "export_failed")
                 .increment(spans as u64);
             tracing::debug!(error = %error, spans, "spans not exported");
         }
         if result.is_ok() {
-            metrics::counter!(telemetry::TRACE_SPANS_EXPORTED).increment(spans as u64);
+            metrics::counter!(metric::TRACE_SPANS_EXPORTED).increment(spans as u64);
         }
         result
     }

@@ -21,7 +21,7 @@ use crate::outbox::{gauges, Broker, OutboxRelay, OutboxWaker, RelayConfig};
 use crate::tls::server::ServerCertificate;
 use crate::write::writer::CommitHook;
 use crate::write::{KeyShard, PendingBytes, ShardHandle, WriteQueue, Writer, WriterConfig};
-use crate::{janitor, telemetry};
+use crate::{janitor, metric, telemetry};
 
 /// Memory the replay caches may hold in all, whatever `idempotency.cache_entries` says.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -75,7 +75,7 @@ impl Application {
 
     /// [`build`](Self::build), with parts left out as `options` say.
     pub async fn build_with(config: Config, options: Options) -> anyhow::Result<Self> {
-        telemetry::metrics_handle();
+        metric::metrics_handle();
         let tasks = Tasks::default();
         tasks.spawn(telemetry::metrics_upkeep);
         // Read before anything else: a certificate that cannot be used stops the start at once.

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::db::StorageError;
-use crate::telemetry;
+use crate::metric;
 
 /// Why the database takes no writes now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -223,7 +223,7 @@ fn round_to_seconds(duration: Duration) -> Duration {
 fn set_gauges(current: Option<Blocker>) {
     for blocker in Blocker::ALL {
         let value = if current == Some(blocker) { 1.0 } else { 0.0 };
-        metrics::gauge!(telemetry::WRITES_BLOCKED, "reason" => blocker.as_str()).set(value);
+        metrics::gauge!(metric::WRITES_BLOCKED, "reason" => blocker.as_str()).set(value);
     }
 }
 

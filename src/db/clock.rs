@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::telemetry;
+use crate::metric;
 
 /// An offset this large (either way) is worth a warning: the daemon's clock is wrong. Also
 /// the most the wall clock and the monotonic clock may disagree about the time elapsed since a
@@ -102,7 +102,7 @@ impl DatabaseClock {
             .unwrap_or_else(PoisonError::into_inner)
             .replace(reading);
         let offset = micros_between(reading.wall, reading.database);
-        metrics::gauge!(telemetry::CLOCK_OFFSET).set(offset as f64 / 1e6);
+        metrics::gauge!(metric::CLOCK_OFFSET).set(offset as f64 / 1e6);
         let bound = STEP_BOUND.as_micros() as i64;
         let skewed = offset.abs() >= bound;
         let moved = previous.is_some_and(|previous| {

@@ -94,7 +94,7 @@ impl PgClient {
         self.pool_generation
             .0
             .fetch_max(self.generation + 1, Ordering::SeqCst);
-        metrics::counter!(crate::telemetry::DB_UNCONFIRMED_COMMITS).increment(1);
+        metrics::counter!(crate::metric::DB_UNCONFIRMED_COMMITS).increment(1);
         Err(StorageError::Unavailable(format!(
             "the database warned about a commit, which may not be durable (not confirmed by a synchronous standby?), so it is not acknowledged: {warning}"
         )))

@@ -16,7 +16,7 @@ use crate::http::observe::RequestOutcome;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
-use crate::telemetry;
+use crate::metric;
 use crate::write::{Answer, SavedResponse, ScopedKey, Write};
 
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
@@ -132,7 +132,7 @@ async fn decode(state: &SharedState, body: Bytes) -> Result<WriteRequest, ApiErr
     let Ok(Ok(_turn)) =
         tokio::time::timeout(state.wait_timeout, state.decoders.clone().acquire_owned()).await
     else {
-        metrics::counter!(telemetry::WRITES_SHED, "reason" => "busy").increment(1);
+        metrics::counter!(metric::WRITES_SHED, "reason" => "busy").increment(1);
         return Err(ApiError::Overloaded(
             "too many large requests are being decoded".into(),
         ));

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::db::{self, Database, WriteHealth};
 use crate::http::SharedState;
-use crate::telemetry;
+use crate::metric;
 
 /// 200 while the process runs.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process runs", body = Object, content_type = "application/json")))]
@@ -163,7 +163,7 @@ impl ReadinessMonitor {
         }
         *last = Some((Instant::now(), state));
         let ready = state == DatabaseState::Ready && self.writes.current().is_none();
-        metrics::gauge!(telemetry::READY).set(if ready { 1.0 } else { 0.0 });
+        metrics::gauge!(metric::READY).set(if ready { 1.0 } else { 0.0 });
         state
     }
 

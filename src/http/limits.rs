@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::telemetry;
+use crate::metric;
 
 /// Refusals a client gets at once in a second; the ones after are slowed.
 pub const FREE_REFUSALS: u32 = 16;
@@ -206,7 +206,7 @@ impl ClientLimiter {
 
     fn refused(&self, limit: Limit, wait: Duration) -> RateLimited {
         metrics::counter!(
-            telemetry::RATE_LIMITED,
+            metric::RATE_LIMITED,
             "client" => self.client.to_string(),
             "limit" => limit.as_str()
         )

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use std::collections::HashMap;
 
 use crate::http::SharedState;
-use crate::telemetry;
+use crate::metric;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -165,8 +165,8 @@ fn record(route: &str, outcome: RequestOutcome, elapsed: Duration) {
         let by_outcome = handles.get_mut(route).expect("inserted above");
         let (requests, duration) = by_outcome.entry(outcome).or_insert_with(|| {
             (
-                metrics::counter!(telemetry::HTTP_REQUESTS, "route" => route.to_owned(), "outcome" => outcome.as_str()),
-                metrics::histogram!(telemetry::HTTP_DURATION, "route" => route.to_owned()),
+                metrics::counter!(metric::HTTP_REQUESTS, "route" => route.to_owned(), "outcome" => outcome.as_str()),
+                metrics::histogram!(metric::HTTP_DURATION, "route" => route.to_owned()),
             )
         });
         requests.increment(1);
@@ -180,19 +180,18 @@ fn record(route: &str, outcome: RequestOutcome, elapsed: Duration) {
 pub async fn metrics(state: SharedState) -> HttpResponse {
     for (pool, db) in [("writes", &state.writes), ("reads", &state.reads)] {
         let pool_state = db.state();
-        metrics::gauge!(telemetry::POOL_CONNECTIONS, "pool" => pool)
+        metrics::gauge!(metric::POOL_CONNECTIONS, "pool" => pool)
             .set(pool_state.connections as f64);
-        metrics::gauge!(telemetry::POOL_IDLE, "pool" => pool)
-            .set(pool_state.idle_connections as f64);
-        metrics::gauge!(telemetry::POOL_MAX, "pool" => pool).set(f64::from(db.max_size()));
+        metrics::gauge!(metric::POOL_IDLE, "pool" => pool).set(pool_state.idle_connections as f64);
+        metrics::gauge!(metric::POOL_MAX, "pool" => pool).set(f64::from(db.max_size()));
     }
-    metrics::gauge!(telemetry::BROKER_CONNECTED).set(if state.broker.is_connected() {
+    metrics::gauge!(metric::BROKER_CONNECTED).set(if state.broker.is_connected() {
         1.0
     } else {
         0.0
     });
-    telemetry::collect_process_metrics();
+    metric::collect_process_metrics();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(telemetry::metrics_handle().render())
+        .body(metric::metrics_handle().render())
 }

@@ -31,7 +31,7 @@ use lapin::{Channel, Connection, ConnectionProperties, Event, ExchangeKind};
 use rustls::ClientConfig;
 
 use crate::config::{redact_url, AmqpConfig, AmqpSettings, BrokerEndpoint};
-use crate::telemetry;
+use crate::metric;
 use crate::tls::{self, ServerVerification, TlsError};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -464,7 +464,7 @@ fn flow_blocked(
         reason = %reason,
         "the broker blocks publishing (a resource alarm); events wait in the outbox and are delivered once it unblocks, on the same connection"
     );
-    metrics::gauge!(telemetry::BROKER_BLOCKED).set(1.0);
+    metrics::gauge!(metric::BROKER_BLOCKED).set(1.0);
     blocked.send_modify(|state| {
         state.now = Some((reason, Instant::now(), generation));
         state.count += 1;
@@ -480,7 +480,7 @@ fn flow_unblocked(blocked: &tokio::sync::watch::Sender<Blocked>, generation: u64
                 after = %humantime::format_duration(Duration::from_secs(since.elapsed().as_secs())),
                 "the broker unblocked publishing"
             );
-            metrics::gauge!(telemetry::BROKER_BLOCKED).set(0.0);
+            metrics::gauge!(metric::BROKER_BLOCKED).set(0.0);
             state.now = None;
             true
         }

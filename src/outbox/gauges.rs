@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::Database;
 use crate::http::health::ReadinessMonitor;
 use crate::outbox::store;
-use crate::{lifecycle, telemetry};
+use crate::{lifecycle, metric};
 
 /// How often the outbox gauges are read from the database.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
@@ -29,9 +29,9 @@ pub async fn run(reads: Database, readiness: Arc<ReadinessMonitor>, shutdown: Ca
         {
             Ok(totals) => {
                 readiness.set_outbox(totals.unsent, totals.parked);
-                metrics::gauge!(telemetry::OUTBOX_UNSENT).set(totals.unsent as f64);
-                metrics::gauge!(telemetry::OUTBOX_PARKED).set(totals.parked as f64);
-                metrics::gauge!(telemetry::OUTBOX_OLDEST_AGE)
+                metrics::gauge!(metric::OUTBOX_UNSENT).set(totals.unsent as f64);
+                metrics::gauge!(metric::OUTBOX_PARKED).set(totals.parked as f64);
+                metrics::gauge!(metric::OUTBOX_OLDEST_AGE)
                     .set(totals.oldest_unsent_age_seconds.unwrap_or(0.0));
             }
             Err(error) => tracing::debug!(error = %error, "outbox gauges not refreshed"),
@@ -41,8 +41,8 @@ pub async fn run(reads: Database, readiness: Arc<ReadinessMonitor>, shutdown: Ca
             .await
         {
             Ok(blocked) => {
-                metrics::gauge!(telemetry::OUTBOX_BLOCKED).set(blocked.events as f64);
-                metrics::gauge!(telemetry::OUTBOX_BLOCKED_KEYS).set(blocked.keys as f64);
+                metrics::gauge!(metric::OUTBOX_BLOCKED).set(blocked.events as f64);
+                metrics::gauge!(metric::OUTBOX_BLOCKED_KEYS).set(blocked.keys as f64);
             }
             Err(error) => tracing::debug!(error = %error, "blocked-key gauges not refreshed"),
         }

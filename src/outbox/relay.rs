@@ -12,10 +12,10 @@ use tokio::sync::oneshot;
 
 use crate::db::{barrier, Database, PgClient, StorageError};
 use crate::lifecycle::Stop;
+use crate::metric;
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
 use crate::outbox::store::{self, FailedAttempt, OrderingKeys, RelayStatements};
-use crate::telemetry;
 
 /// Longest wait between two attempts to reach the broker.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
@@ -256,7 +256,7 @@ async fn publish_and_record(
     );
     let blocked_meanwhile = broker.blocked().is_some() || broker.blocks_so_far() != blocks_before;
     if unconfirmed && blocked_meanwhile {
-        metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => "blocked")
+        metrics::counter!(metric::OUTBOX_PUBLISHES, "outcome" => "blocked")
             .increment(events.len() as u64);
         client.batch_execute("ROLLBACK").await?;
         return Ok(blocked_report);
@@ -282,7 +282,7 @@ async fn publish_and_record(
         .and(advanced)
         .and(committed.map_err(StorageError::from));
     if let Err(error) = recorded {
-        metrics::counter!(telemetry::OUTBOX_RECORDING_FAILURES).increment(1);
+        metrics::counter!(metric::OUTBOX_RECORDING_FAILURES).increment(1);
         return Ok(
             record_unrecorded(client, statements, &events, &error, config.max_attempts).await,
         );
@@ -355,7 +355,7 @@ async fn publish_batch(
         tracing::error!("failpoint outbox-before-publish: aborting");
         std::process::abort();
     });
-    metrics::histogram!(telemetry::OUTBOX_BATCH_SIZE).record(events.len() as f64);
+    metrics::histogram!(metric::OUTBOX_BATCH_SIZE).record(events.len() as f64);
     let started = std::time::Instant::now();
     let destination = Destination::Exchange(&config.exchange);
     let full = events.len() >= config.batch_size;
@@ -372,7 +372,7 @@ async fn publish_batch(
         published,
     )
     .await;
-    metrics::histogram!(telemetry::OUTBOX_CONFIRM).record(started.elapsed().as_secs_f64());
+    metrics::histogram!(metric::OUTBOX_CONFIRM).record(started.elapsed().as_secs_f64());
     fail::fail_point!("outbox-after-publish", |_| {
         tracing::error!("failpoint outbox-after-publish: aborting");
         std::process::abort();
@@ -416,7 +416,7 @@ fn sort_results(events: &[store::PendingEvent], results: Vec<PublishResult>) -> 
             PublishResult::Acked => "acked",
             PublishResult::Failed { kind, .. } => kind.as_str(),
         };
-        metrics::counter!(telemetry::OUTBOX_PUBLISHES, "outcome" => outcome).increment(1);
+        metrics::counter!(metric::OUTBOX_PUBLISHES, "outcome" => outcome).increment(1);
         match result {
             PublishResult::Acked => sorted.sent.push(event.id),
             PublishResult::Failed { kind, error } => {

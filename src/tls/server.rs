@@ -15,7 +15,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
-use crate::telemetry;
+use crate::metric;
 use crate::tls::{load_configured_identity, CertificateInfo, KeyedTlsError, TlsError};
 
 /// The one application protocol the HTTPS listener speaks, by its ALPN name.
@@ -92,7 +92,7 @@ impl ServerCertificate {
     }
 
     fn report(&self, reloaded: bool, info: &CertificateInfo) {
-        metrics::gauge!(telemetry::TLS_CERTIFICATE_EXPIRY).set(info.not_after_unix() as f64);
+        metrics::gauge!(metric::TLS_CERTIFICATE_EXPIRY).set(info.not_after_unix() as f64);
         if info.has_expired() {
             // Every client that verifies the certificate refuses it: someone must replace it.
             tracing::error!(

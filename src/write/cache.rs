@@ -17,7 +17,7 @@ use std::time::Instant;
 use metrics::Counter;
 
 use crate::idempotency::{BodyHash, RequestHash};
-use crate::telemetry;
+use crate::metric;
 use crate::write::{Answer, SavedRecord, ScopedKey};
 
 /// A shard's replay cache, shared by the shard (which writes it) and the HTTP workers (which
@@ -46,8 +46,8 @@ impl ReplayCache {
                 order: VecDeque::new(),
                 next_generation: 0,
             }),
-            hits: metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "hit"),
-            misses: metrics::counter!(telemetry::REPLAY_CACHE_LOOKUPS, "result" => "miss"),
+            hits: metrics::counter!(metric::REPLAY_CACHE_LOOKUPS, "result" => "hit"),
+            misses: metrics::counter!(metric::REPLAY_CACHE_LOOKUPS, "result" => "miss"),
         }))
     }
 
@@ -157,8 +157,8 @@ impl Entries {
                 generation,
             },
         );
-        metrics::gauge!(telemetry::REPLAY_CACHE_ENTRIES).increment(1.0);
-        metrics::gauge!(telemetry::REPLAY_CACHE_BYTES).increment(size as f64);
+        metrics::gauge!(metric::REPLAY_CACHE_ENTRIES).increment(1.0);
+        metrics::gauge!(metric::REPLAY_CACHE_BYTES).increment(size as f64);
         while self.entries.len() > self.capacity
             || self.bytes > self.capacity_bytes
             || self.order.len() > self.capacity * 2
@@ -180,8 +180,8 @@ impl Entries {
         if let Some(cached) = self.entries.remove(key) {
             let size = cached_size(key, &cached.record);
             self.bytes -= size;
-            metrics::gauge!(telemetry::REPLAY_CACHE_ENTRIES).decrement(1.0);
-            metrics::gauge!(telemetry::REPLAY_CACHE_BYTES).decrement(size as f64);
+            metrics::gauge!(metric::REPLAY_CACHE_ENTRIES).decrement(1.0);
+            metrics::gauge!(metric::REPLAY_CACHE_BYTES).decrement(size as f64);
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::telemetry;
+use crate::metric;
 
 /// The budget: its limit and what is held now.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ impl PendingBytes {
                 .compare_exchange_weak(used, wanted, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    metrics::gauge!(telemetry::PENDING_WRITE_BYTES).increment(bytes as f64);
+                    metrics::gauge!(metric::PENDING_WRITE_BYTES).increment(bytes as f64);
                     return Some(PendingPermit {
                         bytes,
                         used: self.used.clone(),
@@ -70,7 +70,7 @@ impl PendingPermit {
 impl Drop for PendingPermit {
     fn drop(&mut self) {
         self.used.fetch_sub(self.bytes, Ordering::AcqRel);
-        metrics::gauge!(telemetry::PENDING_WRITE_BYTES).decrement(self.bytes as f64);
+        metrics::gauge!(metric::PENDING_WRITE_BYTES).decrement(self.bytes as f64);
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
 use crate::lifecycle::Stop;
-use crate::telemetry;
+use crate::metric;
 use crate::write::writer::{Commit, Committed, WriteQueue};
 use crate::write::{
     Answer, PendingBytes, PendingPermit, ReplayCache, ScopedKey, Write, WriteError,
@@ -62,7 +62,7 @@ impl ShardHandle {
             return answer;
         }
         let Some(permit) = self.pending.try_acquire(write.pending_size()) else {
-            metrics::counter!(telemetry::WRITES_SHED, "reason" => "pending_bytes").increment(1);
+            metrics::counter!(metric::WRITES_SHED, "reason" => "pending_bytes").increment(1);
             return Answer::Failed(WriteError::Overloaded(
                 "too many writes are pending (database.max_pending_bytes): the database is slow or stalled",
             ));
@@ -151,7 +151,7 @@ impl KeyShard {
         waiting: VecDeque<PendingWrite>,
         ctx: &mut Context<Self>,
     ) {
-        metrics::gauge!(telemetry::SHARD_IN_FLIGHT).increment(1.0);
+        metrics::gauge!(metric::SHARD_IN_FLIGHT).increment(1.0);
         let key = write.key.clone();
         self.in_flight.insert(
             key.clone(),
@@ -184,8 +184,8 @@ impl KeyShard {
         let Some(in_flight) = self.in_flight.remove(&key) else {
             return;
         };
-        metrics::gauge!(telemetry::SHARD_IN_FLIGHT).decrement(1.0);
-        metrics::gauge!(telemetry::SHARD_WAITERS).decrement(in_flight.waiting.len() as f64);
+        metrics::gauge!(metric::SHARD_IN_FLIGHT).decrement(1.0);
+        metrics::gauge!(metric::SHARD_WAITERS).decrement(in_flight.waiting.len() as f64);
         // A receiver that is gone belongs to a client that gave up; nothing to tell it.
         let record = match result {
             Ok(Ok(Committed::Created(record))) => {
@@ -234,7 +234,7 @@ impl KeyShard {
                 continue;
             }
             // The rest wait on, now for `next`.
-            metrics::gauge!(telemetry::SHARD_WAITERS).increment(waiting.len() as f64);
+            metrics::gauge!(metric::SHARD_WAITERS).increment(waiting.len() as f64);
             self.start_write(next, waiting, ctx);
             return;
         }
@@ -269,7 +269,7 @@ impl Handler<Submit> for KeyShard {
         let unanswered = match self.in_flight.get_mut(&pending.write.key) {
             Some(in_flight) => {
                 in_flight.waiting.push_back(pending);
-                metrics::gauge!(telemetry::SHARD_WAITERS).increment(1.0);
+                metrics::gauge!(metric::SHARD_WAITERS).increment(1.0);
                 Answer::InProgress
             }
             None => {

@@ -26,7 +26,7 @@ use crate::entry::{entry_json, format_time, Ordering, CREATED_STATUS};
 use crate::events::{events_for, AuditFacts, EventSubject, NewEvent, ENTRY_CREATED};
 use crate::idempotency::{canonical_json, RequestHash};
 use crate::lifecycle::Stop;
-use crate::telemetry;
+use crate::metric;
 use crate::write::{PendingPermit, SavedRecord, SavedResponse, Write, WriteError};
 
 /// Writes the queue holds at most, in batches' worth per writer: past that new writes are
@@ -115,11 +115,11 @@ impl WriteQueue {
             let _ = commit.reply.send(Err(WriteError::Overloaded(
                 "the writers are saturated: too many writes queued",
             )));
-            metrics::counter!(telemetry::WRITES_SHED, "reason" => "queue_full").increment(1);
+            metrics::counter!(metric::WRITES_SHED, "reason" => "queue_full").increment(1);
             return;
         }
         inner.writes.push_back(commit);
-        metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).increment(1.0);
+        metrics::gauge!(metric::WRITER_QUEUE_DEPTH).increment(1.0);
         let idle = inner.idle.pop();
         drop(inner);
         if let Some(writer) = idle {
@@ -242,7 +242,7 @@ fn take_batch(queue: &mut VecDeque<Commit>, max_batch: usize) -> Vec<Commit> {
     }
     deferred.append(queue);
     *queue = deferred;
-    metrics::gauge!(telemetry::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
+    metrics::gauge!(metric::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
     batch
 }
 
@@ -366,7 +366,7 @@ fn live_until(remaining: Duration) -> std::time::Instant {
 
 /// Commits `batch`, answers every write in it, and returns how many entries it created.
 async fn process_batch(db: &Database, config: &WriterConfig, batch: Vec<Commit>) -> usize {
-    metrics::histogram!(telemetry::WRITER_BATCH_SIZE).record(batch.len() as f64);
+    metrics::histogram!(metric::WRITER_BATCH_SIZE).record(batch.len() as f64);
     let span =
         crate::otlp::writer_batch_span(batch.iter().map(|commit| commit.write.trace.as_ref()));
     let results = match stamp(db, config).await {
@@ -469,13 +469,13 @@ async fn commit_with_retries(
         let result = db
             .run(async |connection| commit(connection, config, prepared).await)
             .await;
-        metrics::histogram!(telemetry::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(metric::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
         let label = if result.is_ok() {
             "committed"
         } else {
             "failed"
         };
-        metrics::counter!(telemetry::WRITER_BATCHES, "result" => label).increment(1);
+        metrics::counter!(metric::WRITER_BATCHES, "result" => label).increment(1);
         match result {
             Err(StorageError::Retryable(reason)) if attempt < MAX_CONFLICT_RETRIES => {
                 tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
