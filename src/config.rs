@@ -358,11 +358,18 @@ section! {
     }
 }
 
+/// A client's limits; 0 is none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub max_concurrent_writes: u32,
+    pub max_requests_per_second: f64,
+}
+
 impl AuthSettings {
     /// The limits of `client` (None: the anonymous client): its own where it sets them, else
     /// the daemon-wide defaults.
-    pub fn limits_of(&self, client: Option<&ClientSettings>) -> crate::http::limits::Limits {
-        crate::http::limits::Limits {
+    pub fn limits_of(&self, client: Option<&ClientSettings>) -> Limits {
+        Limits {
             max_concurrent_writes: client
                 .and_then(|client| client.max_concurrent_writes)
                 .unwrap_or(self.max_concurrent_writes),

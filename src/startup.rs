@@ -117,14 +117,17 @@ impl Application {
         tasks.spawn(move |shutdown| janitor::run(janitor_pool, retention, shutdown));
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
+        let backlog = Arc::new(gauges::Backlog::default());
         let readiness = Arc::new(ReadinessMonitor::new(
             reads.clone(),
             writes.clone(),
             config.database.connect_timeout + Duration::from_secs(1),
-            write_health,
+            (write_health, backlog.clone()),
         ));
-        let (gauges_pool, gauges_readiness) = (reads.clone(), readiness.clone());
-        tasks.spawn(move |shutdown| gauges::run(gauges_pool, gauges_readiness, shutdown));
+        let gauges_pool = reads.clone();
+        tasks.spawn(move |shutdown| gauges::run(gauges_pool, backlog, shutdown));
+        let refreshed = readiness.clone();
+        tasks.spawn(move |shutdown| crate::http::health::refresh(refreshed, shutdown));
 
         let shards = write_path
             .shards

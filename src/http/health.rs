@@ -1,14 +1,17 @@
 //! `GET /healthz` (the process runs) and `GET /readyz` (it can serve writes).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::HttpResponse;
 use serde::Serialize;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::db::{self, Database, WriteHealth};
 use crate::http::SharedState;
 use crate::metric;
+use crate::outbox::gauges::{self, Backlog};
 
 /// 200 while the process runs.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process runs", body = Object, content_type = "application/json")))]
@@ -91,8 +94,8 @@ pub async fn readyz(state: SharedState) -> HttpResponse {
                 humantime::format_duration(Duration::from_secs(lasted.as_secs()))
             )
         }),
-        outbox_backlog: state.readiness.backlog(),
-        outbox_parked: state.readiness.parked(),
+        outbox_backlog: state.readiness.backlog().unsent(),
+        outbox_parked: state.readiness.backlog().parked(),
     };
     if ready {
         HttpResponse::Ok().json(body)
@@ -126,9 +129,8 @@ pub struct ReadinessMonitor {
     /// Bound on one check.
     limit: Duration,
     last: tokio::sync::Mutex<Option<(Instant, DatabaseState)>>,
-    /// Unsent and parked events at the last refresh of the outbox gauges; -1 when unknown.
-    backlog: AtomicI64,
-    parked: AtomicI64,
+    /// Unsent and parked events at the last refresh of the outbox gauges.
+    backlog: Arc<Backlog>,
 }
 
 impl ReadinessMonitor {
@@ -136,7 +138,7 @@ impl ReadinessMonitor {
         reads: Database,
         write_pool: Database,
         limit: Duration,
-        writes: WriteHealth,
+        (writes, backlog): (WriteHealth, Arc<Backlog>),
     ) -> Self {
         Self {
             reads,
@@ -144,8 +146,7 @@ impl ReadinessMonitor {
             writes,
             limit,
             last: tokio::sync::Mutex::new(None),
-            backlog: AtomicI64::new(-1),
-            parked: AtomicI64::new(-1),
+            backlog,
         }
     }
 
@@ -189,24 +190,17 @@ impl ReadinessMonitor {
         }
     }
 
-    /// Unsent events, as the outbox gauges last saw them.
-    pub fn backlog(&self) -> Option<i64> {
-        known(&self.backlog)
-    }
-
-    /// Parked events, as the outbox gauges last saw them.
-    pub fn parked(&self) -> Option<i64> {
-        known(&self.parked)
-    }
-
-    pub fn set_outbox(&self, unsent: i64, parked: i64) {
-        self.backlog.store(unsent, Ordering::Relaxed);
-        self.parked.store(parked, Ordering::Relaxed);
+    /// The outbox backlog as the gauges last read it.
+    pub fn backlog(&self) -> &Backlog {
+        &self.backlog
     }
 }
 
-/// A count read by the gauges, or None before the first reading (stored as -1).
-fn known(count: &AtomicI64) -> Option<i64> {
-    let count = count.load(Ordering::Relaxed);
-    (count >= 0).then_some(count)
+/// Renews the readiness check (and its gauge) every [`gauges::REFRESH_INTERVAL`] until
+/// `shutdown`, whether probed or not: a plain task of the daemon ([`crate::lifecycle`]).
+pub async fn refresh(readiness: Arc<ReadinessMonitor>, shutdown: CancellationToken) {
+    crate::lifecycle::every(gauges::REFRESH_INTERVAL, shutdown, || async {
+        readiness.current().await;
+    })
+    .await
 }

@@ -24,12 +24,7 @@ pub const FREE_REFUSALS: u32 = 16;
 /// How long a refusal past [`FREE_REFUSALS`] waits before it is answered.
 pub const SLOW_REFUSAL: Duration = Duration::from_secs(1);
 
-/// A client's limits; 0 is none.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
-    pub max_concurrent_writes: u32,
-    pub max_requests_per_second: f64,
-}
+pub use crate::config::Limits;
 
 /// Which limit refused a request, and what to tell the client.
 #[derive(Debug, Clone, PartialEq)]

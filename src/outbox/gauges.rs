@@ -1,34 +1,67 @@
 //! The outbox gauges: the backlog, the parked and blocked events and the oldest unsent event's
-//! age, read
-//! from the database every few seconds by a task of their own, so that scrapes and readiness
-//! probes cost the database nothing. Each refresh also renews the readiness check. If the
+//! age, read from the database every few seconds by a task of their own, so that scrapes and
+//! readiness probes cost the database nothing ([`Backlog`] is what `/readyz` reports). If the
 //! database does not answer in time, the gauges keep their last values.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::db::Database;
-use crate::http::health::ReadinessMonitor;
 use crate::outbox::store;
 use crate::{lifecycle, metric};
 
 /// How often the outbox gauges are read from the database.
-const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
+pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Refreshes the readiness gauge and the outbox gauges every [`REFRESH_INTERVAL`], from
-/// `reads`, until `shutdown`: a plain task of the daemon ([`crate::lifecycle`]). A refresh in
-/// progress at shutdown is abandoned: it only reads.
-pub async fn run(reads: Database, readiness: Arc<ReadinessMonitor>, shutdown: CancellationToken) {
+/// Unsent and parked events at the last refresh of the gauges, for `/readyz`.
+#[derive(Debug)]
+pub struct Backlog {
+    /// -1 until the first refresh.
+    unsent: AtomicI64,
+    parked: AtomicI64,
+}
+
+impl Default for Backlog {
+    fn default() -> Self {
+        Self {
+            unsent: AtomicI64::new(-1),
+            parked: AtomicI64::new(-1),
+        }
+    }
+}
+
+impl Backlog {
+    /// Unsent events, as the gauges last read them; None before the first reading.
+    pub fn unsent(&self) -> Option<i64> {
+        known(&self.unsent)
+    }
+
+    /// Parked events, as the gauges last read them; None before the first reading.
+    pub fn parked(&self) -> Option<i64> {
+        known(&self.parked)
+    }
+}
+
+fn known(count: &AtomicI64) -> Option<i64> {
+    let count = count.load(Ordering::Relaxed);
+    (count >= 0).then_some(count)
+}
+
+/// Refreshes the outbox gauges and `backlog` every [`REFRESH_INTERVAL`], from `reads`, until
+/// `shutdown`: a plain task of the daemon ([`crate::lifecycle`]). A refresh in progress at
+/// shutdown is abandoned: it only reads.
+pub async fn run(reads: Database, backlog: Arc<Backlog>, shutdown: CancellationToken) {
     lifecycle::every(REFRESH_INTERVAL, shutdown, || async {
-        readiness.current().await;
         match reads
             .run(async |connection| store::totals(&**connection).await)
             .await
         {
             Ok(totals) => {
-                readiness.set_outbox(totals.unsent, totals.parked);
+                backlog.unsent.store(totals.unsent, Ordering::Relaxed);
+                backlog.parked.store(totals.parked, Ordering::Relaxed);
                 metrics::gauge!(metric::OUTBOX_UNSENT).set(totals.unsent as f64);
                 metrics::gauge!(metric::OUTBOX_PARKED).set(totals.parked as f64);
                 metrics::gauge!(metric::OUTBOX_OLDEST_AGE)

@@ -6,6 +6,7 @@ pub mod gauges;
 pub mod publish;
 pub mod relay;
 pub mod replay;
+pub mod spans;
 pub mod store;
 
 pub use broker::declare_exchange;

@@ -15,6 +15,7 @@ use crate::lifecycle::Stop;
 use crate::metric;
 use crate::outbox::broker::{Broker, BrokerChannel, BrokerError};
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
+use crate::outbox::spans::PublishSpans;
 use crate::outbox::store::{self, FailedAttempt, OrderingKeys, RelayStatements};
 
 /// Longest wait between two attempts to reach the broker.
@@ -246,7 +247,7 @@ async fn publish_and_record(
         client.batch_execute("ROLLBACK").await?;
         return Ok(blocked_report);
     }
-    let spans = crate::otlp::PublishSpans::start(&config.exchange, &events);
+    let spans = PublishSpans::start(&config.exchange, &events);
     let results = publish_batch(channel, config, &events, on_full_batch).await;
     if let Some(spans) = spans {
         spans.finish(&results);
