@@ -10,7 +10,7 @@
 //! warned about, ...) makes it unready once writes have failed for [`FAILING_WINDOW`] with none
 //! succeeding. Readiness then comes back by itself: while writes fail, each readiness check
 //! runs a probe write (the writers' statement, writing nothing, in a transaction that does
-//! write WAL; see `write::writer::probe`), and the first write or probe that succeeds clears
+//! write WAL; see `write::batch::probe`), and the first write or probe that succeeds clears
 //! the failure.
 
 use std::sync::{Arc, Mutex};

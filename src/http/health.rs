@@ -160,7 +160,7 @@ impl ReadinessMonitor {
         }
         let state = self.check().await;
         if state == DatabaseState::Ready && self.writes.is_failing() {
-            crate::write::writer::probe(&self.write_pool, &self.writes, self.limit).await;
+            crate::write::batch::probe(&self.write_pool, &self.writes, self.limit).await;
         }
         *last = Some((Instant::now(), state));
         let ready = state == DatabaseState::Ready && self.writes.current().is_none();

@@ -3,16 +3,21 @@
 //! - [`shard`]: `KeyShard` actors, one per shard of (client, key), where requests for one key
 //!   meet; [`ShardHandle::submit`] is the one call the HTTP layer makes.
 //! - [`cache`]: each shard's bounded cache of completed responses, read by the HTTP workers.
+//! - [`queue`]: the writes waiting for a writer, one queue that every writer takes from.
 //! - [`writer`]: `Writer` actors, which commit writes in batches, one transaction each.
-//! - [`pending`]: the bound on the bytes pending writes hold.
+//! - [`batch`]: one batch's transaction, its statements and what it computes first.
+//! - [`pending`]: a write on its way ([`PendingWrite`]), and the bound on the bytes pending
+//!   writes hold.
 //!
 //! The types here are the write path's vocabulary, one per concept: a [`Write`] (what a client
 //! asked for, its [`WriteRequest`] under its [`ScopedKey`]) goes in, an [`Answer`] comes out,
 //! and between them a writer saves a [`SavedRecord`], which judges every later request for its
 //! key ([`SavedRecord::answer_for`]: the same request is a replay, another one a conflict).
 
+pub mod batch;
 pub mod cache;
 pub mod pending;
+pub mod queue;
 pub mod shard;
 pub mod writer;
 
@@ -28,9 +33,10 @@ use crate::idempotency::{IdempotencyKey, RequestHash};
 use crate::trace_context::TraceContext;
 
 pub use cache::ReplayCache;
-pub use pending::{PendingBytes, PendingPermit};
+pub use pending::{PendingBytes, PendingPermit, PendingWrite};
+pub use queue::WriteQueue;
 pub use shard::{shard_index, KeyShard, ShardHandle};
-pub use writer::{WriteQueue, Writer, WriterConfig};
+pub use writer::{Writer, WriterConfig};
 
 /// An idempotency key as the write path knows it: keys are scoped by client.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -19,10 +19,9 @@ use tokio::sync::oneshot;
 use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
 use crate::lifecycle::Stop;
 use crate::metric;
-use crate::write::writer::{Commit, Committed, WriteQueue};
-use crate::write::{
-    Answer, PendingBytes, PendingPermit, ReplayCache, ScopedKey, Write, WriteError,
-};
+use crate::write::queue::{Commit, WriteQueue};
+use crate::write::writer::Committed;
+use crate::write::{Answer, PendingBytes, PendingWrite, ReplayCache, ScopedKey, Write, WriteError};
 
 /// Which of `shard_count` shards owns the key.
 pub fn shard_index(client_id: &str, key: &IdempotencyKey, shard_count: usize) -> usize {
@@ -56,7 +55,7 @@ impl ShardHandle {
     }
 
     /// What becomes of `write`: a replay or a conflict from the cache, at once; otherwise the
-    /// shard's answer ([`Submit`]), awaited once.
+    /// shard's answer to the [`PendingWrite`], awaited once.
     pub async fn submit(&self, write: Write) -> Answer {
         if let Some(answer) = self.cache.answer(&write.key, write.request.hash) {
             return answer;
@@ -68,32 +67,23 @@ impl ShardHandle {
             ));
         };
         self.addr
-            .send(Submit { write, permit })
+            .send(PendingWrite { write, permit })
             .await
             // The shard is gone only when the daemon is shutting down.
             .unwrap_or(Answer::Failed(WriteError::Stopping))
     }
 }
 
-/// A write for the shard, with its share of the pending bytes. Answered with what became of
-/// it, within `idempotency.wait_timeout`: past that, a request whose write was sent to a
-/// writer is [`WriteError::NotConfirmed`] (the write may still commit: a retry with the same key
-/// then gets its answer), and one that waited for another write of its key is
-/// [`Answer::InProgress`].
-#[derive(Message)]
-#[rtype(result = "Answer")]
-pub struct Submit {
-    pub write: Write,
-    pub permit: PendingPermit,
+/// What the shard answers a write with, within `idempotency.wait_timeout`: past that, a request
+/// whose write was sent to a writer is [`WriteError::NotConfirmed`] (the write may still commit:
+/// a retry with the same key then gets its answer), and one that waited for another write of
+/// its key is [`Answer::InProgress`].
+impl Message for PendingWrite {
+    type Result = Answer;
 }
 
-/// A write the shard holds, with what it needs until it is answered: its share of the pending
-/// bytes and the channel its answer goes back on.
-struct PendingWrite {
-    write: Write,
-    permit: PendingPermit,
-    reply: oneshot::Sender<Answer>,
-}
+/// A write the shard holds, and the channel its answer goes back on.
+type Waiter = (PendingWrite, oneshot::Sender<Answer>);
 
 /// A key whose write is being committed.
 struct InFlight {
@@ -104,7 +94,7 @@ struct InFlight {
     reply: oneshot::Sender<Answer>,
     /// Requests for the key that arrived meanwhile, in order: each is judged by the saved
     /// record, or, if nothing was saved, the first runs its own write.
-    waiting: VecDeque<PendingWrite>,
+    waiting: VecDeque<Waiter>,
 }
 
 pub struct KeyShard {
@@ -143,14 +133,11 @@ impl KeyShard {
     /// Sends the write to a writer and records it as its key's write in flight.
     fn start_write(
         &mut self,
-        PendingWrite {
-            write,
-            permit,
-            reply,
-        }: PendingWrite,
-        waiting: VecDeque<PendingWrite>,
+        (pending, reply): Waiter,
+        waiting: VecDeque<Waiter>,
         ctx: &mut Context<Self>,
     ) {
+        let write = &pending.write;
         metrics::gauge!(metric::SHARD_IN_FLIGHT).increment(1.0);
         let key = write.key.clone();
         self.in_flight.insert(
@@ -164,8 +151,7 @@ impl KeyShard {
         );
         let (commit_reply, committed) = oneshot::channel();
         self.queue.push(Commit {
-            write,
-            permit,
+            pending,
             reply: commit_reply,
         });
         ctx.spawn(
@@ -219,18 +205,16 @@ impl KeyShard {
             }
         };
         // Every request that waited is judged by the record now saved.
-        for waiting in in_flight.waiting {
-            let _ = waiting
-                .reply
-                .send(record.answer_for(waiting.write.request.hash));
+        for (waiting, reply) in in_flight.waiting {
+            let _ = reply.send(record.answer_for(waiting.write.request.hash));
         }
     }
 
     /// Nothing was saved for the key: the first request still waiting runs its own write, and
     /// the others wait on it. Requests whose clients gave up are dropped, not written.
-    fn run_next(&mut self, mut waiting: VecDeque<PendingWrite>, ctx: &mut Context<Self>) {
+    fn run_next(&mut self, mut waiting: VecDeque<Waiter>, ctx: &mut Context<Self>) {
         while let Some(next) = waiting.pop_front() {
-            if next.reply.is_closed() {
+            if next.1.is_closed() {
                 continue;
             }
             // The rest wait on, now for `next`.
@@ -245,35 +229,27 @@ impl Actor for KeyShard {
     type Context = Context<Self>;
 }
 
-impl Handler<Submit> for KeyShard {
+impl Handler<PendingWrite> for KeyShard {
     type Result = ResponseFuture<Answer>;
 
-    fn handle(
-        &mut self,
-        Submit { write, permit }: Submit,
-        ctx: &mut Self::Context,
-    ) -> Self::Result {
+    fn handle(&mut self, pending: PendingWrite, ctx: &mut Self::Context) -> Self::Result {
         // Checked again here: the key may have completed since the HTTP worker looked.
+        let write = &pending.write;
         if let Some(answer) = self.cache.lookup(&write.key, write.request.hash) {
             return Box::pin(std::future::ready(answer));
         }
         let (reply, answer) = oneshot::channel();
-        let pending = PendingWrite {
-            write,
-            permit,
-            reply,
-        };
         let wait_timeout = self.wait_timeout;
         // What a request is told when its wait ends without an answer: a write sent to a writer
         // may still commit; a request waiting for another write of its key is still waiting.
         let unanswered = match self.in_flight.get_mut(&pending.write.key) {
             Some(in_flight) => {
-                in_flight.waiting.push_back(pending);
+                in_flight.waiting.push_back((pending, reply));
                 metrics::gauge!(metric::SHARD_WAITERS).increment(1.0);
                 Answer::InProgress
             }
             None => {
-                self.start_write(pending, VecDeque::new(), ctx);
+                self.start_write((pending, reply), VecDeque::new(), ctx);
                 Answer::Failed(WriteError::NotConfirmed(wait_timeout))
             }
         };
