@@ -431,15 +431,20 @@ fn base_pg_config(settings: &DatabaseConfig) -> tokio_postgres::Config {
     config
 }
 
-/// A connector for `config` with the TLS that `database.url` asks for. Fails when a TLS file
-/// cannot be used, naming the parameter and the file.
+/// A connector for `config`, to the hosts of `database.url` with the TLS it asks for. Fails when
+/// a TLS file cannot be used, naming the parameter and the file.
 fn connector(
     settings: &DatabaseConfig,
     config: tokio_postgres::Config,
 ) -> Result<Connector, StorageError> {
     let tls = tls::connector(settings.url.tls())
         .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
-    Ok(Connector::new(&config, tls, settings.connect_timeout))
+    Ok(Connector::new(
+        &config,
+        settings.url.hosts(),
+        tls,
+        settings.connect_timeout,
+    ))
 }
 
 /// One connection to the database of `database.url`, as the daemon makes them (each host in
