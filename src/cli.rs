@@ -146,7 +146,7 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             for name in &stray {
                 eprintln!("warning: {name} is ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
             }
-            for warning in crate::config::warnings(&settings, &path) {
+            for warning in crate::config::warnings(&config, &path) {
                 eprintln!("warning: {warning}");
             }
             check_tls_files(&config)?;
@@ -158,7 +158,7 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
             for name in &stray {
                 tracing::warn!(variable = %name, "ignored: configuration variables are RETRYSAFE_<SECTION>__<KEY>");
             }
-            for warning in crate::config::warnings(&settings, &path) {
+            for warning in crate::config::warnings(&config, &path) {
                 tracing::warn!(key = %warning.key, "{}", warning.message);
             }
             let served = actix_web::rt::System::new().block_on(serve(config));
@@ -216,10 +216,7 @@ fn check_tls_files(config: &Config) -> anyhow::Result<()> {
             );
         }
     }
-    config
-        .database
-        .tls
-        .connector()
+    db::tls::connector(config.database.url.tls())
         .map_err(|error| anyhow::anyhow!("invalid configuration: database.url: {error}"))?;
     outbox::broker::tls_config(&config.amqp)?;
     Ok(())

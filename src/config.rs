@@ -14,11 +14,13 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod database_url;
 pub mod keys;
 mod redact;
 mod validated;
 mod warnings;
 
+pub use database_url::{DatabaseHost, DatabaseUrl, HostName, PgTls, RootCertificates, SslMode};
 use keys::{minutes, section, Bound, Key, HOUR, TEN_YEARS};
 pub use redact::{redact_url, UNPARSABLE};
 pub use validated::{AmqpConfig, BrokerEndpoint, Config, DatabaseConfig};

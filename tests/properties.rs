@@ -654,7 +654,7 @@ proptest! {
         prop_assert!(shown.contains(&format!("{user}:***@{host}")), "{url:?} shown as {shown:?}");
     }
 
-    /// A PostgreSQL URL with the password typed unencoded: tokio-postgres reads the user info
+    /// A PostgreSQL URL with the password typed unencoded: the daemon reads the user info
     /// up to the first `@`, the redaction reads it so, and shows no piece of the password (and,
     /// when it shows anything, the user and the host).
     #[test]

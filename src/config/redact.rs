@@ -3,23 +3,20 @@
 //! A string is read by the parser that the daemon connects with, and shown rebuilt from the
 //! parts that parser found, so that no text of the input is copied through unread:
 //!
-//! - a PostgreSQL URL or `key=value` string as tokio-postgres reads it. Its URL grammar is
-//!   libpq's, not the WHATWG one of the `url` crate: the user info runs to the first `@`, so a
-//!   password may hold `?`, `/` or `#` unencoded (`postgres://u:se?cret@db/x` logs in as `u`
-//!   with `se?cret`), and a URL may list several hosts. The `url` crate reads such a URL
-//!   differently (`u:123/x@db` as host `u`, port 123 and path `/x@db`), so its parts could show
-//!   a password;
+//! - a PostgreSQL URL or `key=value` string as [`DatabaseUrl`] reads it (libpq's grammar: the
+//!   user info runs to the first `@`, so a password may hold `?`, `/` or `#` unencoded), shown
+//!   as that parsed value shows itself. The `url` crate reads such a URL differently
+//!   (`u:123/x@db` as host `u`, port 123 and path `/x@db`), so its parts could show a password;
 //! - an AMQP URL as the `url` crate reads it, which is lapin's parser.
 //!
-//! The query string is never shown (it may carry `password=`). A string that does not parse,
-//! or that parses into a part only a password typed unencoded can explain (an `@` after the
-//! one that ends the user info; a user name holding `/`, `?`, `=` or `&`, which is the rest of
-//! a URL read as user info), is shown as [`UNPARSABLE`], with none of its text.
+//! The query string is never shown (it may carry `password=`). A string that does not parse is
+//! shown as [`UNPARSABLE`], with none of its text; so is a PostgreSQL URL that
+//! [`DatabaseUrl::parse`] refuses because only a password typed unencoded explains it (an `@`
+//! after the one that ends the user info; a user name holding `/`, `?`, `=` or `&`).
 
 use std::fmt::Write as _;
-use std::str::FromStr;
 
-use tokio_postgres::config::Host;
+use crate::config::DatabaseUrl;
 
 /// What a connection string that cannot be shown safely is shown as.
 pub const UNPARSABLE: &str = "<unparsable url>";
@@ -30,132 +27,15 @@ const MASK: &str = "***";
 /// Shows a connection string (a `postgres://`, `postgresql://`, `amqp://` or `amqps://` URL, or
 /// libpq's `key=value` pairs) without its password and without its query string.
 pub fn redact_url(url: &str) -> String {
-    let shown = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        postgres(url, Form::Url)
-    } else if has_scheme(url) {
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let shown = if has_scheme(url) && !postgres {
         other_url(url)
-    } else if url.contains('=') {
-        postgres(url, Form::KeyValues)
+    } else if postgres || url.contains('=') {
+        DatabaseUrl::parse(url).ok().map(|url| url.to_string())
     } else {
         None
     };
     shown.unwrap_or_else(|| UNPARSABLE.to_owned())
-}
-
-/// How a PostgreSQL connection string was written, and so how it is shown.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Form {
-    Url,
-    KeyValues,
-}
-
-/// A PostgreSQL connection string as tokio-postgres reads it; `None` when it does not parse or
-/// a part of it could be a piece of a password.
-fn postgres(text: &str, form: Form) -> Option<String> {
-    // libpq's TLS parameters, which tokio-postgres refuses, come out first, as at connect.
-    let split = crate::db::tls::split(text).ok()?;
-    let config = tokio_postgres::Config::from_str(&split.rest).ok()?;
-    let hosts: Vec<String> = if config.get_hosts().is_empty() {
-        config
-            .get_hostaddrs()
-            .iter()
-            .map(|address| address.to_string())
-            .collect()
-    } else {
-        config
-            .get_hosts()
-            .iter()
-            .map(|host| match host {
-                Host::Tcp(name) => name.clone(),
-                Host::Unix(path) => path.display().to_string(),
-            })
-            .collect()
-    };
-    if hosts.iter().any(|host| !is_plain_host(host)) {
-        return None;
-    }
-    let user = config.get_user();
-    if form == Form::Url {
-        // tokio-postgres ends the user info at the first `@`: a second one is a password typed
-        // unencoded, whose rest was read as a host, a parameter or the database.
-        if text
-            .split_once('@')
-            .is_some_and(|(_, rest)| rest.contains('@'))
-        {
-            return None;
-        }
-        if user.is_some_and(|user| !is_plain_user(user)) {
-            return None;
-        }
-    }
-    let ports = config.get_ports();
-    let port_of = |index: usize| match ports.len() {
-        0 => None,
-        1 => Some(ports[0]),
-        _ => ports.get(index).copied(),
-    };
-    let password = config.get_password().is_some();
-    let dbname = config.get_dbname();
-    let mut shown = String::new();
-    match form {
-        Form::Url => {
-            let scheme = text
-                .split_once("://")
-                .map_or("postgres", |(scheme, _)| scheme);
-            let _ = write!(shown, "{scheme}://");
-            if let Some(user) = user {
-                shown.push_str(user);
-            }
-            if password {
-                let _ = write!(shown, ":{MASK}");
-            }
-            if user.is_some() || password {
-                shown.push('@');
-            }
-            let hosts: Vec<String> = hosts
-                .iter()
-                .enumerate()
-                .map(|(index, host)| {
-                    let host = if host.starts_with('/') {
-                        host.replace('/', "%2F")
-                    } else if host.contains(':') {
-                        format!("[{host}]")
-                    } else {
-                        host.clone()
-                    };
-                    match port_of(index) {
-                        Some(port) => format!("{host}:{port}"),
-                        None => host,
-                    }
-                })
-                .collect();
-            shown.push_str(&hosts.join(","));
-            if let Some(dbname) = dbname {
-                let _ = write!(shown, "/{dbname}");
-            }
-        }
-        Form::KeyValues => {
-            let mut pairs = Vec::new();
-            if !hosts.is_empty() {
-                pairs.push(format!("host={}", quoted(&hosts.join(","))));
-            }
-            if !ports.is_empty() {
-                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-                pairs.push(format!("port={}", ports.join(",")));
-            }
-            if let Some(user) = user {
-                pairs.push(format!("user={}", quoted(user)));
-            }
-            if password {
-                pairs.push(format!("password={MASK}"));
-            }
-            if let Some(dbname) = dbname {
-                pairs.push(format!("dbname={}", quoted(dbname)));
-            }
-            shown = pairs.join(" ");
-        }
-    }
-    Some(shown)
 }
 
 /// An AMQP URL (or one of a scheme the daemon refuses) as the `url` crate, lapin's parser,
@@ -200,32 +80,6 @@ fn has_scheme(text: &str) -> bool {
     })
 }
 
-/// A host name, an IP address or a socket directory: nothing a password typed unencoded into a
-/// URL could have become (`u:p@ss@db` reads as host `ss@db`).
-fn is_plain_host(host: &str) -> bool {
-    !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._:/%".contains(&b))
-}
-
-/// A user name that is not the rest of a URL read as user info (`postgres://db/x?password=a@b`
-/// reads as user `db/x?password=a`).
-fn is_plain_user(user: &str) -> bool {
-    !user
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || "/?#@:=&'\\".contains(c))
-}
-
-/// A `key=value` value as libpq reads it back: quoted when it holds a space or a quote.
-fn quoted(value: &str) -> String {
-    if value.is_empty() || value.contains([' ', '\'', '\\']) {
-        format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
-    } else {
-        value.to_owned()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,7 +90,7 @@ mod tests {
             redact_url("postgres://app:secret@db:5433/x"),
             "postgres://app:***@db:5433/x"
         );
-        // tokio-postgres gives every host its port, 5432 when the URL names none.
+        // Every host is shown with its port, 5432 when the URL names none.
         assert_eq!(
             redact_url("postgres://app@db/x"),
             "postgres://app@db:5432/x"

@@ -3,16 +3,14 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::str::FromStr;
 
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
     invalid, redact_url, AdminSettings, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings,
-    EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, Settings,
-    TelemetrySettings,
+    DatabaseUrl, EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings,
+    Settings, TelemetrySettings,
 };
-use crate::db::tls::{self, PgTls};
 
 /// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
 /// about two heartbeats instead of RabbitMQ's default of two minutes.
@@ -33,13 +31,15 @@ pub struct Config {
     pub telemetry: TelemetrySettings,
 }
 
-/// `[database]`, with `database.url` parsed: what tokio-postgres reads, and libpq's TLS
-/// parameters, which tokio-postgres does not know and the daemon applies itself.
-#[derive(Clone)]
+/// `[database]`, with `database.url` parsed: what tokio-postgres reads, libpq's TLS parameters
+/// (which tokio-postgres does not know and the daemon applies itself), the hosts, and the URL
+/// as logs show it.
+#[derive(Debug, Clone)]
 pub struct DatabaseConfig {
     pub settings: DatabaseSettings,
-    pub connection: tokio_postgres::Config,
-    pub tls: PgTls,
+    /// `database.url`, parsed. It stands in front of the text (`settings.url`, also reached
+    /// through `Deref`): every consumer takes this, so that nothing parses the text again.
+    pub url: DatabaseUrl,
 }
 
 /// `[amqp]`, with `amqp.url` parsed: the brokers, in the order they are tried.
@@ -78,17 +78,11 @@ impl Config {
 
 impl DatabaseConfig {
     fn parse(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
-        let split =
-            tls::split(settings.url.as_str()).map_err(|error| invalid("database.url", error))?;
-        let connection = tokio_postgres::Config::from_str(&split.rest).map_err(|error| {
-            invalid(
-                "database.url",
-                format!("not a valid PostgreSQL URL: {error}"),
-            )
-        })?;
-        let hosts = connection.get_hosts().len();
+        let url = DatabaseUrl::parse(settings.url.as_str())
+            .map_err(|error| invalid("database.url", error))?;
+        let hosts = url.hosts().len();
         if hosts > 1
-            && connection.get_target_session_attrs()
+            && url.connection().get_target_session_attrs()
                 != tokio_postgres::config::TargetSessionAttrs::ReadWrite
         {
             return Err(invalid(
@@ -100,8 +94,7 @@ impl DatabaseConfig {
         }
         Ok(Self {
             settings: settings.clone(),
-            connection,
-            tls: split.tls,
+            url,
         })
     }
 }
@@ -111,16 +104,6 @@ impl Deref for DatabaseConfig {
 
     fn deref(&self) -> &DatabaseSettings {
         &self.settings
-    }
-}
-
-impl fmt::Debug for DatabaseConfig {
-    // The parsed form holds the password: shown as the settings show it, without.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatabaseConfig")
-            .field("settings", &self.settings)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
     }
 }
 

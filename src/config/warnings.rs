@@ -12,13 +12,9 @@
 //!   or admit their own token).
 
 use std::fmt;
-use std::net::IpAddr;
 use std::path::Path;
-use std::str::FromStr;
 
-use tokio_postgres::config::Host;
-
-use crate::config::Settings;
+use crate::config::{Config, DatabaseUrl, SslMode};
 
 /// One warning: the key (or file) at fault, and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,11 +29,11 @@ impl fmt::Display for ConfigWarning {
     }
 }
 
-/// Every warning for `settings`, loaded from the file at `file`.
-pub fn warnings(settings: &Settings, file: &Path) -> Vec<ConfigWarning> {
+/// Every warning for `config`, loaded from the file at `file`.
+pub fn warnings(config: &Config, file: &Path) -> Vec<ConfigWarning> {
     let mut warnings = Vec::new();
-    warnings.extend(unauthenticated_database(settings.database.url.as_str()));
-    if let Some(address) = settings.http.operations_listen {
+    warnings.extend(unauthenticated_database(&config.database.url));
+    if let Some(address) = config.http.operations_listen {
         if !address.ip().is_loopback() {
             warnings.push(ConfigWarning {
                 key: "http.operations_listen".into(),
@@ -52,58 +48,33 @@ pub fn warnings(settings: &Settings, file: &Path) -> Vec<ConfigWarning> {
 }
 
 /// `database.url` names a host off loopback, and the server's certificate is not checked.
-fn unauthenticated_database(url: &str) -> Option<ConfigWarning> {
-    // An invalid URL is refused by the validation before this runs.
-    let split = crate::db::tls::split(url).ok()?;
-    if split.tls.checks_server_certificate() {
+fn unauthenticated_database(url: &DatabaseUrl) -> Option<ConfigWarning> {
+    let tls = url.tls();
+    if tls.checks_server_certificate() {
         return None;
     }
-    let config = tokio_postgres::Config::from_str(&split.rest).ok()?;
-    let mut remote: Vec<String> = config
-        .get_hosts()
+    let remote: Vec<String> = url
+        .hosts()
         .iter()
-        .filter_map(|host| match host {
-            Host::Tcp(name) if !is_loopback_name(name) => Some(name.clone()),
-            // A Unix socket is on this machine.
-            _ => None,
-        })
+        .filter(|host| !host.is_loopback())
+        .map(|host| host.name())
         .collect();
-    if config.get_hosts().is_empty() {
-        remote.extend(
-            config
-                .get_hostaddrs()
-                .iter()
-                .filter(|address| !address.is_loopback())
-                .map(IpAddr::to_string),
-        );
-    }
     if remote.is_empty() {
         return None;
     }
-    let mode = split.tls.mode.as_str();
-    let what_it_does = match split.tls.mode {
-        crate::db::tls::SslMode::Disable => "sends everything in clear".to_owned(),
-        crate::db::tls::SslMode::Prefer => "(libpq's default) checks no server certificate and falls back to a plain connection when the server declines tls".to_owned(),
-        _ => "checks no server certificate (and no sslrootcert is given)".to_owned(),
+    let what_it_does = match tls.mode {
+        SslMode::Disable => "sends everything in clear",
+        SslMode::Prefer => "(libpq's default) checks no server certificate and falls back to a plain connection when the server declines tls",
+        _ => "checks no server certificate (and no sslrootcert is given)",
     };
     Some(ConfigWarning {
         key: "database.url".into(),
         message: format!(
-            "{} is not a loopback address, and sslmode={mode} {what_it_does}: the connection is not authenticated, and a machine in between can read and change it; set sslmode=verify-full and sslrootcert to the PEM file of the server's CA (sslrootcert=system for a certificate from a public CA)",
-            remote.join(", ")
+            "{} is not a loopback address, and sslmode={} {what_it_does}: the connection is not authenticated, and a machine in between can read and change it; set sslmode=verify-full and sslrootcert to the PEM file of the server's CA (sslrootcert=system for a certificate from a public CA)",
+            remote.join(", "),
+            tls.mode.as_str()
         ),
     })
-}
-
-/// `localhost` or a loopback address.
-fn is_loopback_name(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host.eq_ignore_ascii_case("localhost.")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-            .is_ok_and(|address| address.is_loopback())
 }
 
 /// The configuration file is readable by every user, or writable by others than its owner.
@@ -147,7 +118,8 @@ mod tests {
     use super::*;
 
     fn database_warning(url: &str) -> Option<String> {
-        unauthenticated_database(url).map(|warning| warning.to_string())
+        let url = DatabaseUrl::parse(url).unwrap_or_else(|error| panic!("{url}: {error}"));
+        unauthenticated_database(&url).map(|warning| warning.to_string())
     }
 
     #[test]

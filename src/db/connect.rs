@@ -16,11 +16,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use rand::seq::SliceRandom;
-use tokio_postgres::config::{Host, LoadBalanceHosts};
+use tokio_postgres::config::LoadBalanceHosts;
 use tokio_postgres::error::{DbError, Severity};
 use tokio_postgres::{AsyncMessage, Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::config::{DatabaseHost, HostName};
 use crate::db::blocked::Blocker;
 use crate::db::sqlstate;
 use tokio_postgres::error::SqlState;
@@ -32,7 +33,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// Opens connections to the hosts of one configuration.
 pub struct Connector {
     /// One configuration per host, in the order the URL lists them.
-    hosts: Vec<Config>,
+    hosts: Vec<HostConfig>,
     /// Index of the host that answered last; tried first.
     preferred: AtomicUsize,
     /// `load_balance_hosts=random`: a random order for every connection instead.
@@ -42,6 +43,14 @@ pub struct Connector {
     /// TLS as `database.url` asks (its `sslmode` is in each host's configuration). tokio-postgres
     /// gives it each host's own name, which `verify-full` checks.
     tls: MakeRustlsConnect,
+}
+
+/// One host's configuration, and the host as messages name it (`host:port`, from the parsed
+/// `database.url`: no text of the URL beyond its host part).
+#[derive(Clone)]
+struct HostConfig {
+    name: String,
+    config: Config,
 }
 
 /// A connection: the client, and the task that drives its socket.
@@ -242,11 +251,16 @@ fn describe_refusal(error: &tokio_postgres::Error) -> String {
 }
 
 impl Connector {
-    /// A connector for `config`'s hosts with `tls`; each attempt is bounded by
-    /// `attempt_timeout`.
-    pub fn new(config: &Config, tls: MakeRustlsConnect, attempt_timeout: Duration) -> Self {
+    /// A connector to `hosts` (those of the parsed `database.url`), each with `config`'s other
+    /// settings, with `tls`; each attempt is bounded by `attempt_timeout`.
+    pub fn new(
+        config: &Config,
+        hosts: &[DatabaseHost],
+        tls: MakeRustlsConnect,
+        attempt_timeout: Duration,
+    ) -> Self {
         Self {
-            hosts: split_hosts(config),
+            hosts: split_hosts(config, hosts),
             preferred: AtomicUsize::new(0),
             random_order: config.get_load_balance_hosts() == LoadBalanceHosts::Random,
             attempt_timeout,
@@ -259,10 +273,10 @@ impl Connector {
         let hosts = self
             .hosts
             .iter()
-            .map(|config| {
-                let mut config = config.clone();
-                config.dbname(dbname);
-                config
+            .map(|host| {
+                let mut host = host.clone();
+                host.config.dbname(dbname);
+                host
             })
             .collect();
         Self {
@@ -276,7 +290,7 @@ impl Connector {
 
     /// The database the configuration names (or, as libpq does, the user's name).
     pub fn dbname(&self) -> Option<String> {
-        let first = self.hosts.first()?;
+        let first = &self.hosts.first()?.config;
         first
             .get_dbname()
             .or_else(|| first.get_user())
@@ -287,7 +301,7 @@ impl Connector {
     pub async fn connect(&self) -> Result<Connection, ConnectError> {
         let mut failures = Vec::new();
         for index in self.order() {
-            let config = &self.hosts[index];
+            let HostConfig { name, config } = &self.hosts[index];
             let attempt =
                 tokio::time::timeout(self.attempt_timeout, config.connect(self.tls.clone())).await;
             match attempt {
@@ -295,7 +309,7 @@ impl Connector {
                     self.preferred.store(index, Ordering::Relaxed);
                     let warnings = Arc::new(Warnings::default());
                     let noted = Arc::clone(&warnings);
-                    let host = host_name(config);
+                    let host = name.clone();
                     let io = tokio::spawn(async move {
                         // Driven message by message (what awaiting the connection does) so
                         // that its notices are seen. An error here (the server went away)
@@ -316,11 +330,10 @@ impl Connector {
                         warnings,
                     });
                 }
-                Ok(Err(error)) => failures.push((host_name(config), HostFailure::Refused(error))),
-                Err(_elapsed) => failures.push((
-                    host_name(config),
-                    HostFailure::TimedOut(self.attempt_timeout),
-                )),
+                Ok(Err(error)) => failures.push((name.clone(), HostFailure::Refused(error))),
+                Err(_elapsed) => {
+                    failures.push((name.clone(), HostFailure::TimedOut(self.attempt_timeout)))
+                }
             }
         }
         Err(ConnectError { failures })
@@ -338,47 +351,37 @@ impl Connector {
     }
 }
 
-/// `host:port` of a single-host configuration, for messages.
-fn host_name(config: &Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(name)) => name.clone(),
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
-}
-
-/// One configuration per host of `config`, each with that host's address and port and every
-/// other setting of `config`. A configuration without hosts stays as it is (libpq's defaults).
-fn split_hosts(config: &Config) -> Vec<Config> {
-    let hosts = config.get_hosts();
-    if hosts.len() <= 1 {
-        return vec![config.clone()];
+/// One configuration per host, each with that host's name or socket, address and port, and
+/// every other setting of `config`. Without hosts (never, for a validated `database.url`),
+/// `config` as it is.
+fn split_hosts(config: &Config, hosts: &[DatabaseHost]) -> Vec<HostConfig> {
+    if hosts.is_empty() {
+        return vec![HostConfig {
+            name: "(no host)".to_owned(),
+            config: config.clone(),
+        }];
     }
-    let ports = config.get_ports();
-    let addresses = config.get_hostaddrs();
     hosts
         .iter()
-        .enumerate()
-        .map(|(index, host)| {
+        .map(|host| {
             let mut single = copy_settings(config);
-            match host {
-                Host::Tcp(name) => single.host(name),
-                Host::Unix(path) => single.host_path(path),
-            };
-            if let Some(address) = addresses.get(index) {
-                single.hostaddr(*address);
+            match &host.host {
+                Some(HostName::Tcp(name)) => {
+                    single.host(name);
+                }
+                Some(HostName::Socket(directory)) => {
+                    single.host_path(directory);
+                }
+                None => {}
             }
-            // libpq: one port for every host, or one per host.
-            let port = match ports {
-                [single_port] => Some(*single_port),
-                _ => ports.get(index).copied(),
-            };
-            if let Some(port) = port {
-                single.port(port);
+            if let Some(address) = host.address {
+                single.hostaddr(address);
             }
-            single
+            single.port(host.port);
+            HostConfig {
+                name: host.to_string(),
+                config: single,
+            }
         })
         .collect()
 }
@@ -424,29 +427,44 @@ fn copy_settings(config: &Config) -> Config {
 
 #[cfg(test)]
 mod tests {
-    use std::str::FromStr;
-
     use super::*;
-    use tokio_postgres::config::TargetSessionAttrs;
+    use crate::config::DatabaseUrl;
+    use tokio_postgres::config::{Host, TargetSessionAttrs};
+
+    fn connector_for(url: &str) -> Connector {
+        let url = DatabaseUrl::parse(url).unwrap();
+        let tls = crate::tls::client_config(crate::tls::ServerVerification::None, None).unwrap();
+        Connector::new(
+            url.connection(),
+            url.hosts(),
+            MakeRustlsConnect::new(tls),
+            Duration::from_secs(1),
+        )
+    }
+
+    fn names(connector: &Connector) -> Vec<&str> {
+        connector
+            .hosts
+            .iter()
+            .map(|host| host.name.as_str())
+            .collect()
+    }
 
     #[test]
     fn splits_hosts_keeping_every_other_setting() {
-        let config = Config::from_str(
+        let connector = connector_for(
             "postgres://app:secret@db1:5433,db2:5434/billing?target_session_attrs=read-write&application_name=x",
-        )
-        .unwrap();
-        let hosts = split_hosts(&config);
-        assert_eq!(hosts.len(), 2);
-        assert_eq!(host_name(&hosts[0]), "db1:5433");
-        assert_eq!(host_name(&hosts[1]), "db2:5434");
-        for host in &hosts {
-            assert_eq!(host.get_hosts().len(), 1);
-            assert_eq!(host.get_user(), Some("app"));
-            assert_eq!(host.get_password(), Some(&b"secret"[..]));
-            assert_eq!(host.get_dbname(), Some("billing"));
-            assert_eq!(host.get_application_name(), Some("x"));
+        );
+        assert_eq!(names(&connector), ["db1:5433", "db2:5434"]);
+        for (host, name) in connector.hosts.iter().zip(["db1", "db2"]) {
+            let config = &host.config;
+            assert_eq!(config.get_hosts(), [Host::Tcp(name.into())]);
+            assert_eq!(config.get_user(), Some("app"));
+            assert_eq!(config.get_password(), Some(&b"secret"[..]));
+            assert_eq!(config.get_dbname(), Some("billing"));
+            assert_eq!(config.get_application_name(), Some("x"));
             assert_eq!(
-                host.get_target_session_attrs(),
+                config.get_target_session_attrs(),
                 TargetSessionAttrs::ReadWrite
             );
         }
@@ -454,18 +472,30 @@ mod tests {
 
     #[test]
     fn one_port_serves_every_host() {
-        let config = Config::from_str("host=a,b port=6000 dbname=x").unwrap();
-        let hosts = split_hosts(&config);
-        assert_eq!(host_name(&hosts[0]), "a:6000");
-        assert_eq!(host_name(&hosts[1]), "b:6000");
+        let connector = connector_for("host=a,b port=6000 dbname=x");
+        assert_eq!(names(&connector), ["a:6000", "b:6000"]);
+    }
+
+    #[test]
+    fn hosts_are_named_from_the_parsed_url_only() {
+        let connector = connector_for(
+            "postgres://app:pw@[::1]:5433,%2Fvar%2Frun%2Fpostgresql/x?target_session_attrs=read-write",
+        );
+        assert_eq!(
+            names(&connector),
+            ["[::1]:5433", "/var/run/postgresql:5432"]
+        );
+        let addresses = connector_for("hostaddr=10.0.0.1,10.0.0.2 port=5433 dbname=x");
+        assert_eq!(names(&addresses), ["10.0.0.1:5433", "10.0.0.2:5433"]);
+        assert_eq!(
+            addresses.hosts[1].config.get_hostaddrs(),
+            ["10.0.0.2".parse::<std::net::IpAddr>().unwrap()]
+        );
     }
 
     #[test]
     fn tries_the_host_that_answered_last_first() {
-        let config = Config::from_str("host=a,b,c dbname=x").unwrap();
-        let tls = crate::tls::client_config(crate::tls::ServerVerification::None, None).unwrap();
-        let connector =
-            Connector::new(&config, MakeRustlsConnect::new(tls), Duration::from_secs(1));
+        let connector = connector_for("host=a,b,c dbname=x");
         assert_eq!(connector.order(), vec![0, 1, 2]);
         connector.preferred.store(2, Ordering::Relaxed);
         assert_eq!(connector.order(), vec![2, 0, 1]);

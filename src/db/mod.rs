@@ -283,7 +283,7 @@ impl Database {
         size: u32,
         name_suffix: Option<&str>,
     ) -> Result<Self, StorageError> {
-        let (mut config, tls) = pg_config(settings);
+        let mut config = pg_config(settings);
         if let Some(suffix) = name_suffix {
             let name = format!(
                 "{}{suffix}",
@@ -291,7 +291,7 @@ impl Database {
             );
             config.application_name(name);
         }
-        let connector = connector(settings, (config, tls))?;
+        let connector = connector(settings, config)?;
         let last_connect_error = LastConnectError::default();
         let generation = Generation::default();
         let pool = bb8::Pool::builder()
@@ -418,30 +418,33 @@ const MIGRATION_LOCK_ID: i64 = 0x7265_7472_7973_6166; // "retrysaf"
 
 /// `database.url` as parsed by the validation, with what every connection needs: a connect
 /// timeout, an application name, and TCP keepalives so that dead peers behind a cut network
-/// are noticed; and the URL's TLS parameters (libpq's), which tokio-postgres knows only a few
-/// of.
-fn base_pg_config(settings: &DatabaseConfig) -> (tokio_postgres::Config, tls::PgTls) {
-    let mut config = settings.connection.clone();
-    config.ssl_mode(settings.tls.tokio_ssl_mode());
+/// are noticed. Its TLS mode (libpq's parameters, which tokio-postgres knows only a few of) is
+/// the parsed URL's.
+fn base_pg_config(settings: &DatabaseConfig) -> tokio_postgres::Config {
+    let mut config = settings.url.connection().clone();
     config.connect_timeout(settings.connect_timeout);
     if config.get_application_name().is_none() {
         config.application_name("retrysafe");
     }
     config.keepalives_idle(Duration::from_secs(30));
     config.tcp_user_timeout(settings.statement_timeout + settings.connect_timeout);
-    (config, settings.tls.clone())
+    config
 }
 
-/// A connector for `config` with the TLS that `database.url` asks for. Fails when a TLS file
-/// cannot be used, naming the parameter and the file.
+/// A connector for `config`, to the hosts of `database.url` with the TLS it asks for. Fails when
+/// a TLS file cannot be used, naming the parameter and the file.
 fn connector(
     settings: &DatabaseConfig,
-    (config, tls): (tokio_postgres::Config, tls::PgTls),
+    config: tokio_postgres::Config,
 ) -> Result<Connector, StorageError> {
-    let tls = tls
-        .connector()
+    let tls = tls::connector(settings.url.tls())
         .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
-    Ok(Connector::new(&config, tls, settings.connect_timeout))
+    Ok(Connector::new(
+        &config,
+        settings.url.hosts(),
+        tls,
+        settings.connect_timeout,
+    ))
 }
 
 /// One connection to the database of `database.url`, as the daemon makes them (each host in
@@ -458,8 +461,8 @@ pub async fn connect(settings: &DatabaseConfig) -> Result<Connection, StorageErr
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The pool's connections: the base settings, and server-side bounds on every statement.
-fn pg_config(settings: &DatabaseConfig) -> (tokio_postgres::Config, tls::PgTls) {
-    let (mut config, tls) = base_pg_config(settings);
+fn pg_config(settings: &DatabaseConfig) -> tokio_postgres::Config {
+    let mut config = base_pg_config(settings);
     // A statement that waits past this (for a lock held by a stuck session, say) is cancelled,
     // so that a request fails with 503 instead of hanging.
     let timeout_ms = settings.statement_timeout.as_millis();
@@ -472,7 +475,7 @@ fn pg_config(settings: &DatabaseConfig) -> (tokio_postgres::Config, tls::PgTls) 
         None => options,
     };
     config.options(&options);
-    (config, tls)
+    config
 }
 
 /// Creates the database named in the URL, connecting to the `postgres` maintenance database as

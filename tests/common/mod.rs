@@ -7,5 +7,6 @@ pub mod daemon;
 pub mod helpers;
 pub mod lab;
 pub mod ordering;
+pub mod passwords;
 pub mod postgres;
 pub mod proxy;

@@ -161,6 +161,12 @@ impl PgCluster {
         &self.dir.0
     }
 
+    /// The server's log so far (`log_connections = on` in the settings makes it name every
+    /// connection and its user).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path("postgres.log")).unwrap_or_default()
+    }
+
     /// Runs SQL as the superuser over the cluster's Unix socket, on `database`.
     pub fn psql_on(&self, database: &str, sql: &str) -> String {
         let output = as_postgres(&[

@@ -21,6 +21,10 @@ use crate::common::daemon::{free_port, log_to, spawn_binary_as, TestDaemon};
 use crate::common::helpers::{
     client, count_is, database_name, eventually, test_settings, TestResponse,
 };
+use crate::common::passwords::{
+    assert_no_piece_of, in_url, run_with_database_url, PASSWORDS, RAW_AT_PASSWORD,
+};
+use crate::common::postgres::PgCluster;
 
 const CLIENT_ID: &str = "secrets-test";
 
@@ -398,4 +402,65 @@ token_sha256 = "{digest}"
     );
 
     let _ = std::fs::remove_file(&config_path);
+}
+
+/// Passwords holding `?`, `#`, `/` and `@` (tests/common/passwords.rs) against a PostgreSQL
+/// cluster of the test's own that refuses the login (SCRAM, another password): `check-config`
+/// takes each URL, `migrate` and `serve` stop with an error that names the host and says the
+/// authentication failed, and none of the three prints a piece of the password. A password
+/// with a raw `@` is refused by all three before anything connects: read as libpq reads it, its
+/// rest would be the host, which the warnings and the connect errors print.
+#[test]
+fn a_refused_login_names_the_host_and_shows_no_piece_of_the_password() {
+    let cluster = PgCluster::start(
+        "refused-login",
+        "log_connections = on",
+        &["host all all 127.0.0.1/32 scram-sha-256"],
+        &[],
+    );
+    cluster.psql("CREATE ROLE app LOGIN SUPERUSER PASSWORD 'Another-One-0'");
+    let host = format!("127.0.0.1:{}", cluster.port);
+    for password in PASSWORDS {
+        let url = format!("postgres://app:{}@{host}/refused", in_url(password));
+        let (valid, text) = run_with_database_url("check-config", &url);
+        assert_no_piece_of(password, &text, "check-config");
+        assert!(valid, "{password}: check-config refused the URL: {text}");
+        for command in ["migrate", "serve"] {
+            let before = cluster.log_text().len();
+            let (succeeded, text) = run_with_database_url(command, &url);
+            assert_no_piece_of(password, &text, command);
+            assert!(!succeeded, "{password}: {command} succeeded: {text}");
+            assert!(
+                text.contains(&format!("({host}: password authentication failed")),
+                "{password}: {command}: {text}"
+            );
+            let log = cluster.log_text()[before..].to_owned();
+            assert!(
+                log.contains("password authentication failed for user \"app\""),
+                "{password}: {command}: the server did not refuse a login: {log}"
+            );
+            // The search looked at real output: serve's startup line shows the URL redacted.
+            assert!(
+                command != "serve" || text.contains(&format!("postgres://app:***@{host}/refused")),
+                "{password}: no startup line with the redacted URL: {text}"
+            );
+        }
+    }
+
+    let url = format!("postgres://app:{RAW_AT_PASSWORD}@{host}/refused");
+    for command in ["check-config", "migrate", "serve"] {
+        let before = cluster.log_text().len();
+        let (succeeded, text) = run_with_database_url(command, &url);
+        assert_no_piece_of(RAW_AT_PASSWORD, &text, command);
+        assert!(!succeeded, "{command} took a raw @ in the password: {text}");
+        assert!(
+            text.contains("database.url") && text.contains("%40"),
+            "{command}: {text}"
+        );
+        let log = cluster.log_text()[before..].to_owned();
+        assert!(
+            !log.contains("connection received"),
+            "{command} connected: {log}"
+        );
+    }
 }

@@ -7,6 +7,7 @@
 mod common;
 
 mod check_config;
+mod database_password;
 mod https;
 mod pki;
 mod postgres;

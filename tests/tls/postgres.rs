@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::daemon::{free_port, serve_command, DaemonProcess};
+use crate::common::passwords::{assert_no_piece_of, run_with_database_url, PASSWORDS};
 use crate::common::postgres::{give_to, DataFile, PgCluster};
 use crate::pki::{Issued, Request, TestCa, TestDir};
 
@@ -396,4 +397,41 @@ async fn serve_stops_at_start_when_the_database_certificate_is_not_trusted() {
     assert!(!status.success());
     assert!(text.contains("unknown CA"), "{text}");
     assert!(!text.contains(PASSWORD), "{text}");
+}
+
+/// libpq's rule, which the daemon documents: the user info runs to the first `@`, so a password
+/// may hold `?` unencoded, and the query after the host part still sets the TLS parameters. A
+/// URL cut at its first `?` lost them (refused as invalid with `verify-full`, which
+/// tokio-postgres does not know, or silently back to `prefer`).
+#[test]
+fn a_password_with_a_question_mark_keeps_the_tls_parameters_of_the_query() {
+    let pki = pki();
+    let cluster = tls_cluster(
+        &pki.server,
+        &pki.ca,
+        &["hostssl all app 127.0.0.1/32 scram-sha-256"],
+    );
+    let password = PASSWORDS[0];
+    assert!(password.contains('?'));
+    cluster.psql(&format!(
+        "CREATE ROLE app LOGIN SUPERUSER PASSWORD '{password}'"
+    ));
+    let url = |ca_file: &Path| {
+        format!(
+            "postgres://app:{password}@localhost:{}/questioned?sslmode=verify-full&sslrootcert={}",
+            cluster.port,
+            path(ca_file)
+        )
+    };
+    let (succeeded, text) = run_with_database_url("migrate", &url(&pki.ca_file));
+    assert_no_piece_of(password, &text, "migrate");
+    assert!(
+        succeeded && text.contains("the schema is at version"),
+        "{text}"
+    );
+    // The certificate is checked: against another CA the server is refused.
+    let (succeeded, text) = run_with_database_url("migrate", &url(&pki.other_ca_file));
+    assert_no_piece_of(password, &text, "migrate");
+    assert!(!succeeded && text.contains("unknown CA"), "{text}");
+    drop(pki.dir);
 }
