@@ -58,10 +58,11 @@ WITH deleted AS (
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING event_id, sent_at
+    RETURNING client_id, event_id, sent_at
 ),
 replays_deleted AS (
-    DELETE FROM event_replays WHERE event_id IN (SELECT event_id FROM deleted)
+    DELETE FROM event_replays
+    WHERE (client_id, event_id) IN (SELECT client_id, event_id FROM deleted)
 )
 SELECT count(*), max(sent_at) FROM deleted";
 

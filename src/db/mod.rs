@@ -7,6 +7,7 @@
 //! its state unknown, is dropped, never returned to the pool.
 
 pub mod blocked;
+pub mod citus;
 pub mod clock;
 pub mod connect;
 pub mod sqlstate;
@@ -556,6 +557,8 @@ async fn connect_at_start(
     }
 }
 
+/// Applies the migrations, then distributes the write tables where the database has Citus
+/// ([`citus::distribute`]), under one advisory lock.
 async fn apply_migrations(client: &mut Client) -> Result<usize, StorageError> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])
@@ -564,9 +567,14 @@ async fn apply_migrations(client: &mut Client) -> Result<usize, StorageError> {
         .run_async(client)
         .await
         .map_err(|error| StorageError::from(anyhow::anyhow!("migration failed: {error}")));
+    let distributed = match &report {
+        Ok(_) => citus::distribute(client).await.map(drop),
+        Err(_) => Ok(()),
+    };
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
+    distributed?;
     Ok(report?.applied_migrations().len())
 }
 

@@ -61,7 +61,7 @@ const SELECT_RECORD: &str = "
 SELECT r.request_hash, r.status, r.created_at, r.expires_at, r.response_status, r.entry_id,
        e.ordering_key, e.sequence
 FROM idempotency_records r
-    LEFT JOIN entries e ON e.id = r.entry_id
+    LEFT JOIN entries e ON e.client_id = r.client_id AND e.id = r.entry_id
 WHERE r.client_id = $1 AND r.key = $2 AND r.expires_at > now()";
 
 /// The events of the record's entry, by their event keys (`'<entry id>/<event type>'`, every
@@ -86,7 +86,7 @@ FROM outbox_events o
      CROSS JOIN LATERAL (
          SELECT count(*) AS replay_count, max(replayed_at) AS last_replayed_at
          FROM event_replays
-         WHERE event_id = o.event_id
+         WHERE client_id = o.client_id AND event_id = o.event_id
      ) r
 WHERE o.event_key = ANY($3::text[]) AND o.client_id = $1 AND o.idempotency_key = $2
 ORDER BY o.id";

@@ -685,7 +685,7 @@ const BLOCKING_EVENTS: &str = concat!(
        parked.sequence, count(*), coalesce(parked.last_error, '')",
     parked_and_what_they_block!(),
     "
-GROUP BY parked.id
+GROUP BY parked.client_id, parked.id
 ORDER BY count(*) DESC, parked.id
 LIMIT $1"
 );

@@ -252,6 +252,58 @@ fn webpki_verifier(
         .map_err(|error| TlsError::Config(error.to_string()))
 }
 
+impl WithoutNameCheck {
+    /// Checks the handshake's signature with the public key of `certificate` alone, for a
+    /// certificate webpki will not read: an X.509 v1 certificate, which is what Citus makes for
+    /// itself when it turns TLS on (`citus-auto-ssl`) and what `openssl req -x509` makes without
+    /// extensions. libpq's `sslmode=require` and `prefer` accept it (OpenSSL checks the key, not
+    /// the certificate's form), and so does this: without a chain to check, the certificate is
+    /// only the carrier of the key the server must hold.
+    fn verify_with_public_key(
+        &self,
+        message: &[u8],
+        certificate: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        use x509_cert::der::{Decode, Encode};
+        let invalid = || rustls::Error::InvalidCertificate(CertificateError::BadEncoding);
+        let parsed = x509_cert::Certificate::from_der(certificate.as_ref()).map_err(|_| invalid())?;
+        let key_info = &parsed.tbs_certificate.subject_public_key_info;
+        let algorithm = key_info.algorithm.to_der().map_err(|_| invalid())?;
+        let public_key = key_info.subject_public_key.raw_bytes();
+        let candidates = self
+            .algorithms
+            .mapping
+            .iter()
+            .filter(|(scheme, _)| *scheme == signature.scheme)
+            .flat_map(|(_, algorithms)| algorithms.iter());
+        for candidate in candidates {
+            // webpki's identifiers are the DER of the AlgorithmIdentifier without its SEQUENCE
+            // header (a short-form length: these are a few dozen bytes).
+            if algorithm.get(2..) != Some(candidate.public_key_alg_id().as_ref()) {
+                continue;
+            }
+            return candidate
+                .verify_signature(public_key, message, signature.signature())
+                .map(|()| HandshakeSignatureValid::assertion())
+                .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadSignature));
+        }
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::NoSignatureSchemesInCommon,
+        ))
+    }
+}
+
+/// A certificate webpki could not read (its version, its encoding), as opposed to a signature
+/// that does not verify.
+fn is_unparsable(error: &rustls::Error) -> bool {
+    matches!(
+        error,
+        rustls::Error::InvalidCertificate(CertificateError::BadEncoding)
+            | rustls::Error::InvalidCertificate(CertificateError::Other(_))
+    )
+}
+
 /// The weaker checks of libpq's modes. With `chain`, the full check less the host name:
 /// webpki checks the chain and the dates first and the name last, so a name mismatch is
 /// reported only for a certificate whose chain is valid (`verify-ca`). Without it, any
@@ -289,7 +341,17 @@ impl ServerCertVerifier for WithoutNameCheck {
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, certificate, signature, &self.algorithms)
+        match rustls::crypto::verify_tls12_signature(
+            message,
+            certificate,
+            signature,
+            &self.algorithms,
+        ) {
+            Err(error) if self.chain.is_none() && is_unparsable(&error) => {
+                self.verify_with_public_key(message, certificate, signature)
+            }
+            other => other,
+        }
     }
 
     fn verify_tls13_signature(
@@ -298,7 +360,17 @@ impl ServerCertVerifier for WithoutNameCheck {
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, certificate, signature, &self.algorithms)
+        match rustls::crypto::verify_tls13_signature(
+            message,
+            certificate,
+            signature,
+            &self.algorithms,
+        ) {
+            Err(error) if self.chain.is_none() && is_unparsable(&error) => {
+                self.verify_with_public_key(message, certificate, signature)
+            }
+            other => other,
+        }
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

@@ -304,7 +304,7 @@ SELECT r.client_id, r.key, r.request_hash, r.response_status,
        greatest(extract(epoch FROM r.expires_at - now()), 0)::float8 AS remaining_seconds
 FROM idempotency_records r
     JOIN unnest($1::text[], $2::text[]) AS u(client_id, key) USING (client_id, key)
-    LEFT JOIN entries e ON e.id = r.entry_id
+    LEFT JOIN entries e ON e.client_id = r.client_id AND e.id = r.entry_id
 "#;
 
 /// The claim statement's parameters: one array per column, built from the prepared writes (the

@@ -296,8 +296,8 @@ async fn the_janitor_removes_sent_events_past_their_retention_and_keeps_unsent_o
                  VALUES ('{\"all\": true}', '\\x00', 'queue:rebuild', 'test@host', 'completed', 3, 3)
                  RETURNING id
              )
-             INSERT INTO event_replays (event_id, replay_id)
-             SELECT event_id, replay.id FROM outbox_events, replay",
+             INSERT INTO event_replays (client_id, event_id, replay_id)
+             SELECT client_id, event_id, replay.id FROM outbox_events, replay",
         )
         .await
         .unwrap();

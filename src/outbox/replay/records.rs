@@ -116,8 +116,8 @@ RETURNING ",
 /// a failure or a resume) are not counted twice.
 const RECORD_BATCH: &str = concat!(
     "WITH recorded AS (
-    INSERT INTO event_replays (event_id, replay_id)
-    SELECT event_id, $1 FROM unnest($4::uuid[]) AS e(event_id)
+    INSERT INTO event_replays (client_id, event_id, replay_id)
+    SELECT o.client_id, o.event_id, $1 FROM outbox_events o WHERE o.event_id = ANY($4::uuid[])
     ON CONFLICT DO NOTHING
     RETURNING 1
 )

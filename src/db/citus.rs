@@ -1,0 +1,253 @@
+//! Citus: the write tables distributed by `client_id` over a coordinator's workers
+//! (docs/scaling.md).
+//!
+//! When the database has the `citus` extension, [`distribute`] (run by every migration, at start
+//! and by `retrysafe migrate`) makes the write tables distributed tables, co-located, and the
+//! small shared table a reference table; a database moved from a single server is distributed
+//! by the same command. The daemon then learns which shard holds each client ([`ShardMap`],
+//! read from Citus's metadata and read again every [`SHARD_MAP_REFRESH`], so that a shard
+//! moved or split is followed): a write batch takes the writes of one shard only, so that it
+//! is a single-shard transaction, and relays and the janitor work a shard at a time.
+//!
+//! On a single server the topology is [`Topology::Single`]: one "shard" holds everything, and
+//! nothing here costs a query.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::db::{Database, StorageError};
+
+/// The tables distributed by `client_id`, co-located with the first: every write is a
+/// transaction on one shard of each.
+pub const DISTRIBUTED_TABLES: [&str; 6] = [
+    "idempotency_records",
+    "entries",
+    "outbox_events",
+    "ordering_keys",
+    "outbox_skips",
+    "event_replays",
+];
+
+/// The tables every node holds whole: `replays` (an operator's replay, which `event_replays`
+/// refers to). `admin_actions`, `processed_events` and the migrations' history stay on the
+/// coordinator: nothing distributed refers to them.
+pub const REFERENCE_TABLES: [&str; 1] = ["replays"];
+
+/// How often the daemon reads again which shard holds which client.
+pub const SHARD_MAP_REFRESH: Duration = Duration::from_secs(30);
+
+/// Makes the tables above distributed (and reference) tables where the database has the
+/// `citus` extension and they are not yet; returns whether it distributed any. A table that
+/// holds rows (a database restored from a single server) is copied into its shards, in this
+/// transaction. Nothing on a database without Citus.
+pub async fn distribute(client: &mut Client) -> Result<bool, StorageError> {
+    if !has_citus(client).await? {
+        return Ok(false);
+    }
+    let transaction = client.transaction().await?;
+    // Creating shards of tables that already hold rows in one transaction: Citus asks for the
+    // sequential mode then (one connection per worker, which sees every shard it created).
+    transaction
+        .batch_execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+        .await?;
+    let mut distributed = false;
+    for table in REFERENCE_TABLES {
+        if !is_reference(&transaction, table).await? {
+            transaction
+                .execute("SELECT create_reference_table($1::text::regclass)", &[&table])
+                .await?;
+            distributed = true;
+        }
+    }
+    for (index, table) in DISTRIBUTED_TABLES.iter().enumerate() {
+        if is_distributed(&transaction, table).await? {
+            continue;
+        }
+        let colocate_with = if index == 0 {
+            "default"
+        } else {
+            DISTRIBUTED_TABLES[0]
+        };
+        transaction
+            .execute(
+                "SELECT create_distributed_table($1::text::regclass, 'client_id', colocate_with => $2)",
+                &[table, &colocate_with],
+            )
+            .await?;
+        distributed = true;
+    }
+    transaction.commit().await?;
+    if distributed {
+        tracing::info!(
+            tables = %DISTRIBUTED_TABLES.join(", "),
+            "distributed the write tables by client_id (citus)"
+        );
+    }
+    Ok(distributed)
+}
+
+/// Whether the database has the `citus` extension.
+async fn has_citus(client: &impl tokio_postgres::GenericClient) -> Result<bool, StorageError> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Whether `table` is distributed by hash (Citus's `h`).
+async fn is_distributed(
+    client: &impl tokio_postgres::GenericClient,
+    table: &str,
+) -> Result<bool, StorageError> {
+    is_in_metadata(client, table, "partmethod = 'h'").await
+}
+
+/// Whether `table` is a reference table (on every node: Citus's `n` with replication `t`). A
+/// table that refers to one becomes a "Citus local table" (`n`, `s`) by itself: not one of
+/// these, and still to be distributed.
+async fn is_reference(
+    client: &impl tokio_postgres::GenericClient,
+    table: &str,
+) -> Result<bool, StorageError> {
+    is_in_metadata(client, table, "partmethod = 'n' AND repmodel = 't'").await
+}
+
+async fn is_in_metadata(
+    client: &impl tokio_postgres::GenericClient,
+    table: &str,
+    kind: &str,
+) -> Result<bool, StorageError> {
+    let query = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::text::regclass AND {kind})"
+    );
+    Ok(client.query_one(&query, &[&table]).await?.get(0))
+}
+
+/// A shard of the write tables: the shard id of `idempotency_records`' shard, which every
+/// co-located table's shard of the same range goes with.
+pub type ShardId = i64;
+
+/// Where the write tables live.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    /// One PostgreSQL server (or an HA formation of them).
+    Single,
+    /// A Citus coordinator, with the write tables distributed by `client_id`.
+    Citus(ShardMap),
+}
+
+impl Topology {
+    /// What the database at `db` is: Citus if its write tables are distributed. Its shard map
+    /// is read at once for `clients` (the configured ones; others are read when first seen).
+    pub async fn detect(db: &Database, clients: &[String]) -> Result<Self, StorageError> {
+        let distributed = db
+            .run(async |connection| {
+                if !has_citus(&**connection).await? {
+                    return Ok(false);
+                }
+                is_distributed(&**connection, DISTRIBUTED_TABLES[0]).await
+            })
+            .await?;
+        if !distributed {
+            return Ok(Topology::Single);
+        }
+        let map = ShardMap::default();
+        map.refresh(db, clients).await?;
+        Ok(Topology::Citus(map))
+    }
+
+    /// The shard of `client`'s rows: always 0 on a single server; on Citus, as last read (None
+    /// for a client not read yet).
+    pub fn shard_of(&self, client: &str) -> Option<ShardId> {
+        match self {
+            Topology::Single => Some(0),
+            Topology::Citus(map) => map.shard_of(client),
+        }
+    }
+
+    /// The node (`host:port`) that holds `shard`, on Citus.
+    pub fn node_of(&self, shard: ShardId) -> Option<String> {
+        match self {
+            Topology::Single => None,
+            Topology::Citus(map) => map.node_of(shard),
+        }
+    }
+
+    pub fn is_citus(&self) -> bool {
+        matches!(self, Topology::Citus(_))
+    }
+}
+
+/// Which shard holds each client's rows, and which node holds each shard, as Citus's metadata
+/// said at the last reading.
+#[derive(Debug, Clone, Default)]
+pub struct ShardMap {
+    inner: Arc<RwLock<Shards>>,
+}
+
+#[derive(Debug, Default)]
+struct Shards {
+    by_client: HashMap<String, ShardId>,
+    nodes: HashMap<ShardId, String>,
+}
+
+/// The shard of each client, and the node of each shard.
+const SHARDS_OF: &str = "
+SELECT c.client_id, s.shardid, p.nodename || ':' || p.nodeport
+FROM unnest($1::text[]) AS c(client_id)
+    CROSS JOIN LATERAL (
+        SELECT get_shard_id_for_distribution_column('idempotency_records', c.client_id) AS shardid
+    ) s
+    JOIN pg_dist_shard_placement p ON p.shardid = s.shardid";
+
+impl ShardMap {
+    pub fn shard_of(&self, client: &str) -> Option<ShardId> {
+        self.read().by_client.get(client).copied()
+    }
+
+    pub fn node_of(&self, shard: ShardId) -> Option<String> {
+        self.read().nodes.get(&shard).cloned()
+    }
+
+    /// The clients known so far, by shard.
+    pub fn clients_by_shard(&self) -> BTreeMap<ShardId, Vec<String>> {
+        let mut grouped: BTreeMap<ShardId, Vec<String>> = BTreeMap::new();
+        for (client, shard) in &self.read().by_client {
+            grouped.entry(*shard).or_default().push(client.clone());
+        }
+        for clients in grouped.values_mut() {
+            clients.sort_unstable();
+        }
+        grouped
+    }
+
+    /// Reads the shards of `clients` and of every client known already, and their nodes.
+    pub async fn refresh(&self, db: &Database, clients: &[String]) -> Result<(), StorageError> {
+        let mut all: Vec<String> = self.read().by_client.keys().cloned().collect();
+        all.extend(clients.iter().cloned());
+        all.sort_unstable();
+        all.dedup();
+        let rows = db
+            .run(async |connection| Ok(connection.query(SHARDS_OF, &[&all]).await?))
+            .await?;
+        let mut shards = Shards::default();
+        for row in rows {
+            let shard: ShardId = row.get(1);
+            shards.by_client.insert(row.get(0), shard);
+            shards.nodes.insert(shard, row.get(2));
+        }
+        *self.inner.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = shards;
+        Ok(())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Shards> {
+        // Replaced whole by `refresh`: a panic elsewhere cannot leave it half-written.
+        self.inner.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
