@@ -148,6 +148,10 @@ pub struct EventPage {
     pub events: Vec<ListedEvent>,
     /// The `cursor` of the next page; null on the last.
     pub next: Option<String>,
+    /// True when the page holds fewer events than `limit` and is not the last: a page looks at
+    /// no more than 20 times `limit` events of its state, and the filters matched fewer than
+    /// `limit` among them. Older events may match: `next` goes on from where it stopped.
+    pub partial: bool,
 }
 
 const EVENT_PARAMETERS: [&str; 8] = [
@@ -282,14 +286,21 @@ pub async fn read_events(
     limit: i64,
     cursor: Option<i64>,
 ) -> Result<EventPage, ApiError> {
-    let events = state
+    let page = state
         .reads
         .run(async |connection| store::events_page(&**connection, filter, cursor, limit).await)
         .await?;
-    let next = (events.len() as i64 == limit)
-        .then(|| events.last().map(|event| event.position.to_string()))
-        .flatten();
-    Ok(EventPage { events, next })
+    let full = page.events.len() as i64 == limit;
+    let next = if full {
+        page.events.last().map(|event| event.position)
+    } else {
+        page.walk_ended_at
+    };
+    Ok(EventPage {
+        events: page.events,
+        next: next.map(|position| position.to_string()),
+        partial: !full && next.is_some(),
+    })
 }
 
 #[utoipa::path(
@@ -304,10 +315,10 @@ pub async fn read_events(
         ("created_after" = Option<String>, Query, description = "Only events created after this RFC 3339 time"),
         ("created_before" = Option<String>, Query, description = "Only events created before this RFC 3339 time"),
         ("limit" = Option<i64>, Query, description = "Events per page, 1 to 500; default 50"),
-        ("cursor" = Option<String>, Query, description = "The `next` of the previous page"),
+        ("cursor" = Option<String>, Query, description = "The `next` of the previous page, opaque; only with the same filters"),
     ),
     responses(
-        (status = 200, description = "Events, newest first", body = EventPage),
+        (status = 200, description = "Events, newest first (sent events: the last sent first), looking at no more than 20 times `limit` events of the state: a page with fewer events than `limit` and a `next` is `partial`, and older events may match", body = EventPage),
         (status = 400, description = "A parameter that is unknown, repeated or invalid", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),

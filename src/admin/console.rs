@@ -529,12 +529,19 @@ async fn events(request: HttpRequest, state: SharedState) -> HttpResponse {
         @if filter.state == EventState::Parked {
             p { a href=(link("/console/confirm", &retry_all_pairs)) { "Retry every parked event that matches these filters…" } }
         }
-        @if page_of_events.events.is_empty() {
+        @if page_of_events.partial {
+            // A walk that stopped at its cap: say so before the events, whose count is short.
+            p role="status" { "This page looked at " (limit * crate::admin::store::WALK_PER_EVENT) " " (filter.state.as_str()) " events and stopped: " (page_of_events.events.len()) " of them match the filters. Older events may match: follow \"Older events\" below." }
+        } @else if page_of_events.events.is_empty() {
             p role="status" { "No event matches." }
-        } @else {
+        }
+        @if !page_of_events.events.is_empty() {
             form method="get" action="/console/confirm" {
                 table {
-                    caption { "Events, newest first (" (page_of_events.events.len()) " on this page)" }
+                    caption {
+                        @if filter.state == EventState::Sent { "Events, the last sent first (" } @else { "Events, newest first (" }
+                        (page_of_events.events.len()) " on this page)"
+                    }
                     thead { tr {
                         th scope="col" { "Select" } th scope="col" { "Event" } th scope="col" { "Type" } th scope="col" { "Client and key" }
                         th scope="col" { "State" } th.n scope="col" { "Attempts" } th scope="col" { "Last error" } th scope="col" { "Created" } th scope="col" { "Payload" }
@@ -560,9 +567,9 @@ async fn events(request: HttpRequest, state: SharedState) -> HttpResponse {
                 " "
                 button type="submit" name="action" value="skip" { "Skip the selected events…" }
             }
-            @if let Some(next) = &next_link {
-                p { a href=(next) { "Older events" } }
-            }
+        }
+        @if let Some(next) = &next_link {
+            p { a href=(next) { "Older events" } }
         }
     };
     html_response(StatusCode::OK, page("Events", Some(&session), content))

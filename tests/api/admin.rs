@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, TestDaemon};
-use crate::common::helpers::{admin, client, entry_body, TestResponse};
+use crate::common::helpers::{admin, client, entry_body, eventually, insert_backlog, TestResponse};
 
 pub const ADMIN_TOKEN: &str = "rs_admin-token-for-tests";
 const CLIENT_TOKEN: &str = "rs_client-token-for-tests";
@@ -640,4 +640,146 @@ async fn skipping_parked_heads_of_ordering_keys_lets_each_key_go_on() {
             .await,
         2
     );
+}
+
+/// `sent` sent events, sent in id order one millisecond apart an hour ago (the `rare` oldest of
+/// type `audit.entry.created`, the others `entry.created`), then `unsent` unsent ones, newer
+/// than all of them: the outbox at retention size in small, with the backlog at the end of the
+/// primary key. Analyzed, so that the planner knows it.
+async fn sent_behind_a_backlog(app: &TestDaemon, sent: i64, rare: i64, unsent: i64) {
+    app.db
+        .execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type,
+                                        payload, created_at, sent_at)
+             SELECT gen_random_uuid(), 'sent/' || n, 'anonymous', 'sent-' || n,
+                    CASE WHEN n <= $2 THEN 'audit.entry.created' ELSE 'entry.created' END,
+                    jsonb_build_object('n', n),
+                    now() - interval '1 hour' + n * interval '1 ms',
+                    now() - interval '1 hour' + n * interval '1 ms' + interval '50 ms'
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&sent, &rare],
+        )
+        .await
+        .unwrap();
+    insert_backlog(&app.db, unsent).await;
+    app.db.batch_execute("ANALYZE outbox_events").await.unwrap();
+}
+
+/// Index entries read so far from the outbox's indexes that sent rows are in (the primary key,
+/// the unique ones, `outbox_events_sent`), as the statistics have them; not the partial indexes
+/// of unsent and parked rows, which the gauges read every few seconds.
+async fn outbox_index_reads(app: &TestDaemon) -> i64 {
+    app.count(
+        "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+         WHERE relname = 'outbox_events'
+           AND indexrelname NOT IN ('outbox_events_due', 'outbox_events_parked',
+                                    'outbox_events_ordered_unsent')",
+    )
+    .await
+}
+
+#[actix_web::test]
+async fn pages_of_sent_events_come_last_sent_first_without_walking_the_backlog() {
+    let app = parking_daemon().await;
+    let backlog = 5_000;
+    sent_behind_a_backlog(&app, 15_000, 0, backlog).await;
+    // The oldest event was sent last (a retry that went through at last).
+    app.db
+        .execute(
+            "UPDATE outbox_events SET sent_at = now() WHERE event_key = 'sent/1'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let before = outbox_index_reads(&app).await;
+    let first = admin_get(
+        &app,
+        "/admin/v1/events?state=sent&limit=50",
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    // What the page read, once the daemon's session has reported it (within a second or so
+    // of going idle).
+    let read = eventually(Duration::from_secs(15), || async {
+        let read = outbox_index_reads(&app).await - before;
+        if read >= 50 {
+            Ok(read)
+        } else {
+            Err(format!("{read} index entries read so far"))
+        }
+    })
+    .await;
+    assert!(
+        read < 1_000,
+        "a page of 50 sent events read {read} index entries: it walked the {backlog} unsent events"
+    );
+    let first = first.json();
+    let keys: Vec<&str> = first["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 50, "{first}");
+    assert_eq!(keys[0], "sent-1", "the last sent first: {keys:?}");
+    assert_eq!(keys[1], "sent-15000");
+    assert_eq!(keys[49], "sent-14952");
+    assert_eq!(first["partial"], false);
+
+    // The next page goes on from the cursor, in the same order.
+    let next = first["next"].as_str().unwrap();
+    let second = admin_get(
+        &app,
+        &format!("/admin/v1/events?state=sent&limit=50&cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .json();
+    assert_eq!(
+        second["events"][0]["idempotency_key"], "sent-14951",
+        "{second}"
+    );
+    assert_eq!(second["events"].as_array().unwrap().len(), 50);
+}
+
+#[actix_web::test]
+async fn a_filter_that_matches_few_events_examines_a_bounded_walk_and_says_the_page_is_partial() {
+    let app = parking_daemon().await;
+    // 3 rare events, the oldest sent, behind 1,497 others: more than the 1,000 a page of 50
+    // looks at.
+    sent_behind_a_backlog(&app, 1_500, 3, 100).await;
+    let first = admin_get(
+        &app,
+        "/admin/v1/events?state=sent&type=audit.entry.created",
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    let first = first.json();
+    assert_eq!(first["events"], json!([]), "{first}");
+    assert_eq!(
+        first["partial"], true,
+        "the walk stopped at its cap: {first}"
+    );
+    let next = first["next"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a partial page says where to go on: {first}"));
+    let second = admin_get(
+        &app,
+        &format!("/admin/v1/events?state=sent&type=audit.entry.created&cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .json();
+    let keys: Vec<&str> = second["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["sent-3", "sent-2", "sent-1"], "{second}");
+    assert_eq!(second["partial"], false);
+    assert_eq!(second["next"], Value::Null, "the walk reached the end");
 }
