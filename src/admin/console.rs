@@ -678,12 +678,13 @@ async fn confirm(request: HttpRequest, state: SharedState) -> HttpResponse {
         @if outcome.matched == 0 {
             p role="status" { "No event matches this selection now: nothing to do." }
         } @else {
-            p role="status" { strong { (outcome.matched) " event(s)" } " match. They will be " (meaning) "." }
+            p role="status" { strong { (at_least(&outcome)) " event(s)" } " match. They will be " (meaning) "." }
+            @if outcome.matched_capped { p { "Counting stopped at " (outcome.matched) "; the retry takes every one that matches, in one statement: if it takes longer than the database's statement timeout, nothing changes (narrow the selection by creation time)." } }
             form method="post" action="/console/act" {
                 input type="hidden" name="csrf" value=(session.csrf);
                 input type="hidden" name="key" value=(key);
                 (hidden_selector(action, &selector))
-                button type="submit" { (verb) " " (outcome.matched) " event(s)" }
+                button type="submit" { (verb) " " (at_least(&outcome)) " event(s)" }
                 " "
                 a href="/console" { "Cancel" }
             }
@@ -718,11 +719,20 @@ async fn act(
     ))
 }
 
+/// How many events an action matched, in words: "at least" when the count stopped at its cap.
+fn at_least(outcome: &ActionOutcome) -> String {
+    if outcome.matched_capped {
+        format!("at least {}", outcome.matched)
+    } else {
+        outcome.matched.to_string()
+    }
+}
+
 fn outcome_view(outcome: &ActionOutcome, replayed: bool) -> Markup {
     let (verb, meaning) = verb(outcome.action);
     html! {
         p role="status" {
-            (verb) ": " strong { (outcome.changed) " of " (outcome.matched) " event(s)" } " " (meaning) "."
+            (verb) ": " strong { (outcome.changed) " of " (at_least(outcome)) " event(s)" } " " (meaning) "."
             @if let Some(id) = outcome.action_id { " Recorded as action " (id) " in the action log." }
         }
         @if replayed { p { "This form had already been sent: this is what it did then; nothing was done again." } }

@@ -463,8 +463,15 @@ pub struct ActionOutcome {
     pub action: Action,
     pub admin_id: String,
     pub selector: Selector,
-    /// Events the selector matched when the action ran.
+    /// Events the selector matched when the action ran. Parked events picked by filters are
+    /// counted up to 100,000 (as the overview's counts): see `matched_capped`.
     pub matched: i64,
+    /// True when the count of `matched` stopped at its cap: at least that many match (a retry
+    /// answers at least as many as it changed). A retry still requeues every one, in one
+    /// statement within `database.statement_timeout`; past it nothing changes (narrow the
+    /// selector by created_after and created_before, or use `retrysafe outbox retry`).
+    #[serde(default)]
+    pub matched_capped: bool,
     /// Events it changed: requeued, or skipped. Less than `matched` when some changed
     /// meanwhile (sent, or being published by a relay: skip them again).
     pub changed: i64,
@@ -502,12 +509,34 @@ RETURNING id, created_at";
 const FINISH_ACTION: &str = "
 UPDATE admin_actions SET changed = $2, response = $3::text::jsonb WHERE id = $1";
 
-/// How many events the selector matches now, and their ids where the action goes one by one.
+/// The events a selector matches now.
+struct Matched {
+    /// How many; up to [`GAUGE_COUNT_CAP`] for a retry by filters.
+    count: i64,
+    /// The count stopped at its cap.
+    capped: bool,
+    /// Their ids, where the action goes one by one (by ids, or a skip).
+    ids: Vec<Uuid>,
+}
+
+impl Matched {
+    fn ids(ids: Vec<Uuid>) -> Self {
+        Matched {
+            count: ids.len() as i64,
+            capped: false,
+            ids,
+        }
+    }
+}
+
+/// What the selector matches now. A retry by filters is counted up to [`GAUGE_COUNT_CAP`]
+/// parked events, as the overview's counts: a dry run of a group of millions costs what one
+/// of 100,000 does.
 async fn matched(
     client: &impl GenericClient,
     action: Action,
     selector: &Selector,
-) -> Result<(i64, Vec<Uuid>), StorageError> {
+) -> Result<Matched, StorageError> {
     if !selector.event_ids.is_empty() {
         let ids: Vec<Uuid> = client
             .query(
@@ -520,17 +549,21 @@ async fn matched(
             .iter()
             .map(|row| row.get(0))
             .collect();
-        return Ok((ids.len() as i64, ids));
+        return Ok(Matched::ids(ids));
     }
     let parked = selector.parked();
     match action {
         Action::Retry => {
-            let counts = store::count_parked(client, &parked).await?;
-            Ok((counts.iter().map(|(_, count)| count).sum(), Vec::new()))
+            let count = store::count_parked_up_to(client, &parked, GAUGE_COUNT_CAP).await?;
+            Ok(Matched {
+                count,
+                capped: count >= GAUGE_COUNT_CAP,
+                ids: Vec::new(),
+            })
         }
         Action::Skip => {
             let ids = store::parked_event_ids(client, &parked, MAX_SKIPPED_AT_ONCE + 1).await?;
-            Ok((ids.len() as i64, ids))
+            Ok(Matched::ids(ids))
         }
     }
 }
@@ -557,8 +590,8 @@ pub async fn dry_run(
     action: Action,
     selector: &Selector,
 ) -> Result<ActionOutcome, ActionError> {
-    let (matched, _) = matched(&**connection, action, selector).await?;
-    if action == Action::Skip && matched > MAX_SKIPPED_AT_ONCE {
+    let matched = matched(&**connection, action, selector).await?;
+    if action == Action::Skip && matched.count > MAX_SKIPPED_AT_ONCE {
         return Err(ActionError::TooManyToSkip);
     }
     Ok(ActionOutcome {
@@ -566,7 +599,8 @@ pub async fn dry_run(
         action,
         admin_id: admin.to_owned(),
         selector: selector.clone(),
-        matched,
+        matched: matched.count,
+        matched_capped: matched.capped,
         changed: 0,
         dry_run: true,
         created_at: store::database_now(&**connection).await?,
@@ -605,7 +639,11 @@ pub async fn act(
         return Ok(Recorded::Replayed(outcome));
     };
     let (action_id, created_at): (i64, DateTime<Utc>) = (claimed.get(0), claimed.get(1));
-    let (matched, ids) = matched(&transaction, action, selector).await?;
+    let Matched {
+        count: mut matched,
+        capped,
+        ids,
+    } = matched(&transaction, action, selector).await?;
     let changed = match action {
         Action::Retry if selector.event_ids.is_empty() => {
             store::requeue_parked(&transaction, &selector.parked(), None).await? as i64
@@ -631,12 +669,17 @@ pub async fn act(
             skipped
         }
     };
+    if capped {
+        // Every event it changed matched: a better lower bound than the cap.
+        matched = matched.max(changed);
+    }
     let outcome = ActionOutcome {
         action_id: Some(action_id),
         action,
         admin_id: admin.to_owned(),
         selector: selector.clone(),
         matched,
+        matched_capped: capped,
         changed,
         dry_run: false,
         created_at,

@@ -7,7 +7,9 @@ use serde_json::{json, Value};
 
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, TestDaemon};
-use crate::common::helpers::{admin, client, entry_body, eventually, insert_backlog, TestResponse};
+use crate::common::helpers::{
+    admin, client, count_is, entry_body, eventually, insert_backlog, LockHolder, TestResponse,
+};
 
 pub const ADMIN_TOKEN: &str = "rs_admin-token-for-tests";
 const CLIENT_TOKEN: &str = "rs_client-token-for-tests";
@@ -252,6 +254,7 @@ async fn parked_events_are_grouped_listed_and_retried_by_selector_once_per_key()
     .await;
     assert_eq!(counted.status, 200, "{}", counted.describe());
     assert_eq!(counted.json()["matched"], 3);
+    assert_eq!(counted.json()["matched_capped"], false);
     assert_eq!(counted.json()["changed"], 0);
     assert_eq!(unsent_parked(&app).await, 3, "a dry run changes nothing");
     assert_eq!(app.count("SELECT count(*) FROM admin_actions").await, 0);
@@ -782,4 +785,99 @@ async fn a_filter_that_matches_few_events_examines_a_bounded_walk_and_says_the_p
     assert_eq!(keys, ["sent-3", "sent-2", "sent-1"], "{second}");
     assert_eq!(second["partial"], false);
     assert_eq!(second["next"], Value::Null, "the walk reached the end");
+}
+
+#[actix_web::test]
+async fn the_dry_run_of_a_retry_by_filter_counts_up_to_the_cap_and_the_retry_requeues_them_all() {
+    let app = spawn_app_without_relays(|settings| {
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+        // Requeuing 100,001 events on a loaded machine: more than the default 5 s.
+        settings.database.statement_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let parked = 100_001_i64;
+    app.db
+        .execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type,
+                                        payload, attempts, last_error, failed_at)
+             SELECT gen_random_uuid(), 'parked/' || n, 'anonymous', 'parked-' || n,
+                    'entry.created', '{}', 1, 'returned by the broker: NO_ROUTE', now()
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&parked],
+        )
+        .await
+        .unwrap();
+    let selector = json!({"error": "returned by the broker: NO_ROUTE"});
+    let mut dry_run = selector.clone();
+    dry_run["dry_run"] = json!(true);
+    let counted = admin_post(&app, "/admin/v1/events/retry", None, dry_run.to_string()).await;
+    assert_eq!(counted.status, 200, "{}", counted.describe());
+    let counted = counted.json();
+    assert_eq!(
+        counted["matched"], 100_000,
+        "counted up to the cap: {counted}"
+    );
+    assert_eq!(counted["matched_capped"], true, "{counted}");
+
+    let retried = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("all-of-them"),
+        selector.to_string(),
+    )
+    .await;
+    assert_eq!(retried.status, 200, "{}", retried.describe());
+    let retried = retried.json();
+    assert_eq!(retried["changed"], parked, "{retried}");
+    assert_eq!(
+        retried["matched"], parked,
+        "at least what it changed: {retried}"
+    );
+    assert_eq!(retried["matched_capped"], true, "{retried}");
+    count_is(
+        &app.db,
+        "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL",
+        0,
+    )
+    .await
+    .unwrap();
+}
+
+#[actix_web::test]
+async fn a_retry_that_passes_the_statement_timeout_changes_nothing_and_its_key_acts_later() {
+    let app = spawn_app_without_relays(|settings| {
+        settings.outbox.max_attempts = 1;
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+        settings.database.statement_timeout = Duration::from_secs(1);
+    })
+    .await;
+    park(&app, "slow", 3).await;
+    // A relay (or anyone) holding one of the events: the requeue waits for it, within the
+    // statement's time limit.
+    let lock = LockHolder::take(
+        &app.database.name,
+        "SELECT 1 FROM outbox_events WHERE idempotency_key = 'slow-1' FOR UPDATE",
+    )
+    .await;
+    let selector = json!({"type": "entry.created"}).to_string();
+    let timed_out = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("retry-slow"),
+        selector.clone(),
+    )
+    .await;
+    assert_problem(&timed_out, 503, "storage-unavailable");
+    assert_eq!(unsent_parked(&app).await, 3, "nothing was requeued");
+    assert_eq!(
+        app.count("SELECT count(*) FROM admin_actions").await,
+        0,
+        "nor recorded"
+    );
+    lock.release().await;
+    let retried = admin_post(&app, "/admin/v1/events/retry", Some("retry-slow"), selector).await;
+    assert_eq!(retried.status, 200, "{}", retried.describe());
+    assert!(!retried.replayed(), "the key acted only now");
+    assert_eq!(retried.json()["changed"], 3);
+    assert_eq!(unsent_parked(&app).await, 0);
 }
