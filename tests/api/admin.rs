@@ -1,8 +1,9 @@
 //! The admin listener: who reaches it, every admin API route and its refusals, and the
 //! console's login, session and CSRF checks (the console in a browser: `console.rs`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures_util::future::{join, join_all};
 use serde_json::{json, Value};
 
 use crate::common::consumer::TestConsumer;
@@ -841,6 +842,71 @@ async fn the_dry_run_of_a_retry_by_filter_counts_up_to_the_cap_and_the_retry_req
     )
     .await
     .unwrap();
+}
+
+#[actix_web::test]
+async fn admin_reads_wait_for_turns_of_their_own_and_client_listings_keep_their_connections() {
+    // A pool of 8: 6 for writes, 2 for reads, of which admins may take 1.
+    let app = spawn_app_without_relays(|settings| {
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+        settings.database.pool_size = 8;
+        settings.database.statement_timeout = Duration::from_secs(30);
+    })
+    .await;
+    app.post_entry("listed", &entry_body(1))
+        .await
+        .assert_created();
+    // The action log cannot be read until the test lets go: an admin read that takes long.
+    let lock = LockHolder::take(
+        &app.database.name,
+        "LOCK TABLE admin_actions IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let slow = admin_get(&app, "/admin/v1/actions", Some(ADMIN_TOKEN));
+    let meanwhile = async {
+        eventually(Duration::from_secs(15), || {
+            count_is(
+                &app.db,
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%admin_actions%'",
+                1,
+            )
+        })
+        .await;
+        let excess = join_all((0..3).map(|_| async {
+            let started = Instant::now();
+            let response = admin_get(&app, "/admin/v1/actions", Some(ADMIN_TOKEN)).await;
+            (response, started.elapsed())
+        }));
+        let listing = async {
+            let started = Instant::now();
+            let response = app.get("/v1/entries", None).await;
+            (response, started.elapsed())
+        };
+        let (excess, (listing, listed_in)) = join(excess, listing).await;
+        assert_eq!(listing.status, 200, "{}", listing.describe());
+        assert!(
+            listed_in < Duration::from_secs(3),
+            "the client's listing waited {listed_in:?} behind admin reads"
+        );
+        for (response, waited) in excess {
+            assert_problem(&response, 503, "storage-unavailable");
+            assert!(
+                response.header("retry-after").is_some(),
+                "{}",
+                response.describe()
+            );
+            assert!(response.text().contains("admin"), "{}", response.text());
+            // A turn is waited for as long as a pooled connection (database.connect_timeout).
+            assert!(
+                waited < app.settings.database.connect_timeout + Duration::from_secs(3),
+                "an excess admin read waited {waited:?}"
+            );
+        }
+        lock.release().await;
+    };
+    let (slow, ()) = join(slow, meanwhile).await;
+    assert_eq!(slow.status, 200, "{}", slow.describe());
 }
 
 #[actix_web::test]
