@@ -38,6 +38,23 @@ fn admin_of(state: &SharedState, request: &HttpRequest) -> Result<Arc<str>, ApiE
         .ok_or(ApiError::Unauthorized)
 }
 
+/// A turn of the admin listener on the read pool ([`crate::admin::AdminState::turns`]), held
+/// while a request reads or acts; waited for at most as long as a pooled connection
+/// (`database.connect_timeout`), then 503 `storage-unavailable` with `Retry-After`. Taken once
+/// per request, by the functions below that the API and the console share.
+pub async fn admin_turn(state: &SharedState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+    tokio::time::timeout(state.read_wait, state.admin.turns.acquire())
+        .await
+        .map_err(|_| {
+            ApiError::Busy(format!(
+                "{} admin request(s) are using the database (their share of the read pool) and none finished within {}",
+                state.admin.turn_count,
+                humantime::format_duration(state.read_wait)
+            ))
+        })
+        .map(|permit| permit.expect("the admin turns' semaphore is never closed"))
+}
+
 /// Is delivery healthy: the backlog, what is parked and why, what parked events hold back, the
 /// broker, the replays.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -90,6 +107,7 @@ pub struct Overview {
 }
 
 pub async fn read_overview(state: &SharedState) -> Result<Overview, ApiError> {
+    let _turn = admin_turn(state).await?;
     let figures = state.reads.run(store::outbox_figures).await?;
     let replays = crate::outbox::replay::recent(&state.reads, RECENT_REPLAYS).await?;
     let blocked = state.broker.blocked();
@@ -111,7 +129,7 @@ pub async fn read_overview(state: &SharedState) -> Result<Overview, ApiError> {
     responses(
         (status = 200, description = "The outbox at a glance", body = OutboxOverview),
         (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -148,6 +166,10 @@ pub struct EventPage {
     pub events: Vec<ListedEvent>,
     /// The `cursor` of the next page; null on the last.
     pub next: Option<String>,
+    /// True when the page holds fewer events than `limit` and is not the last: a page looks at
+    /// no more than 20 times `limit` events of its state, and the filters matched fewer than
+    /// `limit` among them. Older events may match: `next` goes on from where it stopped.
+    pub partial: bool,
 }
 
 const EVENT_PARAMETERS: [&str; 8] = [
@@ -282,14 +304,22 @@ pub async fn read_events(
     limit: i64,
     cursor: Option<i64>,
 ) -> Result<EventPage, ApiError> {
-    let events = state
+    let _turn = admin_turn(state).await?;
+    let page = state
         .reads
         .run(async |connection| store::events_page(&**connection, filter, cursor, limit).await)
         .await?;
-    let next = (events.len() as i64 == limit)
-        .then(|| events.last().map(|event| event.position.to_string()))
-        .flatten();
-    Ok(EventPage { events, next })
+    let full = page.events.len() as i64 == limit;
+    let next = if full {
+        page.events.last().map(|event| event.position)
+    } else {
+        page.walk_ended_at
+    };
+    Ok(EventPage {
+        events: page.events,
+        next: next.map(|position| position.to_string()),
+        partial: !full && next.is_some(),
+    })
 }
 
 #[utoipa::path(
@@ -304,13 +334,13 @@ pub async fn read_events(
         ("created_after" = Option<String>, Query, description = "Only events created after this RFC 3339 time"),
         ("created_before" = Option<String>, Query, description = "Only events created before this RFC 3339 time"),
         ("limit" = Option<i64>, Query, description = "Events per page, 1 to 500; default 50"),
-        ("cursor" = Option<String>, Query, description = "The `next` of the previous page"),
+        ("cursor" = Option<String>, Query, description = "The `next` of the previous page, opaque; only with the same filters"),
     ),
     responses(
-        (status = 200, description = "Events, newest first", body = EventPage),
+        (status = 200, description = "Events, newest first (sent events: the last sent first), looking at no more than 20 times `limit` events of the state: a page with fewer events than `limit` and a `next` is `partial`, and older events may match", body = EventPage),
         (status = 400, description = "A parameter that is unknown, repeated or invalid", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -372,6 +402,7 @@ pub async fn run_action(
     if !problems.is_empty() {
         return Err(ApiError::InvalidSelector(problems.join("; ")));
     }
+    let _turn = admin_turn(state).await?;
     let refused = |error: ActionError| match error {
         ActionError::TooManyToSkip => ApiError::InvalidSelector(error.to_string()),
         ActionError::Storage(storage) => storage.into(),
@@ -453,7 +484,7 @@ async fn act_on_events(
         (status = 409, description = "The Idempotency-Key was used with another request", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "A body over 64 KiB", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -478,7 +509,7 @@ pub async fn retry(
         (status = 409, description = "The Idempotency-Key was used with another request", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "A body over 64 KiB", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -503,7 +534,7 @@ pub async fn skip(
         (status = 400, description = "An invalid client id or key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No live record for the key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -530,6 +561,7 @@ pub async fn lookup_key(
         ));
     }
     let key = IdempotencyKey::parse(key.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
+    let _turn = admin_turn(state).await?;
     crate::http::keys::lookup(state, client, &key).await
 }
 
@@ -546,6 +578,7 @@ pub async fn read_actions(
     limit: i64,
     cursor: Option<i64>,
 ) -> Result<ActionPage, ApiError> {
+    let _turn = admin_turn(state).await?;
     let actions = state
         .reads
         .run(async |connection| store::actions_page(&**connection, cursor, limit).await)
@@ -568,7 +601,7 @@ pub async fn read_actions(
         (status = 200, description = "Every admin action, newest first", body = ActionPage),
         (status = 400, description = "A parameter that is unknown, repeated or invalid", body = crate::http::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]

@@ -529,12 +529,19 @@ async fn events(request: HttpRequest, state: SharedState) -> HttpResponse {
         @if filter.state == EventState::Parked {
             p { a href=(link("/console/confirm", &retry_all_pairs)) { "Retry every parked event that matches these filters…" } }
         }
-        @if page_of_events.events.is_empty() {
+        @if page_of_events.partial {
+            // A walk that stopped at its cap: say so before the events, whose count is short.
+            p role="status" { "This page looked at " (limit * crate::admin::store::WALK_PER_EVENT) " " (filter.state.as_str()) " events and stopped: " (page_of_events.events.len()) " of them match the filters. Older events may match: follow \"Older events\" below." }
+        } @else if page_of_events.events.is_empty() {
             p role="status" { "No event matches." }
-        } @else {
+        }
+        @if !page_of_events.events.is_empty() {
             form method="get" action="/console/confirm" {
                 table {
-                    caption { "Events, newest first (" (page_of_events.events.len()) " on this page)" }
+                    caption {
+                        @if filter.state == EventState::Sent { "Events, the last sent first (" } @else { "Events, newest first (" }
+                        (page_of_events.events.len()) " on this page)"
+                    }
                     thead { tr {
                         th scope="col" { "Select" } th scope="col" { "Event" } th scope="col" { "Type" } th scope="col" { "Client and key" }
                         th scope="col" { "State" } th.n scope="col" { "Attempts" } th scope="col" { "Last error" } th scope="col" { "Created" } th scope="col" { "Payload" }
@@ -560,9 +567,9 @@ async fn events(request: HttpRequest, state: SharedState) -> HttpResponse {
                 " "
                 button type="submit" name="action" value="skip" { "Skip the selected events…" }
             }
-            @if let Some(next) = &next_link {
-                p { a href=(next) { "Older events" } }
-            }
+        }
+        @if let Some(next) = &next_link {
+            p { a href=(next) { "Older events" } }
         }
     };
     html_response(StatusCode::OK, page("Events", Some(&session), content))
@@ -671,12 +678,13 @@ async fn confirm(request: HttpRequest, state: SharedState) -> HttpResponse {
         @if outcome.matched == 0 {
             p role="status" { "No event matches this selection now: nothing to do." }
         } @else {
-            p role="status" { strong { (outcome.matched) " event(s)" } " match. They will be " (meaning) "." }
+            p role="status" { strong { (at_least(&outcome)) " event(s)" } " match. They will be " (meaning) "." }
+            @if outcome.matched_capped { p { "Counting stopped at " (outcome.matched) "; the retry takes every one that matches, in one statement: if it takes longer than the database's statement timeout, nothing changes (narrow the selection by creation time)." } }
             form method="post" action="/console/act" {
                 input type="hidden" name="csrf" value=(session.csrf);
                 input type="hidden" name="key" value=(key);
                 (hidden_selector(action, &selector))
-                button type="submit" { (verb) " " (outcome.matched) " event(s)" }
+                button type="submit" { (verb) " " (at_least(&outcome)) " event(s)" }
                 " "
                 a href="/console" { "Cancel" }
             }
@@ -711,11 +719,20 @@ async fn act(
     ))
 }
 
+/// How many events an action matched, in words: "at least" when the count stopped at its cap.
+fn at_least(outcome: &ActionOutcome) -> String {
+    if outcome.matched_capped {
+        format!("at least {}", outcome.matched)
+    } else {
+        outcome.matched.to_string()
+    }
+}
+
 fn outcome_view(outcome: &ActionOutcome, replayed: bool) -> Markup {
     let (verb, meaning) = verb(outcome.action);
     html! {
         p role="status" {
-            (verb) ": " strong { (outcome.changed) " of " (outcome.matched) " event(s)" } " " (meaning) "."
+            (verb) ": " strong { (outcome.changed) " of " (at_least(outcome)) " event(s)" } " " (meaning) "."
             @if let Some(id) = outcome.action_id { " Recorded as action " (id) " in the action log." }
         }
         @if replayed { p { "This form had already been sent: this is what it did then; nothing was done again." } }

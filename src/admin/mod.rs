@@ -4,7 +4,9 @@
 //!
 //! Admins see every client's data; clients never reach this listener (their tokens are not
 //! admins'), and admins never reach the API. Everything here reads and acts through the read
-//! pool with small, bounded queries ([`store`]): the write path is not touched.
+//! pool with small, bounded queries ([`store`]), on at most half its connections at once
+//! ([`AdminState::turns`]): the write path is not touched, and clients' reads, readiness and
+//! the gauges keep the other half.
 
 pub mod api;
 pub mod console;
@@ -20,15 +22,34 @@ use crate::config::Config;
 use crate::http::auth::Principals;
 use crate::http::Methods;
 
-/// The admins and the console's sessions.
+/// The admins, the console's sessions, and the admin listener's turns on the read pool.
 pub struct AdminState {
     pub admins: Principals<Arc<str>>,
     pub sessions: session::Sessions,
+    /// Turns for the admin listener's work on the read pool ([`turns_for`] its connections),
+    /// each held while a request reads or acts: past them an admin request waits, at most as
+    /// long as for a pooled connection, then gets 503. Without them a few slow admin reads
+    /// (the overview at retention size, a console left reloading) took every connection of
+    /// the pool that client listings, key lookups, readiness and the gauges share.
+    pub turns: tokio::sync::Semaphore,
+    /// How many turns there are.
+    pub turn_count: usize,
+}
+
+/// How many admin requests use the read pool at once: half its `read_connections` (a quarter
+/// of `database.pool_size`), at least one. With a pool of 16 (the default), 4 read
+/// connections, 2 of them for admins; below a pool of 8 the read pool has one connection,
+/// which admins then share with everything else.
+pub fn turns_for(read_connections: u32) -> usize {
+    (read_connections as usize / 2).max(1)
 }
 
 impl AdminState {
-    pub fn new(config: &Config) -> Self {
+    /// For a read pool of `read_connections`.
+    pub fn new(config: &Config, read_connections: u32) -> Self {
         Self {
+            turns: tokio::sync::Semaphore::new(turns_for(read_connections)),
+            turn_count: turns_for(read_connections),
             admins: Principals::new(
                 config
                     .auth

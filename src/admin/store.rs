@@ -133,6 +133,33 @@ impl EventState {
             }
         }
     }
+
+    /// The order a page walks the state's rows in, newest first. Sent rows go by the time they
+    /// were sent, through their partial index (`outbox_events_sent`, the janitor's): in id
+    /// order a walk through the primary key passed every unsent and parked row first, and
+    /// those are the newest (265 ms past 120,000 of them, where a page now takes 1 ms;
+    /// bench/admin). The id breaks ties: a relay marks a whole batch sent at one time.
+    fn order(self) -> &'static str {
+        match self {
+            EventState::Sent => "sent_at DESC, id DESC",
+            _ => "id DESC",
+        }
+    }
+
+    /// Where a page starts: after the row of the cursor (`$6`, an outbox id) in [`Self::order`].
+    /// For sent rows the cursor's time is read from its row (the primary key); a cursor whose
+    /// row the janitor has deleted since had only rows sent earlier after it, deleted with it
+    /// or before, so that the page is empty and the listing ends.
+    fn after_cursor(self) -> &'static str {
+        match self {
+            EventState::Sent => {
+                "($6::bigint IS NULL
+                  OR (sent_at, id) < ((SELECT cursor.sent_at FROM outbox_events cursor
+                                       WHERE cursor.id = $6), $6))"
+            }
+            _ => "($6::bigint IS NULL OR id < $6)",
+        }
+    }
 }
 
 /// Which events a page lists: every criterion given must hold.
@@ -175,31 +202,68 @@ pub struct ListedEvent {
     pub position: i64,
 }
 
+/// Rows of its state a page walks at most, for each event it may hold (its limit): 1,000 for
+/// the default page of 50, 10,000 for the largest (500). The filters (type, client, error,
+/// created time) are checked on the rows walked, so that a page reads at most 20 times its
+/// size however few rows a filter matches, and whatever the outbox's size: one that matches
+/// fewer than a page within the walk ends the page there, partial, and the next page goes on
+/// from where it stopped. An index per filter would make those pages full, at the price of one
+/// more index written for every event a relay marks sent; event types are few (`entry.created`,
+/// `audit.entry.created`), and the longest walk, 10,000 rows, takes 10 ms on an outbox of
+/// 3 million (bench/admin, a type that matches nothing), where it took 1.3 s to find none.
+pub const WALK_PER_EVENT: i64 = 20;
+
+/// A page of events and where its walk stopped.
+pub struct EventsPage {
+    pub events: Vec<ListedEvent>,
+    /// The position of the walk's last row, when the walk stopped at its cap
+    /// ([`WALK_PER_EVENT`] times the limit): where the next page goes on from if this one is
+    /// not full.
+    pub walk_ended_at: Option<i64>,
+}
+
+/// A page of events of one state, newest first ([`EventState::order`]), after the cursor `$6`:
+/// a walk of at most `$8` ([`WALK_PER_EVENT`] times the limit) rows of the state, through the
+/// state's own index, numbered (`walked`), then the filters (`matched`). It returns the rows
+/// that match, up to `$7`, and the walk's last row whether or not it matches, so that a walk
+/// that stopped at its cap says where. The outer query neither sorts nor aggregates, so that
+/// the planner plans the walk for the `$7` rows a page takes when nothing is filtered (and the
+/// walk keeps its order); the window function streams, reading no row past the page.
+const EVENTS_PAGE: &str = "
+SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
+       last_error, sent_at, failed_at, skipped_at,
+       CASE WHEN sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'
+            THEN next_attempt_at END,
+       ordering_key, sequence, payload::text, matched, walked
+FROM (SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
+             last_error, sent_at, failed_at, skipped_at, next_attempt_at, ordering_key,
+             sequence, payload,
+             ($1::text IS NULL OR event_type = $1)
+               AND ($2::text IS NULL OR client_id = $2)
+               AND ($3::text IS NULL OR coalesce(last_error, '') = $3)
+               AND ($4::timestamptz IS NULL OR created_at > $4)
+               AND ($5::timestamptz IS NULL OR created_at < $5) AS matched,
+             row_number() OVER (ORDER BY {order}) AS walked
+      FROM outbox_events
+      WHERE {condition} AND {after_cursor}
+      ORDER BY {order}
+      LIMIT $8) AS walk
+WHERE matched OR walked = $8
+LIMIT $7";
+
 /// A page of events, newest first, from `before` (an outbox id, exclusive).
 pub async fn events_page(
     client: &impl GenericClient,
     filter: &EventFilter,
     before: Option<i64>,
     limit: i64,
-) -> Result<Vec<ListedEvent>, StorageError> {
-    let query = format!(
-        "SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
-                last_error, sent_at, failed_at, skipped_at,
-                CASE WHEN sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'
-                     THEN next_attempt_at END,
-                ordering_key, sequence, payload::text
-         FROM outbox_events
-         WHERE {}
-           AND ($1::text IS NULL OR event_type = $1)
-           AND ($2::text IS NULL OR client_id = $2)
-           AND ($3::text IS NULL OR coalesce(last_error, '') = $3)
-           AND ($4::timestamptz IS NULL OR created_at > $4)
-           AND ($5::timestamptz IS NULL OR created_at < $5)
-           AND ($6::bigint IS NULL OR id < $6)
-         ORDER BY id DESC
-         LIMIT $7",
-        filter.state.condition()
-    );
+) -> Result<EventsPage, StorageError> {
+    let state = filter.state;
+    let walk = limit * WALK_PER_EVENT;
+    let query = EVENTS_PAGE
+        .replace("{order}", state.order())
+        .replace("{condition}", state.condition())
+        .replace("{after_cursor}", state.after_cursor());
     let rows = client
         .query(
             &query,
@@ -211,43 +275,56 @@ pub async fn events_page(
                 &filter.created_before,
                 &before,
                 &limit,
+                &walk,
             ],
         )
         .await?;
-    rows.iter()
-        .map(|row| {
-            let payload: String = row.get(14);
-            let sent_at: Option<DateTime<Utc>> = row.get(8);
-            let failed_at: Option<DateTime<Utc>> = row.get(9);
-            let skipped_at: Option<DateTime<Utc>> = row.get(10);
-            let state = match (sent_at, failed_at, skipped_at) {
-                (Some(_), _, _) => EventState::Sent,
-                (None, _, Some(_)) => EventState::Skipped,
-                (None, Some(_), None) => EventState::Parked,
-                (None, None, None) => EventState::Unsent,
-            };
-            Ok(ListedEvent {
-                position: row.get(0),
-                event_id: row.get(1),
-                event_type: row.get(2),
-                client_id: row.get(3),
-                idempotency_key: row.get(4),
-                state,
-                created_at: row.get(5),
-                attempts: row.get(6),
-                last_error: row.get(7),
-                sent_at,
-                failed_at,
-                skipped_at,
-                next_attempt_at: row.get(11),
-                ordering_key: row.get(12),
-                sequence: row.get(13),
-                payload: serde_json::from_str(&payload).map_err(|error| {
-                    StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
-                })?,
-            })
-        })
-        .collect()
+    let mut page = EventsPage {
+        events: Vec::with_capacity(rows.len()),
+        walk_ended_at: None,
+    };
+    for row in &rows {
+        let position: i64 = row.get(0);
+        let walked: i64 = row.get(16);
+        if walked == walk {
+            page.walk_ended_at = Some(position);
+        }
+        let matched: bool = row.get(15);
+        if !matched {
+            continue;
+        }
+        let payload: String = row.get(14);
+        let sent_at: Option<DateTime<Utc>> = row.get(8);
+        let failed_at: Option<DateTime<Utc>> = row.get(9);
+        let skipped_at: Option<DateTime<Utc>> = row.get(10);
+        let state = match (sent_at, failed_at, skipped_at) {
+            (Some(_), _, _) => EventState::Sent,
+            (None, _, Some(_)) => EventState::Skipped,
+            (None, Some(_), None) => EventState::Parked,
+            (None, None, None) => EventState::Unsent,
+        };
+        page.events.push(ListedEvent {
+            position,
+            event_id: row.get(1),
+            event_type: row.get(2),
+            client_id: row.get(3),
+            idempotency_key: row.get(4),
+            state,
+            created_at: row.get(5),
+            attempts: row.get(6),
+            last_error: row.get(7),
+            sent_at,
+            failed_at,
+            skipped_at,
+            next_attempt_at: row.get(11),
+            ordering_key: row.get(12),
+            sequence: row.get(13),
+            payload: serde_json::from_str(&payload).map_err(|error| {
+                StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
+            })?,
+        });
+    }
+    Ok(page)
 }
 
 /// What an admin action applies to: some events by id, or the parked events that match every
@@ -386,8 +463,15 @@ pub struct ActionOutcome {
     pub action: Action,
     pub admin_id: String,
     pub selector: Selector,
-    /// Events the selector matched when the action ran.
+    /// Events the selector matched when the action ran. Parked events picked by filters are
+    /// counted up to 100,000 (as the overview's counts): see `matched_capped`.
     pub matched: i64,
+    /// True when the count of `matched` stopped at its cap: at least that many match (a retry
+    /// answers at least as many as it changed). A retry still requeues every one, in one
+    /// statement within `database.statement_timeout`; past it nothing changes (narrow the
+    /// selector by created_after and created_before, or use `retrysafe outbox retry`).
+    #[serde(default)]
+    pub matched_capped: bool,
     /// Events it changed: requeued, or skipped. Less than `matched` when some changed
     /// meanwhile (sent, or being published by a relay: skip them again).
     pub changed: i64,
@@ -425,12 +509,34 @@ RETURNING id, created_at";
 const FINISH_ACTION: &str = "
 UPDATE admin_actions SET changed = $2, response = $3::text::jsonb WHERE id = $1";
 
-/// How many events the selector matches now, and their ids where the action goes one by one.
+/// The events a selector matches now.
+struct Matched {
+    /// How many; up to [`GAUGE_COUNT_CAP`] for a retry by filters.
+    count: i64,
+    /// The count stopped at its cap.
+    capped: bool,
+    /// Their ids, where the action goes one by one (by ids, or a skip).
+    ids: Vec<Uuid>,
+}
+
+impl Matched {
+    fn ids(ids: Vec<Uuid>) -> Self {
+        Matched {
+            count: ids.len() as i64,
+            capped: false,
+            ids,
+        }
+    }
+}
+
+/// What the selector matches now. A retry by filters is counted up to [`GAUGE_COUNT_CAP`]
+/// parked events, as the overview's counts: a dry run of a group of millions costs what one
+/// of 100,000 does.
 async fn matched(
     client: &impl GenericClient,
     action: Action,
     selector: &Selector,
-) -> Result<(i64, Vec<Uuid>), StorageError> {
+) -> Result<Matched, StorageError> {
     if !selector.event_ids.is_empty() {
         let ids: Vec<Uuid> = client
             .query(
@@ -443,17 +549,21 @@ async fn matched(
             .iter()
             .map(|row| row.get(0))
             .collect();
-        return Ok((ids.len() as i64, ids));
+        return Ok(Matched::ids(ids));
     }
     let parked = selector.parked();
     match action {
         Action::Retry => {
-            let counts = store::count_parked(client, &parked).await?;
-            Ok((counts.iter().map(|(_, count)| count).sum(), Vec::new()))
+            let count = store::count_parked_up_to(client, &parked, GAUGE_COUNT_CAP).await?;
+            Ok(Matched {
+                count,
+                capped: count >= GAUGE_COUNT_CAP,
+                ids: Vec::new(),
+            })
         }
         Action::Skip => {
             let ids = store::parked_event_ids(client, &parked, MAX_SKIPPED_AT_ONCE + 1).await?;
-            Ok((ids.len() as i64, ids))
+            Ok(Matched::ids(ids))
         }
     }
 }
@@ -480,8 +590,8 @@ pub async fn dry_run(
     action: Action,
     selector: &Selector,
 ) -> Result<ActionOutcome, ActionError> {
-    let (matched, _) = matched(&**connection, action, selector).await?;
-    if action == Action::Skip && matched > MAX_SKIPPED_AT_ONCE {
+    let matched = matched(&**connection, action, selector).await?;
+    if action == Action::Skip && matched.count > MAX_SKIPPED_AT_ONCE {
         return Err(ActionError::TooManyToSkip);
     }
     Ok(ActionOutcome {
@@ -489,7 +599,8 @@ pub async fn dry_run(
         action,
         admin_id: admin.to_owned(),
         selector: selector.clone(),
-        matched,
+        matched: matched.count,
+        matched_capped: matched.capped,
         changed: 0,
         dry_run: true,
         created_at: store::database_now(&**connection).await?,
@@ -558,7 +669,11 @@ async fn act_in_transaction(
         return Ok(Recorded::Replayed(outcome));
     };
     let (action_id, created_at): (i64, DateTime<Utc>) = (claimed.get(0), claimed.get(1));
-    let (matched, ids) = matched(&transaction, action, selector).await?;
+    let Matched {
+        count: mut matched,
+        capped,
+        ids,
+    } = matched(&transaction, action, selector).await?;
     let changed = match action {
         Action::Retry if selector.event_ids.is_empty() => {
             store::requeue_parked(&transaction, &selector.parked(), None).await? as i64
@@ -584,12 +699,17 @@ async fn act_in_transaction(
             skipped
         }
     };
+    if capped {
+        // Every event it changed matched: a better lower bound than the cap.
+        matched = matched.max(changed);
+    }
     let outcome = ActionOutcome {
         action_id: Some(action_id),
         action,
         admin_id: admin.to_owned(),
         selector: selector.clone(),
         matched,
+        matched_capped: capped,
         changed,
         dry_run: false,
         created_at,

@@ -63,6 +63,7 @@ impl AppState {
         readiness: Arc<health::ReadinessMonitor>,
     ) -> Self {
         Self {
+            admin: crate::admin::AdminState::new(config, reads.max_size()),
             writes,
             reads,
             shards,
@@ -76,7 +77,6 @@ impl AppState {
             )
             .expect("mismatch_status is validated as 409 or 422"),
             readiness,
-            admin: crate::admin::AdminState::new(config),
             listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
             read_wait: config.database.connect_timeout,
             // As many at once as there are cores to run them, and never fewer than two.

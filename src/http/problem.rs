@@ -197,7 +197,7 @@ pub const STORAGE_UNAVAILABLE: ProblemType = problem(
     "Storage unavailable",
     RequestOutcome::Unavailable,
     true,
-    "the database is unreachable, did not answer in time or takes no writes until an operator acts, or the daemon shed load (writers saturated, too many listings at once); retry with the same key after the time in `Retry-After`: a write whose commit was not confirmed is then replayed, any other runs afresh",
+    "the database is unreachable, did not answer in time or takes no writes until an operator acts, or the daemon shed load (writers saturated, too many listings or admin requests at once); retry with the same key after the time in `Retry-After`: a write whose commit was not confirmed is then replayed, any other runs afresh",
 );
 pub const NOT_FOUND: ProblemType = problem(
     StatusCode::NOT_FOUND,
@@ -309,7 +309,8 @@ pub enum ApiError {
     /// writers saturated, too many large bodies being decoded): nothing was written.
     #[error("overloaded: {0}")]
     Overloaded(String),
-    /// A read shed before it ran (too many listings at once): nothing to retry but the request.
+    /// A read shed before it ran (too many listings, or admin requests, at once): nothing to
+    /// retry but the request.
     #[error("busy: {0}")]
     Busy(String),
     #[error("{0}")]

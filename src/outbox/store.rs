@@ -545,6 +545,24 @@ pub async fn count_parked(
         .collect())
 }
 
+/// How many parked events `selection` picks, counted up to `cap` (through the partial index of
+/// parked rows, stopping there): at the cap, at least that many.
+pub async fn count_parked_up_to(
+    client: &impl GenericClient,
+    selection: &ParkedSelection,
+    cap: i64,
+) -> Result<i64, StorageError> {
+    let counted = format!("SELECT count(*) FROM ({PARKED_SELECTED} LIMIT $8) AS picked");
+    let [types, clients, error, since, error_is, after, before] = selection.params();
+    Ok(client
+        .query_one(
+            &counted,
+            &[types, clients, error, since, error_is, after, before, &cap],
+        )
+        .await?
+        .get(0))
+}
+
 /// Requeues the parked events `selection` picks, at most `rate` a second from now (at once
 /// without one); returns how many.
 pub async fn requeue_parked(

@@ -1,13 +1,16 @@
 //! The admin listener: who reaches it, every admin API route and its refusals, and the
 //! console's login, session and CSRF checks (the console in a browser: `console.rs`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures_util::future::{join, join_all};
 use serde_json::{json, Value};
 
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::{spawn_app_with, spawn_app_without_relays, TestDaemon};
-use crate::common::helpers::{admin, client, entry_body, TestResponse};
+use crate::common::helpers::{
+    admin, client, count_is, entry_body, eventually, insert_backlog, LockHolder, TestResponse,
+};
 
 pub const ADMIN_TOKEN: &str = "rs_admin-token-for-tests";
 const CLIENT_TOKEN: &str = "rs_client-token-for-tests";
@@ -252,6 +255,7 @@ async fn parked_events_are_grouped_listed_and_retried_by_selector_once_per_key()
     .await;
     assert_eq!(counted.status, 200, "{}", counted.describe());
     assert_eq!(counted.json()["matched"], 3);
+    assert_eq!(counted.json()["matched_capped"], false);
     assert_eq!(counted.json()["changed"], 0);
     assert_eq!(unsent_parked(&app).await, 3, "a dry run changes nothing");
     assert_eq!(app.count("SELECT count(*) FROM admin_actions").await, 0);
@@ -640,4 +644,306 @@ async fn skipping_parked_heads_of_ordering_keys_lets_each_key_go_on() {
             .await,
         2
     );
+}
+
+/// `sent` sent events, sent in id order one millisecond apart an hour ago (the `rare` oldest of
+/// type `audit.entry.created`, the others `entry.created`), then `unsent` unsent ones, newer
+/// than all of them: the outbox at retention size in small, with the backlog at the end of the
+/// primary key. Analyzed, so that the planner knows it.
+async fn sent_behind_a_backlog(app: &TestDaemon, sent: i64, rare: i64, unsent: i64) {
+    app.db
+        .execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type,
+                                        payload, created_at, sent_at)
+             SELECT gen_random_uuid(), 'sent/' || n, 'anonymous', 'sent-' || n,
+                    CASE WHEN n <= $2 THEN 'audit.entry.created' ELSE 'entry.created' END,
+                    jsonb_build_object('n', n),
+                    now() - interval '1 hour' + n * interval '1 ms',
+                    now() - interval '1 hour' + n * interval '1 ms' + interval '50 ms'
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&sent, &rare],
+        )
+        .await
+        .unwrap();
+    insert_backlog(&app.db, unsent).await;
+    app.db.batch_execute("ANALYZE outbox_events").await.unwrap();
+}
+
+/// Index entries read so far from the outbox's indexes that sent rows are in (the primary key,
+/// the unique ones, `outbox_events_sent`), as the statistics have them; not the partial indexes
+/// of unsent and parked rows, which the gauges read every few seconds.
+async fn outbox_index_reads(app: &TestDaemon) -> i64 {
+    app.count(
+        "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+         WHERE relname = 'outbox_events'
+           AND indexrelname NOT IN ('outbox_events_due', 'outbox_events_parked',
+                                    'outbox_events_ordered_unsent')",
+    )
+    .await
+}
+
+#[actix_web::test]
+async fn pages_of_sent_events_come_last_sent_first_without_walking_the_backlog() {
+    let app = parking_daemon().await;
+    let backlog = 5_000;
+    sent_behind_a_backlog(&app, 15_000, 0, backlog).await;
+    // The oldest event was sent last (a retry that went through at last).
+    app.db
+        .execute(
+            "UPDATE outbox_events SET sent_at = now() WHERE event_key = 'sent/1'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let before = outbox_index_reads(&app).await;
+    let first = admin_get(
+        &app,
+        "/admin/v1/events?state=sent&limit=50",
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    // What the page read, once the daemon's session has reported it (within a second or so
+    // of going idle).
+    let read = eventually(Duration::from_secs(15), || async {
+        let read = outbox_index_reads(&app).await - before;
+        if read >= 50 {
+            Ok(read)
+        } else {
+            Err(format!("{read} index entries read so far"))
+        }
+    })
+    .await;
+    assert!(
+        read < 1_000,
+        "a page of 50 sent events read {read} index entries: it walked the {backlog} unsent events"
+    );
+    let first = first.json();
+    let keys: Vec<&str> = first["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 50, "{first}");
+    assert_eq!(keys[0], "sent-1", "the last sent first: {keys:?}");
+    assert_eq!(keys[1], "sent-15000");
+    assert_eq!(keys[49], "sent-14952");
+    assert_eq!(first["partial"], false);
+
+    // The next page goes on from the cursor, in the same order.
+    let next = first["next"].as_str().unwrap();
+    let second = admin_get(
+        &app,
+        &format!("/admin/v1/events?state=sent&limit=50&cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .json();
+    assert_eq!(
+        second["events"][0]["idempotency_key"], "sent-14951",
+        "{second}"
+    );
+    assert_eq!(second["events"].as_array().unwrap().len(), 50);
+}
+
+#[actix_web::test]
+async fn a_filter_that_matches_few_events_examines_a_bounded_walk_and_says_the_page_is_partial() {
+    let app = parking_daemon().await;
+    // 3 rare events, the oldest sent, behind 1,497 others: more than the 1,000 a page of 50
+    // looks at.
+    sent_behind_a_backlog(&app, 1_500, 3, 100).await;
+    let first = admin_get(
+        &app,
+        "/admin/v1/events?state=sent&type=audit.entry.created",
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    let first = first.json();
+    assert_eq!(first["events"], json!([]), "{first}");
+    assert_eq!(
+        first["partial"], true,
+        "the walk stopped at its cap: {first}"
+    );
+    let next = first["next"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a partial page says where to go on: {first}"));
+    let second = admin_get(
+        &app,
+        &format!("/admin/v1/events?state=sent&type=audit.entry.created&cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .json();
+    let keys: Vec<&str> = second["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["sent-3", "sent-2", "sent-1"], "{second}");
+    assert_eq!(second["partial"], false);
+    assert_eq!(second["next"], Value::Null, "the walk reached the end");
+}
+
+#[actix_web::test]
+async fn the_dry_run_of_a_retry_by_filter_counts_up_to_the_cap_and_the_retry_requeues_them_all() {
+    let app = spawn_app_without_relays(|settings| {
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+        // Requeuing 100,001 events on a loaded machine: more than the default 5 s.
+        settings.database.statement_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let parked = 100_001_i64;
+    app.db
+        .execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type,
+                                        payload, attempts, last_error, failed_at)
+             SELECT gen_random_uuid(), 'parked/' || n, 'anonymous', 'parked-' || n,
+                    'entry.created', '{}', 1, 'returned by the broker: NO_ROUTE', now()
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&parked],
+        )
+        .await
+        .unwrap();
+    let selector = json!({"error": "returned by the broker: NO_ROUTE"});
+    let mut dry_run = selector.clone();
+    dry_run["dry_run"] = json!(true);
+    let counted = admin_post(&app, "/admin/v1/events/retry", None, dry_run.to_string()).await;
+    assert_eq!(counted.status, 200, "{}", counted.describe());
+    let counted = counted.json();
+    assert_eq!(
+        counted["matched"], 100_000,
+        "counted up to the cap: {counted}"
+    );
+    assert_eq!(counted["matched_capped"], true, "{counted}");
+
+    let retried = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("all-of-them"),
+        selector.to_string(),
+    )
+    .await;
+    assert_eq!(retried.status, 200, "{}", retried.describe());
+    let retried = retried.json();
+    assert_eq!(retried["changed"], parked, "{retried}");
+    assert_eq!(
+        retried["matched"], parked,
+        "at least what it changed: {retried}"
+    );
+    assert_eq!(retried["matched_capped"], true, "{retried}");
+    count_is(
+        &app.db,
+        "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL",
+        0,
+    )
+    .await
+    .unwrap();
+}
+
+#[actix_web::test]
+async fn admin_reads_wait_for_turns_of_their_own_and_client_listings_keep_their_connections() {
+    // A pool of 8: 6 for writes, 2 for reads, of which admins may take 1.
+    let app = spawn_app_without_relays(|settings| {
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+        settings.database.pool_size = 8;
+        settings.database.statement_timeout = Duration::from_secs(30);
+    })
+    .await;
+    app.post_entry("listed", &entry_body(1))
+        .await
+        .assert_created();
+    // The action log cannot be read until the test lets go: an admin read that takes long.
+    let lock = LockHolder::take(
+        &app.database.name,
+        "LOCK TABLE admin_actions IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
+    let slow = admin_get(&app, "/admin/v1/actions", Some(ADMIN_TOKEN));
+    let meanwhile = async {
+        eventually(Duration::from_secs(15), || {
+            count_is(
+                &app.db,
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%admin_actions%'",
+                1,
+            )
+        })
+        .await;
+        let excess = join_all((0..3).map(|_| async {
+            let started = Instant::now();
+            let response = admin_get(&app, "/admin/v1/actions", Some(ADMIN_TOKEN)).await;
+            (response, started.elapsed())
+        }));
+        let listing = async {
+            let started = Instant::now();
+            let response = app.get("/v1/entries", None).await;
+            (response, started.elapsed())
+        };
+        let (excess, (listing, listed_in)) = join(excess, listing).await;
+        assert_eq!(listing.status, 200, "{}", listing.describe());
+        assert!(
+            listed_in < Duration::from_secs(3),
+            "the client's listing waited {listed_in:?} behind admin reads"
+        );
+        for (response, waited) in excess {
+            assert_problem(&response, 503, "storage-unavailable");
+            assert!(
+                response.header("retry-after").is_some(),
+                "{}",
+                response.describe()
+            );
+            assert!(response.text().contains("admin"), "{}", response.text());
+            // A turn is waited for as long as a pooled connection (database.connect_timeout).
+            assert!(
+                waited < app.settings.database.connect_timeout + Duration::from_secs(3),
+                "an excess admin read waited {waited:?}"
+            );
+        }
+        lock.release().await;
+    };
+    let (slow, ()) = join(slow, meanwhile).await;
+    assert_eq!(slow.status, 200, "{}", slow.describe());
+}
+
+#[actix_web::test]
+async fn a_retry_that_passes_the_statement_timeout_changes_nothing_and_its_key_acts_later() {
+    let app = spawn_app_without_relays(|settings| {
+        settings.outbox.max_attempts = 1;
+        settings.auth.admins = vec![admin("ops", ADMIN_TOKEN)];
+        settings.database.statement_timeout = Duration::from_secs(1);
+    })
+    .await;
+    park(&app, "slow", 3).await;
+    // A relay (or anyone) holding one of the events: the requeue waits for it, within the
+    // statement's time limit.
+    let lock = LockHolder::take(
+        &app.database.name,
+        "SELECT 1 FROM outbox_events WHERE idempotency_key = 'slow-1' FOR UPDATE",
+    )
+    .await;
+    let selector = json!({"type": "entry.created"}).to_string();
+    let timed_out = admin_post(
+        &app,
+        "/admin/v1/events/retry",
+        Some("retry-slow"),
+        selector.clone(),
+    )
+    .await;
+    assert_problem(&timed_out, 503, "storage-unavailable");
+    assert_eq!(unsent_parked(&app).await, 3, "nothing was requeued");
+    assert_eq!(
+        app.count("SELECT count(*) FROM admin_actions").await,
+        0,
+        "nor recorded"
+    );
+    lock.release().await;
+    let retried = admin_post(&app, "/admin/v1/events/retry", Some("retry-slow"), selector).await;
+    assert_eq!(retried.status, 200, "{}", retried.describe());
+    assert!(!retried.replayed(), "the key acted only now");
+    assert_eq!(retried.json()["changed"], 3);
+    assert_eq!(unsent_parked(&app).await, 0);
 }
