@@ -12,6 +12,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::web;
 
 use crate::config::Config;
+use crate::db::citus::{self, Topology};
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
 use crate::http::server::{Listener, Serves};
@@ -96,6 +97,30 @@ impl Application {
             .await
             .map_err(|error| anyhow::anyhow!("cannot prepare the database: {error}"))?;
         let (writes, reads) = Database::split(&config.database)?;
+        let clients: Vec<String> = config
+            .auth
+            .clients
+            .iter()
+            .map(|client| client.id.clone())
+            .chain([crate::config::ANONYMOUS_CLIENT.to_owned()])
+            .collect();
+        let topology = Topology::detect(&writes, &clients)
+            .await
+            .map_err(|error| anyhow::anyhow!("cannot read the database's topology: {error}"))?;
+        if let Topology::Citus(map) = &topology {
+            tracing::info!(shards = map.clients_by_shard().len(), "the write tables are distributed (citus): batches, relays and the janitor work a shard at a time");
+            let (map, pool, known) = (map.clone(), writes.clone(), clients.clone());
+            tasks.spawn(move |shutdown| {
+                lifecycle::every(citus::SHARD_MAP_REFRESH, shutdown, move || {
+                    let (map, pool, known) = (map.clone(), pool.clone(), known.clone());
+                    async move {
+                        if let Err(error) = map.refresh(&pool, &known).await {
+                            tracing::warn!(error = %error, "cannot read which shard holds each client; keeping the last reading");
+                        }
+                    }
+                })
+            });
+        }
         let clock = read_database_clock(&writes).await;
         let broker = Arc::new(Broker::new(&config.amqp)?);
 
@@ -109,7 +134,7 @@ impl Application {
         let write_path = start_write_path(
             &config,
             &writes,
-            (clock, write_health.clone()),
+            (clock, write_health.clone(), topology.clone()),
             OutboxWaker::new(relays.clone()),
         );
         let retention = config.outbox.retention;
@@ -123,6 +148,7 @@ impl Application {
             writes.clone(),
             config.database.connect_timeout + Duration::from_secs(1),
             (write_health, backlog.clone()),
+            (topology.clone(), clients),
         ));
         let gauges_pool = reads.clone();
         tasks.spawn(move |shutdown| gauges::run(gauges_pool, backlog, shutdown));
@@ -281,7 +307,7 @@ async fn read_database_clock(db: &Database) -> DatabaseClock {
 fn start_write_path(
     config: &Config,
     db: &Database,
-    (clock, health): (DatabaseClock, WriteHealth),
+    (clock, health, topology): (DatabaseClock, WriteHealth, Topology),
     waker: OutboxWaker,
 ) -> WritePath {
     let on_commit: CommitHook = Arc::new(move || waker.wake());
@@ -291,8 +317,13 @@ fn start_write_path(
         audit: config.events.audit,
         clock,
         health,
+        topology: topology.clone(),
     };
-    let queue = WriteQueue::new(config.database.writers, config.database.max_batch);
+    let queue = WriteQueue::new(
+        config.database.writers,
+        config.database.max_batch,
+        topology.clone(),
+    );
     let writers: Vec<Addr<Writer>> = (0..config.database.writers)
         .map(|_| {
             Writer::start(

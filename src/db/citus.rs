@@ -57,7 +57,10 @@ pub async fn distribute(client: &mut Client) -> Result<bool, StorageError> {
     for table in REFERENCE_TABLES {
         if !is_reference(&transaction, table).await? {
             transaction
-                .execute("SELECT create_reference_table($1::text::regclass)", &[&table])
+                .execute(
+                    "SELECT create_reference_table($1::text::regclass)",
+                    &[&table],
+                )
                 .await?;
             distributed = true;
         }
@@ -242,12 +245,17 @@ impl ShardMap {
             shards.by_client.insert(row.get(0), shard);
             shards.nodes.insert(shard, row.get(2));
         }
-        *self.inner.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = shards;
+        *self
+            .inner
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = shards;
         Ok(())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Shards> {
         // Replaced whole by `refresh`: a panic elsewhere cannot leave it half-written.
-        self.inner.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::db::citus::Topology;
 use crate::db::{self, Database, WriteHealth};
 use crate::http::SharedState;
 use crate::metric;
@@ -126,6 +127,11 @@ pub struct ReadinessMonitor {
     write_pool: Database,
     /// What the writers (and the last probe) found.
     writes: WriteHealth,
+    /// Where the write tables live, and the clients a probe takes in turn (on Citus, each
+    /// probe goes to one client's shard).
+    topology: Topology,
+    clients: Vec<String>,
+    probes: std::sync::atomic::AtomicUsize,
     /// Bound on one check.
     limit: Duration,
     last: tokio::sync::Mutex<Option<(Instant, DatabaseState)>>,
@@ -139,11 +145,16 @@ impl ReadinessMonitor {
         write_pool: Database,
         limit: Duration,
         (writes, backlog): (WriteHealth, Arc<Backlog>),
+        (topology, clients): (Topology, Vec<String>),
     ) -> Self {
         Self {
             reads,
             write_pool,
             writes,
+            topology,
+            // Never empty: the anonymous client is always among them.
+            clients,
+            probes: std::sync::atomic::AtomicUsize::new(0),
             limit,
             last: tokio::sync::Mutex::new(None),
             backlog,
@@ -160,7 +171,18 @@ impl ReadinessMonitor {
         }
         let state = self.check().await;
         if state == DatabaseState::Ready && self.writes.is_failing() {
-            crate::write::batch::probe(&self.write_pool, &self.writes, self.limit).await;
+            // On Citus the probe goes to one client's shard, another each time.
+            let turn = self
+                .probes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let client = &self.clients[turn % self.clients.len()];
+            crate::write::batch::probe(
+                &self.write_pool,
+                (&self.writes, &self.topology),
+                client,
+                self.limit,
+            )
+            .await;
         }
         *last = Some((Instant::now(), state));
         let ready = state == DatabaseState::Ready && self.writes.current().is_none();

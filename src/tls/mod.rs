@@ -267,7 +267,8 @@ impl WithoutNameCheck {
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
         use x509_cert::der::{Decode, Encode};
         let invalid = || rustls::Error::InvalidCertificate(CertificateError::BadEncoding);
-        let parsed = x509_cert::Certificate::from_der(certificate.as_ref()).map_err(|_| invalid())?;
+        let parsed =
+            x509_cert::Certificate::from_der(certificate.as_ref()).map_err(|_| invalid())?;
         let key_info = &parsed.tbs_certificate.subject_public_key_info;
         let algorithm = key_info.algorithm.to_der().map_err(|_| invalid())?;
         let public_key = key_info.subject_public_key.raw_bytes();

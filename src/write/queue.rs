@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use crate::db::citus::{ShardId, Topology};
 use crate::metric;
 use crate::write::writer::Committed;
 use crate::write::{PendingWrite, WriteError};
@@ -39,6 +40,8 @@ pub struct WriteQueue {
     inner: Arc<Mutex<QueueInner>>,
     /// Writes it holds at most.
     limit: usize,
+    /// Which shard each write goes to: a batch takes one shard's.
+    topology: Topology,
 }
 
 struct QueueInner {
@@ -49,13 +52,14 @@ struct QueueInner {
 
 impl WriteQueue {
     /// A queue for `writers` writers of batches of `max_batch`.
-    pub fn new(writers: usize, max_batch: usize) -> Self {
+    pub fn new(writers: usize, max_batch: usize, topology: Topology) -> Self {
         Self {
             inner: Arc::new(Mutex::new(QueueInner {
                 writes: VecDeque::new(),
                 idle: Vec::new(),
             })),
             limit: writers.max(1) * max_batch * MAX_QUEUED_BATCHES,
+            topology,
         }
     }
 
@@ -92,7 +96,7 @@ impl WriteQueue {
         waiter: Option<Recipient<Wake>>,
     ) -> Vec<Commit> {
         let mut inner = self.lock();
-        let batch = take_batch(&mut inner.writes, max_batch);
+        let batch = take_batch(&mut inner.writes, max_batch, &self.topology);
         if batch.is_empty() {
             inner.idle.extend(waiter);
         }
@@ -110,34 +114,62 @@ impl WriteQueue {
 #[rtype(result = "()")]
 pub struct Wake;
 
-/// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one), never
-/// two of one key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Shards
-/// keep one write per key in flight, so that is a guard, not a path taken in practice.)
-pub(crate) fn take_batch(queue: &mut VecDeque<Commit>, max_batch: usize) -> Vec<Commit> {
+/// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one), all
+/// of the first one's shard (on Citus, so that the batch is a single-shard transaction; one
+/// shard holds everything on a single server), never two of one key: `ON CONFLICT DO UPDATE`
+/// cannot touch a row twice in one statement. (Key shards keep one write per key in flight, so
+/// that is a guard, not a path taken in practice.) The writes it leaves keep their order.
+pub(crate) fn take_batch(
+    queue: &mut VecDeque<Commit>,
+    max_batch: usize,
+    topology: &Topology,
+) -> Vec<Commit> {
     let mut batch = Vec::with_capacity(queue.len().min(max_batch));
     let mut bytes = 0;
     let mut keys = HashSet::new();
-    let mut deferred = VecDeque::new();
-    while batch.len() < max_batch {
-        let Some(commit) = queue.pop_front() else {
-            break;
-        };
+    let mut shard = None;
+    let mut left = VecDeque::new();
+    while let Some(commit) = queue.pop_front() {
+        let write = &commit.pending.write;
+        let its_shard = ShardOf::write(topology, write);
+        if *shard.get_or_insert_with(|| its_shard.clone()) != its_shard || keys.contains(&write.key)
+        {
+            left.push_back(commit);
+            continue;
+        }
         let size = commit.pending.permit.bytes();
         if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
-            queue.push_front(commit);
+            left.push_back(commit);
             break;
         }
-        if keys.insert(commit.pending.write.key.clone()) {
-            bytes += size;
-            batch.push(commit);
-        } else {
-            deferred.push_back(commit);
+        keys.insert(write.key.clone());
+        bytes += size;
+        batch.push(commit);
+        if batch.len() >= max_batch {
+            break;
         }
     }
-    deferred.append(queue);
-    *queue = deferred;
+    left.append(queue);
+    *queue = left;
     metrics::gauge!(metric::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
     batch
+}
+
+/// Which shard a write's rows go to, for batching: every write on a single server; on Citus the
+/// client's shard, or, for a client whose shard is not known yet, the client alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ShardOf {
+    Shard(ShardId),
+    Client(Arc<str>),
+}
+
+impl ShardOf {
+    fn write(topology: &Topology, write: &crate::write::Write) -> Self {
+        match topology.shard_of(&write.key.client_id) {
+            Some(shard) => ShardOf::Shard(shard),
+            None => ShardOf::Client(write.key.client_id.clone()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +211,7 @@ mod tests {
         for n in 0..10 {
             queue.push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
         }
-        let first = take_batch(&mut queue, 256);
+        let first = take_batch(&mut queue, 256, &Topology::Single);
         assert_eq!(
             first.len(),
             3,
@@ -188,7 +220,7 @@ mod tests {
         assert_eq!(queue.len(), 7);
         queue.push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
         assert_eq!(
-            take_batch(&mut queue, 256).len(),
+            take_batch(&mut queue, 256, &Topology::Single).len(),
             1,
             "an oversized write still goes, alone"
         );

@@ -9,6 +9,7 @@ use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 
+use crate::db::citus::Topology;
 use crate::db::{Database, DatabaseClock, StorageError, WriteHealth};
 use crate::lifecycle::Stop;
 use crate::metric;
@@ -37,8 +38,11 @@ pub struct WriterConfig {
     pub audit: bool,
     /// The database's clock: new entries are stamped with it, and every batch reads it.
     pub clock: DatabaseClock,
-    /// Told of every batch that commits or fails for a reason only an operator can fix.
+    /// Told of every batch that commits or fails.
     pub health: WriteHealth,
+    /// Where the write tables live: one server, or shards on Citus (a batch's statements, and
+    /// the node a failure is told against).
+    pub topology: Topology,
 }
 
 /// Called after each commit that wrote outbox rows, to wake the outbox relays.
