@@ -6,7 +6,9 @@
 //! an answer, as a job does. After every fault the tests assert what a failover may cost (some
 //! 503s, a few seconds) and what it may not (an acknowledged write lost or duplicated, an event
 //! lost, a restart of the daemon, any operator action), and print how long writes or events
-//! took to flow again (`cargo test --test ha -- --nocapture` shows the figures).
+//! took to flow again (`cargo test --test ha -- --nocapture` shows the figures). A write whose
+//! wait for the synchronous standby was cancelled must not have its event published before the
+//! standby has it (unconfirmed.rs).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -14,3 +16,4 @@ mod common;
 mod load;
 mod postgres;
 mod rabbitmq;
+mod unconfirmed;
