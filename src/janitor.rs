@@ -8,6 +8,9 @@ use tokio_postgres::types::Timestamp;
 use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
 
+use std::collections::HashMap;
+
+use crate::db::citus::{Target, Topology};
 use crate::db::{Database, StorageError};
 use crate::{lifecycle, metric};
 
@@ -25,20 +28,37 @@ pub const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// until vacuum removes them, and a batch that started from the left of the index would walk
 /// them all again, so that a pass over millions of rows cost more per row the further it got.
 /// Returns how many rows it deleted and the latest `expires_at` among them.
-const DELETE_EXPIRED_RECORDS: &str = "
+///
+/// On Citus the statement reads one shard's clients (`$3`), in [`DELETE_EXPIRED_RECORDS_OF`]:
+/// a delete with a limit, and its row locks, must read one shard there.
+macro_rules! delete_expired_records {
+    ($of_clients:literal, $expired_of_clients:literal) => {
+        concat!(
+            "
 WITH deleted AS (
     DELETE FROM idempotency_records r
     USING (
         SELECT client_id, key FROM idempotency_records
-        WHERE expires_at >= $2 AND expires_at <= now()
+        WHERE expires_at >= $2 AND expires_at <= now()",
+            $expired_of_clients,
+            "
         ORDER BY expires_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED
     ) expired
-    WHERE r.client_id = expired.client_id AND r.key = expired.key
+    WHERE r.client_id = expired.client_id AND r.key = expired.key",
+            $of_clients,
+            "
     RETURNING r.expires_at
 )
-SELECT count(*), max(expires_at) FROM deleted";
+SELECT count(*), max(expires_at) FROM deleted"
+        )
+    };
+}
+
+const DELETE_EXPIRED_RECORDS: &str = delete_expired_records!("", "");
+const DELETE_EXPIRED_RECORDS_OF: &str =
+    delete_expired_records!(" AND r.client_id = ANY($3)", " AND client_id = ANY($3)");
 
 /// Only sent rows: unsent and parked rows stay whatever their age. They are found through the
 /// partial index on `sent_at` of sent rows (migration V4), oldest first, so a pass reads about
@@ -47,24 +67,40 @@ SELECT count(*), max(expires_at) FROM deleted";
 /// once an event is gone, how often it was replayed is of no use, and the record would grow
 /// with every replay for ever. Each batch starts where the previous one ended (`$3`), as
 /// [`DELETE_EXPIRED_RECORDS`] does.
-const DELETE_OLD_SENT_EVENTS: &str = "
+/// On Citus, of one shard's clients (`$4`): [`DELETE_OLD_SENT_EVENTS_OF`].
+macro_rules! delete_old_sent_events {
+    ($of_clients:literal) => {
+        concat!(
+            "
 WITH deleted AS (
     DELETE FROM outbox_events
-    WHERE id IN (
-        SELECT id FROM outbox_events
+    WHERE (client_id, id) IN (
+        SELECT client_id, id FROM outbox_events
         WHERE sent_at IS NOT NULL AND sent_at >= $3
-          AND sent_at < now() - make_interval(secs => $1)
+          AND sent_at < now() - make_interval(secs => $1)",
+            $of_clients,
+            "
         ORDER BY sent_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
-    )
+    )",
+            $of_clients,
+            "
     RETURNING client_id, event_id, sent_at
 ),
 replays_deleted AS (
     DELETE FROM event_replays
-    WHERE (client_id, event_id) IN (SELECT client_id, event_id FROM deleted)
+    WHERE (client_id, event_id) IN (SELECT client_id, event_id FROM deleted)",
+            $of_clients,
+            "
 )
-SELECT count(*), max(sent_at) FROM deleted";
+SELECT count(*), max(sent_at) FROM deleted"
+        )
+    };
+}
+
+const DELETE_OLD_SENT_EVENTS: &str = delete_old_sent_events!("");
+const DELETE_OLD_SENT_EVENTS_OF: &str = delete_old_sent_events!(" AND client_id = ANY($4)");
 
 /// Where a pass's first batch starts: before every time.
 const NEGATIVE_INFINITY: Timestamp<DateTime<Utc>> = Timestamp::NegInfinity;
@@ -109,19 +145,30 @@ impl Default for PassStart {
 }
 
 /// One janitor pass from the beginning of both tables: deletes in batches until nothing more is
-/// due. Each batch is one operation with its own deadline.
+/// due. Each batch is one operation with its own deadline. On Citus, a shard at a time.
 pub async fn purge_once(
     db: &Database,
     outbox_retention: Duration,
 ) -> Result<PurgeReport, StorageError> {
-    purge_from(db, outbox_retention, &mut PassStart::default()).await
+    let topology = Topology::detect(db, &[]).await?;
+    if let Topology::Citus(map) = &topology {
+        map.discover(db).await?;
+    }
+    let mut report = PurgeReport::default();
+    for target in topology.targets() {
+        let shard = purge_from(db, outbox_retention, &target, &mut PassStart::default()).await?;
+        report.records_deleted += shard.records_deleted;
+        report.events_deleted += shard.events_deleted;
+    }
+    Ok(report)
 }
 
-/// One janitor pass from `start`, which it moves on to where this pass ended (see
-/// [`PassStart`]).
+/// One janitor pass over `target`'s rows from `start`, which it moves on to where this pass
+/// ended (see [`PassStart`]).
 pub async fn purge_from(
     db: &Database,
     outbox_retention: Duration,
+    target: &Target,
     start: &mut PassStart,
 ) -> Result<PurgeReport, StorageError> {
     if start.passes.is_multiple_of(FULL_PASS_EVERY) {
@@ -134,9 +181,18 @@ pub async fn purge_from(
         let from = start.records;
         let (deleted, latest) = db
             .run(async |connection| {
-                let row = connection
-                    .query_one(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH, &from])
-                    .await?;
+                let row = match target.clients() {
+                    None => {
+                        connection
+                            .query_one(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH, &from])
+                            .await?
+                    }
+                    Some(clients) => {
+                        connection
+                            .query_one(DELETE_EXPIRED_RECORDS_OF, &[&PURGE_BATCH, &from, &clients])
+                            .await?
+                    }
+                };
                 Ok(deleted_up_to(&row))
             })
             .await?;
@@ -153,12 +209,24 @@ pub async fn purge_from(
         let from = start.events;
         let (deleted, latest) = db
             .run(async |connection| {
-                let row = connection
-                    .query_one(
-                        DELETE_OLD_SENT_EVENTS,
-                        &[&retention_seconds, &PURGE_BATCH, &from],
-                    )
-                    .await?;
+                let row = match target.clients() {
+                    None => {
+                        connection
+                            .query_one(
+                                DELETE_OLD_SENT_EVENTS,
+                                &[&retention_seconds, &PURGE_BATCH, &from],
+                            )
+                            .await?
+                    }
+                    Some(clients) => {
+                        connection
+                            .query_one(
+                                DELETE_OLD_SENT_EVENTS_OF,
+                                &[&retention_seconds, &PURGE_BATCH, &from, &clients],
+                            )
+                            .await?
+                    }
+                };
                 Ok(deleted_up_to(&row))
             })
             .await?;
@@ -175,19 +243,29 @@ pub async fn purge_from(
 /// Runs [`purge_once`] at start and then every [`PURGE_INTERVAL`], until `shutdown`: a plain
 /// task of the daemon ([`crate::lifecycle`]). A pass in progress at shutdown is abandoned (each
 /// of its deletes stands or not on its own; the next start deletes what is left).
-pub async fn run(db: Database, outbox_retention: Duration, shutdown: CancellationToken) {
-    let start = tokio::sync::Mutex::new(PassStart::default());
+pub async fn run(
+    db: Database,
+    (outbox_retention, topology): (Duration, Topology),
+    shutdown: CancellationToken,
+) {
+    // Where each target's last pass ended.
+    let starts = tokio::sync::Mutex::new(HashMap::<Target, PassStart>::new());
     lifecycle::every(PURGE_INTERVAL, shutdown, || async {
-        let mut start = start.lock().await;
-        match purge_from(&db, outbox_retention, &mut start).await {
-            Ok(report) if report != PurgeReport::default() => tracing::info!(
-                records_deleted = report.records_deleted,
-                events_deleted = report.events_deleted,
-                "janitor pass"
-            ),
-            Ok(_) => {}
-            Err(error) => {
-                tracing::warn!(error = %error, "janitor pass failed; retrying at the next interval")
+        let mut starts = starts.lock().await;
+        // A shard whose worker is down fails its part of the pass, not the others'.
+        for target in topology.targets() {
+            let start = starts.entry(target.clone()).or_default();
+            match purge_from(&db, outbox_retention, &target, start).await {
+                Ok(report) if report != PurgeReport::default() => tracing::info!(
+                    records_deleted = report.records_deleted,
+                    events_deleted = report.events_deleted,
+                    "janitor pass"
+                ),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(
+                    error = %error,
+                    "janitor pass failed; retrying at the next interval"
+                ),
             }
         }
     })

@@ -114,7 +114,11 @@ impl Application {
                 lifecycle::every(citus::SHARD_MAP_REFRESH, shutdown, move || {
                     let (map, pool, known) = (map.clone(), pool.clone(), known.clone());
                     async move {
-                        if let Err(error) = map.refresh(&pool, &known).await {
+                        let read = match map.refresh(&pool, &known).await {
+                            Ok(()) => map.discover(&pool).await,
+                            Err(error) => Err(error),
+                        };
+                        if let Err(error) = read {
                             tracing::warn!(error = %error, "cannot read which shard holds each client; keeping the last reading");
                         }
                     }
@@ -126,7 +130,7 @@ impl Application {
 
         let relay_arbiter = actix::Arbiter::new();
         let relays = if options.relays {
-            start_relays(&config, &writes, &broker, &relay_arbiter)
+            start_relays(&config, (&writes, &topology), &broker, &relay_arbiter)
         } else {
             Vec::new()
         };
@@ -139,7 +143,10 @@ impl Application {
         );
         let retention = config.outbox.retention;
         let janitor_pool = writes.clone();
-        tasks.spawn(move |shutdown| janitor::run(janitor_pool, retention, shutdown));
+        let janitor_topology = topology.clone();
+        tasks.spawn(move |shutdown| {
+            janitor::run(janitor_pool, (retention, janitor_topology), shutdown)
+        });
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let backlog = Arc::new(gauges::Backlog::default());
@@ -273,11 +280,11 @@ impl Application {
 
 fn start_relays(
     config: &Config,
-    db: &Database,
+    (db, topology): (&Database, &Topology),
     broker: &Arc<Broker>,
     arbiter: &actix::Arbiter,
 ) -> Vec<Addr<OutboxRelay>> {
-    let relay_config = RelayConfig::from_config(config);
+    let relay_config = RelayConfig::from_config(config, topology.clone());
     (0..config.outbox.workers)
         .map(|index| {
             OutboxRelay::start(
@@ -310,7 +317,7 @@ fn start_write_path(
     (clock, health, topology): (DatabaseClock, WriteHealth, Topology),
     waker: OutboxWaker,
 ) -> WritePath {
-    let on_commit: CommitHook = Arc::new(move || waker.wake());
+    let on_commit: CommitHook = Arc::new(move |shard| waker.wake(shard));
     let writer_config = WriterConfig {
         max_batch: config.database.max_batch,
         retention: config.idempotency.retention,

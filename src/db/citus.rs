@@ -185,6 +185,40 @@ impl Topology {
     pub fn is_citus(&self) -> bool {
         matches!(self, Topology::Citus(_))
     }
+
+    /// What a pass over the write tables takes, one after another: everything at once on a
+    /// single server; on Citus, the clients of each shard known (configured, or found with
+    /// work: [`ShardMap::discover`]), a shard at a time.
+    pub fn targets(&self) -> Vec<Target> {
+        match self {
+            Topology::Single => vec![Target::Everyone],
+            Topology::Citus(map) => map
+                .clients_by_shard()
+                .into_values()
+                .map(|clients| Target::Clients(clients.into()))
+                .collect(),
+        }
+    }
+}
+
+/// Which rows a relay's batch or a janitor's delete takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Every client's (a single server).
+    Everyone,
+    /// These clients', all of one shard (Citus): a statement that takes row locks, or deletes
+    /// with a limit, must read one shard there.
+    Clients(Arc<[String]>),
+}
+
+impl Target {
+    /// The clients to name in a statement; None for every one.
+    pub fn clients(&self) -> Option<&[String]> {
+        match self {
+            Target::Everyone => None,
+            Target::Clients(clients) => Some(clients),
+        }
+    }
 }
 
 /// Which shard holds each client's rows, and which node holds each shard, as Citus's metadata
@@ -208,6 +242,14 @@ FROM unnest($1::text[]) AS c(client_id)
         SELECT get_shard_id_for_distribution_column('idempotency_records', c.client_id) AS shardid
     ) s
     JOIN pg_dist_shard_placement p ON p.shardid = s.shardid";
+
+/// The clients with unsent events or expired records: each shard groups its own (Citus pushes
+/// a `GROUP BY` of the distribution column down to the shards), reading the partial index of
+/// unsent events and the index of expiry times.
+const CLIENTS_WITH_WORK: &str = "
+SELECT client_id FROM outbox_events WHERE sent_at IS NULL GROUP BY client_id
+UNION
+SELECT client_id FROM idempotency_records WHERE expires_at <= now() GROUP BY client_id";
 
 impl ShardMap {
     pub fn shard_of(&self, client: &str) -> Option<ShardId> {
@@ -250,6 +292,23 @@ impl ShardMap {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = shards;
         Ok(())
+    }
+
+    /// Reads the shards of the clients found with work in the database (unsent events,
+    /// expired records) besides those known: a client no longer configured may still have
+    /// some, which relays and the janitor must reach.
+    pub async fn discover(&self, db: &Database) -> Result<(), StorageError> {
+        let found = db
+            .run(async |connection| {
+                Ok(connection
+                    .query(CLIENTS_WITH_WORK, &[])
+                    .await?
+                    .iter()
+                    .map(|row| row.get::<_, String>(0))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        self.refresh(db, &found).await
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Shards> {

@@ -3,6 +3,7 @@
 //! [`relay_once`] is one batch, in one transaction; [`OutboxRelay`] runs it again and again in
 //! the daemon; [`relay_until_empty`] runs it until nothing is due, for tests and tools.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use actix::prelude::*;
 use lapin::Channel;
 use tokio::sync::oneshot;
 
+use crate::db::citus::{ShardId, Target, Topology};
 use crate::db::{barrier, Database, PgClient, StorageError};
 use crate::lifecycle::Stop;
 use crate::metric;
@@ -33,17 +35,25 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     pub confirm_timeout: Duration,
     pub max_attempts: i32,
+    /// Where the outbox lives: on Citus a batch claims one shard's events ([`Target`]).
+    pub topology: Topology,
 }
 
 impl RelayConfig {
-    pub fn from_config(config: &crate::config::Config) -> Self {
+    pub fn from_config(config: &crate::config::Config, topology: Topology) -> Self {
         Self {
             exchange: config.amqp.exchange.clone(),
             batch_size: config.outbox.batch_size,
             poll_interval: config.outbox.poll_interval,
             confirm_timeout: config.outbox.confirm_timeout,
             max_attempts: config.outbox.max_attempts,
+            topology,
         }
+    }
+
+    /// What a round of batches claims from ([`Topology::targets`]).
+    pub fn targets(&self) -> Vec<Target> {
+        self.topology.targets()
     }
 }
 
@@ -54,14 +64,20 @@ impl RelayConfig {
 pub async fn relay_until_empty(config: &crate::config::Config) -> anyhow::Result<usize> {
     let db = Database::new(&config.database)?;
     let broker = Broker::new(&config.amqp)?;
-    let relay_config = RelayConfig::from_config(config);
+    let topology = Topology::detect(&db, &[]).await?;
+    if let Topology::Citus(map) = &topology {
+        map.discover(&db).await?;
+    }
+    let relay_config = RelayConfig::from_config(config, topology);
     let channel = broker.open_channel().await?;
     let mut sent = 0;
-    loop {
-        let report = relay_once(&db, &broker, &channel.channel, &relay_config).await?;
-        sent += report.sent;
-        if report.claimed == 0 || report.channel_broken || report.blocked {
-            break;
+    for target in relay_config.targets() {
+        loop {
+            let report = relay_once(&db, &broker, &channel.channel, &relay_config, &target).await?;
+            sent += report.sent;
+            if report.claimed == 0 || report.channel_broken || report.blocked {
+                break;
+            }
         }
     }
     broker.close().await;
@@ -108,8 +124,9 @@ pub async fn relay_once(
     broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
+    target: &Target,
 ) -> Result<RelayReport, StorageError> {
-    relay_once_then(db, broker, channel, config, None).await
+    relay_once_then(db, broker, channel, (config, target), None).await
 }
 
 /// [`relay_once`], sending on `on_full_batch` once a full batch (`batch_size` rows: more may be due) is
@@ -118,12 +135,19 @@ async fn relay_once_then(
     db: &Database,
     broker: &Broker,
     channel: &Channel,
-    config: &RelayConfig,
+    (config, target): (&RelayConfig, &Target),
     on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let limit = db.operation_timeout() + config.confirm_timeout;
     db.run_within(limit, async |connection| {
-        relay_batch(db, connection, broker, channel, config, on_full_batch).await
+        relay_batch(
+            db,
+            connection,
+            broker,
+            (channel, config, target),
+            on_full_batch,
+        )
+        .await
     })
     .await
 }
@@ -148,8 +172,7 @@ async fn relay_batch(
     db: &Database,
     connection: &mut PgClient,
     broker: &Broker,
-    channel: &Channel,
-    config: &RelayConfig,
+    (channel, config, target): (&Channel, &RelayConfig, &Target),
     on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let statements = RelayStatements::prepare(connection).await?;
@@ -158,33 +181,36 @@ async fn relay_batch(
     let (begun, promised, claimed) = tokio::join!(
         client.batch_execute("BEGIN"),
         client.query_one(&statements.replication_promised, &[]),
-        store::claim_due(client, &statements, config.batch_size),
+        store::claim_due(client, &statements, config.batch_size, target.clients()),
     );
     let claimed = match (begun, promised, claimed) {
         (Err(error), _, _) | (Ok(()), Err(error), _) => Err(StorageError::from(error)),
         (Ok(()), Ok(_), Err(error)) => Err(error),
-        (Ok(()), Ok(promised), Ok(events)) if promised.get(0) && !events.is_empty() => {
+        (Ok(()), Ok(promised), Ok(claim)) if promised.get(0) && !claim.events.is_empty() => {
             match db.run(async |other| barrier(other).await).await {
-                Ok(()) => Ok(events),
+                Ok(()) => Ok(claim),
                 Err(error) => Err(StorageError::Unavailable(format!(
                     "not publishing {} events: the synchronous standby did not confirm a barrier after their claim ({error})",
-                    events.len()
+                    claim.events.len()
                 ))),
             }
         }
-        (Ok(()), Ok(_), Ok(events)) => Ok(events),
+        (Ok(()), Ok(_), Ok(claim)) => Ok(claim),
     };
     let result = match claimed {
         Err(error) => Err(error),
-        Ok(events) => {
+        Ok(claim) => {
             let target = Publishing {
                 broker,
                 channel,
                 config,
             };
-            let full = events.len() >= config.batch_size;
-            let ordered = events.iter().any(|event| event.ordering_key.is_some());
-            publish_and_record(client, &statements, target, events, on_full_batch)
+            let full = claim.events.len() >= config.batch_size;
+            let ordered = claim
+                .events
+                .iter()
+                .any(|event| event.ordering_key.is_some());
+            publish_and_record(client, &statements, target, claim, on_full_batch)
                 .await
                 .map(|report| RelayReport {
                     full,
@@ -230,13 +256,17 @@ async fn publish_and_record(
         channel,
         config,
     }: Publishing<'_>,
-    events: Vec<store::PendingEvent>,
+    claim: store::Claim,
     on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
-    if events.is_empty() {
+    let store::Claim {
+        events,
+        database_now,
+    } = claim;
+    let Some(database_now) = database_now else {
         client.batch_execute("COMMIT").await?;
         return Ok(RelayReport::default());
-    }
+    };
     let blocked_report = RelayReport {
         claimed: events.len(),
         blocked: true,
@@ -266,13 +296,19 @@ async fn publish_and_record(
     // The ordering keys of the events now sent move on, and their next events are released
     // (store::ADVANCE_KEYS), in this transaction: a key's next event becomes due exactly when
     // this one is recorded sent. Nothing for a batch without ordered events.
-    let advancing = OrderingKeys::of(sorted.sent_events(&events));
+    let sent_events: Vec<&store::PendingEvent> = sorted.sent_events(&events).collect();
+    let advancing = OrderingKeys::of(sent_events.iter().copied());
     // A failed mark leaves the transaction aborted: the COMMIT sent behind it then rolls back
     // (PostgreSQL answers it with ROLLBACK, not an error), and the mark's error is returned.
     // The statements go together, in this order (tokio-postgres pipelines them).
     let (marked_sent, marked_failed, locked, advanced, committed) = tokio::join!(
-        store::mark_sent(client, statements, &sorted.sent),
-        store::mark_failed(client, statements, &sorted.failures, config.max_attempts),
+        store::mark_sent(client, statements, &sent_events),
+        store::mark_failed(
+            client,
+            statements,
+            &sorted.failures,
+            (config.max_attempts, database_now)
+        ),
         store::lock_keys(client, statements, &advancing),
         store::advance_keys(client, statements, &advancing),
         client.batch_execute("COMMIT"),
@@ -284,9 +320,14 @@ async fn publish_and_record(
         .and(committed.map_err(StorageError::from));
     if let Err(error) = recorded {
         metrics::counter!(metric::OUTBOX_RECORDING_FAILURES).increment(1);
-        return Ok(
-            record_unrecorded(client, statements, &events, &error, config.max_attempts).await,
-        );
+        return Ok(record_unrecorded(
+            client,
+            statements,
+            &events,
+            &error,
+            (config.max_attempts, database_now),
+        )
+        .await);
     }
     log_failures(&sorted.failures, config.max_attempts);
     Ok(sorted.report)
@@ -305,7 +346,7 @@ async fn record_unrecorded(
     statements: &RelayStatements,
     events: &[store::PendingEvent],
     error: &StorageError,
-    max_attempts: i32,
+    (max_attempts, database_now): (i32, chrono::DateTime<chrono::Utc>),
 ) -> RelayReport {
     let reason = format!("published, but recording the publish failed: {error}");
     let failures: Vec<FailedAttempt> = events
@@ -319,7 +360,7 @@ async fn record_unrecorded(
     let backed_off = if client.is_closed() {
         Err(StorageError::Unavailable("the connection is closed".into()))
     } else {
-        store::mark_failed(client, statements, &failures, max_attempts).await
+        store::mark_failed(client, statements, &failures, (max_attempts, database_now)).await
     };
     match backed_off {
         Ok(_) => tracing::error!(
@@ -466,18 +507,19 @@ impl OutboxWaker {
         Self { relays }
     }
 
-    pub fn wake(&self) {
+    /// Events were committed, on `shard` (Citus; None on a single server).
+    pub fn wake(&self, shard: Option<ShardId>) {
         for relay in &self.relays {
             // A full mailbox already holds a wake-up (or a stop): one more adds nothing.
-            let _ = relay.try_send(Wake);
+            let _ = relay.try_send(Wake(shard));
         }
     }
 }
 
-/// Commits wrote events: relay now rather than at the next poll.
+/// Commits wrote events (on Citus, on this shard): relay now rather than at the next poll.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Wake;
+pub struct Wake(pub Option<ShardId>);
 
 /// What a relay has done, for tests and diagnostics.
 #[derive(Message)]
@@ -541,6 +583,10 @@ pub struct OutboxRelay {
     /// Batches in a row whose recording failed after the broker confirmed them: the relay
     /// waits [`store::retry_delay`] of it before its next batch.
     unrecorded_batches: i32,
+    /// What is left of the round of batches (on Citus, a shard each), taken from the front: a
+    /// round starts with every target ([`RelayConfig::targets`]) and ends when none is left;
+    /// after a round with nothing more due, the relay waits for the poll interval.
+    targets: VecDeque<Target>,
     /// Stop requests, answered once the last batch in flight has ended.
     stopping: Option<Vec<oneshot::Sender<()>>>,
     state: RelayState,
@@ -551,6 +597,7 @@ enum Step {
     Relayed {
         channel: BrokerChannel,
         report: Result<RelayReport, StorageError>,
+        target: Target,
     },
     BrokerUnreachable(BrokerError),
 }
@@ -577,6 +624,7 @@ impl OutboxRelay {
             more_due: false,
             ordered_lately: false,
             unrecorded_batches: 0,
+            targets: VecDeque::new(),
             stopping: None,
             state: RelayState::default(),
         })
@@ -657,6 +705,12 @@ impl OutboxRelay {
         self.more_due = false;
         let (db, broker, mut config) = (self.db.clone(), self.broker.clone(), self.config.clone());
         config.batch_size = self.claim_limit();
+        if self.targets.is_empty() {
+            self.targets.extend(self.config.targets());
+        }
+        // Never empty: a single server has one target, and Citus at least the anonymous
+        // client's shard.
+        let target = self.targets.pop_front().unwrap_or(Target::Everyone);
         let idle_channel = self.channels.pop();
         let (on_full_batch, full_batch_published) = oneshot::channel();
         let step = async move {
@@ -674,9 +728,19 @@ impl OutboxRelay {
                     Err(error) => return Step::BrokerUnreachable(error),
                 },
             };
-            let report =
-                relay_once_then(&db, &broker, &channel.channel, &config, Some(on_full_batch)).await;
-            Step::Relayed { channel, report }
+            let report = relay_once_then(
+                &db,
+                &broker,
+                &channel.channel,
+                (&config, &target),
+                Some(on_full_batch),
+            )
+            .await;
+            Step::Relayed {
+                channel,
+                report,
+                target,
+            }
         };
         ctx.spawn(
             step.into_actor(self)
@@ -717,7 +781,7 @@ impl OutboxRelay {
 
     /// Takes in what a batch did and schedules the next.
     fn record(&mut self, step: Step, ctx: &mut Context<Self>) {
-        let (channel, report) = match step {
+        let (channel, report, target) = match step {
             Step::BrokerUnreachable(error) => {
                 tracing::warn!(relay = self.index, error = %error, retry_in = ?self.reconnect_delay, "broker unreachable");
                 self.state.connected = false;
@@ -727,7 +791,11 @@ impl OutboxRelay {
                 self.reconnect_delay = (self.reconnect_delay * 2).min(MAX_RECONNECT_DELAY);
                 return;
             }
-            Step::Relayed { channel, report } => (channel, report),
+            Step::Relayed {
+                channel,
+                report,
+                target,
+            } => (channel, report, target),
         };
         self.reconnect_delay = FIRST_RECONNECT_DELAY;
         self.state.connected = true;
@@ -737,8 +805,15 @@ impl OutboxRelay {
                 tracing::warn!(relay = self.index, error = %error, "relay batch failed");
                 self.state.last_error = Some(error.to_string());
                 // The batch may have been abandoned between its publishes and their confirms:
-                // a fresh channel keeps late confirms and returns out of the next batch.
-                self.schedule(self.config.poll_interval, Pause::Poll, ctx);
+                // a fresh channel keeps late confirms and returns out of the next batch. The
+                // round goes on (on Citus, one worker down must not hold back the others'
+                // shards); the failed target waits for the next round.
+                let next = if self.targets.is_empty() {
+                    self.config.poll_interval
+                } else {
+                    Duration::ZERO
+                };
+                self.schedule(next, Pause::Poll, ctx);
                 return;
             }
         };
@@ -778,7 +853,12 @@ impl OutboxRelay {
         if !report.renew_channel {
             self.channels.push(channel);
         }
-        if report.full || std::mem::take(&mut self.more_due) {
+        if report.full {
+            // More may be due on this target: it goes first again.
+            self.targets.retain(|queued| *queued != target);
+            self.targets.push_front(target);
+        }
+        if report.full || !self.targets.is_empty() || std::mem::take(&mut self.more_due) {
             self.schedule(Duration::ZERO, Pause::Poll, ctx);
         } else if self.next.is_none() {
             self.schedule(self.config.poll_interval, Pause::Poll, ctx);
@@ -801,7 +881,15 @@ impl Actor for OutboxRelay {
 impl Handler<Wake> for OutboxRelay {
     type Result = ();
 
-    fn handle(&mut self, _: Wake, ctx: &mut Self::Context) {
+    fn handle(&mut self, Wake(shard): Wake, ctx: &mut Self::Context) {
+        // On Citus, the shard written to goes first.
+        if let (Some(shard), Topology::Citus(map)) = (shard, &self.config.topology) {
+            if let Some(clients) = map.clients_by_shard().remove(&shard) {
+                let target = Target::Clients(clients.into());
+                self.targets.retain(|queued| *queued != target);
+                self.targets.push_front(target);
+            }
+        }
         // A backoff is not cut short (the broker is what the relay waits for); with no batch
         // free to start, the first to end starts the next.
         self.schedule(Duration::ZERO, Pause::Poll, ctx);

@@ -9,7 +9,7 @@ use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 
-use crate::db::citus::Topology;
+use crate::db::citus::{ShardId, Topology};
 use crate::db::{Database, DatabaseClock, StorageError, WriteHealth};
 use crate::lifecycle::Stop;
 use crate::metric;
@@ -45,8 +45,9 @@ pub struct WriterConfig {
     pub topology: Topology,
 }
 
-/// Called after each commit that wrote outbox rows, to wake the outbox relays.
-pub type CommitHook = Arc<dyn Fn() + Send + Sync>;
+/// Called after each commit that wrote outbox rows, to wake the outbox relays; with the shard
+/// written to, on Citus.
+pub type CommitHook = Arc<dyn Fn(Option<ShardId>) + Send + Sync>;
 
 pub struct Writer {
     db: Database,
@@ -102,10 +103,15 @@ impl Writer {
         let db = self.db.clone();
         let config = self.config.clone();
         let on_commit = self.on_commit.clone();
+        // Every write of a batch is of one shard (`queue::take_batch`): the first one's.
+        let shard = match &config.topology {
+            Topology::Single => None,
+            citus => citus.shard_of(&commits[0].pending.write.key.client_id),
+        };
         let work = async move {
             let created = process_batch(&db, &config, commits).await;
             if created > 0 {
-                on_commit();
+                on_commit(shard);
             }
         };
         ctx.spawn(work.into_actor(self).map(|(), writer, ctx| {

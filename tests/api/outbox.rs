@@ -393,7 +393,7 @@ async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     insert_backlog(&app.db, EVENTS).await;
 
-    let config = RelayConfig::from_config(&app.config());
+    let config = RelayConfig::from_config(&app.config(), retrysafe::db::citus::Topology::Single);
     let broker = Broker::new(&app.config().amqp).unwrap();
     let arbiter = actix::Arbiter::new();
     let relay = OutboxRelay::start(

@@ -518,14 +518,15 @@ async fn a_nack_after_other_failures_backs_off_by_the_nacks_alone() {
                 client
                     .batch_execute("UPDATE outbox_events SET next_attempt_at = now()")
                     .await?;
-                let claimed = store::claim_due(client, &statements, 10).await?;
-                assert_eq!(claimed.len(), 1);
+                let claim = store::claim_due(client, &statements, 10, None).await?;
+                assert_eq!(claim.events.len(), 1);
                 let failure = FailedAttempt {
-                    event: &claimed[0],
+                    event: &claim.events[0],
                     error: "test".into(),
                     nacked,
                 };
-                store::mark_failed(client, &statements, &[failure], 1000).await?;
+                let now = claim.database_now.expect("an event was claimed");
+                store::mark_failed(client, &statements, &[failure], (1000, now)).await?;
                 let row = client
                     .query_one(
                         "SELECT attempts, nacks,

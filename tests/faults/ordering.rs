@@ -338,7 +338,9 @@ mod model {
             let statements = RelayStatements::prepare(connection).await?;
             let client: &tokio_postgres::Client = connection;
             client.batch_execute("BEGIN").await?;
-            let claimed = store::claim_due(client, &statements, limit).await?;
+            let claim = store::claim_due(client, &statements, limit, None).await?;
+            let claimed = claim.events;
+            let now = claim.database_now.unwrap_or_else(chrono::Utc::now);
             let mut sent = Vec::new();
             let (mut failed, mut parked) = (Vec::new(), Vec::new());
             let mut seen = Vec::new();
@@ -349,7 +351,7 @@ mod model {
                     nacked: false,
                 };
                 match outcome {
-                    Outcome::Ack => sent.push(event.id),
+                    Outcome::Ack => sent.push(event),
                     Outcome::Fail => failed.push(attempt()),
                     Outcome::Park => parked.push(attempt()),
                 }
@@ -360,9 +362,9 @@ mod model {
                 ));
             }
             store::mark_sent(client, &statements, &sent).await?;
-            store::mark_failed(client, &statements, &failed, 1000).await?;
-            store::mark_failed(client, &statements, &parked, 1).await?;
-            let advancing = OrderingKeys::of(claimed.iter().filter(|e| sent.contains(&e.id)));
+            store::mark_failed(client, &statements, &failed, (1000, now)).await?;
+            store::mark_failed(client, &statements, &parked, (1, now)).await?;
+            let advancing = OrderingKeys::of(sent.iter().copied());
             store::lock_keys(client, &statements, &advancing).await?;
             store::advance_keys(client, &statements, &advancing).await?;
             client.batch_execute("COMMIT").await?;

@@ -49,38 +49,68 @@ pub struct PendingEvent {
 /// also outside the due range, so a long queue behind a parked head costs the scan nothing;
 /// unordered rows skip the check (`ordering_key IS NULL`), and it is one probe of
 /// outbox_events_ordered_unsent for an ordered one.
-const CLAIM_DUE: &str = "
+///
+/// The statement also returns the database's `now()`: the time failed attempts are scheduled
+/// from ([`mark_failed`]). Every event claimed on Citus is of one shard's clients
+/// ([`CLAIM_DUE_OF_CLIENTS`]): Citus takes row locks (`FOR UPDATE`) on one shard at a time.
+macro_rules! claim_due {
+    ($events_of_clients:literal, $earlier_of_clients:literal) => {
+        concat!(
+            "
 SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
-       ordering_key, sequence, traceparent, tracestate, nacks
+       ordering_key, sequence, traceparent, tracestate, nacks, now()
 FROM outbox_events e
-WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()
+WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()",
+            $events_of_clients,
+            "
   AND (e.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM outbox_events earlier
-        WHERE earlier.client_id = e.client_id AND earlier.ordering_key = e.ordering_key
+        WHERE earlier.client_id = e.client_id AND earlier.ordering_key = e.ordering_key",
+            $earlier_of_clients,
+            "
           AND earlier.sequence < e.sequence
           AND earlier.sent_at IS NULL AND earlier.skipped_at IS NULL
           AND earlier.ordering_key IS NOT NULL))
 ORDER BY next_attempt_at, id
 LIMIT $1
-FOR UPDATE SKIP LOCKED";
+FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
 
-const MARK_SENT: &str =
-    "UPDATE outbox_events SET sent_at = now(), last_error = NULL WHERE id = ANY($1)";
+/// Due events of every client (a single server).
+const CLAIM_DUE: &str = claim_due!("", "");
+
+/// Due events of the clients `$2`, of one shard (Citus). The filter is written on the events'
+/// table and again on the earlier events', so that Citus sees both read one shard.
+const CLAIM_DUE_OF_CLIENTS: &str = claim_due!(
+    "\n  AND e.client_id = ANY($2)",
+    "\n          AND earlier.client_id = ANY($2)"
+);
+
+/// `$1` the events, `$2` their clients (on Citus, what routes the statement to their shard).
+const MARK_SENT: &str = "UPDATE outbox_events SET sent_at = now(), last_error = NULL
+WHERE client_id = ANY($2) AND id = ANY($1)";
 
 /// Failed attempts: count them, schedule the next one, and park the row after `max_attempts`.
 /// A row sent meanwhile is left alone: after a batch whose recording failed (the relay records
 /// its publishes as failed attempts in a transaction of its own), another relay may have
 /// claimed, published and marked it.
+///
+/// The next attempt's time is computed by the daemon from the database's `now()` that the
+/// claim returned (`$6`) and the backoff: Citus refuses a distributed UPDATE that computes a
+/// time from a column with a function (`now() + make_interval(secs => ...)`). `$7`: the
+/// events' clients (what routes the statement to their shard on Citus).
 const MARK_FAILED: &str = "
 UPDATE outbox_events AS o
 SET attempts = o.attempts + 1,
     nacks = o.nacks + f.nacked::int,
     last_error = f.error,
-    next_attempt_at = now() + make_interval(secs => f.delay_seconds),
-    failed_at = CASE WHEN o.attempts + 1 >= $4 THEN now() END
-FROM unnest($1::bigint[], $2::text[], $3::float8[], $5::bool[])
-    AS f(id, error, delay_seconds, nacked)
-WHERE o.id = f.id AND o.sent_at IS NULL";
+    next_attempt_at = f.next_attempt_at,
+    failed_at = CASE WHEN o.attempts + 1 >= $4 THEN $6::timestamptz END
+FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $5::bool[])
+    AS f(id, error, next_attempt_at, nacked)
+WHERE o.id = f.id AND o.sent_at IS NULL AND o.client_id = ANY($7)";
 
 /// Locks the `ordering_keys` rows of the given (client, ordering key) pairs, in key order: the
 /// order writers lock them in, so that a relay and a writer never wait for each other in a
@@ -91,6 +121,7 @@ pub(super) const LOCK_KEYS: &str = "
 SELECT 1
 FROM ordering_keys k
     JOIN unnest($1::text[], $2::text[]) AS u(client_id, ordering_key) USING (client_id, ordering_key)
+WHERE k.client_id = ANY($1)
 ORDER BY k.client_id, k.ordering_key
 FOR UPDATE OF k";
 
@@ -108,10 +139,12 @@ WITH advanced AS (
             (SELECT min(e.sequence) - 1
              FROM outbox_events e
              WHERE e.client_id = k.client_id AND e.ordering_key = k.ordering_key
-               AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL),
+               AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL
+               AND e.client_id = ANY($1)),
             k.last_sequence)
     FROM unnest($1::text[], $2::text[]) AS u(client_id, ordering_key)
     WHERE k.client_id = u.client_id AND k.ordering_key = u.ordering_key
+      AND k.client_id = ANY($1)
     RETURNING k.client_id, k.ordering_key, k.done_through
 )
 UPDATE outbox_events e
@@ -120,7 +153,7 @@ FROM advanced a
 WHERE e.client_id = a.client_id AND e.ordering_key = a.ordering_key
   AND e.sequence = a.done_through + 1
   AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL
-  AND e.next_attempt_at = 'infinity'";
+  AND e.next_attempt_at = 'infinity' AND e.client_id = ANY($1)";
 
 /// The relay's statements, prepared once per connection.
 pub struct RelayStatements {
@@ -128,6 +161,7 @@ pub struct RelayStatements {
     /// ([`crate::db::barrier`]).
     pub replication_promised: Statement,
     claim_due: Statement,
+    claim_due_of_clients: Statement,
     mark_sent: Statement,
     mark_failed: Statement,
     lock_keys: Statement,
@@ -141,6 +175,7 @@ impl RelayStatements {
                 .prepare_cached(crate::db::REPLICATION_PROMISED)
                 .await?,
             claim_due: connection.prepare_cached(CLAIM_DUE).await?,
+            claim_due_of_clients: connection.prepare_cached(CLAIM_DUE_OF_CLIENTS).await?,
             mark_sent: connection.prepare_cached(MARK_SENT).await?,
             mark_failed: connection.prepare_cached(MARK_FAILED).await?,
             lock_keys: connection.prepare_cached(LOCK_KEYS).await?,
@@ -241,14 +276,44 @@ pub(super) async fn on_keys<T: ToStatement + Sync + Send + ?Sized>(
         .await?)
 }
 
+/// Events claimed for a batch, and the database's time then.
+pub struct Claim {
+    pub events: Vec<PendingEvent>,
+    /// None when nothing was claimed.
+    pub database_now: Option<DateTime<Utc>>,
+}
+
+/// Claims up to `limit` due events: of every client, or of `clients` (one shard's, on Citus).
 pub async fn claim_due(
     client: &impl GenericClient,
     statements: &RelayStatements,
     limit: usize,
-) -> Result<Vec<PendingEvent>, StorageError> {
+    clients: Option<&[String]>,
+) -> Result<Claim, StorageError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = client.query(&statements.claim_due, &[&limit]).await?;
-    Ok(rows.iter().map(pending_event).collect())
+    let rows = match clients {
+        None => client.query(&statements.claim_due, &[&limit]).await?,
+        Some(clients) => {
+            client
+                .query(&statements.claim_due_of_clients, &[&limit, &clients])
+                .await?
+        }
+    };
+    Ok(Claim {
+        events: rows.iter().map(pending_event).collect(),
+        database_now: rows.first().map(|row| row.get(13)),
+    })
+}
+
+/// The distinct clients of `events`, for the statements that must name them.
+pub fn clients_of<'a>(events: impl IntoIterator<Item = &'a PendingEvent>) -> Vec<&'a str> {
+    let mut clients: Vec<&str> = events
+        .into_iter()
+        .map(|event| event.client_id.as_str())
+        .collect();
+    clients.sort_unstable();
+    clients.dedup();
+    clients
 }
 
 /// An event from a row whose first columns are those `CLAIM_DUE` selects, in its order.
@@ -273,12 +338,16 @@ pub fn pending_event(row: &Row) -> PendingEvent {
 pub async fn mark_sent(
     client: &impl GenericClient,
     statements: &RelayStatements,
-    ids: &[i64],
+    sent: &[&PendingEvent],
 ) -> Result<u64, StorageError> {
-    if ids.is_empty() {
+    if sent.is_empty() {
         return Ok(0);
     }
-    Ok(client.execute(&statements.mark_sent, &[&ids]).await?)
+    let ids: Vec<i64> = sent.iter().map(|event| event.id).collect();
+    let clients = clients_of(sent.iter().copied());
+    Ok(client
+        .execute(&statements.mark_sent, &[&ids, &clients])
+        .await?)
 }
 
 /// One failed attempt of one row.
@@ -289,18 +358,20 @@ pub struct FailedAttempt<'a> {
     pub nacked: bool,
 }
 
+/// Records `failures`, each next attempt scheduled by backoff from `database_now` (the time the
+/// claim returned).
 pub async fn mark_failed(
     client: &impl GenericClient,
     statements: &RelayStatements,
     failures: &[FailedAttempt<'_>],
-    max_attempts: i32,
+    (max_attempts, database_now): (i32, DateTime<Utc>),
 ) -> Result<u64, StorageError> {
     if failures.is_empty() {
         return Ok(0);
     }
     let ids: Vec<i64> = failures.iter().map(|f| f.event.id).collect();
     let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
-    let delays: Vec<f64> = failures
+    let next_attempts: Vec<DateTime<Utc>> = failures
         .iter()
         .map(|f| {
             // A nack backs off by the nacks so far, other failures by every failed attempt.
@@ -309,14 +380,23 @@ pub async fn mark_failed(
             } else {
                 retry_delay(f.event.attempts + 1)
             };
-            delay.as_secs_f64()
+            database_now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX)
         })
         .collect();
     let nacked: Vec<bool> = failures.iter().map(|f| f.nacked).collect();
+    let clients = clients_of(failures.iter().map(|f| f.event));
     Ok(client
         .execute(
             &statements.mark_failed,
-            &[&ids, &errors, &delays, &max_attempts, &nacked],
+            &[
+                &ids,
+                &errors,
+                &next_attempts,
+                &max_attempts,
+                &nacked,
+                &database_now,
+                &clients,
+            ],
         )
         .await?)
 }
