@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use std::collections::HashMap;
 
-use crate::db::citus::{Target, Topology};
+use crate::db::citus::{self, Target, Topology};
 use crate::db::{Database, StorageError};
 use crate::{lifecycle, metric};
 
@@ -188,6 +188,7 @@ pub async fn purge_from(
                             .await?
                     }
                     Some(clients) => {
+                        connection.batch_execute(citus::PLAN_WITH_VALUES).await?;
                         connection
                             .query_one(DELETE_EXPIRED_RECORDS_OF, &[&PURGE_BATCH, &from, &clients])
                             .await?
@@ -219,6 +220,7 @@ pub async fn purge_from(
                             .await?
                     }
                     Some(clients) => {
+                        connection.batch_execute(citus::PLAN_WITH_VALUES).await?;
                         connection
                             .query_one(
                                 DELETE_OLD_SENT_EVENTS_OF,

@@ -30,8 +30,9 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// What an embedded daemon runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    /// Start the outbox relays. Without them events stay in the outbox until something else
-    /// publishes them (another daemon, or [`crate::outbox::relay_until_empty`] in a test).
+    /// Start the outbox relays and the janitor. Without them events stay in the outbox until
+    /// something else publishes them (another daemon, or [`crate::outbox::relay_until_empty`]
+    /// in a test), and nothing is purged but by [`crate::janitor::purge_once`].
     pub relays: bool,
 }
 
@@ -144,9 +145,11 @@ impl Application {
         let retention = config.outbox.retention;
         let janitor_pool = writes.clone();
         let janitor_topology = topology.clone();
-        tasks.spawn(move |shutdown| {
-            janitor::run(janitor_pool, (retention, janitor_topology), shutdown)
-        });
+        if options.relays {
+            tasks.spawn(move |shutdown| {
+                janitor::run(janitor_pool, (retention, janitor_topology), shutdown)
+            });
+        }
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let backlog = Arc::new(gauges::Backlog::default());

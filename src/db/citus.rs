@@ -36,6 +36,17 @@ pub const DISTRIBUTED_TABLES: [&str; 6] = [
 /// coordinator: nothing distributed refers to them.
 pub const REFERENCE_TABLES: [&str; 1] = ["replays"];
 
+/// Begins a transaction whose statements Citus plans with their parameters' values. A
+/// statement prepared once per connection is run with a generic plan after five runs, and
+/// Citus cannot route a generic plan of an `INSERT ... SELECT` (or of some updates) to the
+/// shards its parameters name: it sends it to every shard, in a two-phase commit. Planned with
+/// the values, each statement reads and writes its one shard.
+pub const BEGIN_WITH_VALUES: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
+
+/// The same, for statements run outside an explicit transaction (the janitor's), on Citus:
+/// for the rest of the session.
+pub const PLAN_WITH_VALUES: &str = "SET plan_cache_mode = force_custom_plan";
+
 /// How often the daemon reads again which shard holds which client.
 pub const SHARD_MAP_REFRESH: Duration = Duration::from_secs(30);
 

@@ -178,8 +178,12 @@ async fn relay_batch(
     let statements = RelayStatements::prepare(connection).await?;
     let warnings = connection.warnings();
     let client: &tokio_postgres::Client = connection;
+    let begin = match target {
+        Target::Everyone => "BEGIN",
+        Target::Clients(_) => crate::db::citus::BEGIN_WITH_VALUES,
+    };
     let (begun, promised, claimed) = tokio::join!(
-        client.batch_execute("BEGIN"),
+        client.batch_execute(begin),
         client.query_one(&statements.replication_promised, &[]),
         store::claim_due(client, &statements, config.batch_size, target.clients()),
     );

@@ -15,7 +15,7 @@ use retrysafe::startup::{Application, Options};
 use serde_json::Value;
 
 use crate::common::helpers::{
-    connect, count, eventually, http_client, metric_sample, test_settings, TestDatabase,
+    connect_to, count, eventually, http_client, metric_sample, test_settings, TestDatabase,
     TestExchange, TestResponse,
 };
 
@@ -53,8 +53,9 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestDaemon
     spawn_in_process(configure, Options::default()).await
 }
 
-/// [`spawn_app_with`] without outbox relays: events stay in the outbox until the test publishes
-/// them with [`TestDaemon::relay_until_empty`], so that it need not wait for a relay's poll.
+/// [`spawn_app_with`] without outbox relays and janitor: events stay in the outbox until the
+/// test publishes them with [`TestDaemon::relay_until_empty`], so that it need not wait for a
+/// relay's poll, and only the test's own janitor passes delete.
 pub async fn spawn_app_without_relays(configure: impl FnOnce(&mut Settings)) -> TestDaemon {
     spawn_in_process(configure, Options { relays: false }).await
 }
@@ -109,11 +110,22 @@ async fn start_in_process(
             .map(|port| format!("http://127.0.0.1:{port}")),
         in_process: Some(in_process),
         settings,
-        db: connect(&database.name).await,
+        db: connect_to(&database.url).await,
         http: http_client(REQUEST_LIMIT),
         database,
         exchange,
     }
+}
+
+/// An in-process daemon on the database at `url` (a server of the test's own, such as a Citus
+/// lab, which the test tears down), with [`test_settings`] changed by `configure`.
+pub async fn spawn_app_on(url: &str, configure: impl FnOnce(&mut Settings)) -> TestDaemon {
+    let mut settings = test_settings();
+    settings.database.url = url.into();
+    configure(&mut settings);
+    let database = Arc::new(TestDatabase::external(url));
+    let exchange = Arc::new(TestExchange::new(&settings));
+    start_in_process(settings, database, exchange, Options::default()).await
 }
 
 /// A daemon run in this process, in an actix system on a thread of its own. Dropping it stops
@@ -222,7 +234,7 @@ async fn binary_daemon(
         process: Some(process),
         in_process: None,
         settings,
-        db: connect(&database.name).await,
+        db: connect_to(&database.url).await,
         http: http_client(REQUEST_LIMIT),
         database,
         exchange,

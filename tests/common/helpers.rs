@@ -144,22 +144,52 @@ fn block_on_in_thread<F: Future<Output = ()> + Send + 'static>(work: F, what: &s
     .unwrap_or_else(|_| panic!("{what}"));
 }
 
-/// A test's database (the daemon creates it when it starts); dropped when the test ends.
+/// A test's database (the daemon creates it when it starts); dropped when the test ends, when
+/// it is on the machine's server.
 pub struct TestDatabase {
     pub name: String,
+    /// Where the test connects for its assertions.
+    pub url: String,
+    /// On the machine's server, the test's own: dropped at the end. A database of a server of
+    /// the test's own (a Citus lab) goes with that server.
+    owned: bool,
 }
 
 impl TestDatabase {
     /// The database of `settings.database.url`.
     pub fn new(settings: &Settings) -> Self {
+        let name = database_name(settings.database.url.as_str());
         Self {
-            name: database_name(settings.database.url.as_str()),
+            url: pg_url(&name),
+            name,
+            owned: true,
+        }
+    }
+
+    /// A database of the machine's server named `name`.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            url: pg_url(name),
+            owned: true,
+        }
+    }
+
+    /// The database at `url`, on a server of the test's own.
+    pub fn external(url: &str) -> Self {
+        Self {
+            name: database_name(url),
+            url: url.to_owned(),
+            owned: false,
         }
     }
 }
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let name = self.name.clone();
         let drop_database = async move {
             let (client, connection) = tokio_postgres::connect(&pg_url("postgres"), NoTls)
@@ -386,9 +416,12 @@ pub async fn count_is(db: &Client, sql: &str, expected: i64) -> Result<(), Strin
 
 /// A direct connection to a test database, for assertions and for holding locks.
 pub async fn connect(database: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(&pg_url(database), NoTls)
-        .await
-        .unwrap();
+    connect_to(&pg_url(database)).await
+}
+
+/// A connection of the test's own to the database at `url`.
+pub async fn connect_to(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     actix_web::rt::spawn(async move {
         // The connection ends when the test drops its client (or the database is dropped).
         let _ = connection.await;

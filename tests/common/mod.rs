@@ -2,6 +2,7 @@
 //! exchange and daemon (in-process or the built binary), and the helpers to drive and check it.
 #![allow(dead_code)]
 
+pub mod citus;
 pub mod consumer;
 pub mod daemon;
 pub mod helpers;

@@ -49,10 +49,14 @@ pub fn give_to(user: &str, path: &Path) {
     assert!(status.success(), "chown {user} {}", path.display());
 }
 
+/// Runs `args` as the `postgres` user, with that user's own home: a server started this way
+/// that opens connections of its own (Citus's nodes do) looks for its libpq files there, not in
+/// the test's (root's) home, which it may not read.
 pub fn as_postgres(args: &[&str]) -> Output {
     Command::new("runuser")
         .args(["-u", "postgres", "--"])
         .args(args)
+        .env("HOME", "/var/lib/postgresql")
         .current_dir("/")
         .output()
         .expect("runuser runs")
@@ -154,6 +158,39 @@ impl PgCluster {
 
     pub fn data(&self) -> PathBuf {
         self.dir.path("data")
+    }
+
+    /// Stops the server at once (`immediate`: as a crash does), keeping its data.
+    pub fn stop(&self) {
+        let stop = as_postgres(&[
+            "pg_ctl",
+            "-D",
+            self.data().to_str().unwrap(),
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            "30",
+            "stop",
+        ]);
+        assert_ran(&stop, "pg_ctl stop");
+    }
+
+    /// Starts the server again after [`stop`](Self::stop).
+    pub fn start_again(&self) {
+        let log = self.dir.path("postgres.log");
+        let start = as_postgres(&[
+            "pg_ctl",
+            "-D",
+            self.data().to_str().unwrap(),
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ]);
+        assert_ran(&start, "pg_ctl start");
     }
 
     /// The cluster's own directory (the data directory and the socket are in it).

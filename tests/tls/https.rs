@@ -285,9 +285,8 @@ async fn a_certificate_rotated_by_sighup_under_load_fails_no_request() {
         ..Request::default()
     });
     let (certificate_file, key_file) = first.write(&dir, "server");
-    let database = TestDatabase {
-        name: format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()),
-    };
+    let database =
+        TestDatabase::named(&format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()));
     let exchange = TestExchange {
         name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
     };

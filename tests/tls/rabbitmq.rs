@@ -91,9 +91,8 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
     );
     let mut consumer = TestConsumer::bind_at(&plain, &exchange, "#").await;
 
-    let database = TestDatabase {
-        name: format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()),
-    };
+    let database =
+        TestDatabase::named(&format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()));
     let daemon = DaemonProcess::start(&[
         ("RETRYSAFE_DATABASE__URL", pg_url(&database.name)),
         ("RETRYSAFE_AMQP__URL", by_name.clone()),

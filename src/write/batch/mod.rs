@@ -130,7 +130,9 @@ pub async fn probe(
             let warnings = connection.warnings();
             if topology.is_citus() {
                 let client_handle: &tokio_postgres::Client = connection;
-                client_handle.batch_execute("BEGIN").await?;
+                client_handle
+                    .batch_execute(crate::db::citus::BEGIN_WITH_VALUES)
+                    .await?;
                 per_shard::probe_on(connection, client).await?;
             } else {
                 let (statement, columns) = one_statement::prepare_probe(connection).await?;

@@ -1,25 +1,33 @@
 //! The batch on Citus: the writes of one shard (every client of the batch has its rows on the
-//! same shard of each co-located table, see `write::queue`), in a few statements that Citus
-//! routes to that shard's worker alone, so that the transaction is a single-shard one,
-//! committed on one worker without a two-phase commit.
+//! same shard of each co-located table, see `write::queue`), in statements that Citus routes to
+//! that shard's worker alone, so that the transaction is a single-shard one, committed on one
+//! worker without a two-phase commit.
 //!
 //! Citus cannot route the single statement of [`super::one_statement`]: an `INSERT ... SELECT`
 //! from a function of the daemon's arrays goes "via the coordinator" (several round trips to the
-//! worker), and `now()` in its `ON CONFLICT ... WHERE` is refused. So:
+//! worker), and `now()` in its `ON CONFLICT ... WHERE` is refused. So, in one transaction:
 //!
-//! 1. the keys are claimed by `INSERT ... VALUES` (a row per write, [`CLAIM_ROWS_PER_STATEMENT`]
-//!    at most per statement), which Citus routes to the shard; a record that has expired is
-//!    taken over when its `expires_at` is at or before the new record's `created_at`, which is
-//!    the database's `now()` (evaluated once, on the coordinator);
-//! 2. the writes' rows are inserted by `INSERT ... SELECT` from the claimed records joined with
-//!    the daemon's arrays: Citus pushes these down to the shard, since they read a co-located
-//!    table by its distribution column. A write whose key another request holds finds no
-//!    record with its entry id, and so inserts nothing;
-//! 3. an ordered batch first counts its claimed writes into `ordering_keys` (the key's row lock,
-//!    in `(client_id, ordering_key)` order, as on a single server), and the entries and events
-//!    take their sequence and whether they are held from it.
+//! 1. the keys are claimed by `INSERT ... VALUES` (a row per write, [`ROWS_PER_STATEMENT`] at most
+//!    per statement), which Citus routes to the shard; a record that has expired is taken over
+//!    when its `expires_at` is at or before the new record's `created_at`, the database's `now()`
+//!    (evaluated once, on the coordinator);
+//! 2. an ordered batch counts its claimed writes into `ordering_keys` (the key's row lock, in
+//!    `(client_id, ordering_key)` order, as on a single server), and the claimed writes' entries
+//!    are inserted, numbered from those counters: both `INSERT ... SELECT` from the claimed
+//!    records joined with the daemon's arrays, which Citus pushes down to the shard since they
+//!    read a co-located table by its distribution column (a write whose key another request
+//!    holds finds no record with its entry id, and inserts nothing);
+//! 3. once their answers are back (the claimed keys, the sequences, each key's `done_through`),
+//!    the claimed writes' events are inserted by `INSERT ... VALUES`, held (due at `infinity`)
+//!    where an earlier write of their key is not done. They cannot be pushed down as the entries
+//!    are: their table's ids come from a sequence on the coordinator, so Citus would take the
+//!    rows through the coordinator, which it cannot do with a prepared statement's parameters.
 //!
-//! All are sent at once with `BEGIN` and `COMMIT`: one round trip to the coordinator.
+//! Steps 1 and 2 go in one round trip with `BEGIN`, step 3 in a second one with `COMMIT`. Every
+//! table a statement reads names the batch's clients in its own condition (an outer join's
+//! too): Citus prunes each table's shards by its own conditions only, and reads every shard of
+//! a table it cannot prune. And Citus plans each statement with its parameters' values
+//! ([`citus::BEGIN_WITH_VALUES`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -28,50 +36,67 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use crate::db::{PgClient, StorageError};
+use crate::db::{citus, PgClient, StorageError};
 use crate::entry::CREATED_STATUS;
 use crate::events::ENTRY_CREATED;
 use crate::write::batch::{Claimed, PreparedWrite};
 use crate::write::writer::WriterConfig;
 
-/// Rows one claim statement takes at most: a batch of more is claimed by several statements
-/// in its transaction. Each row count has a statement of its own (prepared once per
+/// Rows one `INSERT ... VALUES` takes at most: a batch of more is inserted by several
+/// statements in its transaction. Each row count has a statement of its own (prepared once per
 /// connection), so this also bounds how many the daemon makes.
-const CLAIM_ROWS_PER_STATEMENT: usize = 64;
+const ROWS_PER_STATEMENT: usize = 64;
 
 /// Parameters of a claim row: client, key, request hash, response, entry id.
 const CLAIM_ROW_PARAMETERS: usize = 5;
 
-/// The claim statement for `rows` writes: `$1` the response status, `$2` the retention in
-/// microseconds, then five parameters per write.
-fn claim_statement(rows: usize) -> &'static str {
-    static MADE: OnceLock<Mutex<HashMap<usize, &'static str>>> = OnceLock::new();
+/// Parameters of an event row: event id, event key, client, idempotency key, type, payload,
+/// ordering key, sequence, traceparent, tracestate.
+const EVENT_ROW_PARAMETERS: usize = 10;
+
+/// The statement `make` writes for `rows` rows, made once per kind and row count and kept for
+/// the process's life: a prepared statement's text must outlive the connections that cache it.
+fn statement_for(kind: &'static str, rows: usize, make: impl Fn(usize) -> String) -> &'static str {
+    static MADE: OnceLock<Mutex<HashMap<(&'static str, usize), &'static str>>> = OnceLock::new();
     let mut made = MADE
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    made.entry(rows).or_insert_with(|| {
-        let values: Vec<String> = (0..rows)
-            .map(|row| {
-                let first = 3 + row * CLAIM_ROW_PARAMETERS;
-                format!(
-                    "(${}, ${}, ${}::bytea, 'completed', $1::smallint, ${}::text::jsonb, ${}::uuid, now(), now() + $2::bigint * interval '1 microsecond')",
-                    first,
-                    first + 1,
-                    first + 2,
-                    first + 3,
-                    first + 4
-                )
-            })
-            .collect();
-        // Made once per row count and kept for the process's life: a prepared statement's
-        // text must outlive the connections that cache it.
-        Box::leak(
+    made.entry((kind, rows))
+        .or_insert_with(|| Box::leak(make(rows).into_boxed_str()))
+}
+
+/// `rows` rows of `parameters` parameters each, from `$first`, as `make` writes one row.
+fn value_rows(
+    rows: usize,
+    (first, parameters): (usize, usize),
+    make: impl Fn(usize) -> String,
+) -> String {
+    (0..rows)
+        .map(|row| make(first + row * parameters))
+        .collect::<Vec<_>>()
+        .join(",\n       ")
+}
+
+/// The claim statement for `rows` writes: `$1` the response status, `$2` the retention in
+/// microseconds, then five parameters per write.
+fn claim_statement(rows: usize) -> &'static str {
+    statement_for("claim", rows, |rows| {
+        let values = value_rows(rows, (3, CLAIM_ROW_PARAMETERS), |p| {
             format!(
-                "INSERT INTO idempotency_records AS r
+                "(${}, ${}, ${}::bytea, 'completed', $1::smallint, ${}::text::jsonb, ${}::uuid, now(), now() + $2::bigint * interval '1 microsecond')",
+                p,
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4
+            )
+        });
+        format!(
+            "INSERT INTO idempotency_records AS r
     (client_id, key, request_hash, status, response_status, response_json, entry_id,
      created_at, expires_at)
-VALUES {}
+VALUES {values}
 ON CONFLICT (client_id, key) DO UPDATE
     SET request_hash = EXCLUDED.request_hash,
         status = EXCLUDED.status,
@@ -81,17 +106,49 @@ ON CONFLICT (client_id, key) DO UPDATE
         created_at = EXCLUDED.created_at,
         expires_at = EXCLUDED.expires_at
     WHERE r.expires_at <= EXCLUDED.created_at
-RETURNING client_id, key, created_at",
-                values.join(",\n       ")
+RETURNING client_id, key, created_at"
+        )
+    })
+}
+
+/// The events statement for `rows` events of claimed writes, due now or held (`held`: due at
+/// `infinity`, released by a relay once their key's earlier writes are done).
+fn events_statement(rows: usize, held: bool) -> &'static str {
+    let kind = if held { "held events" } else { "events" };
+    statement_for(kind, rows, |rows| {
+        let due = if held {
+            "'infinity'::timestamptz"
+        } else {
+            "now()"
+        };
+        let values = value_rows(rows, (1, EVENT_ROW_PARAMETERS), |p| {
+            format!(
+                "(${}::uuid, ${}, ${}, ${}, ${}, ${}::text::jsonb, now(), {due}, ${}, ${}::bigint, ${}, ${})",
+                p,
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4,
+                p + 5,
+                p + 6,
+                p + 7,
+                p + 8,
+                p + 9
             )
-            .into_boxed_str(),
+        });
+        format!(
+            "INSERT INTO outbox_events
+    (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
+     next_attempt_at, ordering_key, sequence, traceparent, tracestate)
+VALUES {values}"
         )
     })
 }
 
 /// Counts the claimed ordered writes of each (client, ordering key) into its counter, taking
-/// the counter's row lock in key order (see the single server's `CLAIM_AND_INSERT`). `$1..$4`:
-/// the writes' clients, keys, entry ids and ordering keys; `$5` the batch's clients.
+/// the counter's row lock in key order (see the single server's `CLAIM_AND_INSERT`), and
+/// returns how far each key's events are done (what decides whether the new ones are held).
+/// `$1..$4`: the writes' clients, keys, entry ids and ordering keys; `$5` the batch's clients.
 const COUNT_ORDERED: &str = "
 INSERT INTO ordering_keys AS k (client_id, ordering_key, last_sequence, done_through)
 SELECT r.client_id, w.ordering_key, count(*), 0
@@ -103,7 +160,8 @@ WHERE r.client_id = ANY($5) AND w.ordering_key IS NOT NULL
 GROUP BY r.client_id, w.ordering_key
 ORDER BY r.client_id, w.ordering_key
 ON CONFLICT (client_id, ordering_key) DO UPDATE
-    SET last_sequence = k.last_sequence + EXCLUDED.last_sequence";
+    SET last_sequence = k.last_sequence + EXCLUDED.last_sequence
+RETURNING client_id, ordering_key, done_through";
 
 /// The claimed writes' entries; an ordered one is numbered after its key's counter, which
 /// [`COUNT_ORDERED`] has moved on by the batch's writes of the key: the key's writes in the
@@ -123,43 +181,9 @@ FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::time
         ON r.client_id = w.client_id AND r.key = w.key AND r.entry_id = w.entry_id
     LEFT JOIN ordering_keys k
         ON k.client_id = r.client_id AND k.ordering_key = w.ordering_key
+           AND k.client_id = ANY($8)
 WHERE r.client_id = ANY($8)
 RETURNING id, sequence";
-
-/// The claimed writes' events. An ordered write's event takes its entry's sequence, and is held
-/// (due at `infinity`, released by a relay) unless every earlier write of its key is done.
-/// `$1..$10`: the events' ids, keys, clients, idempotency keys, types, payloads, entry ids,
-/// whether they carry the entry, trace parents and states; `$11` the batch's clients.
-const INSERT_EVENTS: &str = "
-INSERT INTO outbox_events
-    (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
-     next_attempt_at, ordering_key, sequence, traceparent, tracestate)
-SELECT e.event_id, e.event_key, r.client_id, r.key, e.event_type,
-       CASE WHEN n.sequence IS NULL THEN e.payload::jsonb
-            ELSE jsonb_set(
-                e.payload::jsonb || jsonb_build_object('partitionkey', n.ordering_key,
-                                                       'sequence', n.sequence::text),
-                '{data}',
-                CASE WHEN e.carries_entry
-                     THEN (e.payload::jsonb -> 'data')
-                          || jsonb_build_object('ordering_key', n.ordering_key,
-                                                'sequence', n.sequence)
-                     ELSE e.payload::jsonb -> 'data' END)
-       END,
-       now(),
-       CASE WHEN n.sequence - 1 > k.done_through THEN 'infinity'::timestamptz ELSE now() END,
-       n.ordering_key, n.sequence, e.traceparent, e.tracestate
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::uuid[], $8::bool[], $9::text[], $10::text[])
-        AS e(event_id, event_key, client_id, key, event_type, payload, entry_id,
-             carries_entry, traceparent, tracestate)
-    JOIN idempotency_records r
-        ON r.client_id = e.client_id AND r.key = e.key AND r.entry_id = e.entry_id
-    LEFT JOIN entries n ON n.client_id = r.client_id AND n.id = e.entry_id
-    LEFT JOIN ordering_keys k ON k.client_id = r.client_id AND k.ordering_key = n.ordering_key
-WHERE r.client_id = ANY($11)
--- Ids drawn in sequence order, under the key's lock, as on a single server.
-ORDER BY n.sequence";
 
 /// One write's parameters of the claim statement.
 struct ClaimRow<'a> {
@@ -170,7 +194,7 @@ struct ClaimRow<'a> {
     entry_id: Uuid,
 }
 
-/// The batch's writes and events as the statements' arrays.
+/// The batch's writes as the entries' and the counters' arrays.
 struct Arrays<'a> {
     clients: Vec<&'a str>,
     keys: Vec<&'a str>,
@@ -179,27 +203,13 @@ struct Arrays<'a> {
     data: Vec<&'a str>,
     created: Vec<DateTime<Utc>>,
     ordering_keys: Vec<Option<&'a str>>,
+    /// Each client of the batch once.
     batch_clients: Vec<&'a str>,
-    event_ids: Vec<Uuid>,
-    event_keys: Vec<String>,
-    event_clients: Vec<&'a str>,
-    event_idempotency_keys: Vec<&'a str>,
-    event_types: Vec<&'a str>,
-    payloads: Vec<&'a str>,
-    event_entry_ids: Vec<Uuid>,
-    event_carries_entry: Vec<bool>,
-    event_traceparents: Vec<Option<&'a str>>,
-    event_tracestates: Vec<Option<&'a str>>,
 }
 
 impl<'a> Arrays<'a> {
     fn new(prepared: &'a [PreparedWrite<'a>]) -> Self {
         let writes = || prepared.iter();
-        let events = || {
-            prepared
-                .iter()
-                .flat_map(|p| p.events.iter().map(move |event| (p, event)))
-        };
         let mut batch_clients: Vec<&str> = writes().map(|p| &*p.write.key.client_id).collect();
         batch_clients.sort_unstable();
         batch_clients.dedup();
@@ -216,32 +226,129 @@ impl<'a> Arrays<'a> {
                 .map(|p| p.write.request.ordering_key.as_deref())
                 .collect(),
             batch_clients,
-            event_ids: events().map(|(_, e)| e.event_id).collect(),
-            event_keys: events().map(|(p, e)| e.event_key(p.entry_id)).collect(),
-            event_clients: events().map(|(p, _)| &*p.write.key.client_id).collect(),
-            event_idempotency_keys: events().map(|(p, _)| p.write.key.key.as_str()).collect(),
-            event_types: events().map(|(_, e)| e.event_type).collect(),
-            payloads: events().map(|(_, e)| e.payload.as_str()).collect(),
-            event_entry_ids: events().map(|(p, _)| p.entry_id).collect(),
-            event_carries_entry: events()
-                .map(|(_, e)| e.event_type == ENTRY_CREATED)
-                .collect(),
-            event_traceparents: events()
-                .map(|(p, _)| p.write.trace.as_ref().map(|t| t.traceparent.as_str()))
-                .collect(),
-            event_tracestates: events()
-                .map(|(p, _)| p.write.trace.as_ref().and_then(|t| t.tracestate.as_deref()))
-                .collect(),
         }
     }
 }
 
-/// Claims and writes the batch (the writes of one shard), committed with it.
+/// One event of a claimed write, as its row is inserted.
+struct EventRow<'a> {
+    event_id: Uuid,
+    event_key: String,
+    client: &'a str,
+    idempotency_key: &'a str,
+    event_type: &'a str,
+    /// The CloudEvent; an ordered write's carries its ordering key and sequence.
+    payload: String,
+    ordering_key: Option<&'a str>,
+    sequence: Option<i64>,
+    traceparent: Option<&'a str>,
+    tracestate: Option<&'a str>,
+}
+
+/// An ordered write's event as the single server's statement makes it: the CloudEvent
+/// extension attributes `partitionkey` and `sequence` (a string), and, in `entry.created`'s data
+/// (the entry), `ordering_key` and `sequence`.
+fn ordered_payload(payload: &str, carries_entry: bool, key: &str, sequence: i64) -> String {
+    let Ok(serde_json::Value::Object(mut event)) = serde_json::from_str(payload) else {
+        // Made by the daemon from an object: not reached.
+        return payload.to_owned();
+    };
+    event.insert("partitionkey".into(), key.into());
+    event.insert("sequence".into(), sequence.to_string().into());
+    if carries_entry {
+        if let Some(serde_json::Value::Object(data)) = event.get_mut("data") {
+            data.insert("ordering_key".into(), key.into());
+            data.insert("sequence".into(), sequence.into());
+        }
+    }
+    serde_json::Value::Object(event).to_string()
+}
+
+/// Claims and writes the batch (the writes of one shard), in a transaction of two round trips.
 pub(super) async fn claim(
     connection: &mut PgClient,
     config: &WriterConfig,
     prepared: &[PreparedWrite<'_>],
 ) -> Result<Claimed, StorageError> {
+    let first = claim_and_number(connection, config, prepared).await;
+    let (keys, database_now, sequence_of, done_through) = match first {
+        Ok(found) => found,
+        Err(error) => {
+            // Nothing of the transaction stands: ended before the connection goes back.
+            let _ = connection.batch_execute("ROLLBACK").await;
+            return Err(error);
+        }
+    };
+    let rows: Vec<(bool, EventRow)> = prepared
+        .iter()
+        .filter(|p| {
+            keys.contains(&(
+                p.write.key.client_id.to_string(),
+                p.write.key.key.as_str().to_owned(),
+            ))
+        })
+        .flat_map(|p| {
+            let ordering_key = p.write.request.ordering_key.as_deref();
+            let sequence = sequence_of.get(&p.entry_id).copied();
+            // Held unless every earlier write of its key is done.
+            let held = match (ordering_key, sequence) {
+                (Some(key), Some(sequence)) => done_through
+                    .get(&(p.write.key.client_id.to_string(), key.to_owned()))
+                    .is_some_and(|done| sequence - 1 > *done),
+                _ => false,
+            };
+            p.events.iter().map(move |event| {
+                let payload = match (ordering_key, sequence) {
+                    (Some(key), Some(sequence)) => ordered_payload(
+                        &event.payload,
+                        event.event_type == ENTRY_CREATED,
+                        key,
+                        sequence,
+                    ),
+                    _ => event.payload.clone(),
+                };
+                (
+                    held,
+                    EventRow {
+                        event_id: event.event_id,
+                        event_key: event.event_key(p.entry_id),
+                        client: &p.write.key.client_id,
+                        idempotency_key: p.write.key.key.as_str(),
+                        event_type: event.event_type,
+                        payload,
+                        ordering_key,
+                        sequence,
+                        traceparent: p.write.trace.as_ref().map(|t| t.traceparent.as_str()),
+                        tracestate: p.write.trace.as_ref().and_then(|t| t.tracestate.as_deref()),
+                    },
+                )
+            })
+        })
+        .collect();
+    insert_events_and_commit(connection, rows).await?;
+    Ok(Claimed {
+        database_now,
+        keys,
+        sequence_of,
+    })
+}
+
+/// What the first round trip found: the claimed keys, the database's time, the entries'
+/// sequences, and how far each counted ordering key's events are done.
+type Numbered = (
+    HashSet<(String, String)>,
+    Option<DateTime<Utc>>,
+    HashMap<Uuid, i64>,
+    HashMap<(String, String), i64>,
+);
+
+/// Begins the transaction, claims the keys, counts the ordered writes and inserts the entries:
+/// one round trip.
+async fn claim_and_number(
+    connection: &mut PgClient,
+    config: &WriterConfig,
+    prepared: &[PreparedWrite<'_>],
+) -> Result<Numbered, StorageError> {
     // Keys claimed in (client, key) order, as on a single server: two batches sharing keys
     // wait for each other rather than deadlock.
     let mut order: Vec<&PreparedWrite> = prepared.iter().collect();
@@ -262,7 +369,7 @@ pub(super) async fn claim(
         })
         .collect();
     let mut claims = Vec::new();
-    for chunk in rows.chunks(CLAIM_ROWS_PER_STATEMENT) {
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
         let statement = connection
             .prepare_cached(claim_statement(chunk.len()))
             .await?;
@@ -273,9 +380,8 @@ pub(super) async fn claim(
         .any(|p| p.write.request.ordering_key.is_some());
     let count_ordered = connection.prepare_cached(COUNT_ORDERED).await?;
     let insert_entries = connection.prepare_cached(INSERT_ENTRIES).await?;
-    let insert_events = connection.prepare_cached(INSERT_EVENTS).await?;
 
-    let arrays = Arrays::new(prepared);
+    let a = Arrays::new(prepared);
     let claim_params: Vec<Vec<&(dyn ToSql + Sync)>> = claims
         .iter()
         .map(|(_, chunk)| {
@@ -293,29 +399,24 @@ pub(super) async fn claim(
         })
         .collect();
     let client: &tokio_postgres::Client = connection;
-    let a = &arrays;
     let claimed_rows = futures_util::future::join_all(
         claims
             .iter()
             .zip(&claim_params)
             .map(|((statement, _), params)| client.query(statement, params)),
     );
+    let counter_params: [&(dyn ToSql + Sync); 5] = [
+        &a.clients,
+        &a.keys,
+        &a.entry_ids,
+        &a.ordering_keys,
+        &a.batch_clients,
+    ];
     let counted = async {
         if !ordered {
-            return Ok(0);
+            return Ok(Vec::new());
         }
-        client
-            .execute(
-                &count_ordered,
-                &[
-                    &a.clients,
-                    &a.keys,
-                    &a.entry_ids,
-                    &a.ordering_keys,
-                    &a.batch_clients,
-                ],
-            )
-            .await
+        client.query(&count_ordered, &counter_params).await
     };
     let entry_params: [&(dyn ToSql + Sync); 8] = [
         &a.clients,
@@ -327,26 +428,11 @@ pub(super) async fn claim(
         &a.ordering_keys,
         &a.batch_clients,
     ];
-    let event_params: [&(dyn ToSql + Sync); 11] = [
-        &a.event_ids,
-        &a.event_keys,
-        &a.event_clients,
-        &a.event_idempotency_keys,
-        &a.event_types,
-        &a.payloads,
-        &a.event_entry_ids,
-        &a.event_carries_entry,
-        &a.event_traceparents,
-        &a.event_tracestates,
-        &a.batch_clients,
-    ];
-    let (begun, claimed_rows, counted, entries, events, committed) = tokio::join!(
-        client.batch_execute("BEGIN"),
+    let (begun, claimed_rows, counted, entries) = tokio::join!(
+        client.batch_execute(citus::BEGIN_WITH_VALUES),
         claimed_rows,
         counted,
         client.query(&insert_entries, &entry_params),
-        client.execute(&insert_events, &event_params),
-        client.batch_execute("COMMIT"),
     );
     begun?;
     let mut keys = HashSet::new();
@@ -357,19 +443,67 @@ pub(super) async fn claim(
             database_now = Some(row.get::<_, DateTime<Utc>>(2));
         }
     }
-    counted?;
-    let entries = entries?;
-    events?;
-    committed?;
-    let sequence_of = entries
+    let done_through = counted?
+        .iter()
+        .map(|row| ((row.get(0), row.get(1)), row.get::<_, i64>(2)))
+        .collect();
+    let sequence_of = entries?
         .iter()
         .filter_map(|row| Some((row.get::<_, Uuid>(0), row.get::<_, Option<i64>>(1)?)))
         .collect();
-    Ok(Claimed {
-        database_now,
-        keys,
-        sequence_of,
-    })
+    Ok((keys, database_now, sequence_of, done_through))
+}
+
+/// Inserts the claimed writes' events (those due now, and those held), in sequence order so
+/// that a key's events take ids in its order, and commits: the second round trip.
+async fn insert_events_and_commit(
+    connection: &mut PgClient,
+    mut rows: Vec<(bool, EventRow<'_>)>,
+) -> Result<(), StorageError> {
+    rows.sort_by_key(|(_, row)| row.sequence);
+    let mut statements = Vec::new();
+    for held in [false, true] {
+        let of_kind: Vec<&EventRow> = rows
+            .iter()
+            .filter(|(is_held, _)| *is_held == held)
+            .map(|(_, row)| row)
+            .collect();
+        for chunk in of_kind.chunks(ROWS_PER_STATEMENT) {
+            let statement = connection
+                .prepare_cached(events_statement(chunk.len(), held))
+                .await?;
+            let params: Vec<&(dyn ToSql + Sync)> = chunk
+                .iter()
+                .flat_map(|row| {
+                    [
+                        &row.event_id as &(dyn ToSql + Sync),
+                        &row.event_key,
+                        &row.client,
+                        &row.idempotency_key,
+                        &row.event_type,
+                        &row.payload,
+                        &row.ordering_key,
+                        &row.sequence,
+                        &row.traceparent,
+                        &row.tracestate,
+                    ]
+                })
+                .collect();
+            statements.push((statement, params));
+        }
+    }
+    let client: &tokio_postgres::Client = connection;
+    let inserted = futures_util::future::join_all(
+        statements
+            .iter()
+            .map(|(statement, params)| client.execute(statement, params)),
+    );
+    let (inserted, committed) = tokio::join!(inserted, client.batch_execute("COMMIT"));
+    for result in inserted {
+        result?;
+    }
+    committed?;
+    Ok(())
 }
 
 /// The entries' statement with no write in it, routed to `client`'s shard: what a probe runs

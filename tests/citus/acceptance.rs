@@ -1,0 +1,172 @@
+//! What a client sees on Citus is what it sees on one server: created, replayed, refused,
+//! looked up, listed, its events delivered with their ids, ordered writes numbered; and every
+//! write is a transaction on one shard, committed without a two-phase commit.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::citus::CitusLab;
+use crate::common::consumer::{message_id, TestConsumer};
+use crate::common::daemon::{spawn_app_on, TestDaemon};
+use crate::common::helpers::{client, count, count_is, eventually};
+
+/// Clients configured for the tests, with their tokens (`token-<id>`).
+pub const CLIENTS: [&str; 6] = ["billing", "shipping", "ledger", "audit", "crm", "search"];
+
+pub fn token(client: &str) -> String {
+    format!("token-{client}")
+}
+
+/// A daemon on the lab with [`CLIENTS`] configured.
+pub async fn daemon_on(lab: &CitusLab) -> TestDaemon {
+    spawn_app_on(&lab.url(), |settings| {
+        settings.auth.clients = CLIENTS.iter().map(|id| client(id, &token(id))).collect();
+    })
+    .await
+}
+
+/// Two of [`CLIENTS`] whose rows are on different workers.
+pub fn clients_on_two_workers(lab: &CitusLab) -> (&'static str, &'static str) {
+    let first = CLIENTS[0];
+    let first_port = lab.worker_of(first).port;
+    let second = CLIENTS[1..]
+        .iter()
+        .find(|client| lab.worker_of(client).port != first_port)
+        .expect("the clients spread over both workers");
+    (first, second)
+}
+
+pub fn body(n: i64) -> serde_json::Value {
+    json!({"kind": "invoice.paid", "data": {"invoice": n}})
+}
+
+#[actix_web::test]
+async fn a_client_gets_on_citus_what_it_gets_on_one_server_in_single_shard_transactions() {
+    if !CitusLab::available() {
+        return;
+    }
+    let lab = CitusLab::start();
+    let app = daemon_on(&lab).await;
+    let distributed = lab.sql(
+        "SELECT string_agg(logicalrelid::text || ':' || partmethod::text, ',' ORDER BY logicalrelid::text)
+         FROM pg_dist_partition",
+    );
+    for table in [
+        "entries:h",
+        "event_replays:h",
+        "idempotency_records:h",
+        "ordering_keys:h",
+        "outbox_events:h",
+        "outbox_skips:h",
+        "replays:n",
+    ] {
+        assert!(distributed.contains(table), "{table} in {distributed}");
+    }
+    let (first, second) = clients_on_two_workers(&lab);
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    let two_phase_before = lab.two_phase_commits();
+    lab.sql("SELECT citus_stat_counters_reset()");
+
+    let mut ids = Vec::new();
+    for client in [first, second] {
+        let token = token(client);
+        let token = Some(token.as_str());
+        let created = app.post_entry_as(token, "invoice-1", &body(1)).await;
+        created.assert_created();
+        assert!(!created.replayed());
+        let replay = app.post_entry_as(token, "invoice-1", &body(1)).await;
+        replay.assert_created();
+        assert!(replay.replayed(), "{}", replay.describe());
+        assert_eq!(replay.body, created.body, "replayed byte for byte");
+        app.post_entry_as(token, "invoice-1", &body(2))
+            .await
+            .assert_problem(409, "idempotency-key-reused");
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        let got = app.get(&format!("/v1/entries/{id}"), token).await;
+        assert_eq!(got.status, 200, "{}", got.describe());
+        let lookup = app.get("/v1/idempotency-keys/invoice-1", token).await;
+        assert_eq!(lookup.status, 200, "{}", lookup.describe());
+        assert_eq!(lookup.json()["entry_id"], json!(id));
+        assert_eq!(lookup.json()["events"].as_array().unwrap().len(), 1);
+        let listed = app.get("/v1/entries", token).await;
+        assert_eq!(listed.status, 200, "{}", listed.describe());
+        assert_eq!(listed.json()["entries"][0]["id"], json!(id));
+        // Ordered writes of one key, numbered in commit order.
+        for n in 1..=3 {
+            let ordered = app
+                .post_entry_as(
+                    token,
+                    &format!("ordered-{n}"),
+                    &json!({"kind": "k", "data": {"n": n}, "ordering_key": "account-7"}),
+                )
+                .await;
+            ordered.assert_created();
+            assert_eq!(
+                ordered.json()["sequence"],
+                json!(n),
+                "{}",
+                ordered.describe()
+            );
+        }
+        ids.push(id);
+    }
+    // A client sees its own entries only, on whichever worker they are.
+    let other = token(second);
+    app.get(&format!("/v1/entries/{}", ids[0]), Some(&other))
+        .await
+        .assert_problem(404, "not-found");
+
+    // Every event is published, and each ordering key's first deliveries come in order.
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(Duration::from_secs(60), || count_is(&app.db, unsent, 0)).await;
+    let expected: HashSet<String> = app
+        .db
+        .query("SELECT event_id::text FROM outbox_events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(expected.len(), 8);
+    let mut delivered = HashSet::new();
+    let mut sequences: std::collections::HashMap<String, Vec<String>> = Default::default();
+    while delivered.len() < expected.len() {
+        let delivery = consumer
+            .next(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("{} of 8 events delivered", delivered.len()));
+        let id = message_id(&delivery);
+        if delivered.insert(id) {
+            if let Some(sequence) = crate::common::consumer::header(&delivery, "sequence") {
+                let client = crate::common::consumer::header(&delivery, "client-id").unwrap();
+                sequences.entry(client).or_default().push(sequence);
+            }
+        }
+    }
+    assert_eq!(delivered, expected);
+    for (client, order) in sequences {
+        assert_eq!(order, ["1", "2", "3"], "{client}'s ordering key, in order");
+    }
+    assert_eq!(
+        lab.two_phase_commits(),
+        two_phase_before,
+        "no write, relay batch or janitor pass made a two-phase commit"
+    );
+    let multi_shard: i64 = lab
+        .sql("SELECT query_execution_multi_shard FROM citus_stat_counters WHERE name = 'retrysafe'")
+        .parse()
+        .unwrap();
+    let single_shard: i64 = lab
+        .sql(
+            "SELECT query_execution_single_shard FROM citus_stat_counters WHERE name = 'retrysafe'",
+        )
+        .parse()
+        .unwrap();
+    assert!(single_shard > 0);
+    eprintln!(
+        "citus: {single_shard} single-shard and {multi_shard} multi-shard queries (the gauges' and the discovery's reads), no two-phase commit"
+    );
+    assert_eq!(count(&app.db, "SELECT count(*) FROM entries").await, 8);
+}

@@ -1,0 +1,1 @@
+//! Faults on Citus.

@@ -1,0 +1,1 @@
+//! Operator commands on Citus.

@@ -1,0 +1,111 @@
+//! A Citus cluster of a test's own: a coordinator and two workers, each a [`PgCluster`] with
+//! the `citus` extension loaded, on free loopback ports; the database `retrysafe` exists on
+//! every node with the extension, and the workers are added to the coordinator. Dropped (every
+//! node stopped and removed) with the lab.
+//!
+//! Citus is not in the distribution's packages: where its extension is not installed,
+//! [`CitusLab::available`] says so and the tests that need it skip.
+
+use std::path::Path;
+
+use crate::common::postgres::PgCluster;
+
+/// Where the machine's PostgreSQL keeps extensions' libraries.
+const CITUS_LIBRARY: &str = "/usr/lib/postgresql/15/lib/citus.so";
+
+/// Settings of every node. Two-phase commits are kept for counting (`recover_2pc_interval =
+/// -1`: the recovery that would delete their records from `pg_dist_transaction` never runs), and
+/// Citus counts single- and multi-shard queries (`citus_stat_counters`).
+const NODE_SETTINGS: &str = "shared_preload_libraries = 'citus'
+max_prepared_transactions = 100
+citus.shard_count = 8
+citus.recover_2pc_interval = -1
+citus.enable_stat_counters = on
+";
+
+pub struct CitusLab {
+    pub coordinator: PgCluster,
+    pub workers: Vec<PgCluster>,
+}
+
+impl CitusLab {
+    /// Whether the Citus extension is installed here (and the test runs as root, which starting
+    /// clusters as the `postgres` user needs); says why not otherwise.
+    pub fn available() -> bool {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        if unsafe { libc::getuid() } != 0 {
+            eprintln!(
+                "skipped: a Citus cluster of the test's own runs as the postgres user (runuser)"
+            );
+            return false;
+        }
+        if !Path::new(CITUS_LIBRARY).exists() {
+            eprintln!(
+                "skipped: the Citus extension is not installed ({CITUS_LIBRARY} is missing); build a 13.x release of github.com/citusdata/citus for PostgreSQL 15 to run this test"
+            );
+            return false;
+        }
+        true
+    }
+
+    /// A coordinator and two workers, running.
+    pub fn start() -> Self {
+        let coordinator = PgCluster::start_plain(NODE_SETTINGS);
+        let workers: Vec<PgCluster> = (0..2)
+            .map(|_| PgCluster::start_plain(NODE_SETTINGS))
+            .collect();
+        for node in std::iter::once(&coordinator).chain(&workers) {
+            node.psql("CREATE DATABASE retrysafe");
+            node.psql_on("retrysafe", "CREATE EXTENSION citus");
+        }
+        coordinator.psql_on(
+            "retrysafe",
+            &format!(
+                "SELECT citus_set_coordinator_host('127.0.0.1', {})",
+                coordinator.port
+            ),
+        );
+        for worker in &workers {
+            coordinator.psql_on(
+                "retrysafe",
+                &format!("SELECT citus_add_node('127.0.0.1', {})", worker.port),
+            );
+        }
+        Self {
+            coordinator,
+            workers,
+        }
+    }
+
+    /// The coordinator's `retrysafe` database: what the daemon is given.
+    pub fn url(&self) -> String {
+        self.coordinator.url_of("retrysafe")
+    }
+
+    /// SQL on the coordinator's `retrysafe` database.
+    pub fn sql(&self, sql: &str) -> String {
+        self.coordinator.psql_on("retrysafe", sql)
+    }
+
+    /// The worker that holds `client`'s rows.
+    pub fn worker_of(&self, client: &str) -> &PgCluster {
+        let port: u16 = self
+            .sql(&format!(
+                "SELECT nodeport FROM pg_dist_shard_placement
+                 WHERE shardid = get_shard_id_for_distribution_column('idempotency_records', '{client}')"
+            ))
+            .parse()
+            .expect("a port");
+        self.workers
+            .iter()
+            .find(|worker| worker.port == port)
+            .expect("the client's shard is on a worker")
+    }
+
+    /// Two-phase commits the coordinator has made since the lab started.
+    pub fn two_phase_commits(&self) -> i64 {
+        self.sql("SELECT count(*) FROM pg_dist_transaction")
+            .parse()
+            .expect("a count")
+    }
+}
