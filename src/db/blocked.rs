@@ -13,6 +13,7 @@
 //! write WAL; see `write::batch::probe`), and the first write or probe that succeeds clears
 //! the failure.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,9 +83,19 @@ impl Blocker {
 pub const FAILING_WINDOW: Duration = Duration::from_secs(5);
 
 /// The write path's last word on whether writes succeed: set by writers (and readiness probes)
-/// when a batch fails, cleared when one commits; read by `/readyz`.
+/// when a batch fails, cleared when one commits; read by `/readyz`. On Citus it also keeps
+/// which nodes the failing batches' shards are on: a worker down fails its clients' writes
+/// while others' succeed, and `/readyz` names it (see [`failing_nodes`](Self::failing_nodes)).
 #[derive(Debug, Clone, Default)]
-pub struct WriteHealth(Arc<Mutex<Option<Failing>>>);
+pub struct WriteHealth(Arc<Mutex<State>>);
+
+#[derive(Debug, Default)]
+struct State {
+    /// Writes failing, none succeeding since the first failure.
+    all: Option<Failing>,
+    /// Citus nodes (`host:port`) whose shards' writes fail, none succeeding there since.
+    nodes: BTreeMap<String, Failing>,
+}
 
 /// Writes failing since `first`, none succeeding since.
 #[derive(Debug, Clone)]
@@ -99,6 +110,33 @@ struct Failing {
     last: Instant,
 }
 
+impl Failing {
+    fn new(error: &StorageError, now: Instant) -> Self {
+        let mut failing = Failing {
+            class: error.class(),
+            blocker: None,
+            reason: String::new(),
+            first: now,
+            last: now,
+        };
+        failing.again(error, now);
+        failing
+    }
+
+    fn again(&mut self, error: &StorageError, now: Instant) {
+        self.class = error.class();
+        (self.blocker, self.reason) = match error {
+            StorageError::CannotWrite(blocker, reason) => (Some(*blocker), reason.clone()),
+            other => (None, other.to_string()),
+        };
+        self.last = now;
+    }
+
+    fn lasted(&self) -> Duration {
+        self.last.duration_since(self.first)
+    }
+}
+
 /// Why the daemon is unready for writes: what fails, in words, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailingWrites {
@@ -110,6 +148,15 @@ pub struct FailingWrites {
 }
 
 impl FailingWrites {
+    fn of(failing: &Failing) -> Self {
+        FailingWrites {
+            class: failing.class,
+            blocker: failing.blocker,
+            reason: failing.reason.clone(),
+            for_how_long: round_to_seconds(failing.first.elapsed()),
+        }
+    }
+
     /// For `/readyz` and the log: what fails, for how long, and what to do where that is known.
     pub fn describe(&self) -> String {
         let lasted = humantime::format_duration(self.for_how_long);
@@ -129,23 +176,20 @@ impl FailingWrites {
 }
 
 impl WriteHealth {
-    /// A write batch (or a probe) failed with `error`.
-    pub fn failed(&self, error: &StorageError) {
+    /// A write batch (or a probe) failed with `error`; on Citus, `node` holds its shard.
+    pub fn failed(&self, node: Option<&str>, error: &StorageError) {
         let now = Instant::now();
-        let blocker = match error {
-            StorageError::CannotWrite(blocker, _) => Some(*blocker),
-            _ => None,
-        };
-        let reason = match error {
-            StorageError::CannotWrite(_, reason) => reason.clone(),
-            other => other.to_string(),
-        };
         let mut state = self.lock();
-        let previous_blocker = state.as_ref().and_then(|failing| failing.blocker);
+        let previous_blocker = state.all.as_ref().and_then(|failing| failing.blocker);
+        match &mut state.all {
+            Some(failing) => failing.again(error, now),
+            all => *all = Some(Failing::new(error, now)),
+        }
+        let blocker = state.all.as_ref().and_then(|failing| failing.blocker);
         if let Some(blocker) = blocker.filter(|_| blocker != previous_blocker) {
             tracing::warn!(
                 blocker = blocker.as_str(),
-                reason = %reason,
+                reason = %error,
                 "writes fail: {}; {} (the daemon reports itself unready while this lasts)",
                 blocker.describe(),
                 blocker.remedy()
@@ -154,26 +198,29 @@ impl WriteHealth {
         if blocker != previous_blocker {
             set_gauges(blocker);
         }
-        let failing = state.get_or_insert_with(|| Failing {
-            class: error.class(),
-            blocker,
-            reason: String::new(),
-            first: now,
-            last: now,
-        });
-        failing.class = error.class();
-        failing.blocker = blocker;
-        failing.reason = reason;
-        failing.last = now;
+        if let Some(node) = node {
+            match state.nodes.get_mut(node) {
+                Some(failing) => failing.again(error, now),
+                None => {
+                    tracing::warn!(
+                        node,
+                        error = %error,
+                        "writes to the shards on {node} fail (its clients' writes are refused while this lasts)"
+                    );
+                    state
+                        .nodes
+                        .insert(node.to_owned(), Failing::new(error, now));
+                }
+            }
+        }
     }
 
-    /// A write committed (or a probe did): whatever failed has passed.
-    pub fn succeeded(&self) {
+    /// A write committed (or a probe did); on Citus, `node` holds its shard. Whatever failed
+    /// has passed, on that node at least.
+    pub fn succeeded(&self, node: Option<&str>) {
         let mut state = self.lock();
-        if let Some(failing) = state.take() {
-            if failing.last.duration_since(failing.first) >= FAILING_WINDOW
-                || failing.blocker.is_some()
-            {
+        if let Some(failing) = state.all.take() {
+            if failing.lasted() >= FAILING_WINDOW || failing.blocker.is_some() {
                 tracing::info!(
                     class = failing.class,
                     after = %humantime::format_duration(round_to_seconds(failing.first.elapsed())),
@@ -184,32 +231,50 @@ impl WriteHealth {
                 set_gauges(None);
             }
         }
+        let Some(node) = node else { return };
+        if let Some(failing) = state.nodes.remove(node) {
+            tracing::info!(
+                node,
+                after = %humantime::format_duration(round_to_seconds(failing.first.elapsed())),
+                "writes to the shards on {node} succeed again"
+            );
+        }
+    }
+
+    /// A node no known client's shard is on any more (shards moved): nothing to tell of it.
+    pub fn forget(&self, node: &str) {
+        self.lock().nodes.remove(node);
     }
 
     /// Whether the last write (or probe) failed: worth a probe, to learn when that ends.
     pub fn is_failing(&self) -> bool {
-        self.lock().is_some()
+        self.lock().all.is_some()
     }
 
     /// What makes the daemon unready now, if anything: writes failing, none succeeding, for
     /// long enough (a [`Blocker`]'s own time, or [`FAILING_WINDOW`]).
     pub fn current(&self) -> Option<FailingWrites> {
         let state = self.lock();
-        let failing = state.as_ref()?;
-        let lasted = failing.last.duration_since(failing.first);
+        let failing = state.all.as_ref()?;
         let needed = failing
             .blocker
             .map_or(FAILING_WINDOW, Blocker::persists_after);
-        (lasted >= needed).then(|| FailingWrites {
-            class: failing.class,
-            blocker: failing.blocker,
-            reason: failing.reason.clone(),
-            for_how_long: round_to_seconds(failing.first.elapsed()),
-        })
+        (failing.lasted() >= needed).then(|| FailingWrites::of(failing))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Failing>> {
-        // The state is replaced whole: a panic elsewhere cannot leave it half-written.
+    /// The Citus nodes whose shards' last writes (or probes) failed, by name, with none
+    /// succeeding there since: reported by `/readyz` whether or not other writes succeed, and
+    /// worth a probe each.
+    pub fn failing_nodes(&self) -> Vec<(String, FailingWrites)> {
+        self.lock()
+            .nodes
+            .iter()
+            .map(|(node, failing)| (node.clone(), FailingWrites::of(failing)))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Each failure is replaced whole: a panic elsewhere cannot leave it half-written.
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -238,7 +303,7 @@ mod tests {
     /// Moves the failure's start `by` into the past, as if it had lasted that much longer.
     fn age(health: &WriteHealth, by: Duration) {
         let mut state = health.lock();
-        let failing = state.as_mut().unwrap();
+        let failing = state.all.as_mut().unwrap();
         failing.first -= by;
     }
 
@@ -246,12 +311,12 @@ mod tests {
     fn a_full_disk_blocks_at_once_and_a_commit_clears_it() {
         let health = WriteHealth::default();
         assert_eq!(health.current(), None);
-        health.failed(&blocked(Blocker::DiskFull, "could not extend file"));
+        health.failed(None, &blocked(Blocker::DiskFull, "could not extend file"));
         let current = health.current().expect("blocked");
         assert_eq!(current.blocker, Some(Blocker::DiskFull));
         assert_eq!(current.class, "disk_full");
         assert_eq!(current.reason, "could not extend file");
-        health.succeeded();
+        health.succeeded(None);
         assert_eq!(health.current(), None);
         assert!(!health.is_failing());
     }
@@ -259,10 +324,10 @@ mod tests {
     #[test]
     fn a_read_only_database_blocks_only_once_it_lasts() {
         let health = WriteHealth::default();
-        health.failed(&blocked(Blocker::ReadOnly, "read-only transaction"));
+        health.failed(None, &blocked(Blocker::ReadOnly, "read-only transaction"));
         assert_eq!(health.current(), None, "a failover may be in progress");
         age(&health, Duration::from_secs(6));
-        health.failed(&blocked(Blocker::ReadOnly, "read-only transaction"));
+        health.failed(None, &blocked(Blocker::ReadOnly, "read-only transaction"));
         assert_eq!(health.current().unwrap().blocker, Some(Blocker::ReadOnly));
     }
 
@@ -272,11 +337,11 @@ mod tests {
         let error = StorageError::from(anyhow::anyhow!(
             "functions used in the WHERE clause must be marked IMMUTABLE"
         ));
-        health.failed(&error);
+        health.failed(None, &error);
         assert!(health.is_failing());
         assert_eq!(health.current(), None, "one failure is not a window");
         age(&health, FAILING_WINDOW);
-        health.failed(&error);
+        health.failed(None, &error);
         let current = health.current().expect("failing for the window");
         assert_eq!(current.class, "other");
         assert_eq!(current.blocker, None);
@@ -286,15 +351,40 @@ mod tests {
             current.describe()
         );
         // The class named is the last failure's.
-        health.failed(&StorageError::Unavailable("connection refused".into()));
+        health.failed(
+            None,
+            &StorageError::Unavailable("connection refused".into()),
+        );
         assert_eq!(health.current().unwrap().class, "unavailable");
-        health.succeeded();
+        health.succeeded(None);
         assert_eq!(health.current(), None);
         // A success between failures starts the window again.
-        health.failed(&error);
+        health.failed(None, &error);
         age(&health, FAILING_WINDOW);
-        health.succeeded();
-        health.failed(&error);
+        health.succeeded(None);
+        health.failed(None, &error);
         assert_eq!(health.current(), None);
+    }
+
+    #[test]
+    fn a_failing_node_is_named_until_a_write_to_it_succeeds_whatever_others_do() {
+        let health = WriteHealth::default();
+        let down = StorageError::Unavailable("connection to the remote node w1:5432 failed".into());
+        health.failed(Some("w1:5432"), &down);
+        health.succeeded(Some("w2:5432"));
+        assert!(!health.is_failing(), "writes to w2 succeed");
+        assert_eq!(health.current(), None);
+        let nodes = health.failing_nodes();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].0, "w1:5432");
+        assert_eq!(nodes[0].1.class, "unavailable");
+        assert!(nodes[0].1.reason.contains("remote node"), "{:?}", nodes[0]);
+        health.succeeded(None);
+        assert_eq!(health.failing_nodes().len(), 1, "a write of no known node");
+        health.succeeded(Some("w1:5432"));
+        assert!(health.failing_nodes().is_empty());
+        health.failed(Some("w1:5432"), &down);
+        health.forget("w1:5432");
+        assert!(health.failing_nodes().is_empty());
     }
 }

@@ -193,6 +193,20 @@ impl Topology {
         }
     }
 
+    /// The node (`host:port`) that holds `client`'s rows, on Citus, as last read.
+    pub fn node_of_client(&self, client: &str) -> Option<String> {
+        self.node_of(self.shard_of(client)?)
+    }
+
+    /// A client whose rows `node` holds, among those known; None on a single server, or if no
+    /// known client's shard is there (any more).
+    pub fn a_client_on(&self, node: &str) -> Option<String> {
+        match self {
+            Topology::Single => None,
+            Topology::Citus(map) => map.a_client_on(node),
+        }
+    }
+
     pub fn is_citus(&self) -> bool {
         matches!(self, Topology::Citus(_))
     }
@@ -269,6 +283,18 @@ impl ShardMap {
 
     pub fn node_of(&self, shard: ShardId) -> Option<String> {
         self.read().nodes.get(&shard).cloned()
+    }
+
+    /// The first (by name) of the known clients whose shard `node` holds.
+    pub fn a_client_on(&self, node: &str) -> Option<String> {
+        let shards = self.read();
+        shards
+            .by_client
+            .iter()
+            .filter(|(_, shard)| shards.nodes.get(shard).is_some_and(|at| at == node))
+            .map(|(client, _)| client)
+            .min()
+            .cloned()
     }
 
     /// The clients known so far, by shard.

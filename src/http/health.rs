@@ -37,6 +37,11 @@ pub struct Readiness {
     /// writes do not fail.
     #[serde(skip_serializing_if = "Option::is_none")]
     writes_error_class: Option<&'static str>,
+    /// On Citus, the workers whose shards' writes fail, none succeeding there since: their
+    /// clients' writes are refused (503) while others' may succeed, so the daemon may be ready
+    /// with some listed. Absent while there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    failing_workers: Vec<FailingWorker>,
     /// `connected`, `blocked` (a resource alarm: the broker takes no publishes until it clears;
     /// events wait in the outbox) or `disconnected`. Reported, but not part of readiness:
     /// writes work while the broker is down or blocked.
@@ -50,6 +55,19 @@ pub struct Readiness {
     /// Events parked after `outbox.max_attempts` (waiting for `retrysafe outbox retry`); null
     /// when unknown.
     outbox_parked: Option<i64>,
+}
+
+/// A Citus worker whose shards' writes fail.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FailingWorker {
+    /// `host:port`, as in `pg_dist_node`.
+    node: String,
+    /// As `writes_error_class`.
+    error_class: &'static str,
+    /// The last failure, in the database's words.
+    error: String,
+    /// Since the first failure with none succeeding there since.
+    failing_seconds: u64,
 }
 
 /// Ready when the database answers, has every migration this build needs, and writes do not
@@ -84,6 +102,17 @@ pub async fn readyz(state: SharedState) -> HttpResponse {
         },
         writes_error_class: writes_blocked.as_ref().map(|failing| failing.class),
         writes_error: writes_blocked.map(|failing| failing.describe()),
+        failing_workers: state
+            .readiness
+            .failing_nodes()
+            .into_iter()
+            .map(|(node, failing)| FailingWorker {
+                node,
+                error_class: failing.class,
+                error: failing.reason,
+                failing_seconds: failing.for_how_long.as_secs(),
+            })
+            .collect(),
         broker: match (state.broker.is_connected(), &blocked) {
             (true, Some(_)) => "blocked",
             (true, None) => "connected",
@@ -184,15 +213,48 @@ impl ReadinessMonitor {
             )
             .await;
         }
+        if state == DatabaseState::Ready {
+            self.probe_failing_nodes().await;
+        }
         *last = Some((Instant::now(), state));
         let ready = state == DatabaseState::Ready && self.writes.current().is_none();
         metrics::gauge!(metric::READY).set(if ready { 1.0 } else { 0.0 });
         state
     }
 
+    /// On Citus, a probe write to each node whose writes fail, through a client whose shard
+    /// is there, so that a worker back is seen as such with no write of its clients arriving.
+    /// A node no known client is on any more (its shards moved) is forgotten.
+    async fn probe_failing_nodes(&self) {
+        let probes = self
+            .writes
+            .failing_nodes()
+            .into_iter()
+            .map(|(node, _)| async move {
+                match self.topology.a_client_on(&node) {
+                    Some(client) => {
+                        crate::write::batch::probe(
+                            &self.write_pool,
+                            (&self.writes, &self.topology),
+                            &client,
+                            self.limit,
+                        )
+                        .await
+                    }
+                    None => self.writes.forget(&node),
+                }
+            });
+        futures_util::future::join_all(probes).await;
+    }
+
     /// What makes writes fail now, if it has lasted (see [`WriteHealth::current`]).
     pub fn writes_blocked(&self) -> Option<db::FailingWrites> {
         self.writes.current()
+    }
+
+    /// On Citus, the nodes whose writes fail (see [`WriteHealth::failing_nodes`]).
+    pub fn failing_nodes(&self) -> Vec<(String, db::FailingWrites)> {
+        self.writes.failing_nodes()
     }
 
     async fn check(&self) -> DatabaseState {

@@ -172,7 +172,7 @@ async fn process_batch(db: &Database, config: &WriterConfig, commits: Vec<Commit
         }
         Err(error) => {
             tracing::warn!(error = %error, size = commits.len(), "batch failed: cannot read the database's clock");
-            config.health.failed(&error);
+            config.health.failed(None, &error);
             commits
                 .iter()
                 .map(|_| Err(WriteError::Storage(error.clone())))
@@ -274,9 +274,11 @@ async fn commit_with_retries(
                 tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
             }
             other => {
+                // Every write of a batch is of one shard, on one node (Citus).
+                let node = config.topology.node_of_client(prepared[0].client_id());
                 match &other {
-                    Ok(_) => config.health.succeeded(),
-                    Err(error) => config.health.failed(error),
+                    Ok(_) => config.health.succeeded(node.as_deref()),
+                    Err(error) => config.health.failed(node.as_deref(), error),
                 }
                 return other;
             }

@@ -34,6 +34,12 @@ pub(crate) struct PreparedWrite<'a> {
     events: Vec<NewEvent>,
 }
 
+impl PreparedWrite<'_> {
+    pub(crate) fn client_id(&self) -> &str {
+        &self.write.key.client_id
+    }
+}
+
 pub(crate) fn prepare<'a>(
     write: &'a Write,
     config: &WriterConfig,
@@ -155,11 +161,12 @@ pub async fn probe(
             connection.confirm_commit(warnings)
         })
         .await;
+    let node = topology.node_of_client(client);
     match result {
-        Ok(()) => health.succeeded(),
+        Ok(()) => health.succeeded(node.as_deref()),
         Err(error) => {
             tracing::debug!(error = %error, "write probe failed");
-            health.failed(&error);
+            health.failed(node.as_deref(), &error);
         }
     }
 }
