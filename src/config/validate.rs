@@ -1,0 +1,230 @@
+//! The checks the types alone do not make: [`Settings::validated`] turns the keys as given
+//! into the [`Config`] the daemon runs with.
+
+use std::path::PathBuf;
+
+use crate::config::{invalid, Config, ConfigError, Settings};
+
+impl Settings {
+    /// Checks every key ([`validated`](Self::validated)), keeping nothing of what it parsed.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validated().map(drop)
+    }
+
+    /// Checks what the types alone do not (bounds, keys that go together, an open listener's
+    /// credentials) and parses the two URLs, once: the [`Config`] the daemon runs with.
+    pub fn validated(&self) -> Result<Config, ConfigError> {
+        self.check_bounds()?;
+        // At least one write of the largest body must fit among the pending ones.
+        let smallest_pending = self.http.max_body_bytes as u64 + 1024;
+        if (self.database.max_pending_bytes as u64) < smallest_pending {
+            return Err(invalid(
+                "database.max_pending_bytes",
+                format!(
+                    "must be at least http.max_body_bytes + 1024 ({smallest_pending}), so that a write of the largest body fits"
+                ),
+            ));
+        }
+        if !matches!(self.idempotency.mismatch_status, 409 | 422) {
+            return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
+        }
+        let ratio = self.telemetry.sample_ratio;
+        if !ratio.is_finite() || !(0.0..=1.0).contains(&ratio) {
+            return Err(invalid(
+                "telemetry.sample_ratio",
+                "must be between 0 (no new trace exported) and 1 (every one)",
+            ));
+        }
+        if !self.telemetry.otlp_endpoint.is_empty() {
+            crate::otlp::traces_url(&self.telemetry.otlp_endpoint)
+                .map_err(|error| invalid("telemetry.otlp_endpoint", error))?;
+        }
+        both_or_neither(
+            ("http.tls_cert_file", &self.http.tls_cert_file),
+            ("http.tls_key_file", &self.http.tls_key_file),
+        )?;
+        if let Some(operations) = self.http.operations_listen {
+            if operations == self.http.listen && operations.port() != 0 {
+                return Err(invalid(
+                    "http.operations_listen",
+                    format!("{operations} is http.listen itself; give the operations routes an address of their own, or leave the key out to serve them on http.listen"),
+                ));
+            }
+        }
+        both_or_neither(
+            ("admin.tls_cert_file", &self.admin.tls_cert_file),
+            ("admin.tls_key_file", &self.admin.tls_key_file),
+        )?;
+        self.validate_admins()?;
+        both_or_neither(
+            ("amqp.tls_cert_file", &self.amqp.tls_cert_file),
+            ("amqp.tls_key_file", &self.amqp.tls_key_file),
+        )?;
+        if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
+            return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.level)
+            .map_err(|error| invalid("log.level", error.to_string()))?;
+        self.validate_clients()?;
+        Config::from_settings(self)
+    }
+
+    fn validate_clients(&self) -> Result<(), ConfigError> {
+        let check_limits =
+            |key_prefix: &str, writes: Option<u32>, rate: Option<f64>| -> Result<(), ConfigError> {
+                if writes.is_some_and(|writes| writes > 1_000_000) {
+                    return Err(invalid(
+                        "auth.max_concurrent_writes",
+                        format!("{key_prefix}must be between 0 (no limit) and 1000000"),
+                    ));
+                }
+                if rate.is_some_and(|rate| !rate.is_finite() || !(0.0..=1e6).contains(&rate)) {
+                    return Err(invalid(
+                        "auth.max_requests_per_second",
+                        format!("{key_prefix}must be between 0 (no limit) and 1000000"),
+                    ));
+                }
+                Ok(())
+            };
+        check_limits(
+            "",
+            Some(self.auth.max_concurrent_writes),
+            Some(self.auth.max_requests_per_second),
+        )?;
+        let mut seen = std::collections::HashSet::new();
+        for client in &self.auth.clients {
+            check_limits(
+                &format!("client {:?}: ", client.id),
+                client.max_concurrent_writes,
+                client.max_requests_per_second,
+            )?;
+            if !is_valid_client_id(&client.id) {
+                return Err(invalid(
+                    "auth.clients.id",
+                    format!("{:?} must be 1 to 64 of a-z A-Z 0-9 . _ -", client.id),
+                ));
+            }
+            if !seen.insert(client.id.as_str()) {
+                return Err(invalid(
+                    "auth.clients.id",
+                    format!("{:?} is configured twice", client.id),
+                ));
+            }
+            if !is_sha256_hex(&client.token_sha256) {
+                return Err(invalid(
+                    "auth.clients.token_sha256",
+                    format!(
+                        "client {:?}: must be 64 hex digits (SHA-256 of the token)",
+                        client.id
+                    ),
+                ));
+            }
+        }
+        if self.auth.clients.is_empty() && !self.http.listen.ip().is_loopback() {
+            return Err(invalid(
+                "auth.clients",
+                format!(
+                    "no clients are configured, which is allowed only on a loopback address, but http.listen is {}",
+                    self.http.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Settings {
+    /// The admins' ids and digests, and where the admin listener may listen.
+    fn validate_admins(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for admin in &self.auth.admins {
+            if !is_valid_client_id(&admin.id) {
+                return Err(invalid(
+                    "auth.admins.id",
+                    format!("{:?} must be 1 to 64 of a-z A-Z 0-9 . _ -", admin.id),
+                ));
+            }
+            if !seen.insert(admin.id.as_str()) {
+                return Err(invalid(
+                    "auth.admins.id",
+                    format!("{:?} is configured twice", admin.id),
+                ));
+            }
+            if !is_sha256_hex(&admin.token_sha256) {
+                return Err(invalid(
+                    "auth.admins.token_sha256",
+                    format!(
+                        "admin {:?}: must be 64 hex digits (SHA-256 of the token)",
+                        admin.id
+                    ),
+                ));
+            }
+            let digest = admin.token_sha256.to_ascii_lowercase();
+            if self
+                .auth
+                .clients
+                .iter()
+                .any(|client| client.token_sha256.to_ascii_lowercase() == digest)
+            {
+                return Err(invalid(
+                    "auth.admins.token_sha256",
+                    format!("admin {:?}: a client has the same token; give the admin a token of its own (retrysafe token new --admin NAME)", admin.id),
+                ));
+            }
+        }
+        let admin = &self.admin;
+        if !admin.listen.ip().is_loopback() && admin.tls_files().is_none() {
+            return Err(invalid(
+                "admin.listen",
+                format!("{} is not a loopback address, so admin tokens and session cookies would travel in clear; set admin.tls_cert_file and admin.tls_key_file, or listen on loopback and reach it through an SSH tunnel", admin.listen),
+            ));
+        }
+        if !self.auth.admins.is_empty() {
+            let taken = [Some(self.http.listen), self.http.operations_listen];
+            if admin.listen.port() != 0 && taken.contains(&Some(admin.listen)) {
+                return Err(invalid(
+                    "admin.listen",
+                    format!("{} is already http.listen or http.operations_listen; give the admin listener an address of its own", admin.listen),
+                ));
+            }
+        }
+        for host in &admin.hosts {
+            if host.is_empty() || host.len() > 255 || !host.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "admin.hosts",
+                    format!("{host:?} is not a host name (1 to 255 visible ASCII characters)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+pub fn is_valid_client_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A certificate and its key are given together: the error names the one missing.
+fn both_or_neither(
+    (certificate_key, certificate): (&'static str, &Option<PathBuf>),
+    (key_key, key): (&'static str, &Option<PathBuf>),
+) -> Result<(), ConfigError> {
+    match (certificate, key) {
+        (Some(_), None) => Err(invalid(
+            key_key,
+            format!("must be set when {certificate_key} is (the certificate's private key)"),
+        )),
+        (None, Some(_)) => Err(invalid(
+            certificate_key,
+            format!("must be set when {key_key} is (the key's certificate)"),
+        )),
+        _ => Ok(()),
+    }
+}
