@@ -30,7 +30,9 @@ pub use sections::{
     LogSettings, OutboxSettings, TelemetrySettings, UrlList,
 };
 pub use validate::is_valid_client_id;
-pub use validated::{AmqpConfig, BrokerEndpoint, Config, DatabaseConfig};
+pub use validated::{
+    AmqpConfig, BrokerEndpoint, Config, DatabaseConfig, IdempotencyConfig, MismatchStatus,
+};
 pub use warnings::{warnings, ConfigWarning};
 
 /// Prefix of the environment variables that override configuration keys.

@@ -3,7 +3,10 @@
 
 use std::path::PathBuf;
 
-use crate::config::{invalid, Config, ConfigError, Settings};
+use crate::config::{
+    invalid, AmqpConfig, Config, ConfigError, DatabaseConfig, IdempotencyConfig, MismatchStatus,
+    Settings,
+};
 
 impl Settings {
     /// Checks every key ([`validated`](Self::validated)), keeping nothing of what it parsed.
@@ -12,7 +15,8 @@ impl Settings {
     }
 
     /// Checks what the types alone do not (bounds, keys that go together, an open listener's
-    /// credentials) and parses the two URLs, once: the [`Config`] the daemon runs with.
+    /// credentials) and parses what is given as text, once: the [`Config`] the daemon runs
+    /// with.
     pub fn validated(&self) -> Result<Config, ConfigError> {
         self.check_bounds()?;
         // At least one write of the largest body must fit among the pending ones.
@@ -25,9 +29,8 @@ impl Settings {
                 ),
             ));
         }
-        if !matches!(self.idempotency.mismatch_status, 409 | 422) {
-            return Err(invalid("idempotency.mismatch_status", "must be 409 or 422"));
-        }
+        let mismatch_status = MismatchStatus::of_code(self.idempotency.mismatch_status)
+            .ok_or_else(|| invalid("idempotency.mismatch_status", "must be 409 or 422"))?;
         let ratio = self.telemetry.sample_ratio;
         if !ratio.is_finite() || !(0.0..=1.0).contains(&ratio) {
             return Err(invalid(
@@ -66,7 +69,21 @@ impl Settings {
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| invalid("log.level", error.to_string()))?;
         self.validate_clients()?;
-        Config::from_settings(self)
+        Ok(Config {
+            http: self.http.clone(),
+            database: DatabaseConfig::parse(&self.database)?,
+            amqp: AmqpConfig::parse(&self.amqp)?,
+            idempotency: IdempotencyConfig {
+                settings: self.idempotency.clone(),
+                mismatch_status,
+            },
+            outbox: self.outbox.clone(),
+            events: self.events.clone(),
+            auth: self.auth.clone(),
+            admin: self.admin.clone(),
+            log: self.log.clone(),
+            telemetry: self.telemetry.clone(),
+        })
     }
 
     fn validate_clients(&self) -> Result<(), ConfigError> {

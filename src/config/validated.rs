@@ -1,5 +1,6 @@
-//! The configuration as the daemon runs with it: every key checked, and the two URLs parsed
-//! once, here. The database and the broker take what was parsed, never the text again.
+//! The configuration as the daemon runs with it: every key checked, and what was given as text
+//! parsed once, here: the two URLs, the status of a reused key. The database, the broker and
+//! the HTTP layer take what was parsed, never the text again.
 
 use std::fmt;
 use std::ops::Deref;
@@ -9,20 +10,20 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use crate::config::{
     invalid, redact_url, AdminSettings, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings,
     DatabaseUrl, EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings,
-    Settings, TelemetrySettings,
+    TelemetrySettings,
 };
 
 /// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
 /// about two heartbeats instead of RabbitMQ's default of two minutes.
 const DEFAULT_HEARTBEAT_SECONDS: u16 = 10;
 
-/// [`Settings`], validated ([`Settings::validated`]).
+/// [`Settings`](super::Settings), validated ([`validated`](super::Settings::validated)).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub http: HttpSettings,
     pub database: DatabaseConfig,
     pub amqp: AmqpConfig,
-    pub idempotency: IdempotencySettings,
+    pub idempotency: IdempotencyConfig,
     pub outbox: OutboxSettings,
     pub events: EventSettings,
     pub auth: AuthSettings,
@@ -58,26 +59,26 @@ pub struct BrokerEndpoint {
     pub display: String,
 }
 
-impl Config {
-    /// Parses what [`Settings::validated`] has checked key by key.
-    pub(super) fn from_settings(settings: &Settings) -> Result<Self, ConfigError> {
-        Ok(Self {
-            http: settings.http.clone(),
-            database: DatabaseConfig::parse(&settings.database)?,
-            amqp: AmqpConfig::parse(&settings.amqp)?,
-            idempotency: settings.idempotency.clone(),
-            outbox: settings.outbox.clone(),
-            events: settings.events.clone(),
-            auth: settings.auth.clone(),
-            admin: settings.admin.clone(),
-            log: settings.log.clone(),
-            telemetry: settings.telemetry.clone(),
-        })
-    }
+/// `[idempotency]`, with `idempotency.mismatch_status` as a status.
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    pub settings: IdempotencySettings,
+    /// `idempotency.mismatch_status`. It stands in front of the number (`settings`, also
+    /// reached through `Deref`).
+    pub mismatch_status: MismatchStatus,
+}
+
+/// The status of a request that reuses a key with another request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MismatchStatus {
+    /// 409 Conflict, the default.
+    Conflict,
+    /// 422 Unprocessable Content, as in the IETF draft.
+    UnprocessableContent,
 }
 
 impl DatabaseConfig {
-    fn parse(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
+    pub(super) fn parse(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
         let url = DatabaseUrl::parse(settings.url.as_str())
             .map_err(|error| invalid("database.url", error))?;
         let hosts = url.hosts().len();
@@ -108,7 +109,7 @@ impl Deref for DatabaseConfig {
 }
 
 impl AmqpConfig {
-    fn parse(settings: &AmqpSettings) -> Result<Self, ConfigError> {
+    pub(super) fn parse(settings: &AmqpSettings) -> Result<Self, ConfigError> {
         if settings.url.0.is_empty() || settings.url.iter().any(str::is_empty) {
             return Err(invalid(
                 "amqp.url",
@@ -132,6 +133,25 @@ impl Deref for AmqpConfig {
 
     fn deref(&self) -> &AmqpSettings {
         &self.settings
+    }
+}
+
+impl Deref for IdempotencyConfig {
+    type Target = IdempotencySettings;
+
+    fn deref(&self) -> &IdempotencySettings {
+        &self.settings
+    }
+}
+
+impl MismatchStatus {
+    /// The status of `code`, 409 or 422; None for any other.
+    pub fn of_code(code: u16) -> Option<Self> {
+        match code {
+            409 => Some(Self::Conflict),
+            422 => Some(Self::UnprocessableContent),
+            _ => None,
+        }
     }
 }
 
