@@ -26,12 +26,13 @@ use keys::Key;
 pub use redact::{redact_url, UNPARSABLE};
 pub use sections::{
     AdminPrincipal, AdminSettings, AmqpSettings, AuthSettings, ClientSettings, ConnectionString,
-    DatabaseSettings, EventSettings, HttpSettings, IdempotencySettings, Limits, LogFormat,
-    LogSettings, OutboxSettings, TelemetrySettings, UrlList,
+    DatabaseSettings, EventSettings, HttpSettings, IdempotencySettings, LogFormat, LogSettings,
+    OutboxSettings, TelemetrySettings, UrlList, MAX_CLIENT_LIMIT,
 };
 pub use validate::is_valid_client_id;
 pub use validated::{
-    AmqpConfig, BrokerEndpoint, Config, DatabaseConfig, IdempotencyConfig, MismatchStatus,
+    AdminConfig, AmqpConfig, AuthConfig, BrokerEndpoint, ClientConfig, Config, DatabaseConfig,
+    IdempotencyConfig, Limits, MismatchStatus, TokenDigest,
 };
 pub use warnings::{warnings, ConfigWarning};
 

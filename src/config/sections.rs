@@ -254,6 +254,10 @@ section! {
     }
 }
 
+/// The most any limit of a client may be, daemon-wide or its own (`auth.max_concurrent_writes`,
+/// `auth.max_requests_per_second`); 0 is no limit.
+pub const MAX_CLIENT_LIMIT: u32 = 1_000_000;
+
 section! {
     /// `[auth]`: the clients and their limits.
     pub struct AuthSettings("auth") {
@@ -266,33 +270,11 @@ section! {
         /// Writes of one client in flight at once, at most (past it, 429 at once); 0 is no
         /// limit. The default for every client, the anonymous one included; a client may set
         /// its own.
-        max_concurrent_writes: u32 = 128, Bound::Count(0, 1_000_000);
+        max_concurrent_writes: u32 = 128, Bound::Count(0, MAX_CLIENT_LIMIT as u64);
         /// Requests of one client per second, at most, on any `/v1/` route, with a burst of
         /// one second's worth (past it, 429 at once); 0 is no limit. The default for every
         /// client; a client may set its own.
         max_requests_per_second: f64 = 0.0, Bound::Any;
-    }
-}
-
-/// A client's limits; 0 is none.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
-    pub max_concurrent_writes: u32,
-    pub max_requests_per_second: f64,
-}
-
-impl AuthSettings {
-    /// The limits of `client` (None: the anonymous client): its own where it sets them, else
-    /// the daemon-wide defaults.
-    pub fn limits_of(&self, client: Option<&ClientSettings>) -> Limits {
-        Limits {
-            max_concurrent_writes: client
-                .and_then(|client| client.max_concurrent_writes)
-                .unwrap_or(self.max_concurrent_writes),
-            max_requests_per_second: client
-                .and_then(|client| client.max_requests_per_second)
-                .unwrap_or(self.max_requests_per_second),
-        }
     }
 }
 

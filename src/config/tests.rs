@@ -276,3 +276,75 @@ fn unknown_keys_and_bad_values_name_the_key() {
     let error = checked(figment).unwrap_err().to_string();
     assert!(error.contains("outbox.poll_interval"), "{error}");
 }
+
+#[test]
+fn clients_are_checked_as_admins_are_and_their_digests_and_limits_resolved() {
+    let client = |id: &str, digest: &str| ClientSettings {
+        id: id.into(),
+        token_sha256: digest.into(),
+        max_concurrent_writes: None,
+        max_requests_per_second: None,
+    };
+    let digest = "ab".repeat(32);
+    let refused = |change: &dyn Fn(&mut Settings), key: &str, says: &str| {
+        let mut settings = Settings::default();
+        settings.auth.clients = vec![client("jobs", &digest)];
+        change(&mut settings);
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(
+            error.contains(key) && error.contains(says),
+            "{key}: {error}"
+        );
+    };
+    refused(
+        &|settings| settings.auth.clients.push(client("jobs", &"cd".repeat(32))),
+        "auth.clients.id",
+        "\"jobs\" is configured twice",
+    );
+    refused(
+        &|settings| settings.auth.clients = vec![client("jo bs", &digest)],
+        "auth.clients.id",
+        "must be 1 to 64 of",
+    );
+    refused(
+        &|settings| settings.auth.clients = vec![client("jobs", &"g".repeat(64))],
+        "auth.clients.token_sha256",
+        "client \"jobs\": must be 64 hex digits",
+    );
+    refused(
+        &|settings| settings.auth.clients[0].max_concurrent_writes = Some(MAX_CLIENT_LIMIT + 1),
+        "auth.max_concurrent_writes",
+        "client \"jobs\": must be between 0 (no limit) and 1000000",
+    );
+    refused(
+        &|settings| settings.auth.max_requests_per_second = 1e6 + 1.0,
+        "auth.max_requests_per_second",
+        "must be between 0 (no limit) and 1000000",
+    );
+    refused(
+        &|settings| settings.auth.max_concurrent_writes = MAX_CLIENT_LIMIT + 1,
+        "auth.max_concurrent_writes",
+        "must be between 0 and 1000000",
+    );
+
+    let mut settings = Settings::default();
+    settings.auth.max_requests_per_second = 50.0;
+    settings.auth.clients = vec![client("jobs", &digest.to_uppercase())];
+    settings.auth.clients[0].max_concurrent_writes = Some(4);
+    let auth = settings.validated().unwrap().auth;
+    assert_eq!(auth.clients[0].token_sha256.as_bytes(), &[0xab; 32]);
+    assert_eq!(
+        auth.clients[0].limits,
+        Limits {
+            max_concurrent_writes: 4,
+            max_requests_per_second: 50.0,
+        }
+    );
+    assert_eq!(
+        auth.anonymous_limits,
+        Limits {
+            max_concurrent_writes: 128,
+            max_requests_per_second: 50.0,
+        }
+    );
+}

@@ -1,11 +1,13 @@
 //! The checks the types alone do not make: [`Settings::validated`] turns the keys as given
 //! into the [`Config`] the daemon runs with.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::config::{
-    invalid, AmqpConfig, Config, ConfigError, DatabaseConfig, IdempotencyConfig, MismatchStatus,
-    Settings,
+    invalid, AdminConfig, AmqpConfig, AuthConfig, ClientConfig, Config, ConfigError,
+    DatabaseConfig, IdempotencyConfig, Limits, MismatchStatus, Settings, TokenDigest,
+    MAX_CLIENT_LIMIT,
 };
 
 impl Settings {
@@ -58,7 +60,7 @@ impl Settings {
             ("admin.tls_cert_file", &self.admin.tls_cert_file),
             ("admin.tls_key_file", &self.admin.tls_key_file),
         )?;
-        self.validate_admins()?;
+        let admins = self.checked_admins()?;
         both_or_neither(
             ("amqp.tls_cert_file", &self.amqp.tls_cert_file),
             ("amqp.tls_key_file", &self.amqp.tls_key_file),
@@ -68,7 +70,7 @@ impl Settings {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|error| invalid("log.level", error.to_string()))?;
-        self.validate_clients()?;
+        let auth = self.checked_clients(admins)?;
         Ok(Config {
             http: self.http.clone(),
             database: DatabaseConfig::parse(&self.database)?,
@@ -79,65 +81,45 @@ impl Settings {
             },
             outbox: self.outbox.clone(),
             events: self.events.clone(),
-            auth: self.auth.clone(),
+            auth,
             admin: self.admin.clone(),
             log: self.log.clone(),
             telemetry: self.telemetry.clone(),
         })
     }
 
-    fn validate_clients(&self) -> Result<(), ConfigError> {
-        let check_limits =
-            |key_prefix: &str, writes: Option<u32>, rate: Option<f64>| -> Result<(), ConfigError> {
-                if writes.is_some_and(|writes| writes > 1_000_000) {
-                    return Err(invalid(
-                        "auth.max_concurrent_writes",
-                        format!("{key_prefix}must be between 0 (no limit) and 1000000"),
-                    ));
-                }
-                if rate.is_some_and(|rate| !rate.is_finite() || !(0.0..=1e6).contains(&rate)) {
-                    return Err(invalid(
-                        "auth.max_requests_per_second",
-                        format!("{key_prefix}must be between 0 (no limit) and 1000000"),
-                    ));
-                }
-                Ok(())
-            };
+    /// The clients (their limits, ids and digests), with the daemon-wide limits, and whether
+    /// the API may go without them; with `admins`, the `[auth]` the daemon runs with.
+    fn checked_clients(&self, admins: Vec<AdminConfig>) -> Result<AuthConfig, ConfigError> {
+        let auth = &self.auth;
         check_limits(
             "",
-            Some(self.auth.max_concurrent_writes),
-            Some(self.auth.max_requests_per_second),
+            Some(auth.max_concurrent_writes),
+            Some(auth.max_requests_per_second),
         )?;
-        let mut seen = std::collections::HashSet::new();
-        for client in &self.auth.clients {
+        let mut principals = PrincipalChecks::new(&CLIENTS);
+        let mut clients = Vec::with_capacity(auth.clients.len());
+        for client in &auth.clients {
             check_limits(
                 &format!("client {:?}: ", client.id),
                 client.max_concurrent_writes,
                 client.max_requests_per_second,
             )?;
-            if !is_valid_client_id(&client.id) {
-                return Err(invalid(
-                    "auth.clients.id",
-                    format!("{:?} must be 1 to 64 of a-z A-Z 0-9 . _ -", client.id),
-                ));
-            }
-            if !seen.insert(client.id.as_str()) {
-                return Err(invalid(
-                    "auth.clients.id",
-                    format!("{:?} is configured twice", client.id),
-                ));
-            }
-            if !is_sha256_hex(&client.token_sha256) {
-                return Err(invalid(
-                    "auth.clients.token_sha256",
-                    format!(
-                        "client {:?}: must be 64 hex digits (SHA-256 of the token)",
-                        client.id
-                    ),
-                ));
-            }
+            let token_sha256 = principals.check(&client.id, &client.token_sha256)?;
+            clients.push(ClientConfig {
+                id: client.id.clone(),
+                token_sha256,
+                limits: Limits {
+                    max_concurrent_writes: client
+                        .max_concurrent_writes
+                        .unwrap_or(auth.max_concurrent_writes),
+                    max_requests_per_second: client
+                        .max_requests_per_second
+                        .unwrap_or(auth.max_requests_per_second),
+                },
+            });
         }
-        if self.auth.clients.is_empty() && !self.http.listen.ip().is_loopback() {
+        if auth.clients.is_empty() && !self.http.listen.ip().is_loopback() {
             return Err(invalid(
                 "auth.clients",
                 format!(
@@ -146,48 +128,36 @@ impl Settings {
                 ),
             ));
         }
-        Ok(())
+        Ok(AuthConfig {
+            clients,
+            admins,
+            anonymous_limits: Limits {
+                max_concurrent_writes: auth.max_concurrent_writes,
+                max_requests_per_second: auth.max_requests_per_second,
+            },
+        })
     }
-}
 
-impl Settings {
     /// The admins' ids and digests, and where the admin listener may listen.
-    fn validate_admins(&self) -> Result<(), ConfigError> {
-        let mut seen = std::collections::HashSet::new();
+    fn checked_admins(&self) -> Result<Vec<AdminConfig>, ConfigError> {
+        let mut principals = PrincipalChecks::new(&ADMINS);
+        let mut admins = Vec::with_capacity(self.auth.admins.len());
         for admin in &self.auth.admins {
-            if !is_valid_client_id(&admin.id) {
-                return Err(invalid(
-                    "auth.admins.id",
-                    format!("{:?} must be 1 to 64 of a-z A-Z 0-9 . _ -", admin.id),
-                ));
-            }
-            if !seen.insert(admin.id.as_str()) {
-                return Err(invalid(
-                    "auth.admins.id",
-                    format!("{:?} is configured twice", admin.id),
-                ));
-            }
-            if !is_sha256_hex(&admin.token_sha256) {
-                return Err(invalid(
-                    "auth.admins.token_sha256",
-                    format!(
-                        "admin {:?}: must be 64 hex digits (SHA-256 of the token)",
-                        admin.id
-                    ),
-                ));
-            }
-            let digest = admin.token_sha256.to_ascii_lowercase();
-            if self
-                .auth
-                .clients
-                .iter()
-                .any(|client| client.token_sha256.to_ascii_lowercase() == digest)
-            {
+            let token_sha256 = principals.check(&admin.id, &admin.token_sha256)?;
+            if self.auth.clients.iter().any(|client| {
+                client
+                    .token_sha256
+                    .eq_ignore_ascii_case(&admin.token_sha256)
+            }) {
                 return Err(invalid(
                     "auth.admins.token_sha256",
                     format!("admin {:?}: a client has the same token; give the admin a token of its own (retrysafe token new --admin NAME)", admin.id),
                 ));
             }
+            admins.push(AdminConfig {
+                id: admin.id.clone(),
+                token_sha256,
+            });
         }
         let admin = &self.admin;
         if !admin.listen.ip().is_loopback() && admin.tls_files().is_none() {
@@ -213,14 +183,85 @@ impl Settings {
                 ));
             }
         }
-        Ok(())
+        Ok(admins)
     }
 }
 
-fn is_sha256_hex(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
+/// A client's limits within their bounds, the daemon-wide ones and a client's own alike: 0 (no
+/// limit) to [`MAX_CLIENT_LIMIT`]. `whose` begins the message (`client "jobs": `).
+fn check_limits(whose: &str, writes: Option<u32>, rate: Option<f64>) -> Result<(), ConfigError> {
+    let message = || format!("{whose}must be between 0 (no limit) and {MAX_CLIENT_LIMIT}");
+    if writes.is_some_and(|writes| writes > MAX_CLIENT_LIMIT) {
+        return Err(invalid("auth.max_concurrent_writes", message()));
+    }
+    let most = f64::from(MAX_CLIENT_LIMIT);
+    if rate.is_some_and(|rate| !rate.is_finite() || !(0.0..=most).contains(&rate)) {
+        return Err(invalid("auth.max_requests_per_second", message()));
+    }
+    Ok(())
 }
 
+/// A table of principals, `[[auth.clients]]` or `[[auth.admins]]`: what its errors name.
+struct Table {
+    /// `client` or `admin`.
+    kind: &'static str,
+    id_key: &'static str,
+    digest_key: &'static str,
+}
+
+const CLIENTS: Table = Table {
+    kind: "client",
+    id_key: "auth.clients.id",
+    digest_key: "auth.clients.token_sha256",
+};
+
+const ADMINS: Table = Table {
+    kind: "admin",
+    id_key: "auth.admins.id",
+    digest_key: "auth.admins.token_sha256",
+};
+
+/// The principals of one table checked so far.
+struct PrincipalChecks<'a> {
+    table: &'static Table,
+    ids: HashSet<&'a str>,
+}
+
+impl<'a> PrincipalChecks<'a> {
+    fn new(table: &'static Table) -> Self {
+        Self {
+            table,
+            ids: HashSet::new(),
+        }
+    }
+
+    /// The table's next principal: its id (its syntax, and not one of the table's before it)
+    /// and its token's SHA-256 (64 hex digits), which it returns decoded.
+    fn check(&mut self, id: &'a str, token_sha256: &str) -> Result<TokenDigest, ConfigError> {
+        let Table {
+            kind,
+            id_key,
+            digest_key,
+        } = self.table;
+        if !is_valid_client_id(id) {
+            return Err(invalid(
+                id_key,
+                format!("{id:?} must be 1 to 64 of a-z A-Z 0-9 . _ -"),
+            ));
+        }
+        if !self.ids.insert(id) {
+            return Err(invalid(id_key, format!("{id:?} is configured twice")));
+        }
+        TokenDigest::of_hex(token_sha256).ok_or_else(|| {
+            invalid(
+                digest_key,
+                format!("{kind} {id:?}: must be 64 hex digits (SHA-256 of the token)"),
+            )
+        })
+    }
+}
+
+/// A client's or an admin's id: 1 to 64 of a-z A-Z 0-9 . _ -
 pub fn is_valid_client_id(id: &str) -> bool {
     (1..=64).contains(&id.len())
         && id

@@ -8,8 +8,8 @@ use std::ops::Deref;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
-    invalid, redact_url, AdminSettings, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings,
-    DatabaseUrl, EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings,
+    invalid, redact_url, AdminSettings, AmqpSettings, ConfigError, DatabaseSettings, DatabaseUrl,
+    EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings,
     TelemetrySettings,
 };
 
@@ -26,7 +26,7 @@ pub struct Config {
     pub idempotency: IdempotencyConfig,
     pub outbox: OutboxSettings,
     pub events: EventSettings,
-    pub auth: AuthSettings,
+    pub auth: AuthConfig,
     pub admin: AdminSettings,
     pub log: LogSettings,
     pub telemetry: TelemetrySettings,
@@ -75,6 +75,65 @@ pub enum MismatchStatus {
     Conflict,
     /// 422 Unprocessable Content, as in the IETF draft.
     UnprocessableContent,
+}
+
+/// `[auth]`, checked: each principal's token digest decoded, each client's limits resolved.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// `[[auth.clients]]`; none: every request is the anonymous client.
+    pub clients: Vec<ClientConfig>,
+    /// `[[auth.admins]]`; none: no admin listener.
+    pub admins: Vec<AdminConfig>,
+    /// The anonymous client's limits: the daemon-wide ones (`auth.max_concurrent_writes`,
+    /// `auth.max_requests_per_second`).
+    pub anonymous_limits: Limits,
+}
+
+/// A client of the API (`[[auth.clients]]`).
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub id: String,
+    pub token_sha256: TokenDigest,
+    /// Its own limits where it sets them, else the daemon-wide ones.
+    pub limits: Limits,
+}
+
+/// An admin (`[[auth.admins]]`): a principal of the admin listener, never of the API.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub id: String,
+    pub token_sha256: TokenDigest,
+}
+
+/// A client's limits; 0 is none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub max_concurrent_writes: u32,
+    pub max_requests_per_second: f64,
+}
+
+/// The SHA-256 of a bearer token, as the configuration gives it (64 hex digits), decoded; the
+/// token itself is never stored. Not shown in `Debug`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    /// 64 hex digits, in either case; None for any other text.
+    pub fn of_hex(text: &str) -> Option<Self> {
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(text, &mut digest).ok()?;
+        Some(Self(digest))
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenDigest(..)")
+    }
 }
 
 impl DatabaseConfig {
