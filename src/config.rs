@@ -17,6 +17,7 @@ mod redact;
 mod sections;
 #[cfg(test)]
 mod tests;
+mod traces;
 mod validate;
 mod validated;
 mod warnings;
@@ -29,10 +30,11 @@ pub use sections::{
     DatabaseSettings, EventSettings, HttpSettings, IdempotencySettings, LogFormat, LogSettings,
     OutboxSettings, TelemetrySettings, UrlList, MAX_CLIENT_LIMIT,
 };
+pub use traces::{TracesEndpoint, TracesUrl};
 pub use validate::is_valid_client_id;
 pub use validated::{
     AdminConfig, AmqpConfig, AuthConfig, BrokerEndpoint, ClientConfig, Config, DatabaseConfig,
-    IdempotencyConfig, Limits, MismatchStatus, TokenDigest,
+    IdempotencyConfig, Limits, MismatchStatus, TelemetryConfig, TokenDigest,
 };
 pub use warnings::{warnings, ConfigWarning};
 
@@ -169,6 +171,26 @@ fn is_key_variable(name: &str) -> bool {
     };
     let parts: Vec<&str> = rest.split("__").collect();
     parts.len() == 2 && parts.iter().all(|part| !part.is_empty())
+}
+
+/// What the configuration takes from the process's environment besides its `RETRYSAFE_*` keys,
+/// read once, when it is validated ([`Settings::validated`]).
+#[derive(Debug, Clone, Default)]
+struct Environment {
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, when set and not empty.
+    otlp_traces_endpoint: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`, when set and not empty.
+    otlp_endpoint: Option<String>,
+}
+
+impl Environment {
+    fn of_process() -> Result<Self, ConfigError> {
+        let variable = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+        Ok(Self {
+            otlp_traces_endpoint: variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            otlp_endpoint: variable("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        })
+    }
 }
 
 fn environment() -> Env {

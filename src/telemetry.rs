@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogFormat, LogSettings, TelemetrySettings};
+use crate::config::{LogFormat, LogSettings, TelemetryConfig, TracesEndpoint};
 use crate::metric::{self, HTTP_PROTOCOL_ERRORS};
 
 /// lapin's own logs repeat what the daemon reports itself (a lost connection, a returned
@@ -35,17 +35,26 @@ const QUIET_TOKIO_POSTGRES: &str = "tokio_postgres=info";
 /// (see [`ActixOwnAnswers`]).
 const ACTIX_DISPATCHER: &str = "actix_http::h1::dispatcher";
 
-/// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
+/// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`. No spans are
+/// exported.
 pub fn init_logging(settings: &LogSettings) {
-    init_logging_and_traces(settings, &TelemetrySettings::default());
+    let _ = install(settings, None);
 }
 
-/// [`init_logging`], and the export of spans over OTLP when `telemetry` (or the environment)
-/// names a collector ([`crate::otlp`]); shut the export down at exit. A collector's address
-/// that cannot be used is logged, and nothing is exported.
+/// [`init_logging`], and the export of spans over OTLP when the configuration (or the
+/// environment) names a collector ([`crate::otlp`]); shut the export down at exit. A collector
+/// the environment names that cannot be used, or an export that cannot start, is logged, and
+/// nothing is exported.
 pub fn init_logging_and_traces(
     settings: &LogSettings,
-    telemetry: &TelemetrySettings,
+    telemetry: &TelemetryConfig,
+) -> Option<crate::otlp::TraceExport> {
+    install(settings, Some(telemetry))
+}
+
+fn install(
+    settings: &LogSettings,
+    telemetry: Option<&TelemetryConfig>,
 ) -> Option<crate::otlp::TraceExport> {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
@@ -53,19 +62,22 @@ pub fn init_logging_and_traces(
     use tracing_subscriber::Layer;
 
     let mut refused = None;
-    let started = match crate::otlp::endpoint(telemetry) {
-        None => None,
-        Some(Err(error)) => {
-            refused = Some(error);
+    let traces = telemetry.map(|telemetry| (&telemetry.traces, telemetry.sample_ratio));
+    let started = match traces {
+        None | Some((TracesEndpoint::Off, _)) => None,
+        Some((TracesEndpoint::Unusable(error), _)) => {
+            refused = Some(error.clone());
             None
         }
-        Some(Ok(endpoint)) => match crate::otlp::TraceExport::start(telemetry, endpoint) {
-            Ok(started) => Some(started),
-            Err(error) => {
-                refused = Some(error);
-                None
+        Some((TracesEndpoint::To(endpoint), sample_ratio)) => {
+            match crate::otlp::TraceExport::start(endpoint, sample_ratio) {
+                Ok(started) => Some(started),
+                Err(error) => {
+                    refused = Some(error);
+                    None
+                }
             }
-        },
+        }
     };
     let (export, tracer) = match started {
         Some((export, tracer)) => (Some(export), Some(tracer)),

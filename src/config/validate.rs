@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use crate::config::{
     invalid, AdminConfig, AmqpConfig, AuthConfig, ClientConfig, Config, ConfigError,
-    DatabaseConfig, IdempotencyConfig, Limits, MismatchStatus, Settings, TokenDigest,
-    MAX_CLIENT_LIMIT,
+    DatabaseConfig, Environment, IdempotencyConfig, Limits, MismatchStatus, Settings,
+    TelemetryConfig, TokenDigest, TracesEndpoint, MAX_CLIENT_LIMIT,
 };
 
 impl Settings {
@@ -18,8 +18,14 @@ impl Settings {
 
     /// Checks what the types alone do not (bounds, keys that go together, an open listener's
     /// credentials) and parses what is given as text, once: the [`Config`] the daemon runs
-    /// with.
+    /// with. The environment variables the configuration defers to (the
+    /// `OTEL_EXPORTER_OTLP_*` endpoints) are read now, once.
     pub fn validated(&self) -> Result<Config, ConfigError> {
+        self.validated_in(&Environment::of_process()?)
+    }
+
+    /// [`validated`](Self::validated), with the environment given.
+    pub(super) fn validated_in(&self, environment: &Environment) -> Result<Config, ConfigError> {
         self.check_bounds()?;
         // At least one write of the largest body must fit among the pending ones.
         let smallest_pending = self.http.max_body_bytes as u64 + 1024;
@@ -33,17 +39,14 @@ impl Settings {
         }
         let mismatch_status = MismatchStatus::of_code(self.idempotency.mismatch_status)
             .ok_or_else(|| invalid("idempotency.mismatch_status", "must be 409 or 422"))?;
-        let ratio = self.telemetry.sample_ratio;
-        if !ratio.is_finite() || !(0.0..=1.0).contains(&ratio) {
+        let sample_ratio = self.telemetry.sample_ratio;
+        if !sample_ratio.is_finite() || !(0.0..=1.0).contains(&sample_ratio) {
             return Err(invalid(
                 "telemetry.sample_ratio",
                 "must be between 0 (no new trace exported) and 1 (every one)",
             ));
         }
-        if !self.telemetry.otlp_endpoint.is_empty() {
-            crate::otlp::traces_url(&self.telemetry.otlp_endpoint)
-                .map_err(|error| invalid("telemetry.otlp_endpoint", error))?;
-        }
+        let traces = TracesEndpoint::resolve(&self.telemetry.otlp_endpoint, environment)?;
         both_or_neither(
             ("http.tls_cert_file", &self.http.tls_cert_file),
             ("http.tls_key_file", &self.http.tls_key_file),
@@ -84,7 +87,10 @@ impl Settings {
             auth,
             admin: self.admin.clone(),
             log: self.log.clone(),
-            telemetry: self.telemetry.clone(),
+            telemetry: TelemetryConfig {
+                traces,
+                sample_ratio,
+            },
         })
     }
 

@@ -9,8 +9,7 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
     invalid, redact_url, AdminSettings, AmqpSettings, ConfigError, DatabaseSettings, DatabaseUrl,
-    EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings,
-    TelemetrySettings,
+    EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, TracesEndpoint,
 };
 
 /// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
@@ -29,7 +28,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub admin: AdminSettings,
     pub log: LogSettings,
-    pub telemetry: TelemetrySettings,
+    pub telemetry: TelemetryConfig,
 }
 
 /// `[database]`, with `database.url` parsed: what tokio-postgres reads, libpq's TLS parameters
@@ -134,6 +133,14 @@ impl fmt::Debug for TokenDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("TokenDigest(..)")
     }
+}
+
+/// `[telemetry]`, with the collector resolved: `telemetry.otlp_endpoint`, else the environment.
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig {
+    pub traces: TracesEndpoint,
+    /// Share of new traces whose spans are exported, 0 to 1.
+    pub sample_ratio: f64,
 }
 
 impl DatabaseConfig {
