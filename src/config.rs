@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 mod database_url;
 pub mod keys;
+mod log_filter;
 mod redact;
 mod sections;
 #[cfg(test)]
@@ -24,6 +25,7 @@ mod warnings;
 
 pub use database_url::{DatabaseHost, DatabaseUrl, HostName, PgTls, RootCertificates, SslMode};
 use keys::Key;
+pub use log_filter::LogFilter;
 pub use redact::{redact_url, UNPARSABLE};
 pub use sections::{
     AdminPrincipal, AdminSettings, AmqpSettings, AuthSettings, ClientSettings, ConnectionString,
@@ -34,7 +36,7 @@ pub use traces::{TracesEndpoint, TracesUrl};
 pub use validate::is_valid_client_id;
 pub use validated::{
     AdminConfig, AmqpConfig, AuthConfig, BrokerEndpoint, ClientConfig, Config, DatabaseConfig,
-    IdempotencyConfig, Limits, MismatchStatus, TelemetryConfig, TokenDigest,
+    IdempotencyConfig, Limits, LogConfig, MismatchStatus, TelemetryConfig, TokenDigest,
 };
 pub use warnings::{warnings, ConfigWarning};
 
@@ -177,6 +179,8 @@ fn is_key_variable(name: &str) -> bool {
 /// read once, when it is validated ([`Settings::validated`]).
 #[derive(Debug, Clone, Default)]
 struct Environment {
+    /// `RUST_LOG`, when set: it replaces `log.level`.
+    rust_log: Option<String>,
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, when set and not empty.
     otlp_traces_endpoint: Option<String>,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`, when set and not empty.
@@ -186,7 +190,15 @@ struct Environment {
 impl Environment {
     fn of_process() -> Result<Self, ConfigError> {
         let variable = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+        let rust_log = match std::env::var("RUST_LOG") {
+            Ok(filter) => Some(filter),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(invalid("RUST_LOG", "is not valid UTF-8"))
+            }
+        };
         Ok(Self {
+            rust_log,
             otlp_traces_endpoint: variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
             otlp_endpoint: variable("OTEL_EXPORTER_OTLP_ENDPOINT"),
         })

@@ -348,3 +348,33 @@ fn clients_are_checked_as_admins_are_and_their_digests_and_limits_resolved() {
         }
     );
 }
+
+#[test]
+fn rust_log_replaces_log_level_and_an_invalid_one_is_refused_by_name() {
+    let settings = Settings::default();
+    let with_rust_log = |filter: &str| Environment {
+        rust_log: Some(filter.into()),
+        ..Environment::default()
+    };
+    let config = settings.validated_in(&Environment::default()).unwrap();
+    assert_eq!(format!("{:?}", config.log.filter), "\"info\"");
+    let config = settings
+        .validated_in(&with_rust_log("retrysafe=debug,warn"))
+        .unwrap();
+    assert_eq!(
+        format!("{:?}", config.log.filter),
+        "\"retrysafe=debug,warn\""
+    );
+    let error = settings
+        .validated_in(&with_rust_log("retrysafe=loud"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("RUST_LOG"), "{error}");
+    let mut settings = Settings::default();
+    settings.log.level = "retrysafe=loud".into();
+    let error = settings
+        .validated_in(&with_rust_log("info"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("log.level"), "{error}");
+}

@@ -136,6 +136,7 @@ mod tests {
         let environment = |traces: Option<&str>, base: Option<&str>| Environment {
             otlp_traces_endpoint: traces.map(str::to_owned),
             otlp_endpoint: base.map(str::to_owned),
+            ..Environment::default()
         };
         let to = |url: &str| TracesEndpoint::To(TracesUrl::as_given(url).unwrap());
         let both = environment(Some("http://traces:4318/custom"), Some("http://base:4318"));

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use crate::config::{
     invalid, AdminConfig, AmqpConfig, AuthConfig, ClientConfig, Config, ConfigError,
-    DatabaseConfig, Environment, IdempotencyConfig, Limits, MismatchStatus, Settings,
-    TelemetryConfig, TokenDigest, TracesEndpoint, MAX_CLIENT_LIMIT,
+    DatabaseConfig, Environment, IdempotencyConfig, Limits, LogConfig, LogFilter, MismatchStatus,
+    Settings, TelemetryConfig, TokenDigest, TracesEndpoint, MAX_CLIENT_LIMIT,
 };
 
 impl Settings {
@@ -18,7 +18,7 @@ impl Settings {
 
     /// Checks what the types alone do not (bounds, keys that go together, an open listener's
     /// credentials) and parses what is given as text, once: the [`Config`] the daemon runs
-    /// with. The environment variables the configuration defers to (the
+    /// with. The environment variables the configuration defers to (`RUST_LOG`, the
     /// `OTEL_EXPORTER_OTLP_*` endpoints) are read now, once.
     pub fn validated(&self) -> Result<Config, ConfigError> {
         self.validated_in(&Environment::of_process()?)
@@ -71,8 +71,7 @@ impl Settings {
         if self.amqp.exchange.is_empty() || self.amqp.exchange.len() > 255 {
             return Err(invalid("amqp.exchange", "must be 1 to 255 characters"));
         }
-        tracing_subscriber::EnvFilter::try_new(&self.log.level)
-            .map_err(|error| invalid("log.level", error.to_string()))?;
+        let log = self.log_config(environment)?;
         let auth = self.checked_clients(admins)?;
         Ok(Config {
             http: self.http.clone(),
@@ -86,11 +85,27 @@ impl Settings {
             events: self.events.clone(),
             auth,
             admin: self.admin.clone(),
-            log: self.log.clone(),
+            log,
             telemetry: TelemetryConfig {
                 traces,
                 sample_ratio,
             },
+        })
+    }
+
+    /// `RUST_LOG` when it is set (it replaces `log.level`), else `log.level`: both checked, an
+    /// error naming the one at fault.
+    fn log_config(&self, environment: &Environment) -> Result<LogConfig, ConfigError> {
+        let level = LogFilter::parse(&self.log.level)
+            .map_err(|error| invalid("log.level", error.to_string()))?;
+        let filter = match &environment.rust_log {
+            Some(rust_log) => LogFilter::parse(rust_log)
+                .map_err(|error| invalid("RUST_LOG", error.to_string()))?,
+            None => level,
+        };
+        Ok(LogConfig {
+            format: self.log.format,
+            filter,
         })
     }
 

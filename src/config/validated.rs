@@ -9,7 +9,8 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
     invalid, redact_url, AdminSettings, AmqpSettings, ConfigError, DatabaseSettings, DatabaseUrl,
-    EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings, TracesEndpoint,
+    EventSettings, HttpSettings, IdempotencySettings, LogFilter, LogFormat, OutboxSettings,
+    TracesEndpoint,
 };
 
 /// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
@@ -27,7 +28,7 @@ pub struct Config {
     pub events: EventSettings,
     pub auth: AuthConfig,
     pub admin: AdminSettings,
-    pub log: LogSettings,
+    pub log: LogConfig,
     pub telemetry: TelemetryConfig,
 }
 
@@ -133,6 +134,13 @@ impl fmt::Debug for TokenDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("TokenDigest(..)")
     }
+}
+
+/// `[log]`, with the filter parsed: `RUST_LOG` when it is set, else `log.level`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub filter: LogFilter,
 }
 
 /// `[telemetry]`, with the collector resolved: `telemetry.otlp_endpoint`, else the environment.
