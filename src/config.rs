@@ -1,9 +1,12 @@
 //! Layered configuration: built-in defaults, then `config.toml`, then `RETRYSAFE_<SECTION>__<KEY>`
 //! environment variables. Unknown keys and invalid values are errors that name the key.
 //!
-//! Every key is declared once ([`keys::section!`]): its type, default, bounds and doc line.
-//! [`Settings::load`] reads and checks them, and [`Settings::validated`] turns them into the
-//! [`Config`] the rest of the program takes, with the two URLs parsed once.
+//! Every key is declared once ([`keys::section!`], in [`sections`]): its type, default, bounds
+//! and doc line. [`Settings::load`] reads them, and [`Settings::validated`] ([`validate`])
+//! checks them and turns them into the [`Config`] the rest of the program takes
+//! ([`validated`]): what is given as text parsed once (the two URLs, the log filter, where spans
+//! go, a status, the tokens' digests), with the environment variables the configuration defers
+//! to (`RUST_LOG`, `OTEL_EXPORTER_OTLP_*`) read once, there too.
 
 use std::path::Path;
 

@@ -1,6 +1,8 @@
 //! The configuration as the daemon runs with it: every key checked, and what was given as text
-//! parsed once, here: the two URLs, the status of a reused key. The database, the broker and
-//! the HTTP layer take what was parsed, never the text again.
+//! parsed once: the two URLs (here), the status of a reused key, the clients' and admins' token
+//! digests and limits, the log filter ([`LogFilter`]), where spans go ([`TracesEndpoint`]). The
+//! database, the broker, the HTTP layer, the logs and the export of spans take what was parsed,
+//! never the text again.
 
 use std::fmt;
 use std::ops::Deref;
