@@ -30,7 +30,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::config::TelemetrySettings;
+use crate::config::TracesUrl;
 use crate::metric;
 use crate::trace_context::TraceContext;
 
@@ -51,58 +51,19 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
-/// The traces URL of an OTLP/HTTP receiver given by its base URL (`http://host:4318` ->
-/// `http://host:4318/v1/traces`; a URL that already ends with `/v1/traces` is kept).
-pub fn traces_url(base: &str) -> Result<String, String> {
-    let url = url::Url::parse(base).map_err(|error| format!("{base:?} is not a URL: {error}"))?;
-    match url.scheme() {
-        "http" => {}
-        "https" => {
-            return Err(format!(
-                "{base:?}: https is not supported; give the address of a collector on this machine or network over http (the OpenTelemetry Collector's OTLP/HTTP receiver, port 4318), which can forward over TLS"
-            ))
-        }
-        other => {
-            return Err(format!(
-                "{base:?}: the scheme must be http, not {other:?}"
-            ))
-        }
-    }
-    let trimmed = base.trim_end_matches('/');
-    Ok(if trimmed.ends_with("/v1/traces") {
-        trimmed.to_owned()
-    } else {
-        format!("{trimmed}/v1/traces")
-    })
-}
-
-/// Where spans go: `telemetry.otlp_endpoint`, else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (as it
-/// is), else `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL); None: nowhere.
-pub fn endpoint(settings: &TelemetrySettings) -> Option<Result<String, String>> {
-    let variable = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
-    if !settings.otlp_endpoint.is_empty() {
-        return Some(traces_url(&settings.otlp_endpoint));
-    }
-    if let Some(url) = variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
-        return Some(Ok(url));
-    }
-    variable("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| {
-        traces_url(&base).map_err(|error| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {error}"))
-    })
-}
-
 /// The export, once started: shut it down at exit to send what is queued (bounded).
 pub struct TraceExport {
     provider: SdkTracerProvider,
-    pub endpoint: String,
+    pub endpoint: TracesUrl,
 }
 
 impl TraceExport {
-    /// Starts exporting to `endpoint` (see [`endpoint`]); returns the tracer for the layer.
-    pub fn start(settings: &TelemetrySettings, endpoint: String) -> Result<(Self, Tracer), String> {
+    /// Starts exporting to `endpoint`, a share `sample_ratio` of new traces; returns the tracer
+    /// for the layer.
+    pub fn start(endpoint: &TracesUrl, sample_ratio: f64) -> Result<(Self, Tracer), String> {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_endpoint(endpoint.clone())
+            .with_endpoint(endpoint.as_str())
             .with_timeout(EXPORT_TIMEOUT)
             .build()
             .map_err(|error| format!("telemetry.otlp_endpoint: {error}"))?;
@@ -124,14 +85,20 @@ impl TraceExport {
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                settings.sample_ratio,
+                sample_ratio,
             ))))
             .with_resource(resource())
             .build();
         let tracer = provider.tracer("retrysafe");
         let _ = TRACER.set(tracer.clone());
         EXPORTING.store(true, Ordering::Relaxed);
-        Ok((Self { provider, endpoint }, tracer))
+        Ok((
+            Self {
+                provider,
+                endpoint: endpoint.clone(),
+            },
+            tracer,
+        ))
     }
 
     /// Sends what is queued, within [`EXPORT_TIMEOUT`], and stops the export's thread.
@@ -391,27 +358,6 @@ pub fn end_writer_batch_span(span: Option<opentelemetry_sdk::trace::Span>, faile
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_base_url_gets_the_traces_path_and_https_is_refused_in_words() {
-        assert_eq!(
-            traces_url("http://127.0.0.1:4318").unwrap(),
-            "http://127.0.0.1:4318/v1/traces"
-        );
-        assert_eq!(
-            traces_url("http://collector:4318/").unwrap(),
-            "http://collector:4318/v1/traces"
-        );
-        assert_eq!(
-            traces_url("http://collector:4318/v1/traces").unwrap(),
-            "http://collector:4318/v1/traces"
-        );
-        assert!(traces_url("https://collector:4318")
-            .unwrap_err()
-            .contains("https is not supported"));
-        assert!(traces_url("collector:4318").is_err());
-        assert!(traces_url("not a url").is_err());
-    }
 
     #[test]
     fn a_stored_trace_context_round_trips_through_a_span_context() {

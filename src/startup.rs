@@ -533,13 +533,14 @@ mod tests {
 
     #[test]
     fn tokens_travel_in_clear_only_to_a_plain_listener_off_loopback_with_clients() {
-        let mut config = crate::config::Settings::default().validated().unwrap();
-        config.auth.clients = vec![ClientSettings {
+        let mut settings = crate::config::Settings::default();
+        settings.auth.clients = vec![ClientSettings {
             id: "jobs".into(),
             token_sha256: "0".repeat(64),
             max_concurrent_writes: None,
             max_requests_per_second: None,
         }];
+        let mut config = settings.validated().unwrap();
         assert!(!tokens_travel_in_clear(&config), "loopback");
         config.http.listen = "10.1.2.3:8080".parse().unwrap();
         assert!(tokens_travel_in_clear(&config));

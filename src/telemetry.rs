@@ -4,48 +4,34 @@
 
 use std::time::Duration;
 
-use tracing_subscriber::EnvFilter;
-
-use crate::config::{LogFormat, LogSettings, TelemetrySettings};
+use crate::config::{LogConfig, LogFormat, TelemetryConfig, TracesEndpoint};
 use crate::metric::{self, HTTP_PROTOCOL_ERRORS};
-
-/// lapin's own logs repeat what the daemon reports itself (a lost connection, a returned
-/// message, a channel closed by the broker) at levels that do not fit: an ERROR for every clean
-/// shutdown and for the 404 that tells the daemon to declare a missing exchange, two ERRORs from
-/// its I/O loop for every cut connection (which the daemon reports as one WARN, "broker
-/// connection lost"), and a WARN carrying the whole body of every unroutable message. A `lapin`
-/// directive in `log.level` or `RUST_LOG` takes precedence.
-const QUIET_LAPIN: &[&str] = &[
-    "lapin::channels=off",
-    "lapin::channel=off",
-    "lapin::io_loop=off",
-    "lapin::returned_messages=off",
-];
-
-/// lapin's I/O loop at most at debug when trace is asked for.
-const NO_SECRETS_FROM_LAPIN: &str = "lapin::io_loop=debug";
-
-/// At debug, tokio-postgres logs every statement with its parameters: idempotency keys, entry
-/// data, client addresses (its trace lines add only the connection's states). Kept at info
-/// whatever level is asked for, trace included, unless a `tokio_postgres` directive names it:
-/// client data reaches the log only when someone asks for exactly that.
-const QUIET_TOKIO_POSTGRES: &str = "tokio_postgres=info";
 
 /// The target of actix-http's HTTP/1 connection handling, which answers some requests itself
 /// (see [`ActixOwnAnswers`]).
 const ACTIX_DISPATCHER: &str = "actix_http::h1::dispatcher";
 
-/// Installs the global subscriber. `RUST_LOG`, when set, overrides `log.level`.
-pub fn init_logging(settings: &LogSettings) {
-    init_logging_and_traces(settings, &TelemetrySettings::default());
+/// Installs the global subscriber, with the configuration's filter (`RUST_LOG` when set, else
+/// `log.level`, after the daemon's defaults: [`crate::config::LogFilter`]). No spans are
+/// exported.
+pub fn init_logging(settings: &LogConfig) {
+    let _ = install(settings, None);
 }
 
-/// [`init_logging`], and the export of spans over OTLP when `telemetry` (or the environment)
-/// names a collector ([`crate::otlp`]); shut the export down at exit. A collector's address
-/// that cannot be used is logged, and nothing is exported.
+/// [`init_logging`], and the export of spans over OTLP when the configuration (or the
+/// environment) names a collector ([`crate::otlp`]); shut the export down at exit. A collector
+/// the environment names that cannot be used, or an export that cannot start, is logged, and
+/// nothing is exported.
 pub fn init_logging_and_traces(
-    settings: &LogSettings,
-    telemetry: &TelemetrySettings,
+    settings: &LogConfig,
+    telemetry: &TelemetryConfig,
+) -> Option<crate::otlp::TraceExport> {
+    install(settings, Some(telemetry))
+}
+
+fn install(
+    settings: &LogConfig,
+    telemetry: Option<&TelemetryConfig>,
 ) -> Option<crate::otlp::TraceExport> {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
@@ -53,19 +39,22 @@ pub fn init_logging_and_traces(
     use tracing_subscriber::Layer;
 
     let mut refused = None;
-    let started = match crate::otlp::endpoint(telemetry) {
-        None => None,
-        Some(Err(error)) => {
-            refused = Some(error);
+    let traces = telemetry.map(|telemetry| (&telemetry.traces, telemetry.sample_ratio));
+    let started = match traces {
+        None | Some((TracesEndpoint::Off, _)) => None,
+        Some((TracesEndpoint::Unusable(error), _)) => {
+            refused = Some(error.clone());
             None
         }
-        Some(Ok(endpoint)) => match crate::otlp::TraceExport::start(telemetry, endpoint) {
-            Ok(started) => Some(started),
-            Err(error) => {
-                refused = Some(error);
-                None
+        Some((TracesEndpoint::To(endpoint), sample_ratio)) => {
+            match crate::otlp::TraceExport::start(endpoint, sample_ratio) {
+                Ok(started) => Some(started),
+                Err(error) => {
+                    refused = Some(error);
+                    None
+                }
             }
-        },
+        }
     };
     let (export, tracer) = match started {
         Some((export, tracer)) => (Some(export), Some(tracer)),
@@ -83,9 +72,7 @@ pub fn init_logging_and_traces(
             .with_filter(Targets::new().with_target("retrysafe", LevelFilter::INFO))
     });
 
-    let requested = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.level.clone());
-    let directives = directives(&requested);
-    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = settings.filter.env_filter();
     let output_level = filter.max_level_hint();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let output = match settings.format {
@@ -126,56 +113,6 @@ pub fn init_logging_and_traces(
         (None, None) => {}
     }
     export
-}
-
-/// The filter's directives: the daemon's defaults for other crates' logs, then `requested`
-/// (`log.level` or `RUST_LOG`), which overrides a default for a target it names.
-fn directives(requested: &str) -> String {
-    let mut defaults = Vec::new();
-    if !names_target(requested, "lapin") {
-        defaults.extend_from_slice(QUIET_LAPIN);
-    }
-    if !names_target(requested, "tokio_postgres") {
-        defaults.push(QUIET_TOKIO_POSTGRES);
-    }
-    if !names_target(requested, "actix_http") {
-        // Its ERROR for a client's malformed request is replaced by ActixOwnAnswers's WARN.
-        defaults.push("actix_http::h1::dispatcher=off");
-    }
-    defaults.push(requested);
-    // Last, so that it wins over any other directive: at trace, lapin's I/O loop logs every
-    // frame it writes, the SASL response with the broker password among them. Only then: as a
-    // directive of its own it would also turn lapin's I/O loop up to debug at a lower level.
-    if asks_for_trace(requested) {
-        defaults.push(NO_SECRETS_FROM_LAPIN);
-    }
-    defaults.join(",")
-}
-
-/// Whether a filter (`RUST_LOG` syntax) has a directive for `target` or a module of it.
-fn names_target(directives: &str, target: &str) -> bool {
-    directives.split(',').any(|directive| {
-        let directive_target = directive
-            .trim()
-            .split(['=', '['])
-            .next()
-            .unwrap_or_default();
-        directive_target == target
-            || directive_target
-                .strip_prefix(target)
-                .is_some_and(|rest| rest.starts_with("::"))
-    })
-}
-
-/// Whether a filter (`RUST_LOG` syntax) asks for the trace level anywhere.
-fn asks_for_trace(directives: &str) -> bool {
-    directives.split(',').any(|directive| {
-        let level = directive
-            .rsplit_once('=')
-            .map_or(directive, |(_, level)| level);
-        let level = level.trim();
-        level.eq_ignore_ascii_case("trace") || level == "5"
-    })
 }
 
 /// The `log` crate's filter for a tracing level filter.
@@ -471,57 +408,6 @@ mod tests {
             self.0.set(self.0.get() + 1);
             f.write_str("x")
         }
-    }
-
-    #[test]
-    fn trace_is_told_from_other_levels() {
-        for yes in [
-            "trace",
-            "warn,lapin=TRACE",
-            "info, retrysafe=trace ",
-            "5",
-            "a[s{f=1}]=trace",
-        ] {
-            assert!(asks_for_trace(yes), "{yes}");
-        }
-        for no in [
-            "info",
-            "warn,my_trace_module=debug",
-            "debug,lapin::io_loop=debug",
-            "",
-        ] {
-            assert!(!asks_for_trace(no), "{no}");
-        }
-    }
-
-    /// Runs `check` under the filter built from `requested`.
-    fn under_filter(requested: &str, check: impl FnOnce() -> bool) -> bool {
-        use tracing_subscriber::layer::SubscriberExt;
-        let filter = EnvFilter::try_new(directives(requested)).unwrap();
-        tracing::subscriber::with_default(tracing_subscriber::registry().with(filter), check)
-    }
-
-    #[test]
-    fn tokio_postgres_statement_parameters_stay_out_unless_asked_for_by_name() {
-        use tracing::Level;
-        let parameters = || tracing::enabled!(target: "tokio_postgres::query", Level::DEBUG);
-        let connection_errors = || tracing::enabled!(target: "tokio_postgres::query", Level::INFO);
-        for level in ["info", "debug", "trace", "retrysafe=trace,trace", "5"] {
-            assert!(
-                !under_filter(level, parameters),
-                "{level}: tokio-postgres logs statement parameters at debug"
-            );
-            assert!(under_filter(level, connection_errors), "{level}");
-        }
-        assert!(under_filter("trace", || tracing::enabled!(
-            target: "retrysafe::write::writer",
-            Level::TRACE
-        )));
-        for named in ["info,tokio_postgres=debug", "tokio_postgres::query=trace"] {
-            assert!(under_filter(named, parameters), "{named}: named explicitly");
-        }
-        assert!(names_target("info,lapin::io_loop=debug", "lapin"));
-        assert!(!names_target("info,lapinx=debug,my_lapin=trace", "lapin"));
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl AdminState {
                     .auth
                     .admins
                     .iter()
-                    .map(|admin| (Arc::from(admin.id.as_str()), admin.token_sha256.as_str())),
+                    .map(|admin| (Arc::from(admin.id.as_str()), admin.token_sha256)),
             ),
             sessions: session::Sessions::new(
                 config.admin.session_timeout,

@@ -241,7 +241,7 @@ macro_rules! section {
             ];
 
             /// Every value within its key's bounds.
-            fn check_bounds(&self) -> Result<(), $crate::config::ConfigError> {
+            pub(super) fn check_bounds(&self) -> Result<(), $crate::config::ConfigError> {
                 $(
                     $crate::config::keys::ConfigValue::check(
                         &self.$field,

@@ -1,5 +1,8 @@
-//! The configuration as the daemon runs with it: every key checked, and the two URLs parsed
-//! once, here. The database and the broker take what was parsed, never the text again.
+//! The configuration as the daemon runs with it: every key checked, and what was given as text
+//! parsed once: the two URLs (here), the status of a reused key, the clients' and admins' token
+//! digests and limits, the log filter ([`LogFilter`]), where spans go ([`TracesEndpoint`]). The
+//! database, the broker, the HTTP layer, the logs and the export of spans take what was parsed,
+//! never the text again.
 
 use std::fmt;
 use std::ops::Deref;
@@ -7,28 +10,28 @@ use std::ops::Deref;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
-    invalid, redact_url, AdminSettings, AmqpSettings, AuthSettings, ConfigError, DatabaseSettings,
-    DatabaseUrl, EventSettings, HttpSettings, IdempotencySettings, LogSettings, OutboxSettings,
-    Settings, TelemetrySettings,
+    invalid, redact_url, AdminSettings, AmqpSettings, ConfigError, DatabaseSettings, DatabaseUrl,
+    EventSettings, HttpSettings, IdempotencySettings, LogFilter, LogFormat, OutboxSettings,
+    TracesEndpoint,
 };
 
 /// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
 /// about two heartbeats instead of RabbitMQ's default of two minutes.
 const DEFAULT_HEARTBEAT_SECONDS: u16 = 10;
 
-/// [`Settings`], validated ([`Settings::validated`]).
+/// [`Settings`](super::Settings), validated ([`validated`](super::Settings::validated)).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub http: HttpSettings,
     pub database: DatabaseConfig,
     pub amqp: AmqpConfig,
-    pub idempotency: IdempotencySettings,
+    pub idempotency: IdempotencyConfig,
     pub outbox: OutboxSettings,
     pub events: EventSettings,
-    pub auth: AuthSettings,
+    pub auth: AuthConfig,
     pub admin: AdminSettings,
-    pub log: LogSettings,
-    pub telemetry: TelemetrySettings,
+    pub log: LogConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 /// `[database]`, with `database.url` parsed: what tokio-postgres reads, libpq's TLS parameters
@@ -58,26 +61,100 @@ pub struct BrokerEndpoint {
     pub display: String,
 }
 
-impl Config {
-    /// Parses what [`Settings::validated`] has checked key by key.
-    pub(super) fn from_settings(settings: &Settings) -> Result<Self, ConfigError> {
-        Ok(Self {
-            http: settings.http.clone(),
-            database: DatabaseConfig::parse(&settings.database)?,
-            amqp: AmqpConfig::parse(&settings.amqp)?,
-            idempotency: settings.idempotency.clone(),
-            outbox: settings.outbox.clone(),
-            events: settings.events.clone(),
-            auth: settings.auth.clone(),
-            admin: settings.admin.clone(),
-            log: settings.log.clone(),
-            telemetry: settings.telemetry.clone(),
-        })
+/// `[idempotency]`, with `idempotency.mismatch_status` as a status.
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    pub settings: IdempotencySettings,
+    /// `idempotency.mismatch_status`. It stands in front of the number (`settings`, also
+    /// reached through `Deref`).
+    pub mismatch_status: MismatchStatus,
+}
+
+/// The status of a request that reuses a key with another request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MismatchStatus {
+    /// 409 Conflict, the default.
+    Conflict,
+    /// 422 Unprocessable Content, as in the IETF draft.
+    UnprocessableContent,
+}
+
+/// `[auth]`, checked: each principal's token digest decoded, each client's limits resolved.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// `[[auth.clients]]`; none: every request is the anonymous client.
+    pub clients: Vec<ClientConfig>,
+    /// `[[auth.admins]]`; none: no admin listener.
+    pub admins: Vec<AdminConfig>,
+    /// The anonymous client's limits: the daemon-wide ones (`auth.max_concurrent_writes`,
+    /// `auth.max_requests_per_second`).
+    pub anonymous_limits: Limits,
+}
+
+/// A client of the API (`[[auth.clients]]`).
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub id: String,
+    pub token_sha256: TokenDigest,
+    /// Its own limits where it sets them, else the daemon-wide ones.
+    pub limits: Limits,
+}
+
+/// An admin (`[[auth.admins]]`): a principal of the admin listener, never of the API.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub id: String,
+    pub token_sha256: TokenDigest,
+}
+
+/// A client's limits; 0 is none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub max_concurrent_writes: u32,
+    pub max_requests_per_second: f64,
+}
+
+/// The SHA-256 of a bearer token, as the configuration gives it (64 hex digits), decoded; the
+/// token itself is never stored. Not shown in `Debug`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    /// 64 hex digits, in either case; None for any other text.
+    pub fn of_hex(text: &str) -> Option<Self> {
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(text, &mut digest).ok()?;
+        Some(Self(digest))
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
     }
 }
 
+impl fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenDigest(..)")
+    }
+}
+
+/// `[log]`, with the filter parsed: `RUST_LOG` when it is set, else `log.level`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub filter: LogFilter,
+}
+
+/// `[telemetry]`, with the collector resolved: `telemetry.otlp_endpoint`, else the environment.
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig {
+    pub traces: TracesEndpoint,
+    /// Share of new traces whose spans are exported, 0 to 1.
+    pub sample_ratio: f64,
+}
+
 impl DatabaseConfig {
-    fn parse(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
+    pub(super) fn parse(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
         let url = DatabaseUrl::parse(settings.url.as_str())
             .map_err(|error| invalid("database.url", error))?;
         let hosts = url.hosts().len();
@@ -108,7 +185,7 @@ impl Deref for DatabaseConfig {
 }
 
 impl AmqpConfig {
-    fn parse(settings: &AmqpSettings) -> Result<Self, ConfigError> {
+    pub(super) fn parse(settings: &AmqpSettings) -> Result<Self, ConfigError> {
         if settings.url.0.is_empty() || settings.url.iter().any(str::is_empty) {
             return Err(invalid(
                 "amqp.url",
@@ -132,6 +209,25 @@ impl Deref for AmqpConfig {
 
     fn deref(&self) -> &AmqpSettings {
         &self.settings
+    }
+}
+
+impl Deref for IdempotencyConfig {
+    type Target = IdempotencySettings;
+
+    fn deref(&self) -> &IdempotencySettings {
+        &self.settings
+    }
+}
+
+impl MismatchStatus {
+    /// The status of `code`, 409 or 422; None for any other.
+    pub fn of_code(code: u16) -> Option<Self> {
+        match code {
+            409 => Some(Self::Conflict),
+            422 => Some(Self::UnprocessableContent),
+            _ => None,
+        }
     }
 }
 

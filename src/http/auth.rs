@@ -7,7 +7,7 @@ use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{AuthSettings, ANONYMOUS_CLIENT};
+use crate::config::{AuthConfig, TokenDigest, ANONYMOUS_CLIENT};
 use crate::http::limits::ClientLimiter;
 use crate::http::problem::ApiError;
 
@@ -24,17 +24,11 @@ pub struct Principals<T> {
 }
 
 impl<T: Clone> Principals<T> {
-    /// From each principal and its token's SHA-256 as configured (validated as 64 hex digits
-    /// when the configuration was loaded).
-    pub fn new<'a>(configured: impl IntoIterator<Item = (T, &'a str)>) -> Self {
+    /// From each principal and its token's SHA-256, as configured.
+    pub fn new(configured: impl IntoIterator<Item = (T, TokenDigest)>) -> Self {
         let known = configured
             .into_iter()
-            .map(|(principal, token_sha256)| {
-                let mut digest = [0u8; 32];
-                hex::decode_to_slice(token_sha256, &mut digest)
-                    .expect("token_sha256 is validated as 64 hex digits");
-                (principal, digest)
-            })
+            .map(|(principal, token_sha256)| (principal, *token_sha256.as_bytes()))
             .collect();
         Self { known }
     }
@@ -71,7 +65,7 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(settings: &AuthSettings) -> Self {
+    pub fn new(auth: &AuthConfig) -> Self {
         let client = |id: &str, limits| {
             let id: Arc<str> = Arc::from(id);
             Arc::new(Client {
@@ -79,16 +73,15 @@ impl Authenticator {
                 id,
             })
         };
-        let clients = Principals::new(settings.clients.iter().map(|configured| {
-            let limits = settings.limits_of(Some(configured));
+        let clients = Principals::new(auth.clients.iter().map(|configured| {
             (
-                client(&configured.id, limits),
-                configured.token_sha256.as_str(),
+                client(&configured.id, configured.limits),
+                configured.token_sha256,
             )
         }));
         Self {
             clients,
-            anonymous: client(ANONYMOUS_CLIENT, settings.limits_of(None)),
+            anonymous: client(ANONYMOUS_CLIENT, auth.anonymous_limits),
         }
     }
 

@@ -15,8 +15,10 @@ pub mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use crate::config::MismatchStatus;
 use crate::db::Database;
 use crate::outbox::Broker;
 use crate::write::{shard_index, ScopedKey, ShardHandle};
@@ -38,7 +40,7 @@ pub struct AppState {
     pub body_timeout: Duration,
     pub wait_timeout: Duration,
     /// Status for a reused key with another request (409, or 422).
-    pub mismatch_status: actix_web::http::StatusCode,
+    pub mismatch_status: StatusCode,
     /// Turns for decoding large bodies off the HTTP workers.
     pub decoders: Arc<tokio::sync::Semaphore>,
     /// Turns for `GET /v1/entries`, each holding a page in memory
@@ -72,10 +74,10 @@ impl AppState {
             max_body_bytes: config.http.max_body_bytes,
             body_timeout: config.http.body_timeout,
             wait_timeout: config.idempotency.wait_timeout,
-            mismatch_status: actix_web::http::StatusCode::from_u16(
-                config.idempotency.mismatch_status,
-            )
-            .expect("mismatch_status is validated as 409 or 422"),
+            mismatch_status: match config.idempotency.mismatch_status {
+                MismatchStatus::Conflict => StatusCode::CONFLICT,
+                MismatchStatus::UnprocessableContent => StatusCode::UNPROCESSABLE_ENTITY,
+            },
             readiness,
             listings: Arc::new(tokio::sync::Semaphore::new(listing::CONCURRENT_LISTINGS)),
             read_wait: config.database.connect_timeout,
