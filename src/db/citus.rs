@@ -47,6 +47,13 @@ pub const BEGIN_WITH_VALUES: &str = "BEGIN; SET LOCAL plan_cache_mode = force_cu
 /// for the rest of the session.
 pub const PLAN_WITH_VALUES: &str = "SET plan_cache_mode = force_custom_plan";
 
+/// For a transaction that modifies a reference table after rows of several shards (a replay's
+/// record of a batch): Citus refuses that when the shards were modified in parallel, over
+/// several connections per worker. Harmless elsewhere: PostgreSQL keeps an unknown setting of
+/// a dotted name for the transaction, unused.
+pub const ONE_CONNECTION_PER_WORKER: &str =
+    "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'";
+
 /// How often the daemon reads again which shard holds which client.
 pub const SHARD_MAP_REFRESH: Duration = Duration::from_secs(30);
 

@@ -1,35 +1,12 @@
 //! Every command of the built binary, including its errors.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use sha2::Digest;
 
+use crate::common::cli::{retrysafe, stderr, stdout};
 use crate::common::daemon::spawn_app_without_relays;
 use crate::common::helpers::{entry_body, test_settings, TestDatabase};
-
-/// The built binary with `args`, run from the repository (so `./config.toml` is its default
-/// configuration), with `env` on top.
-pub fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
-    command
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("RETRYSAFE_CONFIG")
-        .env_remove("RETRYSAFE_URL")
-        .env("RETRYSAFE_LOG__LEVEL", "warn");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    command.output().expect("the binary runs")
-}
-
-pub fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-pub fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
 
 fn temp_file(contents: &str) -> std::path::PathBuf {
     let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::cli::{retrysafe, stderr, stdout};
+use crate::common::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{header, TestConsumer};
 use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
 

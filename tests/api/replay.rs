@@ -12,7 +12,7 @@ use lapin::message::Delivery;
 use retrysafe::inbox::Inbox;
 use uuid::Uuid;
 
-use crate::cli::{retrysafe, stderr, stdout};
+use crate::common::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{header, message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
 use crate::common::helpers::eventually;

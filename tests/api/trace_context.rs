@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::cli::{retrysafe, stderr};
+use crate::common::cli::{retrysafe, stderr};
 use crate::common::consumer::{header, TestConsumer};
 use crate::common::daemon::spawn_app_without_relays;
 use crate::common::helpers::entry_body;

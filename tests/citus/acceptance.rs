@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use retrysafe::config::Settings;
 use serde_json::json;
 
 use crate::common::citus::CitusLab;
@@ -21,10 +22,12 @@ pub fn token(client: &str) -> String {
 
 /// A daemon on the lab with [`CLIENTS`] configured.
 pub async fn daemon_on(lab: &CitusLab) -> TestDaemon {
-    spawn_app_on(&lab.url(), |settings| {
-        settings.auth.clients = CLIENTS.iter().map(|id| client(id, &token(id))).collect();
-    })
-    .await
+    spawn_app_on(&lab.url(), true, with_clients).await
+}
+
+/// [`CLIENTS`] configured in `settings`.
+pub fn with_clients(settings: &mut Settings) {
+    settings.auth.clients = CLIENTS.iter().map(|id| client(id, &token(id))).collect();
 }
 
 /// Two of [`CLIENTS`] whose rows are on different workers.

@@ -118,14 +118,19 @@ async fn start_in_process(
 }
 
 /// An in-process daemon on the database at `url` (a server of the test's own, such as a Citus
-/// lab, which the test tears down), with [`test_settings`] changed by `configure`.
-pub async fn spawn_app_on(url: &str, configure: impl FnOnce(&mut Settings)) -> TestDaemon {
+/// lab, which the test tears down), with [`test_settings`] changed by `configure`; `relays:
+/// false` as [`spawn_app_without_relays`].
+pub async fn spawn_app_on(
+    url: &str,
+    relays: bool,
+    configure: impl FnOnce(&mut Settings),
+) -> TestDaemon {
     let mut settings = test_settings();
     settings.database.url = url.into();
     configure(&mut settings);
     let database = Arc::new(TestDatabase::external(url));
     let exchange = Arc::new(TestExchange::new(&settings));
-    start_in_process(settings, database, exchange, Options::default()).await
+    start_in_process(settings, database, exchange, Options { relays }).await
 }
 
 /// A daemon run in this process, in an actix system on a thread of its own. Dropping it stops

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod citus;
+pub mod cli;
 pub mod consumer;
 pub mod daemon;
 pub mod helpers;

@@ -130,10 +130,14 @@ RETURNING ",
     replay_columns!()
 );
 
+/// The time is read in a CTE of its own: Citus refuses `now()` inside a `CASE` of a
+/// modification.
 const FINISH_REPLAY: &str = concat!(
-    "UPDATE replays
-SET status = $2, last_error = $3, updated_at = now(),
-    finished_at = CASE WHEN $2 = 'completed' THEN now() END
+    "WITH clock AS (SELECT now() AS now)
+UPDATE replays
+SET status = $2, last_error = $3, updated_at = clock.now,
+    finished_at = CASE WHEN $2 = 'completed' THEN clock.now END
+FROM clock
 WHERE id = $1
 RETURNING ",
     replay_columns!()
@@ -222,6 +226,9 @@ pub(super) async fn record_batch(
     let recorded = db
         .run(async |connection| {
             let transaction = connection.transaction().await?;
+            transaction
+                .batch_execute(crate::db::citus::ONE_CONNECTION_PER_WORKER)
+                .await?;
             let rows = transaction
                 .query(
                     RECORD_BATCH,

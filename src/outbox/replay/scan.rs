@@ -68,6 +68,7 @@ pub async fn outbox_extent(db: &Database) -> Result<OutboxExtent, StorageError> 
 /// The selected events among outbox ids ($1, $2]: an index range scan of the primary key,
 /// filtered. `IS NULL`/`cardinality` let one statement serve every selection; each statement is
 /// planned for its own values (unnamed, not cached), so the filters cost nothing when absent.
+/// A skipped event is never published, by a replay no more than by a relay.
 macro_rules! selected_events {
     () => {
         "
@@ -77,7 +78,8 @@ WHERE id > $1 AND id <= $2
   AND ($4::timestamptz IS NULL OR created_at < $4)
   AND (cardinality($5::text[]) = 0 OR event_type = ANY($5::text[]))
   AND (cardinality($6::text[]) = 0 OR client_id = ANY($6::text[]))
-  AND ($7::uuid IS NULL OR event_id = $7)"
+  AND ($7::uuid IS NULL OR event_id = $7)
+  AND skipped_at IS NULL"
     };
 }
 

@@ -99,9 +99,9 @@ pub struct ParkedSelection {
 }
 
 /// The parked rows a [`ParkedSelection`] picks, through the partial index of parked rows
-/// (outbox_events_parked), in id order.
+/// (outbox_events_parked).
 const PARKED_SELECTED: &str = "
-SELECT id, event_type
+SELECT id, event_type, event_id, client_id
 FROM outbox_events
 WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
   AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
@@ -112,29 +112,19 @@ WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
   AND ($6::timestamptz IS NULL OR created_at > $6)
   AND ($7::timestamptz IS NULL OR created_at < $7)";
 
-/// Requeues the selected parked events with a fresh attempt count, due one after another at
-/// `$5` events per second from now (all at once when null): a consumer whose queue has room for
-/// a hundred is not handed thousands at once, to park them again. Rows that changed since they
-/// were selected (sent, or requeued by someone else) are left alone.
-const REQUEUE_PARKED: &str = "
-WITH selected AS (
-    SELECT id, row_number() OVER (ORDER BY id) - 1 AS position
-    FROM (SELECT id FROM outbox_events
-          WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
-            AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
-            AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
-            AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
-            AND ($4::timestamptz IS NULL OR failed_at >= $4)
-            AND ($5::text IS NULL OR coalesce(last_error, '') = $5)
-            AND ($6::timestamptz IS NULL OR created_at > $6)
-            AND ($7::timestamptz IS NULL OR created_at < $7)) AS parked
-)
+/// Requeues the picked parked events (`$1` their clients, `$2` their ids) with a fresh attempt
+/// count, each due at its time in `$3`. Rows that changed since they were picked (sent, or
+/// requeued by someone else) are left alone. The clients are named, so that on Citus the
+/// statement reads only their shards.
+const REQUEUE_PICKED: &str = "
 UPDATE outbox_events o
-SET failed_at = NULL, attempts = 0, nacks = 0,
-    next_attempt_at = now() + CASE WHEN $8::float8 IS NULL THEN interval '0'
-                                   ELSE make_interval(secs => s.position / $8::float8) END
-FROM selected s
-WHERE o.id = s.id AND o.sent_at IS NULL AND o.failed_at IS NOT NULL AND o.skipped_at IS NULL";
+SET failed_at = NULL, attempts = 0, nacks = 0, next_attempt_at = s.due
+FROM unnest($1::text[], $2::bigint[], $3::timestamptz[]) AS s(client_id, id, due)
+WHERE o.client_id = s.client_id AND o.id = s.id AND o.client_id = ANY($1)
+  AND o.sent_at IS NULL AND o.failed_at IS NOT NULL AND o.skipped_at IS NULL";
+
+/// Parked events are requeued this many at a time (picked in id order, then updated by id).
+const REQUEUE_CHUNK: i64 = 5_000;
 
 impl ParkedSelection {
     fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
@@ -184,20 +174,59 @@ pub async fn count_parked_up_to(
         .get(0))
 }
 
-/// Requeues the parked events `selection` picks, at most `rate` a second from now (at once
-/// without one); returns how many.
+/// Requeues the parked events `selection` picks, oldest first, at most `rate` a second from now
+/// (all due now without one): a consumer whose queue has room for a hundred is not handed
+/// thousands at once, to park them again. Returns how many. The due times are counted from the
+/// database's time, read once; the events are picked and updated [`REQUEUE_CHUNK`] at a time
+/// (on Citus a distributed `UPDATE` may not compute a time from a row's column), all in the
+/// caller's transaction.
 pub async fn requeue_parked(
     client: &impl GenericClient,
     selection: &ParkedSelection,
     rate: Option<f64>,
 ) -> Result<u64, StorageError> {
+    let now = database_now(client).await?;
+    let picked = format!("{PARKED_SELECTED} AND id > $8 ORDER BY id LIMIT $9");
     let [types, clients, error, since, error_is, after, before] = selection.params();
-    Ok(client
-        .execute(
-            REQUEUE_PARKED,
-            &[types, clients, error, since, error_is, after, before, &rate],
-        )
-        .await?)
+    let (mut last_id, mut position, mut requeued) = (0_i64, 0_u64, 0);
+    loop {
+        let rows = client
+            .query(
+                &picked,
+                &[
+                    types,
+                    clients,
+                    error,
+                    since,
+                    error_is,
+                    after,
+                    before,
+                    &last_id,
+                    &REQUEUE_CHUNK,
+                ],
+            )
+            .await?;
+        let Some(last) = rows.last() else { break };
+        last_id = last.get(0);
+        let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+        let of_clients: Vec<String> = rows.iter().map(|row| row.get(3)).collect();
+        let due: Vec<DateTime<Utc>> = (position..position + rows.len() as u64)
+            .map(|position| match rate {
+                Some(rate) => {
+                    now + chrono::Duration::microseconds((position as f64 / rate * 1e6) as i64)
+                }
+                None => now,
+            })
+            .collect();
+        position += rows.len() as u64;
+        requeued += client
+            .execute(REQUEUE_PICKED, &[&of_clients, &ids, &due])
+            .await?;
+        if (rows.len() as i64) < REQUEUE_CHUNK {
+            break;
+        }
+    }
+    Ok(requeued)
 }
 
 /// The event ids of at most `limit` parked events `selection` picks, oldest first.
@@ -206,14 +235,12 @@ pub async fn parked_event_ids(
     selection: &ParkedSelection,
     limit: i64,
 ) -> Result<Vec<Uuid>, StorageError> {
-    let picked = format!(
-        "SELECT o.event_id FROM ({PARKED_SELECTED}) AS picked JOIN outbox_events o ON o.id = picked.id ORDER BY picked.id LIMIT {limit}"
-    );
+    let picked = format!("{PARKED_SELECTED} ORDER BY id LIMIT {limit}");
     Ok(client
         .query(&picked, &selection.params())
         .await?
         .iter()
-        .map(|row| row.get(0))
+        .map(|row| row.get(2))
         .collect())
 }
 
@@ -223,19 +250,21 @@ pub async fn database_now(client: &impl GenericClient) -> Result<DateTime<Utc>, 
 }
 
 /// The event as `outbox skip` finds it, under its key's lock (when it has one) and its own.
+/// Its client is named, so that on Citus the lock is taken on its shard alone.
 const SKIP_CANDIDATE: &str = "
 SELECT event_type, client_id, ordering_key, sequence, sent_at IS NOT NULL, skipped_at IS NOT NULL
 FROM outbox_events
-WHERE event_id = $1
+WHERE event_id = $1 AND client_id = $2
 FOR UPDATE NOWAIT";
 
 /// Gives up on the event: never published, out of the relays' reach (failed_at), recorded
-/// with who (the OS user id given, or the admin's id; the session's role) and why.
+/// with who (the OS user id given, or the admin's id; the session's role) and why. `$6` is the
+/// database's time (Citus takes no `now()` beside a column in a distributed `UPDATE`).
 const SKIP: &str = "
 WITH skipped AS (
     UPDATE outbox_events
-    SET skipped_at = now(), failed_at = coalesce(failed_at, now())
-    WHERE event_id = $1 AND sent_at IS NULL AND skipped_at IS NULL
+    SET skipped_at = $6, failed_at = coalesce(failed_at, $6)
+    WHERE event_id = $1 AND client_id = $5 AND sent_at IS NULL AND skipped_at IS NULL
     RETURNING event_id, event_type, client_id, ordering_key, sequence
 )
 INSERT INTO outbox_skips (event_id, event_type, client_id, ordering_key, sequence,
@@ -308,9 +337,13 @@ pub async fn skip_in(
     else {
         return Ok(Skip::NotFound);
     };
-    let keys = OrderingKeys::of_one(found.get(0), found.get(1));
+    let client_id: String = found.get(0);
+    let keys = OrderingKeys::of_one(client_id.clone(), found.get(1));
     on_keys(&transaction, LOCK_KEYS, &keys).await?;
-    let candidate = match transaction.query_one(SKIP_CANDIDATE, &[&event_id]).await {
+    let candidate = match transaction
+        .query_one(SKIP_CANDIDATE, &[&event_id, &client_id])
+        .await
+    {
         Ok(row) => row,
         Err(error)
             if error.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
@@ -325,8 +358,19 @@ pub async fn skip_in(
     if candidate.get::<_, bool>(5) {
         return Ok(Skip::AlreadySkipped);
     }
+    let now = database_now(&transaction).await?;
     transaction
-        .execute(SKIP, &[&event_id, &requested_uid, &reason, &admin_id])
+        .execute(
+            SKIP,
+            &[
+                &event_id,
+                &requested_uid,
+                &reason,
+                &admin_id,
+                &client_id,
+                &now,
+            ],
+        )
         .await?;
     let released = on_keys(&transaction, ADVANCE_KEYS, &keys).await?;
     transaction.commit().await?;

@@ -232,23 +232,31 @@ pub async fn lock_keys(
     on_keys(client, &statements.lock_keys, keys).await
 }
 
-/// Locks the `ordering_keys` rows of the ordered events among `event_ids`, in key order (as
-/// [`LOCK_KEYS`] does): taken once, before a transaction skips several events one by one, so
-/// that it holds its keys in the order writers and relays take them, not in the events' order.
-const LOCK_KEYS_OF_EVENTS: &str = "
-SELECT 1
-FROM ordering_keys k
-WHERE (k.client_id, k.ordering_key) IN (
-    SELECT client_id, ordering_key FROM outbox_events
-    WHERE event_id = ANY($1) AND ordering_key IS NOT NULL)
-ORDER BY k.client_id, k.ordering_key
-FOR UPDATE OF k";
+/// The ordering keys of the ordered events among `event_ids`, by client and key.
+const KEYS_OF_EVENTS: &str = "
+SELECT DISTINCT client_id, ordering_key FROM outbox_events
+WHERE event_id = ANY($1) AND ordering_key IS NOT NULL
+ORDER BY client_id, ordering_key";
 
+/// Locks the `ordering_keys` rows of the ordered events among `event_ids` in (client, key)
+/// order, as [`LOCK_KEYS`] does: taken once, before a transaction skips several events one by
+/// one, so that it holds its keys in the order writers and relays take them, not in the
+/// events' order. A statement per client: on Citus, a statement that takes row locks must
+/// read one shard. Returns how many keys it locked.
 pub async fn lock_keys_of_events(
     client: &impl GenericClient,
     event_ids: &[Uuid],
 ) -> Result<u64, StorageError> {
-    Ok(client.execute(LOCK_KEYS_OF_EVENTS, &[&event_ids]).await?)
+    let rows = client.query(KEYS_OF_EVENTS, &[&event_ids]).await?;
+    let mut locked = 0;
+    for of_one_client in rows.chunk_by(|a, b| a.get::<_, &str>(0) == b.get::<_, &str>(0)) {
+        let keys = OrderingKeys {
+            clients: of_one_client.iter().map(|row| row.get(0)).collect(),
+            keys: of_one_client.iter().map(|row| row.get(1)).collect(),
+        };
+        locked += on_keys(client, LOCK_KEYS, &keys).await?;
+    }
+    Ok(locked)
 }
 
 /// Moves the keys on past what is sent or skipped and releases their next events
