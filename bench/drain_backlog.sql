@@ -1,4 +1,4 @@
--- The outbox drain's backlog (bench run's drain scenario, bench/delivery-storage): :events rows
+-- The outbox drain's backlog (bench run's drain and ordered scenarios): :events rows
 -- of CloudEvents shaped and sized like the daemon's own entry.created. `:events` is a psql
 -- variable; `bench run` puts the number in its place.
 WITH e AS MATERIALIZED (

@@ -31,8 +31,7 @@ const STORM_KEYS: u32 = 10;
 const PUBLISH_WINDOW: u32 = 1000;
 const ORDERING_KEYS: u32 = 1000;
 
-/// The synthetic backlog of the drain (`:events` rows), which bench/delivery-storage inserts
-/// too.
+/// The synthetic backlog of the drain (`:events` rows).
 const BACKLOG_SQL: &str = include_str!("drain_backlog.sql");
 
 /// The same backlog as writes of `:keys` ordering keys in turn (after `BACKLOG_SQL`).
