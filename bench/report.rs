@@ -2,7 +2,8 @@
 //! are declared once (`runs!`): the struct the scenario fills, and the metrics of the per-run
 //! table, in order. Every table of BENCHMARKS.md is rendered from those values: the results
 //! (described as data, `RESULTS`: each figure, its baseline, its target), the daemon's resources,
-//! the checks (`CHECKS`), and the per-run table itself.
+//! the checks (`CHECKS`), and the per-run table itself; the text around them is the template
+//! bench/report.md.
 
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -23,6 +24,32 @@ _To be written by a person after a full run: where the time goes in each scenari
 each figure (PostgreSQL commits and WAL flushes, RabbitMQ confirms, the 2 shared cores, wrk's
 own CPU), and, for each target not met, what stands in the way, with the profile that shows it._
 ";
+
+/// The generated part of BENCHMARKS.md, `{name}` filled in by `Report::render_generated`.
+const TEMPLATE: &str = include_str!("report.md");
+
+/// `text` with each `{name}` that `lookup` knows replaced by its value.
+pub fn fill(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let name = &rest[open + 1..];
+        let end = name.find(|c: char| !c.is_ascii_alphanumeric() && c != '_');
+        let value = end.filter(|&n| name[n..].starts_with('}'));
+        match value.and_then(|n| Some((n, lookup(&name[..n])?))) {
+            Some((n, value)) => {
+                out.push_str(&rest[..open]);
+                out.push_str(&value);
+                rest = &rest[open + n + 2..];
+            }
+            None => {
+                out.push_str(&rest[..=open]);
+                rest = &rest[open + 1..];
+            }
+        }
+    }
+    out + rest
+}
 
 /// The scenarios, in the order of the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -511,21 +538,30 @@ impl Settings {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The setting `{name}` stands for in a text.
+    pub fn var(&self, name: &str) -> Option<String> {
+        Some(match name {
+            "duration" => self.duration.to_string(),
+            "drain_events" => self.drain_events.to_string(),
+            "e2e_seconds" => self.e2e_seconds.to_string(),
+            "e2e_rate" => self.e2e_rate.to_string(),
+            "connections" => self.connections.to_string(),
+            "wrk_threads" => self.wrk_threads.to_string(),
+            "replay_keys" => self.replay_keys.to_string(),
+            "storm_keys" => self.storm_keys.to_string(),
+            "publish_window" => self.publish_window.to_string(),
+            "ordering_keys" => self.ordering_keys.to_string(),
+            "port" => self.port.to_string(),
+            "url" => self.url(),
+            "config" => self.config.clone(),
+            "pg_base" => self.pg_base.clone(),
+            _ => return None,
+        })
+    }
+
     /// `text` with the settings it names in braces filled in.
     fn fill(&self, text: &str) -> String {
-        [
-            ("{connections}", self.connections.to_string()),
-            ("{replay_keys}", self.replay_keys.to_string()),
-            ("{storm_keys}", self.storm_keys.to_string()),
-            ("{drain_events}", self.drain_events.to_string()),
-            ("{publish_window}", self.publish_window.to_string()),
-            ("{e2e_rate}", self.e2e_rate.to_string()),
-            ("{ordering_keys}", self.ordering_keys.to_string()),
-        ]
-        .iter()
-        .fold(text.to_owned(), |text, (name, value)| {
-            text.replace(name, value)
-        })
+        fill(text, |name| self.var(name))
     }
 
     pub fn mode_line(&self) -> String {
@@ -818,181 +854,33 @@ impl Report {
 
     /// The generated part of BENCHMARKS.md, up to and including the hand-written marker.
     pub fn render_generated(&self) -> String {
-        let s = &self.settings;
-        let m = &self.machine;
-        let url = s.url();
-        let (t, c, d) = (s.wrk_threads, s.connections, s.duration);
-        let mode = if s.quick { "BENCH_QUICK=1" } else { "full" };
-        format!(
-            r#"# Benchmarks
-
-{mode_line}
-
-Written by `bench/run` on {written_at} (run id `{run_id}`), daemon at commit
-`{commit}`. Every figure is the median of the runs; each scenario was measured side by side
-with its baseline in the same run.
-
-## Machine
-
-| | |
-|---|---|
-| CPU | {cpu}, {nproc} cores (nproc) |
-| memory | {mem} GiB |
-| kernel | {kernel} |
-| PostgreSQL | {pg} (the distribution package's settings; autovacuum: {autovacuum}) |
-| RabbitMQ | {rabbit} |
-| tools | wrk {wrk}, pgbench {pgbench}, {rustc} |
-
-Everything (daemon, PostgreSQL, RabbitMQ, wrk/pgbench/the Rust helpers) shares these {nproc} cores.
-Daemon settings from `{config}`: {settings}.
-
-## Results
-
-{results}
-
-### Daemon resources per scenario
-
-Peak RSS is `VmHWM` from `/proc/PID/status` just before the daemon is stopped (the daemon is
-restarted for every scenario and run). CPU is (utime + stime) of the daemon over the measured
-window divided by the window's wall time: wrk's duration for writes, replays and storm; daemon
-start to empty outbox for the drain; the whole `bench-e2e run` for end-to-end; for ordered, from
-wrk's start until the outbox is empty, then the drain and the end-to-end run with a daemon each.
-
-{resources}
-
-### Checks
-
-{checks}
-
-## Commands
-
-`bench/run` (mode: {mode}) ran, per scenario and run, on a fresh
-database `retrysafe_bench_<run id>_<scenario>_<run>` (created and migrated with `retrysafe migrate`)
-and a fresh durable topic exchange `retrysafe.bench.<run id>.<scenario>.<run>` with a durable
-queue bound for `#` (`bench-publisher bind`):
-
-```sh
-cargo build --release --locked --features bench-routes --bin retrysafe --example bench-publisher --example bench-e2e --example bench-delay-proxy --example bench
-RETRYSAFE_HTTP__LISTEN=127.0.0.1:{port} RETRYSAFE_DATABASE__URL={pg_base}/<db> \
-  RETRYSAFE_AMQP__EXCHANGE=<exchange> RETRYSAFE_LOG__LEVEL=warn \
-  target/release/retrysafe serve --config {config}
-
-# unique-key writes, then its baseline on another fresh migrated database (daemon stopped)
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-# between them, on a third: the same wrk with RETRYSAFE_AMQP__URL=amqp://guest:guest@127.0.0.1:1/%2f
-# (no broker: nothing is delivered), then the daemon restarted as above until no event is unsent
-pgbench -n -M prepared -c {c} -j {t} -T {d} -f bench/conventional.sql <db>
-
-# replays: create the keys, replay them, then the baselines against the same daemon and database
-target/release/examples/bench-e2e precreate --url {url} --kind bench.replay --prefix replay- --count {replay_keys}
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/replay.lua {url}/
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/healthz.lua {url}/healthz
-# the same requests to POST /bench/same-bytes (the daemon built with --features bench-routes),
-# answered with as many bytes as a replay's answer (its size read with curl first)
-BENCH_SAME_BYTES=<bytes> wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/same_bytes.lua {url}/
-pgbench -n -M prepared -c {c} -j {t} -T {d} -D keys={replay_keys} -f bench/replay_select.sql <db>
-
-# duplicate storm; then SELECT count(*) FROM entries (and idempotency_records, outbox_events) = {storm_keys}
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/storm.lua {url}/
-
-# outbox drain: daemon not running, {drain} rows inserted with generate_series (see BACKLOG_SQL
-# in bench/scenarios.rs), ANALYZE, then the daemon is started and timed until nothing is unsent
-target/release/examples/bench-publisher wait-drained --db <db> --start-unix-ns <just before start>
-target/release/examples/bench-publisher count --queue <queue> --expect {drain}
-# baseline, to a fresh exchange of the same kind with a bound queue
-target/release/examples/bench-publisher publish --exchange <exchange> --count {drain} --payload-bytes <avg payload> --window {window}
-
-# end-to-end latency
-target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds}
-
-# ordered delivery, {ordering_keys} ordering keys (key-<n mod {ordering_keys}> per wrk thread):
-# the writes, then (daemon stopped) every key's sequences checked gapless and marked sent in
-# order; on a second database the drain's backlog as writes of those keys (bench/ordered_backlog.sql
-# after BACKLOG_SQL), drained and checked as above; on a third the end-to-end load with a key each
-BENCH_ORDERING_KEYS={ordering_keys} wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds} --ordering-keys {ordering_keys}
-
-# latency: for each delay D of 0, 2 and 20 ms, a proxy that adds D to every round trip to
-# PostgreSQL; the link's round trip (one client's SELECT 1 for 3 s), the daemon reaching
-# PostgreSQL through it (RETRYSAFE_DATABASE__URL=postgres://<user>@127.0.0.1:<proxy port>/<db>),
-# the unique-key writes as above and the writers' batches from /metrics; then (daemon stopped)
-# pgbench through the same proxy on a fresh database; the proxy's count of the client's sends
-# (SIGUSR1) around each load
-target/release/examples/bench-delay-proxy --target <PGHOST>:<PGPORT> --delay-ms D
-pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p <proxy port> -f <SELECT 1;> <db>
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-pgbench -n -M prepared -c {c} -j {t} -T <{d} + 6> -P 1 -h 127.0.0.1 -p <proxy port> -f bench/conventional.sql <db>
-```
-
-Method notes:
-
-- wrk is closed-loop: each of the {c} connections sends its next request when the previous
-  answer arrives, so its percentiles understate the latency an open-loop client would see under
-  overload (coordinated omission). `bench-e2e` is open-loop.
-- pgbench's "latency average" for the conventional transaction covers its five round trips
-  (BEGIN, three INSERTs, COMMIT); its JSON values are built per transaction so that PostgreSQL
-  parses jsonb each time, with the sizes the daemon stores (see the comments in
-  bench/conventional.sql).
-- The whole machine's CPU per write or transaction is /proc/stat's user, nice, system, irq and
-  softirq time (steal not counted) over the same window as the per-process costs, divided by
-  the writes or transactions: every process counts, wrk, pgbench and this program included.
-  Operations per second are busy CPU-seconds per second over CPU-seconds per operation, so the
-  rate ratio is the inverse of the ratio of these costs times the ratio of the busy shares; with
-  both loads keeping the machine busy, a higher rate ratio needs a lower cost ratio.
-- The drain's clock starts just before the daemon process is spawned, so it includes the
-  daemon's start (connecting, checking migrations, connecting to the broker).
-  `bench-publisher publish` sends messages of the same size with the relay's properties and
-  headers, persistent and mandatory, to a durable queue, as the relay does.
-- The end-to-end latency is measured from the moment `bench-e2e` has the 201's headers to the
-  moment its consumer (auto-ack, on its own thread) gets the delivery; both clocks are the same
-  monotonic clock of one process. A negative value means the event arrived before the client had
-  read the 201.
-- The latency scenario's proxy (bench/delay_proxy.rs) holds each of the client's sends for D ms
-  before passing it on, and passes the server's answers at once, so a round trip takes D ms
-  longer (a link whose one-way delay is D; this kernel has no netem, and the proxy needs no
-  privileges). Its timer counts whole milliseconds, so a send waits D to D + 1 ms; the round
-  trip the p50 is divided by is measured through the proxy, not assumed. Through the proxy,
-  pgbench opens its connections and then prepares each client's statements one client after
-  another (seconds at 20 ms, inside its `-T`), so it runs 6 s longer and its tps and latency
-  are the medians of its last {d} per-second reports (`-P 1`).
-
-## Per-run values
-
-{per_run}
-
-{marker}
-"#,
-            mode_line = s.mode_line(),
-            written_at = self.written_at,
-            run_id = self.run_id,
-            commit = m.commit,
-            cpu = m.cpu_model,
-            nproc = m.nproc,
-            mem = m.mem_gib,
-            kernel = m.kernel,
-            pg = m.pg_version,
-            autovacuum = m.autovacuum,
-            rabbit = m.rabbit_version,
-            wrk = m.wrk_version,
-            pgbench = m.pgbench_version,
-            rustc = m.rustc_version,
-            config = s.config,
-            settings = m.daemon_settings,
-            results = self.results_table(),
-            resources = self.resources_table(),
-            checks = self.checks_table(),
-            port = s.port,
-            pg_base = s.pg_base,
-            replay_keys = s.replay_keys,
-            storm_keys = s.storm_keys,
-            drain = s.drain_events,
-            window = s.publish_window,
-            e2e_rate = s.e2e_rate,
-            e2e_seconds = s.e2e_seconds,
-            ordering_keys = s.ordering_keys,
-            per_run = self.per_run_table(),
-            marker = HAND_WRITTEN_MARKER,
-        )
+        let (s, m) = (&self.settings, &self.machine);
+        fill(TEMPLATE, |name| {
+            Some(match name {
+                "mode_line" => s.mode_line(),
+                "mode" => (if s.quick { "BENCH_QUICK=1" } else { "full" }).into(),
+                "written_at" => self.written_at.clone(),
+                "run_id" => self.run_id.clone(),
+                "commit" => m.commit.clone(),
+                "cpu" => m.cpu_model.clone(),
+                "nproc" => m.nproc.clone(),
+                "mem" => m.mem_gib.clone(),
+                "kernel" => m.kernel.clone(),
+                "pg" => m.pg_version.clone(),
+                "autovacuum" => m.autovacuum.clone(),
+                "rabbit" => m.rabbit_version.clone(),
+                "wrk" => m.wrk_version.clone(),
+                "pgbench" => m.pgbench_version.clone(),
+                "rustc" => m.rustc_version.clone(),
+                "settings" => m.daemon_settings.clone(),
+                "results" => self.results_table(),
+                "resources" => self.resources_table(),
+                "checks" => self.checks_table(),
+                "per_run" => self.per_run_table(),
+                "marker" => HAND_WRITTEN_MARKER.into(),
+                name => return s.var(name),
+            })
+        })
     }
 
     /// The whole file: the generated part, then what `existing` (the file as it is) has after
@@ -1239,6 +1127,12 @@ mod tests {
             quoted_settings(config),
             "database.pool_size=16, database.writers=2, outbox.workers=2, outbox.poll_interval=\"1s\", events.audit=false"
         );
+    }
+
+    #[test]
+    fn placeholders_are_filled_and_others_kept() {
+        let lookup = |name: &str| (name == "a_1").then(|| "x".to_owned());
+        assert_eq!(fill("{a_1} {b} {a_1}{ {} }", lookup), "x {b} x{ {} }");
     }
 
     #[test]
