@@ -454,8 +454,8 @@ pub struct DelayProxy {
 }
 
 impl DelayProxy {
-    pub fn start(target: String, delay: Duration) -> anyhow::Result<DelayProxy> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    pub fn start(target: String, delay: Duration, listen: &str) -> anyhow::Result<DelayProxy> {
+        let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         let (port, sends) = (listener.local_addr()?.port(), Arc::new(AtomicU64::new(0)));
         // Dropping the sender stops the proxy: its runtime goes, and every connection with it.
@@ -487,6 +487,31 @@ impl DelayProxy {
 
     pub fn sends(&self) -> u64 {
         self.sends.load(Ordering::Relaxed)
+    }
+}
+
+/// `bench delay-proxy`: the latency scenario's proxy on its own, e.g. to put a standby further
+/// from its primary.
+#[derive(clap::Args, Debug)]
+pub struct ProxyArgs {
+    /// Where to forward connections (PostgreSQL).
+    #[arg(long)]
+    target: String,
+    /// Added to every send from the client, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+}
+
+/// Runs the proxy until the process is stopped; prints `LISTENING <port>` once it accepts
+/// connections.
+pub fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let delay = Duration::from_millis(args.delay_ms);
+    let proxy = DelayProxy::start(args.target, delay, &args.listen)?;
+    println!("LISTENING {}", proxy.port);
+    loop {
+        std::thread::park();
     }
 }
 

@@ -5,6 +5,7 @@
 //! bench soak [--minutes N] ...          # every SOAK_* variable of scripts/soak is a flag
 //! bench bind --exchange X --queue Q     # a durable topic exchange and queue bound for '#'
 //! bench delete --exchange X --queue Q   # (scripts/schemathesis uses these two)
+//! bench delay-proxy --target HOST:PORT --delay-ms D [--listen 127.0.0.1:0]
 //! ```
 //!
 //! # Layout
@@ -54,6 +55,8 @@ enum Command {
     Bind(clients::Names),
     /// Deletes exchanges and queues; a missing one is not an error.
     Delete(clients::Names),
+    /// A TCP proxy that adds --delay-ms to every round trip to --target, until stopped.
+    DelayProxy(clients::ProxyArgs),
 }
 
 fn main() {
@@ -62,6 +65,7 @@ fn main() {
         Command::Soak(args) => soak::run(args),
         Command::Bind(names) => harness::block_on(clients::bind(&names)),
         Command::Delete(names) => harness::block_on(clients::delete(&names)),
+        Command::DelayProxy(args) => clients::proxy(args),
     };
     if let Err(error) = result {
         eprintln!("bench: {error:#}");

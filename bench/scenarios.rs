@@ -786,7 +786,7 @@ impl<'a> Scene<'a> {
                 let target = format!("{}:{}", std::env::var("PGHOST")?, std::env::var("PGPORT")?);
                 let delay = Duration::from_millis(self.each.parse()?);
                 self.proxy = None;
-                self.proxy = Some(DelayProxy::start(target, delay)?);
+                self.proxy = Some(DelayProxy::start(target, delay, "127.0.0.1:0")?);
             }
             Daemon(up) => self.start(up)?,
             Open => {
