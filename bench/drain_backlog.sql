@@ -1,10 +1,9 @@
--- The outbox drain's backlog (bench run's drain scenario, bench/delivery-storage): :events rows
--- of CloudEvents shaped and sized like the daemon's own entry.created. `:events` is a psql
--- variable; `bench run` puts the number in its place.
+-- The outbox drain's backlog (the drain and ordered scenarios of bench/scenarios.rs):
+-- {drain_events} rows of CloudEvents shaped and sized like the daemon's own entry.created.
 WITH e AS MATERIALIZED (
     SELECT g, gen_random_uuid() AS event_id, gen_random_uuid() AS entry_id,
            to_char(clock_timestamp() AT TIME ZONE 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS t
-    FROM generate_series(1, :events) AS g
+    FROM generate_series(1, {drain_events}) AS g
 )
 INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type, payload)
 SELECT e.event_id, e.entry_id::text || '/entry.created', 'anonymous', 'drain-' || e.g, 'entry.created',

@@ -1,17 +1,32 @@
 //! retrysafe's benchmark and soak, as one program (`bench/run` and `scripts/soak` start it).
 //!
 //! ```text
-//! bench run  [--quick] [--runs N] ...   # every BENCH_* variable of bench/run works as before
-//! bench soak [--minutes N] ...          # every SOAK_* variable of scripts/soak works as before
+//! bench run  [--quick] [--runs N] ...   # every BENCH_* variable of bench/run is a flag
+//! bench soak [--minutes N] ...          # every SOAK_* variable of scripts/soak is a flag
+//! bench bind --exchange X --queue Q     # a durable topic exchange and queue bound for '#'
+//! bench delete --exchange X --queue Q   # (scripts/schemathesis uses these two)
+//! bench delay-proxy --target HOST:PORT --delay-ms D [--listen 127.0.0.1:0]
 //! ```
 //!
-//! `run` measures each scenario beside its baseline (see `scenarios`) and writes BENCHMARKS.md
-//! (see `report`), keeping what the file has below its hand-written marker. `soak` runs a steady
-//! mixed load at a held rate for minutes or hours and judges the run, memory included (see
-//! `soak`). Both start the release daemon, wrk, pgbench and the helper examples `bench-e2e`
-//! and `bench-publisher` as processes; the statistics, the judgement of the targets and the
-//! reports are here (`stats`, `report`).
+//! # Layout
+//!
+//! - `scenarios`: every scenario, the soak's included, as data (steps), and the one harness
+//!   that interprets them: a fresh database and exchange per stage, the daemon, the loads.
+//! - `clients`: the loads and probes that run inside this program: the broker's exchanges and
+//!   queues, the plain lapin publisher, the end-to-end client, the delay proxy.
+//! - `harness`: PostgreSQL, the daemon as a child process, the clean-up on every exit, /proc.
+//! - `report` (template bench/report.md): BENCHMARKS.md's tables, described as data.
+//! - `soak` (template bench/soak.md): the soak's slices, memory verdict, checks and report.
+//! - `stats`: figures that keep their text, medians, ratios, targets, a least-squares slope.
 
+/// Progress on standard error: `[bench 12:34:56] message`.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("[bench {}] {}", chrono::Local::now().format("%T"), format_args!($($arg)*))
+    };
+}
+
+mod clients;
 mod harness;
 mod report;
 mod scenarios;
@@ -36,13 +51,21 @@ enum Command {
     Run(scenarios::RunArgs),
     /// A steady mixed load at a held rate; per-slice figures, end checks, memory verdict.
     Soak(soak::SoakArgs),
+    /// Declares a durable topic exchange and a durable queue bound to it for '#'.
+    Bind(clients::Names),
+    /// Deletes exchanges and queues; a missing one is not an error.
+    Delete(clients::Names),
+    /// A TCP proxy that adds --delay-ms to every round trip to --target, until stopped.
+    DelayProxy(clients::ProxyArgs),
 }
 
 fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let result = match Cli::parse().command {
         Command::Run(args) => scenarios::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Bind(names) => harness::block_on(clients::bind(&names)),
+        Command::Delete(names) => harness::block_on(clients::delete(&names)),
+        Command::DelayProxy(args) => clients::proxy(args),
     };
     if let Err(error) = result {
         eprintln!("bench: {error:#}");
@@ -58,21 +81,20 @@ mod tests {
     /// with spaces. (The only test that sets variables, so none races with it.)
     #[test]
     fn environment_variables_are_flags() {
-        std::env::set_var("BENCH_QUICK", "1");
-        std::env::set_var("BENCH_RUNS", "2");
-        std::env::set_var("BENCH_SCENARIOS", "writes e2e");
-        std::env::set_var("SOAK_VACUUM", "0");
-        std::env::set_var("SOAK_MINUTES", "2");
-        let run = Cli::try_parse_from(["bench", "run"]).unwrap();
-        let soak = Cli::try_parse_from(["bench", "soak"]).unwrap();
-        let explicit = Cli::try_parse_from(["bench", "run", "--runs", "5"]).unwrap();
-        for name in [
+        let names = [
             "BENCH_QUICK",
             "BENCH_RUNS",
             "BENCH_SCENARIOS",
             "SOAK_VACUUM",
             "SOAK_MINUTES",
-        ] {
+        ];
+        for (name, value) in names.iter().zip(["1", "2", "writes e2e", "0", "2"]) {
+            std::env::set_var(name, value);
+        }
+        let run = Cli::try_parse_from(["bench", "run"]).unwrap();
+        let soak = Cli::try_parse_from(["bench", "soak"]).unwrap();
+        let explicit = Cli::try_parse_from(["bench", "run", "--runs", "5"]).unwrap();
+        for name in names {
             std::env::remove_var(name);
         }
         let Command::Run(run) = run.command else {

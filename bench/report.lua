@@ -9,7 +9,7 @@ function setup(thread)
 end
 
 -- POST /v1/entries (or `path`) with the key <prefix><i> and the body
--- {"kind":<kind>,"data":{"i":<i>,...}} (the body `bench-e2e precreate` sends for the same key).
+-- {"kind":<kind>,"data":{"i":<i>,...}} (the body the benchmark creates the same key with).
 function keyed_request(kind, prefix, i, path)
    local body = string.format(
       '{"kind":"%s","data":{"i":%d,"note":"retrysafe benchmark payload"}}', kind, i)

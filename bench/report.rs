@@ -1,13 +1,9 @@
-//! What the benchmark measured, and the report it makes of it. Each scenario's per-run figures
-//! are declared once (`runs!`): the struct the scenario fills, and the metrics of the per-run
-//! table, in order. Every table of BENCHMARKS.md is rendered from those values: the results
-//! (described as data, `RESULTS`: each figure, its baseline, its target), the daemon's resources,
-//! the checks (`CHECKS`), and the per-run table itself.
+//! BENCHMARKS.md: its tables described as data (`RESULTS`, `CHECKS`), each figure taken from
+//! the runs' per-run values, rendered into the template bench/report.md; what the file has below
+//! the hand-written marker is kept.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::str::FromStr;
-
-use anyhow::bail;
 
 use crate::stats::{fmt, maximum, median, minimum, per_run, ratio, Num, Target, Verdict};
 
@@ -24,54 +20,36 @@ each figure (PostgreSQL commits and WAL flushes, RabbitMQ confirms, the 2 shared
 own CPU), and, for each target not met, what stands in the way, with the profile that shows it._
 ";
 
-/// The scenarios, in the order of the report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scenario {
-    Writes,
-    Replays,
-    Storm,
-    Drain,
-    E2e,
-    Ordered,
-    Latency,
-}
+/// The generated part of BENCHMARKS.md, `{name}` filled in by `Report::render_generated`.
+const TEMPLATE: &str = include_str!("report.md");
 
-impl Scenario {
-    pub const ALL: [Scenario; 7] = [
-        Scenario::Writes,
-        Scenario::Replays,
-        Scenario::Storm,
-        Scenario::Drain,
-        Scenario::E2e,
-        Scenario::Ordered,
-        Scenario::Latency,
-    ];
+/// The scenarios BENCHMARKS.md reports, in its order.
+pub const REPORTED: [&str; 7] = [
+    "writes", "replays", "storm", "drain", "e2e", "ordered", "latency",
+];
 
-    pub fn name(self) -> &'static str {
-        [
-            "writes", "replays", "storm", "drain", "e2e", "ordered", "latency",
-        ][self as usize]
-    }
-
-    /// A list such as BENCH_SCENARIOS gives it: names separated by spaces or commas.
-    pub fn list(names: &str) -> anyhow::Result<Vec<Scenario>> {
-        names
-            .split(|c: char| c.is_whitespace() || c == ',')
-            .filter(|name| !name.is_empty())
-            .map(Scenario::from_str)
-            .collect()
-    }
-}
-
-impl FromStr for Scenario {
-    type Err = anyhow::Error;
-
-    fn from_str(name: &str) -> anyhow::Result<Scenario> {
-        match Scenario::ALL.into_iter().find(|s| s.name() == name) {
-            Some(scenario) => Ok(scenario),
-            None => bail!("unknown scenario {name} in BENCH_SCENARIOS"),
+/// `text` with each `{name}` that `lookup` knows replaced by its value.
+pub fn fill(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let name_len = rest[open + 1..].find(|c: char| !c.is_ascii_alphanumeric() && c != '_');
+        let value = name_len
+            .filter(|&n| rest[open + 1 + n..].starts_with('}'))
+            .and_then(|n| Some((n, lookup(&rest[open + 1..open + 1 + n])?)));
+        match value {
+            Some((n, value)) => {
+                out.push_str(&rest[..open]);
+                out.push_str(&value);
+                rest = &rest[open + n + 2..];
+            }
+            None => {
+                out.push_str(&rest[..=open]);
+                rest = &rest[open + 1..];
+            }
         }
     }
+    out + rest
 }
 
 /// One run of a scenario: each metric of the per-run table, in order, with its value as
@@ -80,26 +58,21 @@ impl FromStr for Scenario {
 pub struct Run(pub Vec<(String, Option<Num>)>);
 
 impl Run {
-    fn get(&self, metric: &str) -> Option<&Num> {
+    /// A run without figures yet of these metrics (separated by whitespace).
+    pub fn of(metrics: &str) -> Run {
+        Run(metrics
+            .split_whitespace()
+            .map(|name| (name.to_owned(), None))
+            .collect())
+    }
+
+    pub fn get(&self, metric: &str) -> Option<&Num> {
         self.0.iter().find(|(name, _)| name == metric)?.1.as_ref()
     }
 
-    /// Gives each metric still without a value the one `source` has under its name (a tool's
-    /// result line).
-    pub fn fill(&mut self, source: impl Fn(&str) -> Option<Num>) {
-        for (name, value) in &mut self.0 {
-            if value.is_none() {
-                *value = source(name);
-            }
-        }
-    }
-
-    /// Sets `metric`, which must be one of the run's.
-    pub fn set(&mut self, metric: &str, value: Option<Num>) {
-        match self.0.iter_mut().find(|(name, _)| name == metric) {
-            Some((_, slot)) => *slot = value,
-            None => panic!("no metric {metric} in this run"),
-        }
+    /// The place of `metric`'s value, if it is one of the run's.
+    pub fn slot(&mut self, metric: &str) -> Option<&mut Option<Num>> {
+        Some(&mut self.0.iter_mut().find(|(name, _)| name == metric)?.1)
     }
 
     /// A CPU cost per 1,000 in three parts (the daemon's, PostgreSQL's, RabbitMQ's): their sum
@@ -114,142 +87,22 @@ impl Run {
     }
 }
 
-/// Declares each scenario's per-run figures once: a struct of optional figures that the
-/// scenario fills, whose field names, in this order, are the metrics of its per-run table.
-macro_rules! runs {
-    ($($(#[$doc:meta])* $name:ident { $($(#[$field_doc:meta])* $field:ident,)* })*) => {$(
-        $(#[$doc])*
-        #[derive(Clone, Debug, Default)]
-        pub struct $name {
-            $($(#[$field_doc])* pub $field: Option<Num>,)*
-        }
-
-        impl From<$name> for Run {
-            fn from(run: $name) -> Run {
-                Run(vec![$((stringify!($field).to_owned(), run.$field),)*])
-            }
-        }
-    )*};
-}
-
-// wrk's figures (see `scenarios::wrk_figure`): rps, p50_ms, p99_ms, requests, errors (connect +
-// read + write + status + timeout), status_errors (non-2xx answers). The daemon's WARN/ERROR log
-// lines: log_problems under load, shutdown_log_problems after the SIGTERM that stopped it.
-runs! {
-    WritesRun {
-        cpu_cores, rss_mb, rps, p50_ms, p99_ms, requests, errors, status_errors,
-        backlog_at_end, entries, entries_minus_2xx, rows_consistent, payload_bytes,
-        log_problems, shutdown_log_problems, pg_tps, pg_latency_ms, pg_failed,
-        /// CPU seconds per 1,000 committed writes, from wrk's start until the outbox is empty
-        /// (the events published too): the daemon's, PostgreSQL's and RabbitMQ's.
-        cost_daemon, cost_postgres, cost_rabbitmq,
-        /// PostgreSQL's CPU seconds per 1,000 pgbench transactions.
-        pg_cost,
-        /// The whole machine's CPU seconds (every process and the kernel, load generators
-        /// included; steal not) per 1,000 writes over the same window as `cost_*`, and its
-        /// busy share while wrk ran, in per cent.
-        machine_cost, machine_busy_pct,
-        /// The same per 1,000 pgbench transactions, and while pgbench ran.
-        pg_machine_cost, pg_machine_busy_pct,
-        /// The same load on a fresh database with the broker unreachable, so that the relays
-        /// publish nothing while wrk runs: the write without its delivery; and its CPU seconds
-        /// per 1,000 writes, until its daemon stopped.
-        alone_rps, alone_p99_ms, alone_cost_daemon, alone_cost_postgres, alone_cost_rabbitmq,
-        /// CPU seconds per 1,000 events to deliver that load's backlog afterwards (a daemon
-        /// with the broker reachable, from its start until the outbox is empty): claim,
-        /// publish, await the confirms, mark sent.
-        delivery_cost_daemon, delivery_cost_postgres, delivery_cost_rabbitmq,
-    }
-    ReplaysRun {
-        cpu_cores, rss_mb, rps, p50_ms, p99_ms, requests, errors, status_errors,
-        healthz_rps, healthz_p50_ms, healthz_p99_ms, healthz_requests, healthz_errors,
-        healthz_status_errors, pg_tps, pg_latency_ms, rss_mb_after_all, entries,
-        log_problems, shutdown_log_problems,
-        /// The same requests to POST /bench/same-bytes (feature `bench-routes`): read as a
-        /// write is, answered with `answer_bytes` bytes (a replay's answer) and a replay's
-        /// header fields, nothing else.
-        same_bytes_rps, same_bytes_p50_ms, same_bytes_p99_ms, same_bytes_requests,
-        same_bytes_errors, same_bytes_status_errors, answer_bytes,
-    }
-    StormRun {
-        cpu_cores, rss_mb, rps, p50_ms, p99_ms, requests, errors, status_errors,
-        entries, records, events,
-        /// 1 when entries, records and events are each exactly the number of keys.
-        count_ok,
-        log_problems, shutdown_log_problems,
-    }
-    DrainRun {
-        payload_bytes, cpu_cores, rss_mb, seconds, events_per_s, queued, queued_ok,
-        log_problems, shutdown_log_problems, pub_events_per_s, pub_queued,
-        /// RabbitMQ's CPU seconds per 1,000 messages: while the daemon drained (its start
-        /// until the outbox was empty), and while the plain publisher ran.
-        rabbitmq_cost, pub_rabbitmq_cost,
-    }
-    /// Between rss_mb and the log lines: `bench-e2e run`'s figures, as it printed them.
-    E2eRun {
-        cpu_cores, rss_mb, p50_ms, p99_ms, max_ms, matched, created, errors, sent,
-        achieved_rate, http_p50_ms, http_p99_ms, negative, duplicate_deliveries,
-        log_problems, shutdown_log_problems,
-    }
-    /// Ordered delivery with `{ordering_keys}` keys: the writes' wrk figures (as `WritesRun`),
-    /// the drain of the drain scenario's backlog as writes of those keys (as `DrainRun`), and
-    /// `bench-e2e run` with an ordering key on every write (`e2e_`, as `E2eRun`).
-    OrderedRun {
-        cpu_cores, rss_mb, rps, p50_ms, p99_ms, requests, errors, status_errors,
-        entries, entries_minus_2xx,
-        /// 1 when every key's sequences are 1, 2, 3, ... without a gap and each event was
-        /// marked sent after the key's earlier ones (relays mark a batch sent once the broker
-        /// confirmed it, and release a key's next event only then).
-        order_ok,
-        drain_seconds, drain_events_per_s, drain_queued, drain_order_ok,
-        e2e_p50_ms, e2e_p99_ms, e2e_max_ms, e2e_sent, e2e_created, e2e_errors, e2e_matched,
-        e2e_duplicate_deliveries,
-        log_problems, shutdown_log_problems,
-    }
-    /// Writes and the conventional transaction through `bench-delay-proxy`, which adds N ms to
-    /// every round trip to PostgreSQL, for N of `LINK_DELAYS_MS` (`d<N>_`): the link's round
-    /// trip as one client's `SELECT 1` sees it; wrk's unique-key writes (its errors: connect +
-    /// read + write + status + timeout), their p50 in round trips of the link, the writers'
-    /// batches (writes per batch, ms per batch transaction) and the client's sends through the
-    /// proxy per write (the relays' and probes' included); pgbench's conventional transaction
-    /// on a fresh database through the same link, and its sends per transaction. The daemon's
-    /// CPU is with no delay added (its busiest), its RSS the peak of the three, its log lines
-    /// the sum.
-    LatencyRun {
-        cpu_cores, rss_mb,
-        d0_round_trip_ms, d0_rps, d0_p50_ms, d0_p99_ms, d0_errors, d0_p50_round_trips,
-        d0_writes_per_batch, d0_ms_per_batch, d0_sends_per_write,
-        d0_pg_tps, d0_pg_latency_ms, d0_pg_sends_per_transaction,
-        d2_round_trip_ms, d2_rps, d2_p50_ms, d2_p99_ms, d2_errors, d2_p50_round_trips,
-        d2_writes_per_batch, d2_ms_per_batch, d2_sends_per_write,
-        d2_pg_tps, d2_pg_latency_ms, d2_pg_sends_per_transaction,
-        d20_round_trip_ms, d20_rps, d20_p50_ms, d20_p99_ms, d20_errors, d20_p50_round_trips,
-        d20_writes_per_batch, d20_ms_per_batch, d20_sends_per_write,
-        d20_pg_tps, d20_pg_latency_ms, d20_pg_sends_per_transaction,
-        log_problems, shutdown_log_problems,
-    }
-}
-
-/// The latency scenario's delays, in ms added to every round trip to PostgreSQL: its metrics
-/// are `d<N>_...` for each (see `LatencyRun`).
-pub const LINK_DELAYS_MS: [u32; 3] = [0, 2, 20];
-
 /// A figure of the results table, from the runs of one scenario.
 enum Figure {
     /// No figure: "–".
     Dash,
     /// The median of a metric, with so many decimals.
-    Median(Scenario, &'static str, usize),
+    Median(&'static str, &'static str, usize),
     /// A figure and, in brackets after a label, another: "41.29 (p50 12.00)".
     Noted(&'static Figure, &'static str, &'static Figure),
     /// A CPU cost per 1,000 (3 decimals) and, in brackets, the busy share of the CPUs while the
     /// load ran: "0.395 (busy 89.6 %)".
-    Busy(Scenario, &'static str, &'static str),
+    Busy(&'static str, &'static str, &'static str),
     /// CPU costs per 1,000 in three parts (see `Run::cost`), joined with " + ": each the median
     /// of the runs' totals and, in brackets after the label, the median of each part.
-    Costs(Scenario, &'static str, &'static [[&'static str; 3]]),
+    Costs(&'static str, &'static str, &'static [[&'static str; 3]]),
     /// Every run's value: "100000/100000/100000".
-    PerRun(Scenario, &'static str),
+    PerRun(&'static str, &'static str),
 }
 
 /// How a row of the results table judges its figure.
@@ -263,23 +116,23 @@ enum Judge {
     /// The figure against its baseline as the bound.
     Baseline(fn(f64) -> Target),
     /// Every run's flag (a metric that is 1 or 0) is 1.
-    EveryRun(Scenario, &'static str),
+    EveryRun(&'static str, &'static str),
 }
 
-/// A row of the results table. `{name}` in its texts is a setting (see `Settings::fill`).
-struct Row {
-    scenario: &'static str,
-    measure: &'static str,
-    value: Figure,
-    baseline: Figure,
-    /// Whether the row shows the ratio of the value to the baseline.
-    ratio: bool,
-    target: &'static str,
-    judge: Judge,
-}
+/// A row of the results table: scenario, measure, figure, baseline, whether the row shows their
+/// ratio, target, judgement. `{name}` in its texts is a setting (see `Settings::var`).
+struct Row(
+    &'static str,
+    &'static str,
+    Figure,
+    Figure,
+    bool,
+    &'static str,
+    Judge,
+);
 
 use Figure::{Busy, Costs, Dash, Median, Noted, PerRun};
-use Scenario::{Drain, E2e, Latency, Ordered, Replays, Storm, Writes};
+use Judge::{Baseline, EveryRun, Nothing, Ratio, Value};
 
 const WRITE_COST: [&str; 3] = ["cost_daemon", "cost_postgres", "cost_rabbitmq"];
 const ALONE_COST: [&str; 3] = [
@@ -293,252 +146,177 @@ const DELIVERY_COST: [&str; 3] = [
     "delivery_cost_rabbitmq",
 ];
 
-/// The results: each figure beside its baseline, with its target.
+/// The results: each figure beside its baseline, with its target. (The writes' rate has none
+/// now: see "Targets" in the hand-written part of BENCHMARKS.md.)
 #[rustfmt::skip]
 const RESULTS: [Row; 25] = [
-    Row {
-        scenario: "unique-key writes, {connections} conn.",
-        measure: "requests/s vs pgbench conventional tps",
-        value: Median(Writes, "rps", 0), baseline: Median(Writes, "pg_tps", 0), ratio: true,
-        // Retired: see "Targets" in the hand-written part of BENCHMARKS.md.
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "unique-key writes", measure: "p99 latency vs pgbench average latency (ms)",
-        value: Noted(&Median(Writes, "p99_ms", 2), "p50", &Median(Writes, "p50_ms", 2)),
-        baseline: Median(Writes, "pg_latency_ms", 2), ratio: true,
-        target: "p99 < pgbench avg", judge: Judge::Baseline(Target::Below),
-    },
-    Row {
-        scenario: "unique-key writes",
-        measure: "CPU s per 1,000 writes (daemon + PostgreSQL + RabbitMQ, events delivered) vs PostgreSQL's per 1,000 pgbench transactions",
-        value: Costs(Writes, "medians: ", &[WRITE_COST]),
-        baseline: Median(Writes, "pg_cost", 3), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "unique-key writes",
-        measure: "CPU s per 1,000, whole machine (every process, load generators included): writes, events delivered, vs pgbench transactions; in brackets the machine's busy share while the load ran",
-        value: Busy(Writes, "machine_cost", "machine_busy_pct"),
-        baseline: Busy(Writes, "pg_machine_cost", "pg_machine_busy_pct"), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "unique-key writes, broker unreachable",
-        measure: "requests/s (p99 ms) while no event is delivered vs pgbench conventional tps",
-        value: Noted(&Median(Writes, "alone_rps", 0), "p99", &Median(Writes, "alone_p99_ms", 2)),
-        baseline: Median(Writes, "pg_tps", 0), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "unique-key writes",
-        measure: "CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each)",
-        value: Costs(Writes, "", &[ALONE_COST, DELIVERY_COST]),
-        baseline: Median(Writes, "pg_cost", 3), ratio: false,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "replays ({replay_keys} keys)", measure: "requests/s vs the same bytes through the daemon's HTTP stack (POST /bench/same-bytes)",
-        value: Median(Replays, "rps", 0), baseline: Median(Replays, "same_bytes_rps", 0), ratio: true,
-        target: "≥ 0.9×", judge: Judge::Ratio(Target::AtLeast(0.9)),
-    },
-    Row {
-        scenario: "replays", measure: "requests/s vs the daemon's /healthz",
-        value: Median(Replays, "rps", 0), baseline: Median(Replays, "healthz_rps", 0), ratio: true,
-        target: "≥ 0.7×", judge: Judge::Ratio(Target::AtLeast(0.7)),
-    },
-    Row {
-        scenario: "replays", measure: "requests/s vs pgbench PK select tps",
-        value: Median(Replays, "rps", 0), baseline: Median(Replays, "pg_tps", 0), ratio: true,
-        target: "> 1.0×", judge: Judge::Baseline(Target::Above),
-    },
-    Row {
-        scenario: "duplicate storm ({storm_keys} keys)",
-        measure: "requests/s; entries = {storm_keys} after",
-        value: Median(Storm, "rps", 0), baseline: Dash, ratio: false,
-        target: "exactly {storm_keys} entries, records, events",
-        judge: Judge::EveryRun(Storm, "count_ok"),
-    },
-    Row {
-        scenario: "outbox drain ({drain_events} events)",
-        measure: "events/s vs plain lapin publisher (window {publish_window})",
-        value: Median(Drain, "events_per_s", 0),
-        baseline: Median(Drain, "pub_events_per_s", 0), ratio: true,
-        target: "≥ 1.0×", judge: Judge::Ratio(Target::AtLeast(1.0)),
-    },
-    Row {
-        scenario: "outbox drain", measure: "events/s vs unique-key write rate",
-        value: Median(Drain, "events_per_s", 0), baseline: Median(Writes, "rps", 0), ratio: true,
-        target: "> 1.0×", judge: Judge::Baseline(Target::Above),
-    },
-    Row {
-        scenario: "outbox drain",
-        measure: "RabbitMQ's CPU s per 1,000 messages: the daemon's relays vs the plain publisher",
-        value: Median(Drain, "rabbitmq_cost", 3),
-        baseline: Median(Drain, "pub_rabbitmq_cost", 3), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "outbox drain", measure: "every event reached the bound queue",
-        value: PerRun(Drain, "queued"), baseline: Dash, ratio: false,
-        target: "{drain_events}", judge: Judge::EveryRun(Drain, "queued_ok"),
-    },
-    Row {
-        scenario: "end-to-end at {e2e_rate} req/s",
-        measure: "p50, 201 received → delivery received (ms)",
-        value: Median(E2e, "p50_ms", 2), baseline: Dash, ratio: false,
-        target: "< 5 ms", judge: Judge::Value(Target::Below(5.0)),
-    },
-    Row {
-        scenario: "end-to-end", measure: "p99 (ms)",
-        value: Median(E2e, "p99_ms", 2), baseline: Dash, ratio: false,
-        target: "< 20 ms", judge: Judge::Value(Target::Below(20.0)),
-    },
-    Row {
-        scenario: "ordered writes ({ordering_keys} keys), {connections} conn.",
-        measure: "requests/s vs unique-key writes without an ordering key",
-        value: Median(Ordered, "rps", 0), baseline: Median(Writes, "rps", 0), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "ordered writes",
-        measure: "p99 latency vs unique-key writes' p99 (ms)",
-        value: Noted(&Median(Ordered, "p99_ms", 2), "p50", &Median(Ordered, "p50_ms", 2)),
-        baseline: Median(Writes, "p99_ms", 2), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "ordered drain ({drain_events} events, {ordering_keys} keys)",
-        measure: "events/s vs the unordered drain of the same backlog",
-        value: Median(Ordered, "drain_events_per_s", 0),
-        baseline: Median(Drain, "events_per_s", 0), ratio: true,
-        target: "≥ 0.5×", judge: Judge::Ratio(Target::AtLeast(0.5)),
-    },
-    Row {
-        scenario: "ordered writes and drain",
-        measure: "every key's events gapless and marked sent in sequence order; every drained event in the bound queue",
-        value: PerRun(Ordered, "drain_queued"), baseline: Dash, ratio: false,
-        target: "in order, {drain_events}", judge: Judge::EveryRun(Ordered, "drain_order_ok"),
-    },
-    Row {
-        scenario: "ordered end-to-end at {e2e_rate} req/s ({ordering_keys} keys)",
-        measure: "p50 / p99, 201 received → delivery received (ms), vs unordered end-to-end",
-        value: Noted(&Median(Ordered, "e2e_p50_ms", 2), "p99", &Median(Ordered, "e2e_p99_ms", 2)),
-        baseline: Noted(&Median(E2e, "p50_ms", 2), "p99", &Median(E2e, "p99_ms", 2)),
-        ratio: true, target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "unique-key writes, PostgreSQL 20 ms further away (bench-delay-proxy), {connections} conn.",
-        measure: "requests/s vs pgbench conventional tps through the same link (its five round trips against the batch's one)",
-        value: Median(Latency, "d20_rps", 0), baseline: Median(Latency, "d20_pg_tps", 0), ratio: true,
-        target: "≥ 5×", judge: Judge::Ratio(Target::AtLeast(5.0)),
-    },
-    Row {
-        scenario: "unique-key writes, 20 ms further",
-        measure: "p50 latency in round trips of the link (p50 ms ÷ one client's SELECT 1 through it, in brackets)",
-        value: Median(Latency, "d20_p50_round_trips", 2),
-        baseline: Noted(&Median(Latency, "d20_p50_ms", 2), "round trip", &Median(Latency, "d20_round_trip_ms", 2)),
-        ratio: false, target: "≤ 1.5", judge: Judge::Value(Target::AtMost(1.5)),
-    },
-    Row {
-        scenario: "unique-key writes, 2 ms further",
-        measure: "requests/s (p50 in round trips) vs pgbench conventional tps through the same link",
-        value: Noted(&Median(Latency, "d2_rps", 0), "p50", &Median(Latency, "d2_p50_round_trips", 2)),
-        baseline: Median(Latency, "d2_pg_tps", 0), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
-    Row {
-        scenario: "unique-key writes, through the proxy with no delay added",
-        measure: "requests/s vs pgbench conventional tps through the same proxy",
-        value: Median(Latency, "d0_rps", 0), baseline: Median(Latency, "d0_pg_tps", 0), ratio: true,
-        target: "–", judge: Judge::Nothing,
-    },
+    Row("unique-key writes, {connections} conn.", "requests/s vs pgbench conventional tps",
+        Median("writes", "rps", 0), Median("writes", "pg_tps", 0), true, "–", Nothing),
+    Row("unique-key writes", "p99 latency vs pgbench average latency (ms)",
+        Noted(&Median("writes", "p99_ms", 2), "p50", &Median("writes", "p50_ms", 2)),
+        Median("writes", "pg_latency_ms", 2), true, "p99 < pgbench avg", Baseline(Target::Below)),
+    Row("unique-key writes", "CPU s per 1,000 writes (daemon + PostgreSQL + RabbitMQ, events delivered) vs PostgreSQL's per 1,000 pgbench transactions",
+        Costs("writes", "medians: ", &[WRITE_COST]), Median("writes", "pg_cost", 3), true, "–", Nothing),
+    Row("unique-key writes", "CPU s per 1,000, whole machine (every process, load generators included): writes, events delivered, vs pgbench transactions; in brackets the machine's busy share while the load ran",
+        Busy("writes", "machine_cost", "machine_busy_pct"),
+        Busy("writes", "pg_machine_cost", "pg_machine_busy_pct"), true, "–", Nothing),
+    Row("unique-key writes, broker unreachable", "requests/s (p99 ms) while no event is delivered vs pgbench conventional tps",
+        Noted(&Median("writes", "alone_rps", 0), "p99", &Median("writes", "alone_p99_ms", 2)),
+        Median("writes", "pg_tps", 0), true, "–", Nothing),
+    Row("unique-key writes", "CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each)",
+        Costs("writes", "", &[ALONE_COST, DELIVERY_COST]), Median("writes", "pg_cost", 3), false, "–", Nothing),
+    Row("replays ({replay_keys} keys)", "requests/s vs the same bytes through the daemon's HTTP stack (POST /bench/same-bytes)",
+        Median("replays", "rps", 0), Median("replays", "same_bytes_rps", 0), true, "≥ 0.9×", Ratio(Target::AtLeast(0.9))),
+    Row("replays", "requests/s vs the daemon's /healthz",
+        Median("replays", "rps", 0), Median("replays", "healthz_rps", 0), true, "≥ 0.7×", Ratio(Target::AtLeast(0.7))),
+    Row("replays", "requests/s vs pgbench PK select tps",
+        Median("replays", "rps", 0), Median("replays", "pg_tps", 0), true, "> 1.0×", Baseline(Target::Above)),
+    Row("duplicate storm ({storm_keys} keys)", "requests/s; entries = {storm_keys} after",
+        Median("storm", "rps", 0), Dash, false, "exactly {storm_keys} entries, records, events", EveryRun("storm", "count_ok")),
+    Row("outbox drain ({drain_events} events)", "events/s vs plain lapin publisher (window {publish_window})",
+        Median("drain", "events_per_s", 0), Median("drain", "pub_events_per_s", 0), true, "≥ 1.0×", Ratio(Target::AtLeast(1.0))),
+    Row("outbox drain", "events/s vs unique-key write rate",
+        Median("drain", "events_per_s", 0), Median("writes", "rps", 0), true, "> 1.0×", Baseline(Target::Above)),
+    Row("outbox drain", "RabbitMQ's CPU s per 1,000 messages: the daemon's relays vs the plain publisher",
+        Median("drain", "rabbitmq_cost", 3), Median("drain", "pub_rabbitmq_cost", 3), true, "–", Nothing),
+    Row("outbox drain", "every event reached the bound queue",
+        PerRun("drain", "queued"), Dash, false, "{drain_events}", EveryRun("drain", "queued_ok")),
+    Row("end-to-end at {e2e_rate} req/s", "p50, 201 received → delivery received (ms)",
+        Median("e2e", "p50_ms", 2), Dash, false, "< 5 ms", Value(Target::Below(5.0))),
+    Row("end-to-end", "p99 (ms)", Median("e2e", "p99_ms", 2), Dash, false, "< 20 ms", Value(Target::Below(20.0))),
+    Row("ordered writes ({ordering_keys} keys), {connections} conn.", "requests/s vs unique-key writes without an ordering key",
+        Median("ordered", "rps", 0), Median("writes", "rps", 0), true, "–", Nothing),
+    Row("ordered writes", "p99 latency vs unique-key writes' p99 (ms)",
+        Noted(&Median("ordered", "p99_ms", 2), "p50", &Median("ordered", "p50_ms", 2)),
+        Median("writes", "p99_ms", 2), true, "–", Nothing),
+    Row("ordered drain ({drain_events} events, {ordering_keys} keys)", "events/s vs the unordered drain of the same backlog",
+        Median("ordered", "drain_events_per_s", 0), Median("drain", "events_per_s", 0), true, "≥ 0.5×", Ratio(Target::AtLeast(0.5))),
+    Row("ordered writes and drain", "every key's events gapless and marked sent in sequence order; every drained event in the bound queue",
+        PerRun("ordered", "drain_queued"), Dash, false, "in order, {drain_events}", EveryRun("ordered", "drain_order_ok")),
+    Row("ordered end-to-end at {e2e_rate} req/s ({ordering_keys} keys)", "p50 / p99, 201 received → delivery received (ms), vs unordered end-to-end",
+        Noted(&Median("ordered", "e2e_p50_ms", 2), "p99", &Median("ordered", "e2e_p99_ms", 2)),
+        Noted(&Median("e2e", "p50_ms", 2), "p99", &Median("e2e", "p99_ms", 2)), true, "–", Nothing),
+    Row("unique-key writes, PostgreSQL 20 ms further away (bench-delay-proxy), {connections} conn.", "requests/s vs pgbench conventional tps through the same link (its five round trips against the batch's one)",
+        Median("latency", "d20_rps", 0), Median("latency", "d20_pg_tps", 0), true, "≥ 5×", Ratio(Target::AtLeast(5.0))),
+    Row("unique-key writes, 20 ms further", "p50 latency in round trips of the link (p50 ms ÷ one client's SELECT 1 through it, in brackets)",
+        Median("latency", "d20_p50_round_trips", 2),
+        Noted(&Median("latency", "d20_p50_ms", 2), "round trip", &Median("latency", "d20_round_trip_ms", 2)), false, "≤ 1.5", Value(Target::AtMost(1.5))),
+    Row("unique-key writes, 2 ms further", "requests/s (p50 in round trips) vs pgbench conventional tps through the same link",
+        Noted(&Median("latency", "d2_rps", 0), "p50", &Median("latency", "d2_p50_round_trips", 2)),
+        Median("latency", "d2_pg_tps", 0), true, "–", Nothing),
+    Row("unique-key writes, through the proxy with no delay added", "requests/s vs pgbench conventional tps through the same proxy",
+        Median("latency", "d0_rps", 0), Median("latency", "d0_pg_tps", 0), true, "–", Nothing),
 ];
 
 /// The checks: every run's values of each row's metrics (`name:decimals` to round them), joined
 /// with " / ", and a note after them. `{name}` is a setting. The log lines close the table (see
 /// `Report::checks_table`).
 #[rustfmt::skip]
-const CHECKS: [(&str, Scenario, &[&str], &str); 23] = [
-    ("writes: wrk errors (connect/read/write/status/timeout)", Writes, &["errors"], ""),
-    ("writes: entries − 2xx answers (≥ 0; in-flight at the end on top)", Writes, &["entries_minus_2xx"], ""),
-    ("writes: entries = idempotency records = outbox rows", Writes, &["rows_consistent"], " (1 = yes)"),
-    ("writes: unsent outbox rows when wrk stopped", Writes, &["backlog_at_end"], ""),
-    ("writes: event payload bytes (daemon's real events)", Writes, &["payload_bytes"], ""),
-    ("writes: pgbench failed transactions", Writes, &["pg_failed"], ""),
-    ("replays: wrk errors (replays / healthz / same bytes)", Replays, &["errors", "healthz_errors", "same_bytes_errors"], ""),
-    ("replays: entries after (must stay {replay_keys})", Replays, &["entries"], ""),
-    ("storm: wrk errors", Storm, &["errors"], ""),
-    ("storm: entries / records / events", Storm, &["entries", "records", "events"], ""),
-    ("drain: synthetic payload bytes", Drain, &["payload_bytes"], ""),
-    ("drain: seconds to drain", Drain, &["seconds:2"], ""),
-    ("drain: messages in the bound queue (daemon / publisher)", Drain, &["queued", "pub_queued"], ""),
-    ("e2e: sent / 201 / errors / matched", E2e, &["sent", "created", "errors", "matched"], ""),
-    ("e2e: achieved request rate", E2e, &["achieved_rate:1"], ""),
-    ("e2e: deliveries before the 201 was seen (negative latency)", E2e, &["negative"], ""),
-    ("e2e: duplicate deliveries", E2e, &["duplicate_deliveries"], ""),
-    ("e2e: HTTP latency p50 / p99 (ms)", E2e, &["http_p50_ms:2", "http_p99_ms:2"], ""),
-    ("ordered: wrk errors; entries − 2xx answers", Ordered, &["errors", "entries_minus_2xx"], ""),
-    ("ordered: writes in order after delivery; drain in order", Ordered, &["order_ok", "drain_order_ok"], " (1 = yes)"),
-    ("ordered e2e: sent / 201 / errors / matched / duplicates", Ordered, &["e2e_sent", "e2e_created", "e2e_errors", "e2e_matched", "e2e_duplicate_deliveries"], ""),
-    ("latency: wrk errors at 0 / 2 / 20 ms", Latency, &["d0_errors", "d2_errors", "d20_errors"], ""),
-    ("latency: client sends per write / per conventional transaction at 20 ms", Latency, &["d20_sends_per_write:2", "d20_pg_sends_per_transaction:2"], ""),
+const CHECKS: [(&str, &str, &[&str], &str); 23] = [
+    ("writes: wrk errors (connect/read/write/status/timeout)", "writes", &["errors"], ""),
+    ("writes: entries − 2xx answers (≥ 0; in-flight at the end on top)", "writes", &["entries_minus_2xx"], ""),
+    ("writes: entries = idempotency records = outbox rows", "writes", &["rows_consistent"], " (1 = yes)"),
+    ("writes: unsent outbox rows when wrk stopped", "writes", &["backlog_at_end"], ""),
+    ("writes: event payload bytes (daemon's real events)", "writes", &["payload_bytes"], ""),
+    ("writes: pgbench failed transactions", "writes", &["pg_failed"], ""),
+    ("replays: wrk errors (replays / healthz / same bytes)", "replays", &["errors", "healthz_errors", "same_bytes_errors"], ""),
+    ("replays: entries after (must stay {replay_keys})", "replays", &["entries"], ""),
+    ("storm: wrk errors", "storm", &["errors"], ""),
+    ("storm: entries / records / events", "storm", &["entries", "records", "events"], ""),
+    ("drain: synthetic payload bytes", "drain", &["payload_bytes"], ""),
+    ("drain: seconds to drain", "drain", &["seconds:2"], ""),
+    ("drain: messages in the bound queue (daemon / publisher)", "drain", &["queued", "pub_queued"], ""),
+    ("e2e: sent / 201 / errors / matched", "e2e", &["sent", "created", "errors", "matched"], ""),
+    ("e2e: achieved request rate", "e2e", &["achieved_rate:1"], ""),
+    ("e2e: deliveries before the 201 was seen (negative latency)", "e2e", &["negative"], ""),
+    ("e2e: duplicate deliveries", "e2e", &["duplicate_deliveries"], ""),
+    ("e2e: HTTP latency p50 / p99 (ms)", "e2e", &["http_p50_ms:2", "http_p99_ms:2"], ""),
+    ("ordered: wrk errors; entries − 2xx answers", "ordered", &["errors", "entries_minus_2xx"], ""),
+    ("ordered: writes in order after delivery; drain in order", "ordered", &["order_ok", "drain_order_ok"], " (1 = yes)"),
+    ("ordered e2e: sent / 201 / errors / matched / duplicates", "ordered", &["e2e_sent", "e2e_created", "e2e_errors", "e2e_matched", "e2e_duplicate_deliveries"], ""),
+    ("latency: wrk errors at 0 / 2 / 20 ms", "latency", &["d0_errors", "d2_errors", "d20_errors"], ""),
+    ("latency: client sends per write / per conventional transaction at 20 ms", "latency", &["d20_sends_per_write:2", "d20_pg_sends_per_transaction:2"], ""),
 ];
 
-/// How the benchmark was run: the knobs that the report quotes.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub quick: bool,
-    pub runs: u32,
-    pub duration: u32,
-    pub drain_events: u64,
-    pub e2e_seconds: u32,
-    pub e2e_rate: u32,
-    pub connections: u32,
-    pub wrk_threads: u32,
-    pub replay_keys: u32,
-    pub storm_keys: u32,
-    pub publish_window: u32,
-    pub ordering_keys: u32,
-    pub port: u16,
-    pub config: String,
+/// Declares the settings once: the struct, its defaults, and `{name}` for each in a text.
+macro_rules! settings {
+    ($($(#[$doc:meta])* $name:ident: $type:ty = $default:expr,)*) => {
+        /// How the benchmark was run: the knobs that the report quotes and the scenarios use.
+        #[derive(Clone, Debug)]
+        pub struct Settings {
+            $($(#[$doc])* pub $name: $type,)*
+        }
+
+        impl Default for Settings {
+            fn default() -> Settings {
+                Settings { $($name: $default,)* }
+            }
+        }
+
+        impl Settings {
+            fn field(&self, name: &str) -> Option<String> {
+                match name {
+                    $(stringify!($name) => Some(self.$name.to_string()),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    quick: bool = false,
+    runs: u32 = 3,
+    duration: u32 = 15,
+    drain_events: u64 = 100_000,
+    e2e_seconds: u32 = 20,
+    e2e_rate: u32 = 1000,
+    connections: u32 = 64,
+    wrk_threads: u32 = 2,
+    replay_keys: u32 = 1000,
+    storm_keys: u32 = 10,
+    publish_window: u32 = 1000,
+    ordering_keys: u32 = 1000,
+    /// The scale scenario's databases, in rows per table; the rows the janitor deletes; the
+    /// seconds of writes beside it.
+    scale_small: u64 = 10_000,
+    scale_large: u64 = 5_000_000,
+    scale_expired: u64 = 500_000,
+    janitor_seconds: u32 = 60,
+    port: u16 = 18437,
+    config: String = "config.toml".into(),
     /// postgres://user@host:port
-    pub pg_base: String,
+    pg_base: String = "postgres://postgres@127.0.0.1:5432".into(),
 }
 
 impl Settings {
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// `text` with the settings it names in braces filled in.
-    fn fill(&self, text: &str) -> String {
-        [
-            ("{connections}", self.connections.to_string()),
-            ("{replay_keys}", self.replay_keys.to_string()),
-            ("{storm_keys}", self.storm_keys.to_string()),
-            ("{drain_events}", self.drain_events.to_string()),
-            ("{publish_window}", self.publish_window.to_string()),
-            ("{e2e_rate}", self.e2e_rate.to_string()),
-            ("{ordering_keys}", self.ordering_keys.to_string()),
-        ]
-        .iter()
-        .fold(text.to_owned(), |text, (name, value)| {
-            text.replace(name, value)
+    /// The setting `{name}` stands for in a text: a field, or a command line's start.
+    pub fn var(&self, name: &str) -> Option<String> {
+        let (t, c, d) = (self.wrk_threads, self.connections, self.duration);
+        let wrk = |c: u32, d: u32| format!("wrk -t{t} -c{c} -d{d}s --timeout 10s --latency");
+        let pgbench = |d: u32| format!("pgbench -n -M prepared -c {c} -j {t} -T {d}");
+        Some(match name {
+            "url" => format!("http://127.0.0.1:{}", self.port),
+            "wrk" => wrk(c, d),
+            "reads" => wrk(8, 5),
+            "wrk_janitor" => wrk(c, self.janitor_seconds),
+            "pgbench" => pgbench(d),
+            // Through the delay proxy: 6 s longer, judged by its last {duration} s (`-P 1`).
+            "pgbench_link" => format!("{} -P 1", pgbench(d + 6)),
+            name => return self.field(name),
         })
     }
 
     pub fn mode_line(&self) -> String {
-        if self.quick {
-            format!(
-                "**QUICK RUN (BENCH_QUICK=1): {} s per measurement, {} run(s), a {}-event drain, {} s of end-to-end load. These figures only show that the benchmark works; they are NOT the reference figures. Run `bench/run` (full mode) on a quiet machine for those.**",
-                self.duration, self.runs, self.drain_events, self.e2e_seconds
-            )
-        } else {
-            format!(
-                "Full run: {} s per measurement, medians of {} runs, a {}-event drain, {} s of end-to-end load per run.",
-                self.duration, self.runs, self.drain_events, self.e2e_seconds
-            )
+        let (d, r, e, s) = (
+            self.duration,
+            self.runs,
+            self.drain_events,
+            self.e2e_seconds,
+        );
+        match self.quick {
+            true => format!("**QUICK RUN (BENCH_QUICK=1): {d} s per measurement, {r} run(s), a {e}-event drain, {s} s of end-to-end load. These figures only show that the benchmark works; they are NOT the reference figures. Run `bench/run` (full mode) on a quiet machine for those.**"),
+            false => format!("Full run: {d} s per measurement, medians of {r} runs, a {e}-event drain, {s} s of end-to-end load per run."),
         }
     }
 }
@@ -581,14 +359,10 @@ pub fn quoted_settings(config: &str) -> String {
     for line in config.lines() {
         if line.starts_with('[') {
             section = line.replace(['[', ']'], "");
-            continue;
-        }
-        let Some((key, _)) = line.split_once('=') else {
-            continue;
-        };
-        let key = key.trim_end_matches(' ');
-        if QUOTED_SETTINGS.contains(&key) {
-            out.push(format!("{section}.{}", line.replace(' ', "")));
+        } else if let Some((key, _)) = line.split_once('=') {
+            if QUOTED_SETTINGS.contains(&key.trim_end_matches(' ')) {
+                out.push(format!("{section}.{}", line.replace(' ', "")));
+            }
         }
     }
     out.join(", ")
@@ -602,8 +376,8 @@ pub struct Report {
     /// `YYYY-MM-DD HH:MM UTC`
     pub written_at: String,
     pub run_id: String,
-    /// The runs of each scenario, in the order of `Scenario::ALL`; none for one not run.
-    pub runs: [Vec<Run>; 7],
+    /// The runs of each scenario run, by name.
+    pub runs: HashMap<String, Vec<Run>>,
 }
 
 impl Figure {
@@ -612,110 +386,108 @@ impl Figure {
         match self {
             Dash | PerRun(..) => None,
             Median(scenario, metric, _) | Busy(scenario, metric, _) => {
-                report.median(*scenario, metric)
+                report.median(scenario, metric)
             }
             Noted(figure, _, _) => figure.number(report),
-            Costs(scenario, _, costs) => report.cost_median(*scenario, &costs[0]),
+            Costs(scenario, _, costs) => report.cost_median(scenario, &costs[0]),
         }
     }
 
     fn cell(&self, report: &Report) -> String {
         match self {
             Dash => "–".into(),
-            Median(scenario, metric, decimals) => fmt(report.median(*scenario, metric), *decimals),
+            Median(scenario, metric, decimals) => fmt(report.median(scenario, metric), *decimals),
             Noted(figure, label, note) => {
                 format!("{} ({label} {})", figure.cell(report), note.cell(report))
             }
             Busy(scenario, cost, busy) => {
-                let (cost, busy) = (
-                    report.median(*scenario, cost),
-                    report.median(*scenario, busy),
-                );
-                match busy {
-                    Some(_) if cost.is_some() => {
-                        format!("{} (busy {} %)", fmt(cost, 3), fmt(busy, 1))
+                match (report.median(scenario, cost), report.median(scenario, busy)) {
+                    (Some(cost), Some(busy)) => {
+                        format!("{} (busy {} %)", fmt(Some(cost), 3), fmt(Some(busy), 1))
                     }
-                    _ => fmt(cost, 3),
+                    (cost, _) => fmt(cost, 3),
                 }
             }
             Costs(scenario, label, costs) => {
                 let cell = |parts: &[&str; 3]| {
-                    let medians = parts.map(|part| fmt(report.median(*scenario, part), 3));
-                    let total = fmt(report.cost_median(*scenario, parts), 3);
+                    let medians = parts.map(|part| fmt(report.median(scenario, part), 3));
+                    let total = fmt(report.cost_median(scenario, parts), 3);
                     format!("{total} ({label}{})", medians.join(" + "))
                 };
                 costs.iter().map(cell).collect::<Vec<_>>().join(" + ")
             }
-            PerRun(scenario, metric) => per_run(&report.column(*scenario, metric), None),
+            PerRun(scenario, metric) => per_run(&report.column(scenario, metric), None),
         }
     }
 }
 
 impl Row {
     fn cells(&self, report: &Report) -> [String; 7] {
-        let s = &report.settings;
-        let (value, baseline) = (self.value.number(report), self.baseline.number(report));
+        let Row(scenario, measure, value_figure, baseline_figure, shows_ratio, target, judge) =
+            self;
+        let fill = |text: &str| fill(text, |name| report.settings.var(name));
+        let (value, baseline) = (value_figure.number(report), baseline_figure.number(report));
         let ratio_value = ratio(value, baseline);
-        let verdict = match &self.judge {
-            Judge::Nothing => None,
-            Judge::Ratio(target) => Some(target.judge(ratio_value)),
-            Judge::Value(target) => Some(target.judge(value)),
-            Judge::Baseline(make) => Some(Target::judge_against(value, baseline, *make)),
-            Judge::EveryRun(scenario, flag) => {
-                let flags = report.column(*scenario, flag);
-                Some(if flags.is_empty() {
-                    Verdict::NotAvailable
-                } else {
-                    Verdict::of(Some(minimum(&flags) == Some(1.0)))
+        let verdict = match judge {
+            Nothing => None,
+            Ratio(target) => Some(target.judge(ratio_value)),
+            Value(target) => Some(target.judge(value)),
+            Baseline(make) => Some(Target::judge_against(value, baseline, *make)),
+            EveryRun(scenario, flag) => {
+                let flags = report.column(scenario, flag);
+                Some(match flags.is_empty() {
+                    true => Verdict::NotAvailable,
+                    false => Verdict::of(Some(minimum(&flags) == Some(1.0))),
                 })
             }
         };
         [
-            s.fill(self.scenario),
-            s.fill(self.measure),
-            self.value.cell(report),
-            self.baseline.cell(report),
-            if self.ratio {
+            fill(scenario),
+            fill(measure),
+            value_figure.cell(report),
+            baseline_figure.cell(report),
+            if *shows_ratio {
                 format!("{}×", fmt(ratio_value, 2))
             } else {
                 "–".into()
             },
-            s.fill(self.target),
+            fill(target),
             verdict.map_or("–".into(), |verdict| verdict.to_string()),
         ]
     }
 }
 
 impl Report {
-    fn runs(&self, scenario: Scenario) -> &[Run] {
-        &self.runs[scenario as usize]
+    fn runs(&self, scenario: &str) -> &[Run] {
+        self.runs.get(scenario).map_or(&[], Vec::as_slice)
     }
 
     /// Every run's value of `metric`.
-    fn column(&self, scenario: Scenario, metric: &str) -> Vec<Option<Num>> {
-        let runs = self.runs(scenario);
-        runs.iter().map(|run| run.get(metric).cloned()).collect()
+    fn column(&self, scenario: &str, metric: &str) -> Vec<Option<Num>> {
+        self.runs(scenario)
+            .iter()
+            .map(|run| run.get(metric).cloned())
+            .collect()
     }
 
-    fn median(&self, scenario: Scenario, metric: &str) -> Option<f64> {
+    fn median(&self, scenario: &str, metric: &str) -> Option<f64> {
         median(&self.column(scenario, metric))
     }
 
     /// The median of the runs' totals of a CPU cost in three parts.
-    fn cost_median(&self, scenario: Scenario, parts: &[&str; 3]) -> Option<f64> {
-        let totals: Vec<Option<Num>> = self
-            .runs(scenario)
-            .iter()
-            .map(|run| run.cost(parts))
-            .collect();
-        median(&totals)
+    fn cost_median(&self, scenario: &str, parts: &[&str; 3]) -> Option<f64> {
+        median(
+            &self
+                .runs(scenario)
+                .iter()
+                .map(|run| run.cost(parts))
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// The results table: each figure beside its baseline, with its target.
     pub fn results_table(&self) -> String {
-        let mut out = String::from(
-            "| scenario | measure | retrysafe | baseline | ratio | target | result |\n|---|---|---:|---:|---:|---|---|",
-        );
+        let mut out = String::from("| scenario | measure | retrysafe | baseline | ratio | target | result |\n|---|---|---:|---:|---:|---|---|");
         for row in &RESULTS {
             let _ = write!(out, "\n| {} |", row.cells(self).join(" | "));
         }
@@ -724,19 +496,15 @@ impl Report {
 
     /// Peak RSS and CPU of the daemon per scenario.
     pub fn resources_table(&self) -> String {
-        let mut out = String::from(
-            "| scenario | daemon peak RSS, MiB (max of runs) | daemon CPU, cores (median; 1.00 = one core) | target | result |\n|---|---:|---:|---|---|",
-        );
-        for scenario in Scenario::ALL {
+        let mut out = String::from("| scenario | daemon peak RSS, MiB (max of runs) | daemon CPU, cores (median; 1.00 = one core) | target | result |\n|---|---:|---:|---|---|");
+        for scenario in REPORTED {
             let peak = maximum(&self.column(scenario, "rss_mb"));
+            let cores = fmt(self.median(scenario, "cpu_cores"), 2);
+            let (nproc, verdict) = (&self.machine.nproc, Target::Below(200.0).judge(peak));
             let _ = write!(
                 out,
-                "\n| {} | {} | {} of {} | RSS < 200 MiB | {} |",
-                scenario.name(),
-                fmt(peak, 1),
-                fmt(self.median(scenario, "cpu_cores"), 2),
-                self.machine.nproc,
-                Target::Below(200.0).judge(peak)
+                "\n| {scenario} | {} | {cores} of {nproc} | RSS < 200 MiB | {verdict} |",
+                fmt(peak, 1)
             );
         }
         out
@@ -745,27 +513,27 @@ impl Report {
     /// The sanity checks, every run's value.
     pub fn checks_table(&self) -> String {
         // Every run's values of a metric (`name:decimals` to round them).
-        let runs = |scenario: Scenario, metric: &str| {
-            let (metric, decimals) = match metric.split_once(':') {
-                Some((metric, decimals)) => (metric, decimals.parse().ok()),
-                None => (metric, None),
-            };
-            per_run(&self.column(scenario, metric), decimals)
+        let runs = |scenario: &str, metric: &str| match metric.split_once(':') {
+            Some((metric, decimals)) => {
+                per_run(&self.column(scenario, metric), decimals.parse().ok())
+            }
+            None => per_run(&self.column(scenario, metric), None),
         };
         let mut out = String::from("| check | per run |\n|---|---|");
         for (check, scenario, metrics, note) in CHECKS {
             let values: Vec<String> = metrics.iter().map(|m| runs(scenario, m)).collect();
-            let check = self.settings.fill(check);
+            let check = fill(check, |name| self.settings.var(name));
             let _ = write!(out, "\n| {check} | {}{note} |", values.join(" / "));
         }
-        for (check, metric) in [
+        let logs = [
             (
                 "under load (writes/replays/storm/drain/e2e/ordered/latency)",
                 "log_problems",
             ),
             ("after SIGTERM (same order)", "shutdown_log_problems"),
-        ] {
-            let values: Vec<String> = Scenario::ALL.iter().map(|s| runs(*s, metric)).collect();
+        ];
+        for (check, metric) in logs {
+            let values: Vec<String> = REPORTED.iter().map(|s| runs(s, metric)).collect();
             let _ = write!(
                 out,
                 "\n| daemon log lines at WARN/ERROR {check} | {} |",
@@ -782,15 +550,14 @@ impl Report {
         for run in 1..=runs {
             let _ = write!(out, " run {run} |");
         }
-        out.push_str("\n|---|---|");
-        out.push_str(&"---:|".repeat(runs));
-        for scenario in Scenario::ALL {
+        out.push_str(&format!("\n|---|---|{}", "---:|".repeat(runs)));
+        for scenario in REPORTED {
             let scenario_runs = self.runs(scenario);
             let Some(first) = scenario_runs.first() else {
                 continue;
             };
             for (i, (metric, _)) in first.0.iter().enumerate() {
-                let _ = write!(out, "\n| {} | {metric}", scenario.name());
+                let _ = write!(out, "\n| {scenario} | {metric}");
                 for run in 0..runs {
                     let cell = match scenario_runs.get(run).map(|run| &run.0[i].1) {
                         Some(Some(num)) => num.text.as_str(),
@@ -805,12 +572,35 @@ impl Report {
         out
     }
 
+    /// The scale scenario's medians, the small database beside the large one, if it ran.
+    pub fn scale_table(&self) -> Option<String> {
+        let first = self.runs("scale").first()?;
+        let s = &self.settings;
+        let mut out = format!("| measure (medians of {} runs) | {} rows | {} rows | large / small |\n|---|---:|---:|---:|", self.runs("scale").len(), s.scale_small, s.scale_large);
+        for (metric, _) in first
+            .0
+            .iter()
+            .filter(|(name, _)| name.starts_with("small_"))
+        {
+            let measure = &metric["small_".len()..];
+            let [small, large] =
+                [metric.clone(), format!("large_{measure}")].map(|m| self.median("scale", &m));
+            let _ = write!(
+                out,
+                "\n| {measure} | {} | {} | {}x |",
+                fmt(small, 2),
+                fmt(large, 2),
+                fmt(ratio(large, small), 2)
+            );
+        }
+        Some(out)
+    }
+
     /// What `bench/run` prints when it is done.
     pub fn summary(&self) -> String {
+        let (mode, results) = (self.settings.mode_line(), self.results_table());
         format!(
-            "\n{}\n\n{}\n\n{}\n\n{}\n",
-            self.settings.mode_line(),
-            self.results_table(),
+            "\n{mode}\n\n{results}\n\n{}\n\n{}\n",
             self.resources_table(),
             self.checks_table()
         )
@@ -818,181 +608,33 @@ impl Report {
 
     /// The generated part of BENCHMARKS.md, up to and including the hand-written marker.
     pub fn render_generated(&self) -> String {
-        let s = &self.settings;
-        let m = &self.machine;
-        let url = s.url();
-        let (t, c, d) = (s.wrk_threads, s.connections, s.duration);
-        let mode = if s.quick { "BENCH_QUICK=1" } else { "full" };
-        format!(
-            r#"# Benchmarks
-
-{mode_line}
-
-Written by `bench/run` on {written_at} (run id `{run_id}`), daemon at commit
-`{commit}`. Every figure is the median of the runs; each scenario was measured side by side
-with its baseline in the same run.
-
-## Machine
-
-| | |
-|---|---|
-| CPU | {cpu}, {nproc} cores (nproc) |
-| memory | {mem} GiB |
-| kernel | {kernel} |
-| PostgreSQL | {pg} (the distribution package's settings; autovacuum: {autovacuum}) |
-| RabbitMQ | {rabbit} |
-| tools | wrk {wrk}, pgbench {pgbench}, {rustc} |
-
-Everything (daemon, PostgreSQL, RabbitMQ, wrk/pgbench/the Rust helpers) shares these {nproc} cores.
-Daemon settings from `{config}`: {settings}.
-
-## Results
-
-{results}
-
-### Daemon resources per scenario
-
-Peak RSS is `VmHWM` from `/proc/PID/status` just before the daemon is stopped (the daemon is
-restarted for every scenario and run). CPU is (utime + stime) of the daemon over the measured
-window divided by the window's wall time: wrk's duration for writes, replays and storm; daemon
-start to empty outbox for the drain; the whole `bench-e2e run` for end-to-end; for ordered, from
-wrk's start until the outbox is empty, then the drain and the end-to-end run with a daemon each.
-
-{resources}
-
-### Checks
-
-{checks}
-
-## Commands
-
-`bench/run` (mode: {mode}) ran, per scenario and run, on a fresh
-database `retrysafe_bench_<run id>_<scenario>_<run>` (created and migrated with `retrysafe migrate`)
-and a fresh durable topic exchange `retrysafe.bench.<run id>.<scenario>.<run>` with a durable
-queue bound for `#` (`bench-publisher bind`):
-
-```sh
-cargo build --release --locked --features bench-routes --bin retrysafe --example bench-publisher --example bench-e2e --example bench-delay-proxy --example bench
-RETRYSAFE_HTTP__LISTEN=127.0.0.1:{port} RETRYSAFE_DATABASE__URL={pg_base}/<db> \
-  RETRYSAFE_AMQP__EXCHANGE=<exchange> RETRYSAFE_LOG__LEVEL=warn \
-  target/release/retrysafe serve --config {config}
-
-# unique-key writes, then its baseline on another fresh migrated database (daemon stopped)
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-# between them, on a third: the same wrk with RETRYSAFE_AMQP__URL=amqp://guest:guest@127.0.0.1:1/%2f
-# (no broker: nothing is delivered), then the daemon restarted as above until no event is unsent
-pgbench -n -M prepared -c {c} -j {t} -T {d} -f bench/conventional.sql <db>
-
-# replays: create the keys, replay them, then the baselines against the same daemon and database
-target/release/examples/bench-e2e precreate --url {url} --kind bench.replay --prefix replay- --count {replay_keys}
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/replay.lua {url}/
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/healthz.lua {url}/healthz
-# the same requests to POST /bench/same-bytes (the daemon built with --features bench-routes),
-# answered with as many bytes as a replay's answer (its size read with curl first)
-BENCH_SAME_BYTES=<bytes> wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/same_bytes.lua {url}/
-pgbench -n -M prepared -c {c} -j {t} -T {d} -D keys={replay_keys} -f bench/replay_select.sql <db>
-
-# duplicate storm; then SELECT count(*) FROM entries (and idempotency_records, outbox_events) = {storm_keys}
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/storm.lua {url}/
-
-# outbox drain: daemon not running, {drain} rows inserted with generate_series (see BACKLOG_SQL
-# in bench/scenarios.rs), ANALYZE, then the daemon is started and timed until nothing is unsent
-target/release/examples/bench-publisher wait-drained --db <db> --start-unix-ns <just before start>
-target/release/examples/bench-publisher count --queue <queue> --expect {drain}
-# baseline, to a fresh exchange of the same kind with a bound queue
-target/release/examples/bench-publisher publish --exchange <exchange> --count {drain} --payload-bytes <avg payload> --window {window}
-
-# end-to-end latency
-target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds}
-
-# ordered delivery, {ordering_keys} ordering keys (key-<n mod {ordering_keys}> per wrk thread):
-# the writes, then (daemon stopped) every key's sequences checked gapless and marked sent in
-# order; on a second database the drain's backlog as writes of those keys (bench/ordered_backlog.sql
-# after BACKLOG_SQL), drained and checked as above; on a third the end-to-end load with a key each
-BENCH_ORDERING_KEYS={ordering_keys} wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-target/release/examples/bench-e2e run --url {url} --queue <queue> --rate {e2e_rate} --seconds {e2e_seconds} --ordering-keys {ordering_keys}
-
-# latency: for each delay D of 0, 2 and 20 ms, a proxy that adds D to every round trip to
-# PostgreSQL; the link's round trip (one client's SELECT 1 for 3 s), the daemon reaching
-# PostgreSQL through it (RETRYSAFE_DATABASE__URL=postgres://<user>@127.0.0.1:<proxy port>/<db>),
-# the unique-key writes as above and the writers' batches from /metrics; then (daemon stopped)
-# pgbench through the same proxy on a fresh database; the proxy's count of the client's sends
-# (SIGUSR1) around each load
-target/release/examples/bench-delay-proxy --target <PGHOST>:<PGPORT> --delay-ms D
-pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p <proxy port> -f <SELECT 1;> <db>
-wrk -t{t} -c{c} -d{d}s --timeout 10s --latency -s bench/unique_keys.lua {url}/
-pgbench -n -M prepared -c {c} -j {t} -T <{d} + 6> -P 1 -h 127.0.0.1 -p <proxy port> -f bench/conventional.sql <db>
-```
-
-Method notes:
-
-- wrk is closed-loop: each of the {c} connections sends its next request when the previous
-  answer arrives, so its percentiles understate the latency an open-loop client would see under
-  overload (coordinated omission). `bench-e2e` is open-loop.
-- pgbench's "latency average" for the conventional transaction covers its five round trips
-  (BEGIN, three INSERTs, COMMIT); its JSON values are built per transaction so that PostgreSQL
-  parses jsonb each time, with the sizes the daemon stores (see the comments in
-  bench/conventional.sql).
-- The whole machine's CPU per write or transaction is /proc/stat's user, nice, system, irq and
-  softirq time (steal not counted) over the same window as the per-process costs, divided by
-  the writes or transactions: every process counts, wrk, pgbench and this program included.
-  Operations per second are busy CPU-seconds per second over CPU-seconds per operation, so the
-  rate ratio is the inverse of the ratio of these costs times the ratio of the busy shares; with
-  both loads keeping the machine busy, a higher rate ratio needs a lower cost ratio.
-- The drain's clock starts just before the daemon process is spawned, so it includes the
-  daemon's start (connecting, checking migrations, connecting to the broker).
-  `bench-publisher publish` sends messages of the same size with the relay's properties and
-  headers, persistent and mandatory, to a durable queue, as the relay does.
-- The end-to-end latency is measured from the moment `bench-e2e` has the 201's headers to the
-  moment its consumer (auto-ack, on its own thread) gets the delivery; both clocks are the same
-  monotonic clock of one process. A negative value means the event arrived before the client had
-  read the 201.
-- The latency scenario's proxy (bench/delay_proxy.rs) holds each of the client's sends for D ms
-  before passing it on, and passes the server's answers at once, so a round trip takes D ms
-  longer (a link whose one-way delay is D; this kernel has no netem, and the proxy needs no
-  privileges). Its timer counts whole milliseconds, so a send waits D to D + 1 ms; the round
-  trip the p50 is divided by is measured through the proxy, not assumed. Through the proxy,
-  pgbench opens its connections and then prepares each client's statements one client after
-  another (seconds at 20 ms, inside its `-T`), so it runs 6 s longer and its tps and latency
-  are the medians of its last {d} per-second reports (`-P 1`).
-
-## Per-run values
-
-{per_run}
-
-{marker}
-"#,
-            mode_line = s.mode_line(),
-            written_at = self.written_at,
-            run_id = self.run_id,
-            commit = m.commit,
-            cpu = m.cpu_model,
-            nproc = m.nproc,
-            mem = m.mem_gib,
-            kernel = m.kernel,
-            pg = m.pg_version,
-            autovacuum = m.autovacuum,
-            rabbit = m.rabbit_version,
-            wrk = m.wrk_version,
-            pgbench = m.pgbench_version,
-            rustc = m.rustc_version,
-            config = s.config,
-            settings = m.daemon_settings,
-            results = self.results_table(),
-            resources = self.resources_table(),
-            checks = self.checks_table(),
-            port = s.port,
-            pg_base = s.pg_base,
-            replay_keys = s.replay_keys,
-            storm_keys = s.storm_keys,
-            drain = s.drain_events,
-            window = s.publish_window,
-            e2e_rate = s.e2e_rate,
-            e2e_seconds = s.e2e_seconds,
-            ordering_keys = s.ordering_keys,
-            per_run = self.per_run_table(),
-            marker = HAND_WRITTEN_MARKER,
-        )
+        let (s, m) = (&self.settings, &self.machine);
+        fill(TEMPLATE, |name| {
+            Some(match name {
+                "mode_line" => s.mode_line(),
+                "mode" => (if s.quick { "BENCH_QUICK=1" } else { "full" }).into(),
+                "written_at" => self.written_at.clone(),
+                "run_id" => self.run_id.clone(),
+                "commit" => m.commit.clone(),
+                "cpu" => m.cpu_model.clone(),
+                "nproc" => m.nproc.clone(),
+                "mem" => m.mem_gib.clone(),
+                "kernel" => m.kernel.clone(),
+                "pg" => m.pg_version.clone(),
+                "autovacuum" => m.autovacuum.clone(),
+                "rabbit" => m.rabbit_version.clone(),
+                "wrk" => m.wrk_version.clone(),
+                "pgbench" => m.pgbench_version.clone(),
+                "rustc" => m.rustc_version.clone(),
+                "settings" => m.daemon_settings.clone(),
+                "results" => self.results_table(),
+                "resources" => self.resources_table(),
+                "checks" => self.checks_table(),
+                "per_run" => self.per_run_table(),
+                "marker" => HAND_WRITTEN_MARKER.into(),
+                name => return s.var(name),
+            })
+        })
     }
 
     /// The whole file: the generated part, then what `existing` (the file as it is) has after
@@ -1010,14 +652,14 @@ Method notes:
 
 /// What a BENCHMARKS.md has after the hand-written marker line.
 pub fn hand_written_part(file: &str) -> Option<&str> {
-    let at = file.find(HAND_WRITTEN_MARKER)?;
-    let rest = &file[at + HAND_WRITTEN_MARKER.len()..];
+    let rest = &file[file.find(HAND_WRITTEN_MARKER)? + HAND_WRITTEN_MARKER.len()..];
     Some(rest.strip_prefix('\n').unwrap_or(rest))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenarios::SCENARIOS;
 
     const COMMITTED: &str = include_str!("../BENCHMARKS.md");
 
@@ -1028,7 +670,7 @@ mod tests {
         &file[start..start + len]
     }
 
-    fn number_after<T: FromStr>(file: &str, prefix: &str) -> T {
+    fn number_after<T: std::str::FromStr>(file: &str, prefix: &str) -> T {
         let at = file.find(prefix).unwrap() + prefix.len();
         let digits: String = file[at..]
             .chars()
@@ -1042,11 +684,11 @@ mod tests {
         let file = COMMITTED;
         let per_run = between(file, "## Per-run values\n\n", "\n\n");
         let runs = per_run.lines().next().unwrap().matches(" run ").count();
-        let mut by_scenario: [Vec<Run>; 7] = Default::default();
+        let mut by_scenario: HashMap<String, Vec<Run>> = HashMap::new();
         for line in per_run.lines().skip(2) {
             let row: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
-            let scenario: Scenario = row[0].parse().unwrap();
-            let scenario_runs = &mut by_scenario[scenario as usize];
+            assert!(REPORTED.contains(&row[0]), "{}", row[0]);
+            let scenario_runs = by_scenario.entry(row[0].into()).or_default();
             scenario_runs.resize(runs, Run::default());
             for (run, text) in scenario_runs.iter_mut().zip(&row[2..]) {
                 run.0.push((row[1].to_owned(), Num::parse(text)));
@@ -1082,6 +724,7 @@ mod tests {
                 port: number_after(file, "RETRYSAFE_HTTP__LISTEN=127.0.0.1:"),
                 config: config.into(),
                 pg_base: between(file, "RETRYSAFE_DATABASE__URL=", "/<db>").into(),
+                ..Settings::default()
             },
             machine: Machine {
                 cpu_model: cpu_model.into(),
@@ -1108,7 +751,7 @@ mod tests {
     #[test]
     fn the_committed_file_is_rendered_again_byte_for_byte() {
         let report = committed_report();
-        assert_eq!(report.runs.iter().map(Vec::len).collect::<Vec<_>>(), [3; 7]);
+        assert_eq!(REPORTED.map(|s| report.runs(s).len()), [3; 7]);
         assert_eq!(report.results_table().lines().count(), 27);
         assert_eq!(report.render(Some(COMMITTED)), COMMITTED);
     }
@@ -1117,16 +760,8 @@ mod tests {
     #[test]
     fn each_scenario_records_the_metrics_of_the_per_run_table() {
         let committed = committed_report();
-        let recorded: [Run; 7] = [
-            WritesRun::default().into(),
-            ReplaysRun::default().into(),
-            StormRun::default().into(),
-            DrainRun::default().into(),
-            E2eRun::default().into(),
-            OrderedRun::default().into(),
-            LatencyRun::default().into(),
-        ];
-        for (scenario, run) in Scenario::ALL.into_iter().zip(recorded) {
+        for (scenario, name) in SCENARIOS.iter().zip(REPORTED) {
+            assert_eq!(scenario.name, name);
             let names = |run: &Run| {
                 run.0
                     .iter()
@@ -1134,31 +769,24 @@ mod tests {
                     .collect::<Vec<_>>()
             };
             assert_eq!(
-                names(&run),
-                names(&committed.runs(scenario)[0]),
-                "{scenario:?}"
+                names(&Run::of(scenario.metrics)),
+                names(&committed.runs(name)[0]),
+                "{name}"
             );
         }
-        // bench-e2e's result line fills what the run did not measure itself.
-        let mut run = Run::from(E2eRun {
-            cpu_cores: Num::parse("0.4"),
-            ..E2eRun::default()
-        });
-        run.fill(|name| Num::parse(if name == "p50_ms" { "3.0" } else { "" }));
+        // A run's metric has its place; a figure of another name has none.
+        let mut run = Run::of(SCENARIOS[4].metrics); // e2e
+        *run.slot("cpu_cores").unwrap() = Num::parse("0.4");
+        assert!(run.slot("p90_ms").is_none());
         assert_eq!(run.get("cpu_cores"), Num::parse("0.4").as_ref());
-        assert_eq!(run.get("p50_ms").unwrap().text, "3.0");
         assert_eq!(run.get("p99_ms"), None);
     }
 
     #[test]
     fn a_failed_storm_run_fails_its_target() {
         let mut report = committed_report();
-        let run = &mut report.runs[Storm as usize][1];
-        run.0
-            .iter_mut()
-            .find(|(name, _)| name == "count_ok")
-            .unwrap()
-            .1 = Num::parse("0");
+        let run = &mut report.runs.get_mut("storm").unwrap()[1];
+        *run.slot("count_ok").unwrap() = Num::parse("0");
         assert!(report
             .results_table()
             .contains("exactly 10 entries, records, events | NOT met |"));
@@ -1167,9 +795,7 @@ mod tests {
     #[test]
     fn scenarios_not_run_show_na() {
         let mut report = committed_report();
-        for scenario in [Replays, Storm, Drain, E2e, Ordered, Latency] {
-            report.runs[scenario as usize].clear();
-        }
+        report.runs.retain(|name, _| name == "writes");
         let table = report.results_table();
         assert!(table.contains(
             "| ordered drain (100000 events, 1000 keys) | events/s vs the unordered drain of the same backlog | n/a | n/a | n/a× | ≥ 0.5× | n/a |"
@@ -1198,6 +824,29 @@ mod tests {
             .unwrap();
         assert!(per_run.contains(writes_rps));
         assert!(!per_run.contains("| storm |"));
+        assert!(report.scale_table().is_none());
+    }
+
+    #[test]
+    fn the_scale_table_sets_the_large_database_beside_the_small() {
+        let mut report = committed_report();
+        let mut run = Run::of(crate::scenarios::list("scale").unwrap()[0].metrics);
+        *run.slot("small_rps").unwrap() = Num::parse("2092");
+        *run.slot("large_rps").unwrap() = Num::parse("1634");
+        report.runs.insert("scale".into(), vec![run]);
+        let table = report.scale_table().unwrap();
+        assert!(
+            table.starts_with("| measure (medians of 1 runs) | 10000 rows | 5000000 rows |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("\n| rps | 2092.00 | 1634.00 | 0.78x |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("\n| janitor_p99_ms | n/a | n/a | n/ax |"),
+            "{table}"
+        );
     }
 
     #[test]
@@ -1241,13 +890,19 @@ mod tests {
         );
     }
 
+    /// The command line the report's "Commands" section shows.
     #[test]
-    fn scenario_lists() {
-        assert_eq!(
-            Scenario::list("writes replays storm drain e2e ordered latency").unwrap(),
-            Scenario::ALL
-        );
-        assert_eq!(Scenario::list(" drain,writes ").unwrap(), [Drain, Writes]);
-        assert!(Scenario::list("writes reads").is_err());
+    fn wrk_as_the_report_shows_it() {
+        let settings = Settings::default();
+        let command = fill("{wrk} -s bench/storm.lua {url}/", |name| settings.var(name));
+        let expected =
+            "wrk -t2 -c64 -d15s --timeout 10s --latency -s bench/storm.lua http://127.0.0.1:18437/";
+        assert_eq!(command, expected);
+    }
+
+    #[test]
+    fn placeholders_are_filled_and_others_kept() {
+        let lookup = |name: &str| (name == "a_1").then(|| "x".to_owned());
+        assert_eq!(fill("{a_1} {b} {a_1}{ {} }", lookup), "x {b} x{ {} }");
     }
 }

@@ -1,53 +1,332 @@
-//! `bench run`: the benchmark's scenarios, each side by side with its baseline, on a fresh
-//! database and exchange per scenario and run, and the report they make.
+//! Every scenario as data (`SCENARIOS`: the metrics of its per-run table, and the steps that
+//! measure them), and the one harness that plays the steps (`Scene::play`).
 //!
-//! The load generators are external programs (wrk with the scripts in bench/, pgbench,
-//! `bench-e2e`, `bench-publisher`); this module starts them and the daemon, reads their result
-//! lines into the runs of `report`, and writes the report.
+//! A step records figures under names; those the scenario lists are its per-run values, the
+//! others stay for later steps of the same run (`Calc`'s operands, `{name}` in a text). In a
+//! text, `{name}` is also a setting (`Settings::var`), `{each}` the value of the enclosing
+//! `Each`, `{nonce}` unique to the run, `{db}` the stage's database. A metric recorded again
+//! keeps its peak (`rss_mb`), its first value (`cpu_cores`), adds up (log lines), or, for a flag
+//! (`Eq`), is the AND of its values.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde_json::{Map, Value};
 
-use crate::harness::{
-    self, append, cpu_share, field, log, mib, result_line, run_ok, run_to_file, seconds_per_1000,
-    send_signal, unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks, Pg, ServiceTicks,
-};
-use crate::report::{
-    quoted_settings, DrainRun, E2eRun, LatencyRun, Machine, OrderedRun, ReplaysRun, Report, Run,
-    Scenario, Settings, StormRun, WritesRun, LINK_DELAYS_MS,
-};
-use crate::stats::Num;
+use crate::clients::{self, DelayProxy, Names};
+use crate::harness::{self, block_on, field, mib, seconds_per_1000, Cleanup, Daemon};
+use crate::harness::{MachineTicks, Pg, ServiceTicks};
+use crate::report::{self, Machine, Report, Run, Settings};
+use crate::soak::{self, SoakArgs};
+use crate::stats::{median, Num};
 
-const TAG: &str = "bench";
-const CONNECTIONS: u32 = 64;
-const WRK_THREADS: u32 = 2;
-const REPLAY_KEYS: u32 = 1000;
-const STORM_KEYS: u32 = 10;
-const PUBLISH_WINDOW: u32 = 1000;
-const ORDERING_KEYS: u32 = 1000;
+/// A scenario: the metrics of its per-run table, in order, and the steps that measure them.
+pub struct Scenario {
+    pub name: &'static str,
+    pub metrics: &'static str,
+    steps: &'static [Step],
+}
 
-/// The synthetic backlog of the drain (`:events` rows), which bench/delivery-storage inserts
-/// too.
-const BACKLOG_SQL: &str = include_str!("drain_backlog.sql");
+/// What a step does. Names are those a figure is recorded under; "" records nothing.
+#[derive(Clone, Copy)]
+enum Step {
+    /// A fresh database `retrysafe_bench_<run id>_<name>_<run>` (created and migrated with
+    /// `retrysafe migrate`, then BENCH_SETUP_SQL run on it) and a fresh durable topic exchange
+    /// `retrysafe.bench.<run id>.<name>.<run>` with a durable queue bound for '#'; the previous
+    /// stage's removed.
+    Stage(&'static str),
+    /// A fresh database in place of the stage's; the exchange stays.
+    Db(&'static str),
+    /// A database of `.1` rows per table (bench/scale_fill.sql) filled at its first use and kept
+    /// for the later runs, and a fresh exchange.
+    Fill(&'static str, &'static str),
+    /// The stage's database dropped (unless filled), its exchange and queue deleted.
+    Unstage,
+    /// SQL on the stage's database; its first value recorded as `.0`.
+    Sql(&'static str, &'static str),
+    /// SQL's first value written to a file of the run; `{.0}` is its path.
+    File(&'static str, &'static str),
+    /// A delay proxy in front of PostgreSQL that adds `{each}` ms to every round trip; the
+    /// stage's daemons reach PostgreSQL through it, and `{proxy_port}` is its port.
+    Proxy,
+    /// The daemon on the stage.
+    Daemon(Up),
+    /// Opens the measured window: the clock, the daemon's CPU (0 before it starts), PostgreSQL's
+    /// and RabbitMQ's, the machine's.
+    Open,
+    /// A program's load: `NAME=value` words, then wrk's or pgbench's command line. Its figures,
+    /// as `<.1><figure>`: wrk's rps, p50_ms, p99_ms, requests, errors (connect + read + write +
+    /// status + timeout), status_errors (non-2xx); pgbench's tps, latency_ms, failed,
+    /// transactions (with `-P 1`, tps and latency are the medians of the last {duration} s);
+    /// and the proxy's sends meanwhile.
+    Load(&'static str, &'static str),
+    /// Keys replay-1 .. replay-{replay_keys} created through the daemon, each answered 201, and
+    /// the size of a replay's answer as `answer_bytes`.
+    Precreate,
+    /// The end-to-end client at {e2e_rate} requests/s for {e2e_seconds} s, writes of
+    /// {ordering_keys} ordering keys in turn if `.0`; its figures as `<.1><figure>`.
+    E2e(bool, &'static str),
+    /// The plain lapin publisher: {drain_events} messages of {payload_bytes} bytes to an
+    /// exchange and queue of its own; events_per_s, queued, rabbitmq_cost as `<.0><figure>`.
+    Publish(&'static str),
+    /// Waits until no event is unsent, at most `.0` s; the seconds since the window opened as
+    /// `.1`. Costs are only taken once it held.
+    Empty(u64, &'static str),
+    /// The daemon's cores since the window opened, its peak RSS (VmHWM), and the machine's busy
+    /// share since the window opened, in per cent.
+    Readings(&'static str, &'static str, &'static str),
+    /// CPU seconds per 1,000 of `.0` since the window opened: the daemon's, PostgreSQL's,
+    /// RabbitMQ's, and the whole machine's (steal not counted).
+    Costs(&'static str, [&'static str; 4]),
+    /// The writers' batches so far, from /metrics: writes_per_batch and ms_per_batch (per batch
+    /// transaction) as `<.0><figure>`.
+    Batches(&'static str),
+    /// The janitor's first pass from a daemon's start, beside the load `.0`: records and events
+    /// deleted per second, and the load's figures, as `<.1><figure>`.
+    Janitor(&'static str, &'static str),
+    /// GET of a path of the daemon: the JSON field `.2` of its answer as `.0`.
+    Get(&'static str, &'static str, &'static str),
+    /// Messages in the stage's queue, waiting a while for `.1` of them, as `.0`.
+    Queued(&'static str, &'static str),
+    /// Stops the daemon; its log's WARN/ERROR lines under load and after the SIGTERM are added
+    /// to log_problems and shutdown_log_problems if `.0`.
+    Stop(bool),
+    /// `.0` = `.1` op `.3`: each a figure, a setting or a number.
+    Calc(&'static str, &'static str, Op, &'static str),
+    /// The steps, once for each value (`{each}`).
+    Each(&'static [&'static str], &'static [Step]),
+    /// The soak's slices (see `soak`).
+    Slices,
+}
 
-/// The same backlog as writes of `:keys` ordering keys in turn (after `BACKLOG_SQL`).
-const ORDERED_BACKLOG_SQL: &str = include_str!("ordered_backlog.sql");
+#[derive(Clone, Copy, PartialEq)]
+enum Up {
+    /// Reaching the broker, once it answers /healthz.
+    Healthy,
+    /// Reaching the broker, not waited for.
+    Spawned,
+    /// With a broker URL nothing listens on (port 1 of loopback): it serves writes, and its
+    /// relays, never connected, claim nothing.
+    NoBroker,
+}
 
-/// How many ordered events break their key's order (-1 if there are none): a sequence that is
-/// not the one after the key's previous, an event unsent, or one marked sent before the key's
-/// previous (a relay marks a batch sent once the broker confirmed it, and releases a key's
-/// next event only then).
-const ORDER_BROKEN_SQL: &str = "
-SELECT CASE WHEN count(*) = 0 THEN -1 ELSE count(*) FILTER (WHERE broken) END FROM (
+#[derive(Clone, Copy)]
+enum Op {
+    Sub,
+    /// Divided, with so many decimals.
+    Div(usize),
+    /// A flag: 1 if equal (an inequality is logged as a failure).
+    Eq,
+}
+
+const ENTRIES: &str = "SELECT count(*) FROM entries";
+const RECORDS: &str = "SELECT count(*) FROM idempotency_records";
+const EVENTS: &str = "SELECT count(*) FROM outbox_events";
+const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+const PAYLOAD: &str = "SELECT round(avg(octet_length(payload::text))) FROM outbox_events";
+/// The drain's backlog: {drain_events} events shaped and sized like the daemon's own.
+const BACKLOG: &str = include_str!("drain_backlog.sql");
+/// The same backlog as writes of {ordering_keys} ordering keys in turn (after `BACKLOG`).
+const ORDERED: &str = include_str!("ordered_backlog.sql");
+/// 1 when there are ordered events and none breaks its key's order: a sequence that is not the
+/// one after the key's previous, an event unsent, or one marked sent before the key's previous
+/// (a relay marks a batch sent once the broker confirmed it, and releases a key's next event
+/// only then).
+const IN_ORDER: &str = "
+SELECT (count(*) > 0 AND count(*) FILTER (WHERE broken) = 0)::int FROM (
     SELECT sequence <> coalesce(lag(sequence) OVER w, 0) + 1 OR sent_at IS NULL
            OR sent_at < lag(sent_at) OVER w AS broken
     FROM outbox_events WHERE ordering_key IS NOT NULL
     WINDOW w AS (PARTITION BY client_id, ordering_key ORDER BY sequence)) AS events";
+const WAL: &str = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')";
+const FPI: &str = "SELECT wal_fpi FROM pg_stat_wal";
+const MIDDLE: &str =
+    "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+    FROM entries ORDER BY created_at OFFSET (SELECT count(*) / 2 FROM entries) LIMIT 1";
+const SOME_KEYS: &str = "SELECT string_agg(key, E'\\n') FROM (SELECT key FROM idempotency_records
+    TABLESAMPLE SYSTEM (1) WHERE key <> 'scale-template' LIMIT 10000) AS keys";
+
+use Op::{Div, Eq, Sub};
+use Step::*;
+use Up::{Healthy, NoBroker, Spawned};
+
+/// The scenarios. The first seven are BENCHMARKS.md's (`bench/run` runs them by default);
+/// `scale` sets a database of {scale_large} rows per table beside one of {scale_small}
+/// (`BENCH_SCENARIOS=scale`); `soak` is `scripts/soak`'s.
+#[rustfmt::skip]
+pub const SCENARIOS: [Scenario; 9] = [
+    Scenario { name: "writes", metrics: "cpu_cores rss_mb rps p50_ms p99_ms requests errors \
+        status_errors backlog_at_end entries entries_minus_2xx rows_consistent payload_bytes \
+        log_problems shutdown_log_problems pg_tps pg_latency_ms pg_failed cost_daemon cost_postgres \
+        cost_rabbitmq pg_cost machine_cost machine_busy_pct pg_machine_cost pg_machine_busy_pct \
+        alone_rps alone_p99_ms alone_cost_daemon alone_cost_postgres alone_cost_rabbitmq \
+        delivery_cost_daemon delivery_cost_postgres delivery_cost_rabbitmq", steps: &[
+        Stage("writes"), Daemon(Healthy), Open,
+        Load("BENCH_NONCE={nonce} {wrk} -s bench/unique_keys.lua {url}/", ""),
+        Readings("cpu_cores", "rss_mb", "machine_busy_pct"), Sql("backlog_at_end", UNSENT),
+        // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
+        Empty(120, ""), Sql("entries", ENTRIES),
+        Costs("entries", ["cost_daemon", "cost_postgres", "cost_rabbitmq", "machine_cost"]),
+        Stop(true), Sql("records", RECORDS), Sql("events", EVENTS),
+        // Every 201 has its entry; the requests in flight when wrk stopped may come on top.
+        Calc("answered", "requests", Sub, "status_errors"),
+        Calc("entries_minus_2xx", "entries", Sub, "answered"),
+        Calc("rows_consistent", "entries", Eq, "records"), Calc("rows_consistent", "entries", Eq, "events"),
+        Sql("payload_bytes", PAYLOAD),
+        // The same load with the broker unreachable: the write without its delivery...
+        Db("writes_alone"), Daemon(NoBroker), Open,
+        Load("BENCH_NONCE={nonce}alone {wrk} -s bench/unique_keys.lua {url}/", "alone_"),
+        Stop(false), Sql("written", ENTRIES),
+        Costs("written", ["alone_cost_daemon", "alone_cost_postgres", "alone_cost_rabbitmq", ""]),
+        // ...then delivered by a daemon that reaches the broker: claim, publish, confirm, mark.
+        Open, Daemon(Spawned), Empty(120, ""), Sql("delivered", EVENTS),
+        Costs("delivered", ["delivery_cost_daemon", "delivery_cost_postgres", "delivery_cost_rabbitmq", ""]),
+        Stop(false),
+        // The baseline: a conventional implementation's transaction per request.
+        Db("pgwrites"), Open, Load("{pgbench} -f bench/conventional.sql {db}", "pg_"),
+        Readings("", "", "pg_machine_busy_pct"),
+        Costs("transactions", ["", "pg_cost", "", "pg_machine_cost"]), Unstage,
+    ]},
+    Scenario { name: "replays", metrics: "cpu_cores rss_mb rps p50_ms p99_ms requests errors \
+        status_errors healthz_rps healthz_p50_ms healthz_p99_ms healthz_requests healthz_errors \
+        healthz_status_errors pg_tps pg_latency_ms rss_mb_after_all entries log_problems \
+        shutdown_log_problems same_bytes_rps same_bytes_p50_ms same_bytes_p99_ms \
+        same_bytes_requests same_bytes_errors same_bytes_status_errors answer_bytes", steps: &[
+        Stage("replays"), Daemon(Healthy), Precreate, Open,
+        Load("BENCH_REPLAY_KEYS={replay_keys} {wrk} -s bench/replay.lua {url}/", ""),
+        Readings("cpu_cores", "rss_mb", ""),
+        Load("{wrk} -s bench/healthz.lua {url}/healthz", "healthz_"),
+        // The same requests to POST /bench/same-bytes (feature `bench-routes`): read as a write
+        // is, answered with a replay's bytes and header fields, nothing else.
+        Load("BENCH_REPLAY_KEYS={replay_keys} BENCH_SAME_BYTES={answer_bytes} {wrk} -s bench/replay.lua {url}/", "same_bytes_"),
+        Load("{pgbench} -D keys={replay_keys} -f bench/replay_select.sql {db}", "pg_"),
+        Readings("", "rss_mb_after_all", ""), Stop(true), Sql("entries", ENTRIES), Unstage,
+    ]},
+    Scenario { name: "storm", metrics: "cpu_cores rss_mb rps p50_ms p99_ms requests errors \
+        status_errors entries records events count_ok log_problems shutdown_log_problems", steps: &[
+        Stage("storm"), Daemon(Healthy), Open,
+        Load("BENCH_STORM_KEYS={storm_keys} {wrk} -s bench/storm.lua {url}/", ""),
+        Readings("cpu_cores", "rss_mb", ""), Stop(true),
+        Sql("entries", ENTRIES), Sql("records", RECORDS), Sql("events", EVENTS),
+        Calc("count_ok", "entries", Eq, "{storm_keys}"), Calc("count_ok", "records", Eq, "{storm_keys}"),
+        Calc("count_ok", "events", Eq, "{storm_keys}"), Unstage,
+    ]},
+    Scenario { name: "drain", metrics: "payload_bytes cpu_cores rss_mb seconds events_per_s \
+        queued queued_ok log_problems shutdown_log_problems pub_events_per_s pub_queued \
+        rabbitmq_cost pub_rabbitmq_cost", steps: &[
+        Stage("drain"), Sql("", BACKLOG), Sql("", "ANALYZE outbox_events"), Sql("payload_bytes", PAYLOAD),
+        // The clock starts just before the daemon is spawned: its start is part of the drain.
+        Open, Daemon(Spawned), Empty(900, "seconds"), Readings("cpu_cores", "rss_mb", ""),
+        Costs("{drain_events}", ["", "", "rabbitmq_cost", ""]),
+        Calc("events_per_s", "{drain_events}", Div(1), "seconds"),
+        Stop(true), Queued("queued", "{drain_events}"), Calc("queued_ok", "queued", Eq, "{drain_events}"),
+        Unstage, Publish("pub_"),
+    ]},
+    Scenario { name: "e2e", metrics: "cpu_cores rss_mb p50_ms p99_ms max_ms matched created \
+        errors sent achieved_rate http_p50_ms http_p99_ms negative duplicate_deliveries \
+        log_problems shutdown_log_problems", steps: &[
+        Stage("e2e"), Daemon(Healthy), Open, E2e(false, ""), Readings("cpu_cores", "rss_mb", ""),
+        Stop(true), Unstage,
+    ]},
+    // The writes, the drain's backlog and the end-to-end load with {ordering_keys} ordering
+    // keys, each on a stage and with a daemon of its own, every key's order checked after each.
+    Scenario { name: "ordered", metrics: "cpu_cores rss_mb rps p50_ms p99_ms requests errors \
+        status_errors entries entries_minus_2xx order_ok drain_seconds drain_events_per_s \
+        drain_queued drain_order_ok e2e_p50_ms e2e_p99_ms e2e_max_ms e2e_sent e2e_created \
+        e2e_errors e2e_matched e2e_duplicate_deliveries log_problems shutdown_log_problems", steps: &[
+        Stage("ordered"), Daemon(Healthy), Open,
+        Load("BENCH_NONCE={nonce}ordered BENCH_ORDERING_KEYS={ordering_keys} {wrk} -s bench/unique_keys.lua {url}/", ""),
+        Readings("cpu_cores", "rss_mb", ""), Empty(120, ""), Stop(true), Sql("entries", ENTRIES),
+        Calc("answered", "requests", Sub, "status_errors"), Calc("entries_minus_2xx", "entries", Sub, "answered"),
+        Sql("in_order", IN_ORDER), Calc("order_ok", "in_order", Eq, "1"),
+        Stage("ordered_drain"), Sql("", BACKLOG), Sql("", ORDERED), Sql("", "ANALYZE outbox_events"),
+        Open, Daemon(Spawned), Empty(900, "drain_seconds"),
+        Calc("drain_events_per_s", "{drain_events}", Div(1), "drain_seconds"),
+        Stop(true), Queued("drain_queued", "{drain_events}"),
+        Calc("drain_order_ok", "drain_queued", Eq, "{drain_events}"),
+        Sql("in_order", IN_ORDER), Calc("drain_order_ok", "in_order", Eq, "1"),
+        Stage("ordered_e2e"), Daemon(Healthy), E2e(true, "e2e_"), Stop(true),
+        Sql("in_order", IN_ORDER), Calc("order_ok", "in_order", Eq, "1"), Unstage,
+    ]},
+    // Writes and the conventional transaction with PostgreSQL further away. The daemon's CPU is
+    // that with no delay added (its busiest), its RSS the peak of the three.
+    Scenario { name: "latency", metrics: "cpu_cores rss_mb \
+        d0_round_trip_ms d0_rps d0_p50_ms d0_p99_ms d0_errors d0_p50_round_trips \
+        d0_writes_per_batch d0_ms_per_batch d0_sends_per_write d0_pg_tps d0_pg_latency_ms d0_pg_sends_per_transaction \
+        d2_round_trip_ms d2_rps d2_p50_ms d2_p99_ms d2_errors d2_p50_round_trips \
+        d2_writes_per_batch d2_ms_per_batch d2_sends_per_write d2_pg_tps d2_pg_latency_ms d2_pg_sends_per_transaction \
+        d20_round_trip_ms d20_rps d20_p50_ms d20_p99_ms d20_errors d20_p50_round_trips \
+        d20_writes_per_batch d20_ms_per_batch d20_sends_per_write d20_pg_tps d20_pg_latency_ms d20_pg_sends_per_transaction \
+        log_problems shutdown_log_problems", steps: &[Each(&["0", "2", "20"], &[
+        Stage("latency{each}"), Proxy,
+        // The link's round trip: one client's SELECT 1 through the proxy for 3 s.
+        Load("pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p {proxy_port} -f {work}/select-1.sql {db}", "link_"),
+        Calc("d{each}_round_trip_ms", "latency_ms", Div(3), "1"),
+        Daemon(Healthy), Open, Load("BENCH_NONCE={nonce}l{each} {wrk} -s bench/unique_keys.lua {url}/", "d{each}_"),
+        Readings("cpu_cores", "rss_mb", ""), Batches("d{each}_"), Stop(true),
+        Calc("d{each}_p50_round_trips", "p50_ms", Div(2), "d{each}_round_trip_ms"),
+        Calc("d{each}_sends_per_write", "sends", Div(2), "requests"),
+        // pgbench opens its connections, then prepares each client's statements, one client
+        // after another: seconds at 20 ms, all in its -T. It runs 6 s longer, judged by -P 1.
+        Db("pglatency{each}"),
+        Load("{pgbench_link} -h 127.0.0.1 -p {proxy_port} -f bench/conventional.sql {db}", "d{each}_pg_"),
+        Calc("d{each}_pg_sends_per_transaction", "sends", Div(2), "transactions"), Unstage,
+    ])]},
+    // What retained size costs: random-key writes after a CHECKPOINT (the worst case for
+    // full-page images), every shape of listing and key lookups (8 connections, 5 s each), and
+    // the janitor's pass over {scale_expired} expired records and as many old events.
+    Scenario { name: "scale", metrics: "small_rps small_p99_ms small_wal_per_write \
+        small_fpi_per_write small_newest_rps small_newest_p50_ms small_oldest_rps \
+        small_oldest_p50_ms small_rare_rps small_rare_p50_ms small_absent_rps small_absent_p50_ms \
+        small_before_rps small_before_p50_ms small_cursor_rps small_cursor_p50_ms small_lookup_rps \
+        small_lookup_p50_ms small_janitor_records_per_s small_janitor_events_per_s \
+        small_janitor_rps small_janitor_p99_ms \
+        large_rps large_p99_ms large_wal_per_write \
+        large_fpi_per_write large_newest_rps large_newest_p50_ms large_oldest_rps \
+        large_oldest_p50_ms large_rare_rps large_rare_p50_ms large_absent_rps large_absent_p50_ms \
+        large_before_rps large_before_p50_ms large_cursor_rps large_cursor_p50_ms large_lookup_rps \
+        large_lookup_p50_ms large_janitor_records_per_s large_janitor_events_per_s \
+        large_janitor_rps large_janitor_p99_ms", steps: &[Each(&["small", "large"], &[
+        Fill("scale_{each}", "{scale_{each}}"), Daemon(Healthy),
+        Sql("", "CHECKPOINT"), Sql("wal0", WAL), Sql("fpi0", FPI),
+        Load("BENCH_KEYS=random {wrk} -s bench/unique_keys.lua {url}/", "{each}_"),
+        Sql("wal1", WAL), Sql("fpi1", FPI),
+        Calc("wal", "wal1", Sub, "wal0"), Calc("{each}_wal_per_write", "wal", Div(0), "requests"),
+        Calc("fpi", "fpi1", Sub, "fpi0"), Calc("{each}_fpi_per_write", "fpi", Div(2), "requests"),
+        Sql("middle", MIDDLE), Get("cursor", "/v1/entries?created_before={middle}&limit=100", "next"),
+        Load("{reads} -s bench/healthz.lua {url}/v1/entries?limit=100", "{each}_newest_"),
+        Load("{reads} -s bench/healthz.lua {url}/v1/entries?order=asc&limit=100", "{each}_oldest_"),
+        Load("{reads} -s bench/healthz.lua {url}/v1/entries?kind=bench.rare&limit=100", "{each}_rare_"),
+        Load("{reads} -s bench/healthz.lua {url}/v1/entries?kind=bench.absent&limit=100", "{each}_absent_"),
+        Load("{reads} -s bench/healthz.lua {url}/v1/entries?created_before={middle}&limit=100", "{each}_before_"),
+        Load("{reads} -s bench/healthz.lua {url}/v1/entries?created_before={middle}&limit=100&cursor={cursor}", "{each}_cursor_"),
+        File("keys", SOME_KEYS), Load("BENCH_KEYS_FILE={keys} {reads} -s bench/scale_keys.lua {url}/", "{each}_lookup_"),
+        Stop(false), Sql("", include_str!("scale_expired.sql")),
+        Janitor("BENCH_KEYS=random {wrk_janitor} -s bench/unique_keys.lua {url}/", "{each}_janitor_"), Stop(false),
+    ])]},
+    Scenario { name: "soak", metrics: "unsent records entries events parked not_201 orphans \
+        queued hwm_mib log_problems shutdown_log_problems exit_code stop_ms", steps: &[
+        Stage("soak"), Daemon(Healthy), Open, Slices, Empty(60, ""), Sql("unsent", UNSENT),
+        Sql("records", RECORDS), Sql("entries", ENTRIES), Sql("events", EVENTS),
+        Sql("parked", "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL"),
+        Sql("not_201", "SELECT count(*) FROM idempotency_records WHERE response_status <> 201"),
+        Sql("orphans", soak::ORPHANS), Queued("queued", "events"), Readings("", "hwm_mib", ""),
+        Stop(true), Unstage,
+    ]},
+];
+
+/// The scenarios of a list such as BENCH_SCENARIOS gives it: names separated by spaces or commas.
+pub fn list(names: &str) -> anyhow::Result<Vec<&'static Scenario>> {
+    let names = names.split(|c: char| c.is_whitespace() || c == ',');
+    let find = |name| SCENARIOS.iter().find(|s| s.name == name);
+    let list = names.filter(|name| !name.is_empty());
+    list.map(|name| find(name).with_context(|| format!("unknown scenario {name}")))
+        .collect()
+}
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -69,6 +348,15 @@ pub struct RunArgs {
     /// Requests/s of the end-to-end load.
     #[arg(long, env = "BENCH_E2E_RATE", default_value_t = 1000)]
     pub e2e_rate: u32,
+    /// Rows per table of the scale scenario's large database.
+    #[arg(long, env = "BENCH_SCALE_ROWS", default_value_t = 5_000_000)]
+    pub scale_rows: u64,
+    /// Rows per table of the scale scenario's small database.
+    #[arg(long, env = "BENCH_SCALE_SMALL", default_value_t = 10_000)]
+    pub scale_small: u64,
+    /// Expired records, and old events, that the scale scenario's janitor deletes.
+    #[arg(long, env = "BENCH_SCALE_EXPIRED", default_value_t = 500_000)]
+    pub scale_expired: u64,
     #[arg(long, env = "BENCH_PORT", default_value_t = 18437)]
     pub port: u16,
     /// The daemon's configuration file.
@@ -77,8 +365,8 @@ pub struct RunArgs {
     /// The report; what it has after the hand-written marker is kept.
     #[arg(long, env = "BENCH_OUTPUT", default_value = "BENCHMARKS.md")]
     pub output: PathBuf,
-    /// A subset of "writes replays storm drain e2e ordered latency" (spaces or commas); the
-    /// report shows n/a for the others.
+    /// Some of "writes replays storm drain e2e ordered latency scale" (spaces or commas); the
+    /// report shows n/a for those of BENCHMARKS.md not run.
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
@@ -93,107 +381,773 @@ pub struct RunArgs {
     /// build, to compare two commits in one run of each).
     #[arg(long, env = "BENCH_DAEMON")]
     pub daemon: Option<PathBuf>,
-    #[arg(
-        long,
-        env = "BENCH_AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
+    #[arg(long, env = "BENCH_AMQP_URL", default_value = clients::AMQP)]
     pub amqp: String,
 }
 
 impl RunArgs {
     pub fn settings(&self, pg: &Pg) -> Settings {
-        let pick = |value: Option<u32>, full: u32, quick: u32| {
-            value.unwrap_or(if self.quick { quick } else { full })
-        };
+        let quick = self.quick;
+        let pick =
+            |value: Option<u32>, full, fast| value.unwrap_or(if quick { fast } else { full });
+        let drain_events = if quick { 10_000 } else { 100_000 };
+        let duration = pick(self.duration, 15, 5);
         Settings {
-            quick: self.quick,
+            quick,
             runs: pick(self.runs, 3, 1),
-            duration: pick(self.duration, 15, 5),
-            drain_events: self
-                .drain_events
-                .unwrap_or(if self.quick { 10_000 } else { 100_000 }),
+            duration,
+            drain_events: self.drain_events.unwrap_or(drain_events),
             e2e_seconds: pick(self.e2e_seconds, 20, 5),
             e2e_rate: self.e2e_rate,
-            connections: CONNECTIONS,
-            wrk_threads: WRK_THREADS,
-            replay_keys: REPLAY_KEYS,
-            storm_keys: STORM_KEYS,
-            publish_window: PUBLISH_WINDOW,
-            ordering_keys: ORDERING_KEYS,
+            scale_large: self.scale_rows,
+            scale_small: self.scale_small,
+            scale_expired: self.scale_expired,
+            // The janitor's pass has writes beside it for 4 measurements' time (60 s in full).
+            janitor_seconds: 4 * duration,
             port: self.port,
             config: self.config.clone(),
             pg_base: pg.base.clone(),
+            ..Settings::default()
         }
     }
 }
 
-/// Everything a scenario needs.
-struct Bench {
-    s: Settings,
-    /// What the run stands on: binaries, PostgreSQL, the broker helpers, the clean-up.
-    h: Harness,
-    run_id: String,
-    setup_sql: Option<String>,
+/// What every scenario's run stands on.
+pub struct Bench {
+    pub s: Settings,
+    pub run_id: String,
+    pub pg: Pg,
+    cleanup: Arc<Cleanup>,
+    /// The daemon's binary.
+    pub daemon: PathBuf,
+    /// Where the raw output goes: bench/results/<run id>/.
+    pub work: PathBuf,
     amqp: String,
+    setup_sql: Option<String>,
+    /// The soak's knobs, when this is a soak.
+    pub soak: Option<SoakArgs>,
 }
 
-/// wrk's figure of a metric, from its `BENCH_RESULT`: rps, p50_ms, p99_ms and requests as wrk
-/// printed them, errors (connect + read + write + status + timeout), status_errors (non-2xx
-/// answers); None for any other metric.
-fn wrk_figure(result: &Map<String, Value>, metric: &str) -> Option<Num> {
-    match metric {
-        "rps" | "p50_ms" | "p99_ms" | "requests" => field(result, metric),
-        "status_errors" => field(result, "errors_status"),
-        "errors" => {
-            let kinds = ["connect", "read", "write", "status", "timeout"];
-            let count = |kind| field(result, &format!("errors_{kind}")).map(|n| n.value as i64);
-            kinds
-                .into_iter()
-                .map(count)
-                .sum::<Option<i64>>()
-                .map(Num::int)
+impl Bench {
+    /// Checks that PostgreSQL and the broker answer, makes the work directory, and arms the
+    /// clean-up for every exit (the databases `retrysafe_bench_<run id>_*`, the exchanges and
+    /// queues bound, the daemon).
+    pub fn new(s: Settings, daemon: Option<PathBuf>, amqp: &str) -> anyhow::Result<Bench> {
+        if !Path::new(&s.config).is_file() {
+            bail!("no {}", s.config);
         }
-        _ => None,
+        // This program is <target>/<profile>/examples/bench, the daemon <target>/<profile>/retrysafe.
+        let exe = std::env::current_exe()?;
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .context("no profile directory")?;
+        let daemon = daemon.unwrap_or_else(|| profile.join("retrysafe"));
+        if !daemon.is_file() {
+            let build =
+                "cargo build --release --features bench-routes --bin retrysafe --example bench";
+            bail!("{} is missing: build with {build}", daemon.display());
+        }
+        let pg = Pg::from_env();
+        let reached = pg.query("postgres", "SELECT 1");
+        reached.with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
+        let names = Names {
+            amqp: amqp.into(),
+            ..Names::default()
+        };
+        block_on(clients::bind(&names)).context("cannot reach RabbitMQ")?;
+        if harness::port_in_use(s.port) {
+            bail!("port {} is in use; choose another", s.port);
+        }
+        let time = chrono::Local::now().format("%m%d%H%M");
+        let run_id = format!("{time}{:04x}", rand::random::<u16>());
+        let work = PathBuf::from("bench/results").join(&run_id);
+        fs::create_dir_all(&work)?;
+        fs::write(work.join("select-1.sql"), "SELECT 1;\n")?;
+        let cleanup = Cleanup::arm(pg.clone(), amqp, format!("retrysafe_bench_{run_id}_"))?;
+        let amqp = amqp.to_owned();
+        let (setup_sql, soak) = (None, None);
+        Ok(Bench {
+            s,
+            run_id,
+            pg,
+            cleanup,
+            daemon,
+            work,
+            amqp,
+            setup_sql,
+            soak,
+        })
+    }
+
+    /// After the work: cleans up (exiting as a signal said if one interrupted it) and notes
+    /// where the raw output of a failed run is.
+    pub fn finish<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        self.cleanup.finish();
+        if let Err(error) = &result {
+            say!("ERROR: {error:#}; raw output in {}", self.work.display());
+        }
+        result
+    }
+
+    /// One run of a scenario: its steps played on a scene of their own.
+    pub fn measure(&self, scenario: &'static Scenario, run: u32) -> anyhow::Result<Scene<'_>> {
+        say!("run {run}: {}", scenario.name);
+        let record = Run::of(scenario.metrics);
+        let mut scene = Scene {
+            bench: self,
+            scenario: scenario.name,
+            run,
+            record,
+            ..Scene::new(self)
+        };
+        scene.play(scenario.steps)?;
+        Ok(scene)
     }
 }
 
-/// The size of a replay's answer: the body the daemon answers replay-1 of bench/replay.lua with.
-fn replay_answer_bytes(url: &str) -> anyhow::Result<usize> {
-    let body = r#"{"kind":"bench.replay","data":{"i":1,"note":"retrysafe benchmark payload"}}"#;
-    let output = std::process::Command::new("curl")
-        .args([
-            "-s",
+/// A stage: its database (kept for later runs if filled) and exchange.
+struct Stage {
+    db: String,
+    filled: bool,
+    exchange: Option<String>,
+}
+
+/// What a scenario's run has at hand while its steps play.
+pub struct Scene<'a> {
+    bench: &'a Bench,
+    scenario: &'static str,
+    run: u32,
+    each: &'static str,
+    /// Steps played so far: each output file is named after its step.
+    step: usize,
+    /// The run's figures of the scenario's metrics.
+    pub record: Run,
+    /// Every figure recorded, as text, under its name (and a load's under its own).
+    pub figures: HashMap<String, String>,
+    stage: Option<Stage>,
+    pub daemon: Option<Daemon>,
+    proxy: Option<DelayProxy>,
+    /// The readings at the measured window's start: the clock, the daemon's CPU ticks,
+    /// PostgreSQL's and RabbitMQ's, the machine's.
+    window: Option<(Instant, u64, ServiceTicks, MachineTicks)>,
+    /// Whether the outbox emptied (costs are not taken otherwise).
+    emptied: bool,
+    pub soak: soak::Load,
+}
+
+impl<'a> Scene<'a> {
+    fn new(bench: &'a Bench) -> Scene<'a> {
+        let (scenario, run, each, step, emptied) = ("", 0, "", 0, true);
+        let (record, figures, soak) = (Run::default(), HashMap::new(), soak::Load::default());
+        let (stage, daemon, proxy, window) = (None, None, None, None);
+        Scene {
+            bench,
+            scenario,
+            run,
+            each,
+            step,
+            record,
+            figures,
+            stage,
+            daemon,
+            proxy,
+            window,
+            emptied,
+            soak,
+        }
+    }
+
+    pub fn bench(&self) -> &'a Bench {
+        self.bench
+    }
+
+    /// `text` with its `{name}`s filled in; those unknown left as they are.
+    pub fn fill(&self, text: &str) -> String {
+        let text = text.replace("{each}", self.each);
+        report::fill(&text, |name| match name {
+            "nonce" => Some(format!("{}{}", self.bench.run_id, self.run)),
+            "db" => self.db().ok().map(str::to_owned),
+            "proxy_port" => self.proxy.as_ref().map(|proxy| proxy.port.to_string()),
+            "work" => Some(self.bench.work.display().to_string()),
+            name => self
+                .bench
+                .s
+                .var(name)
+                .or_else(|| self.figures.get(name).cloned()),
+        })
+    }
+
+    fn out(&self, extension: &str) -> PathBuf {
+        let name = format!("{}-{}-{}.{extension}", self.scenario, self.run, self.step);
+        self.bench.work.join(name)
+    }
+
+    /// Records `value` under `name` (filled in): a metric of the scenario, or a figure for
+    /// later steps (see the module's comment for a metric recorded again).
+    fn put(&mut self, name: &str, value: Option<Num>) {
+        let name = self.fill(name);
+        if name.is_empty() {
+            return;
+        }
+        if let Some(value) = &value {
+            self.figures.insert(name.clone(), value.text.clone());
+        }
+        let Some(slot) = self.record.slot(&name) else {
+            return;
+        };
+        let (old, new) = (
+            slot.as_ref().map(|n| n.value),
+            value.as_ref().map(|n| n.value),
+        );
+        *slot = match (name.as_str(), old, new) {
+            ("cpu_cores", Some(_), _) => return,
+            ("rss_mb", Some(old), Some(new)) if old > new => return,
+            ("log_problems" | "shutdown_log_problems", Some(old), Some(new)) => {
+                Some(Num::int((old + new) as i64))
+            }
+            _ => value,
+        };
+    }
+
+    /// A load's figures, under their own names and as `<to><name>`.
+    fn put_load(&mut self, to: &str, figures: Vec<(&str, Option<Num>)>) {
+        for (name, value) in figures {
+            self.figures.remove(name);
+            if let Some(value) = &value {
+                self.figures.insert(name.to_owned(), value.text.clone());
+            }
+            self.put(&format!("{to}{name}"), value);
+        }
+    }
+
+    /// An operand of `Calc`: a number, or a setting or figure that is one.
+    fn value(&self, operand: &str) -> Option<f64> {
+        let text = self.fill(operand);
+        text.parse()
+            .ok()
+            .or_else(|| self.figures.get(&text)?.parse().ok())
+    }
+
+    pub fn db(&self) -> anyhow::Result<&str> {
+        self.stage
+            .as_ref()
+            .map(|stage| stage.db.as_str())
+            .context("no stage")
+    }
+
+    fn queue(&self) -> anyhow::Result<String> {
+        let exchange = self
+            .stage
+            .as_ref()
+            .and_then(|stage| stage.exchange.as_ref());
+        Ok(format!("{}.q", exchange.context("no exchange")?))
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.bench.s.port)
+    }
+
+    /// A fresh database: dropped if present, created and migrated with `retrysafe migrate`, then
+    /// BENCH_SETUP_SQL run on it; not once the clean-up has begun.
+    fn fresh_db(&self, name: &str) -> anyhow::Result<String> {
+        let b = self.bench;
+        let db = format!("retrysafe_bench_{}_{name}", b.run_id);
+        b.cleanup.guard(|| {
+            b.pg.drop_db(&db)?;
+            let log = harness::append(&b.work.join("migrate.log"))?;
+            let mut migrate = Command::new(&b.daemon);
+            migrate.args(["migrate", "--config", &b.s.config]);
+            migrate.env("RETRYSAFE_DATABASE__URL", b.pg.url(&db));
+            migrate.env("RETRYSAFE_LOG__LEVEL", "warn");
+            if !migrate
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .status()?
+                .success()
+            {
+                bail!("migrate {db} failed (see migrate.log)");
+            }
+            if let Some(sql) = &b.setup_sql {
+                b.pg.query(&db, sql)?;
+            }
+            Ok(db)
+        })
+    }
+
+    /// Drops the stage's database (unless filled) and deletes its exchange and queue.
+    fn unstage(&mut self) -> anyhow::Result<()> {
+        let Some(stage) = self.stage.take() else {
+            return Ok(());
+        };
+        if !stage.filled {
+            self.bench.pg.drop_db(&stage.db)?;
+        }
+        match stage.exchange {
+            Some(x) => block_on(clients::delete(&Names::of(&x, &self.bench.amqp))),
+            None => Ok(()),
+        }
+    }
+
+    /// A fresh exchange, with its queue bound.
+    fn exchange(&self, name: &str) -> anyhow::Result<String> {
+        let name = name.replace('_', ".");
+        let exchange = format!("retrysafe.bench.{}.{name}", self.bench.run_id);
+        self.bench.cleanup.bind(&exchange)?;
+        Ok(exchange)
+    }
+
+    fn start(&mut self, up: Up) -> anyhow::Result<()> {
+        let (b, db) = (self.bench, self.db()?.to_owned());
+        let stage = self.stage.as_ref().and_then(|s| s.exchange.clone());
+        let exchange = stage.context("no exchange")?;
+        let db_url = match &self.proxy {
+            Some(proxy) => format!(
+                "postgres://{}@127.0.0.1:{}/{db}",
+                std::env::var("PGUSER")?,
+                proxy.port
+            ),
+            None => b.pg.url(&db),
+        };
+        let amqp = if up == NoBroker {
+            "amqp://guest:guest@127.0.0.1:1/%2f"
+        } else {
+            &b.amqp
+        };
+        let env = [
+            ("DATABASE__URL", db_url.as_str()),
+            ("AMQP__URL", amqp),
+            ("AMQP__EXCHANGE", &exchange),
+        ];
+        let daemon = Daemon::start(&b.daemon, &b.s, &env, self.out("log"), &b.cleanup);
+        self.daemon = Some(daemon?);
+        match up {
+            Spawned => Ok(()),
+            _ => self.daemon.as_mut().map_or(Ok(()), Daemon::wait_healthy),
+        }
+    }
+
+    fn play(&mut self, steps: &'static [Step]) -> anyhow::Result<()> {
+        for step in steps {
+            self.step += 1;
+            let (scenario, run, at) = (self.scenario, self.run, self.step);
+            self.play_one(*step)
+                .with_context(|| format!("{scenario} run {run}, step {at}"))?;
+        }
+        Ok(())
+    }
+
+    fn play_one(&mut self, step: Step) -> anyhow::Result<()> {
+        let (b, s) = (self.bench, &self.bench.s);
+        match step {
+            Stage(name) => {
+                self.unstage()?;
+                let name = format!("{}_{}", self.fill(name), self.run);
+                let (db, exchange) = (self.fresh_db(&name)?, Some(self.exchange(&name)?));
+                self.stage = Some(Stage {
+                    db,
+                    filled: false,
+                    exchange,
+                });
+            }
+            Db(name) => {
+                let db = self.fresh_db(&format!("{}_{}", self.fill(name), self.run))?;
+                let stage = self.stage.as_mut().context("no stage")?;
+                b.pg.drop_db(&std::mem::replace(&mut stage.db, db))?;
+            }
+            Fill(name, rows) => {
+                self.unstage()?;
+                let name = self.fill(name);
+                let exchange = Some(self.exchange(&format!("{name}_{}", self.run))?);
+                let db = format!("retrysafe_bench_{}_{name}", b.run_id);
+                let filled = b.pg.databases_like(&db)?.contains(&db);
+                let db = if filled { db } else { self.fresh_db(&name)? };
+                self.stage = Some(Stage {
+                    db,
+                    filled: true,
+                    exchange,
+                });
+                if !filled {
+                    self.fill_db(&self.fill(rows))?;
+                }
+            }
+            Unstage => self.unstage()?,
+            Sql(name, sql) => {
+                let value = b.pg.query(self.db()?, &self.fill(sql))?;
+                self.figures.insert(self.fill(name), value.clone());
+                self.put(name, Num::parse(&value));
+            }
+            File(name, sql) => {
+                let path = self.out("txt");
+                fs::write(&path, b.pg.query(self.db()?, sql)? + "\n")?;
+                self.figures.insert(name.into(), path.display().to_string());
+            }
+            Proxy => {
+                let target = format!("{}:{}", std::env::var("PGHOST")?, std::env::var("PGPORT")?);
+                let delay = Duration::from_millis(self.each.parse()?);
+                self.proxy = None;
+                self.proxy = Some(DelayProxy::start(target, delay, "127.0.0.1:0")?);
+            }
+            Daemon(up) => self.start(up)?,
+            Open => {
+                let running = self.daemon.as_ref().filter(|d| d.ticks_at_stop.is_none());
+                let ticks = running.map_or(Ok(0), Daemon::cpu_ticks)?;
+                let (services, machine) = (ServiceTicks::now(), MachineTicks::now()?);
+                self.window = Some((Instant::now(), ticks, services, machine));
+                self.emptied = true;
+            }
+            Load(command, to) => {
+                let figures = self.tool(command, |_| Ok(()))?;
+                self.put_load(to, figures);
+            }
+            Precreate => {
+                clients::precreate(&self.url(), s.replay_keys as usize)?;
+                let bytes = clients::answer_bytes(&self.url())?;
+                self.put("answer_bytes", Some(Num::int(bytes as i64)));
+            }
+            E2e(ordered, to) => {
+                let keys = if ordered { s.ordering_keys as usize } else { 0 };
+                let (url, queue) = (self.url(), self.queue()?);
+                let (rate, seconds) = (s.e2e_rate, s.e2e_seconds);
+                let e2e = clients::end_to_end(&url, &b.amqp, &queue, rate, seconds, keys)?;
+                let number = |v: Option<f64>| v.and_then(|v| Num::parse(&v.to_string()));
+                self.put_load(
+                    to,
+                    e2e.into_iter().map(|(name, v)| (name, number(v))).collect(),
+                );
+            }
+            Publish(to) => {
+                let exchange = self.exchange(&format!("publisher_{}", self.run))?;
+                let payload = self.value("payload_bytes").unwrap_or(400.0) as usize;
+                let (events, window) = (s.drain_events, s.publish_window as usize);
+                let services = ServiceTicks::now();
+                let publish = clients::publish(&b.amqp, &exchange, events, payload, window);
+                let rate = block_on(publish)?;
+                let spent = ServiceTicks::now().since(services);
+                let cost = self.service_costs(spent, events as f64)[1].clone();
+                let queue = format!("{exchange}.q");
+                let queued = Num::int(block_on(clients::count(&b.amqp, &queue, events))? as i64);
+                block_on(clients::delete(&Names::of(&exchange, &b.amqp)))?;
+                let rate = Num::parse(&rate.to_string());
+                let figures = vec![
+                    ("events_per_s", rate),
+                    ("queued", Some(queued)),
+                    ("rabbitmq_cost", cost),
+                ];
+                self.put_load(to, figures);
+            }
+            Empty(timeout, name) => {
+                let url = b.pg.url(self.db()?);
+                self.emptied = block_on(clients::drained(&url, Duration::from_secs(timeout)))?;
+                let seconds = self.window.map(|window| window.0.elapsed().as_secs_f64());
+                if self.emptied {
+                    self.put(name, seconds.and_then(|s| Num::parse(&s.to_string())));
+                } else {
+                    let unsent = b.pg.count(self.db()?, UNSENT)?;
+                    say!("{unsent} events still unsent after {timeout} s: no CPU cost");
+                }
+            }
+            Readings(cores, rss, busy) => {
+                let (at, ticks, _, machine) = self.window.context("no window")?;
+                self.put(busy, MachineTicks::now()?.since(machine).busy_pct());
+                if cores.is_empty() && rss.is_empty() {
+                    return Ok(());
+                }
+                let daemon = self.daemon.as_ref().context("no daemon")?;
+                let used = daemon.cpu_ticks()?.saturating_sub(ticks) as f64;
+                let used = used / harness::clock_ticks() / at.elapsed().as_secs_f64();
+                let hwm = mib(daemon.status_kb("VmHWM")?);
+                self.put(cores, Num::fixed(used, 3));
+                self.put(rss, hwm);
+            }
+            Costs(count, names) => {
+                let (_, ticks, services, machine) = self.window.context("no window")?;
+                let per_1000 = |spent| seconds_per_1000(spent, self.value(count).unwrap_or(0.0));
+                if !self.emptied {
+                    return Ok(());
+                }
+                let daemon = self.daemon.as_ref().map(Daemon::cpu_ticks).transpose()?;
+                let daemon = daemon.and_then(|now| per_1000(now.saturating_sub(ticks)));
+                let spent = ServiceTicks::now().since(services);
+                let [pg, rabbit] = self.service_costs(spent, self.value(count).unwrap_or(0.0));
+                let machine = per_1000(MachineTicks::now()?.since(machine).work);
+                for (name, cost) in names.iter().zip([daemon, pg, rabbit, machine]) {
+                    self.put(name, cost);
+                }
+            }
+            Batches(to) => {
+                let metrics = metrics(&self.url())?;
+                let value = |name| metric(&metrics, name, "");
+                let per = |sum: f64, count: f64, scale: f64| match count > 0.0 {
+                    true => Num::fixed(scale * sum / count, 1),
+                    false => None,
+                };
+                let batches = value("retrysafe_writer_batch_size_count");
+                let per_batch = per(value("retrysafe_writer_batch_size_sum"), batches, 1.0);
+                let commits = value("retrysafe_writer_transaction_seconds_count");
+                let ms = per(
+                    value("retrysafe_writer_transaction_seconds_sum"),
+                    commits,
+                    1000.0,
+                );
+                self.put_load(
+                    to,
+                    vec![("writes_per_batch", per_batch), ("ms_per_batch", ms)],
+                );
+            }
+            Janitor(command, to) => self.janitor(command, to)?,
+            Get(name, path, key) => {
+                let url = format!("{}{}", self.url(), self.fill(path));
+                let answer = Command::new("curl")
+                    .args(["-sf", "--max-time", "30", &url])
+                    .output()?;
+                let answer: serde_json::Value = serde_json::from_slice(&answer.stdout)?;
+                let value = answer[key]
+                    .as_str()
+                    .with_context(|| format!("GET {url}: no {key}"))?;
+                self.figures.insert(name.into(), value.into());
+            }
+            Queued(name, expect) => {
+                let expect = self.value(expect).unwrap_or(0.0) as u64;
+                let queued = block_on(clients::count(&b.amqp, &self.queue()?, expect))?;
+                self.put(name, Some(Num::int(queued as i64)));
+            }
+            Stop(count_logs) => {
+                let daemon = self.daemon.as_mut().context("no daemon")?;
+                let (status, took) = daemon.stop()?;
+                let (under_load, after, first) = daemon.log_problems();
+                if count_logs {
+                    self.put("log_problems", Some(Num::int(under_load as i64)));
+                    self.put("shutdown_log_problems", Some(Num::int(after as i64)));
+                }
+                self.figures
+                    .insert("first_problem".into(), first.unwrap_or_default());
+                self.put("exit_code", status.code().map(|code| Num::int(code.into())));
+                self.put("stop_ms", Some(Num::int(took.as_millis() as i64)));
+            }
+            Calc(name, a, op, b) => {
+                let (a, b) = (self.value(a), self.value(b));
+                let value = match (op, a, b) {
+                    (Sub, Some(a), Some(b)) => Some(Num::int((a - b) as i64)),
+                    (Div(decimals), Some(a), Some(b)) if b > 0.0 => Num::fixed(a / b, decimals),
+                    (Eq, a, b) => {
+                        let (name, equal) = (self.fill(name), a.is_some() && a == b);
+                        if !equal {
+                            say!(
+                                "FAIL: {} run {}: {name} ({a:?} against {b:?})",
+                                self.scenario,
+                                self.run
+                            );
+                        }
+                        let before = self.record.get(&name).is_none_or(|flag| flag.value == 1.0);
+                        Some(Num::flag(before && equal))
+                    }
+                    _ => None,
+                };
+                self.put(name, value);
+            }
+            Each(values, steps) => {
+                for value in values {
+                    self.each = value;
+                    self.play(steps)?;
+                }
+            }
+            Slices => soak::slices(self)?,
+        }
+        Ok(())
+    }
+
+    /// Runs a program's load (see `Load`), calling `poll` every 500 ms while it runs; its figures.
+    fn tool(&mut self, command: &str, mut poll: impl FnMut(&mut Self) -> Check) -> Figures {
+        let line = self.fill(command);
+        let mut words = line.split_whitespace().peekable();
+        let mut env = Vec::new();
+        while let Some(pair) = words.peek().and_then(|word| word.split_once('=')) {
+            env.push(pair);
+            words.next();
+        }
+        let program = words.next().context("no program")?;
+        let out = self.out(program);
+        let file = fs::File::create(&out)?;
+        let mut tool = Command::new(program);
+        tool.args(words)
+            .envs(env)
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        let mut tool = tool
+            .spawn()
+            .with_context(|| format!("starting {program}"))?;
+        let sends = self.proxy.as_ref().map(DelayProxy::sends);
+        let mut next_poll = Instant::now();
+        let status = loop {
+            if let Some(status) = tool.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= next_poll {
+                poll(self)?;
+                next_poll += Duration::from_millis(500);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let text = fs::read_to_string(&out)?;
+        let sends = self.proxy.as_ref().map(DelayProxy::sends).zip(sends);
+        let sends = (
+            "sends",
+            sends.map(|(now, before)| Num::int((now - before) as i64)),
+        );
+        if program == "pgbench" {
+            if !status.success() {
+                say!("pgbench exited with {status}; see {}", out.display());
+            }
+            self.quiet()?;
+            let [mut tps, mut latency, failed, transactions] = pgbench_figures(&text);
+            if line.contains("-P 1") {
+                [tps, latency] = pgbench_steady(&text, self.bench.s.duration);
+            }
+            return Ok(vec![
+                ("tps", tps),
+                ("latency_ms", latency),
+                ("failed", failed),
+                ("transactions", transactions),
+                sends,
+            ]);
+        }
+        if !status.success() {
+            bail!("{program} failed ({status}); see {}", out.display());
+        }
+        let result = harness::result_line(&text, "BENCH_RESULT");
+        let result = result.with_context(|| format!("no result; see {}", out.display()))?;
+        Ok(wrk_figures(&result).into_iter().chain([sends]).collect())
+    }
+
+    /// Waits (at most 10 s) until pgbench's backends on the stage's database are gone, so that
+    /// their whole time counts.
+    fn quiet(&self) -> anyhow::Result<()> {
+        let db = self.db()?;
+        let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND application_name = 'pgbench'");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.bench.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `operations`; none if a reading went
+    /// down, as after a server restart (which is logged).
+    fn service_costs(&self, services: Option<ServiceTicks>, operations: f64) -> [Option<Num>; 2] {
+        let Some(s) = services else {
+            say!(
+                "{}: PostgreSQL's or RabbitMQ's CPU time went down (restarted?): no CPU cost",
+                self.scenario
+            );
+            return [None, None];
+        };
+        [s.postgres, s.rabbitmq].map(|ticks| seconds_per_1000(ticks, operations))
+    }
+
+    /// The stage's database filled to `rows` rows per table with one write of the daemon's own
+    /// as the template of every row (bench/scale_fill.sql): the daemon's shape and size.
+    fn fill_db(&mut self, rows: &str) -> anyhow::Result<()> {
+        let (started, pg) = (Instant::now(), &self.bench.pg);
+        self.start(Healthy)?;
+        let body = r#"{"kind":"bench.write","data":{"seq":1,"amount":1250,"currency":"EUR","note":"retrysafe benchmark payload"}}"#;
+        let key = "Idempotency-Key: scale-template";
+        let mut post = Command::new("curl");
+        post.args([
+            "-sf",
             "-o",
             "/dev/null",
-            "-w",
-            "%{size_download}",
-            "-X",
-            "POST",
-        ])
-        .args([
             "-H",
             "Content-Type: application/json",
             "-H",
-            "Idempotency-Key: replay-1",
-        ])
-        .args(["--data-binary", body, &format!("{url}/v1/entries")])
-        .output()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    text.trim()
-        .parse()
-        .map_err(|_| anyhow::anyhow!("curl did not say the size of a replay's answer: {text:?}"))
+            key,
+        ]);
+        post.args(["-d", body, &format!("{}/v1/entries", self.url())])
+            .status()?;
+        let db = self.db()?.to_owned();
+        block_on(clients::drained(&pg.url(&db), Duration::from_secs(30)))?;
+        self.daemon.as_mut().context("no daemon")?.stop()?;
+        pg.query(&db, &include_str!("scale_fill.sql").replace("{rows}", rows))?;
+        pg.query(&db, "VACUUM ANALYZE")?;
+        say!(
+            "filled {db}: {rows} rows per table in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// The janitor's first pass: a daemon started (its janitor begins at once) beside the load;
+    /// how fast each table's expired rows went, from the daemon's /metrics.
+    fn janitor(&mut self, command: &str, to: &str) -> anyhow::Result<()> {
+        let (started, expired) = (Instant::now(), self.bench.s.scale_expired as f64);
+        self.start(Healthy)?;
+        let deleted = |url: &str, table| {
+            metrics(url).map(|text| metric(&text, "retrysafe_janitor_deleted_rows_total", table))
+        };
+        let mut done = [None, None];
+        let figures = self.tool(command, |scene| {
+            for (table, done) in ["idempotency_records", "outbox_events"]
+                .iter()
+                .zip(&mut done)
+            {
+                if done.is_none() && deleted(&scene.url(), table)? >= expired {
+                    *done = Some(started.elapsed().as_secs_f64());
+                }
+            }
+            Ok(())
+        })?;
+        // Records from the pass's start until the last was deleted; events from then (the pass
+        // deletes records first) until theirs were.
+        let [records, events] = done;
+        let rate = |count: f64, seconds: f64| Num::fixed(count / seconds, 0);
+        let records =
+            records.and_then(|t| rate(deleted(&self.url(), "idempotency_records").ok()?, t));
+        let events_took = events.zip(done[0]).map(|(e, r)| (e - r).max(0.5));
+        let events = events_took.and_then(|t| rate(deleted(&self.url(), "outbox_events").ok()?, t));
+        self.put_load(
+            to,
+            figures
+                .into_iter()
+                .chain([("records_per_s", records), ("events_per_s", events)])
+                .collect(),
+        );
+        Ok(())
+    }
+}
+
+/// Whether a poll went well.
+type Check = anyhow::Result<()>;
+
+/// A load's figures, by name.
+type Figures = anyhow::Result<Vec<(&'static str, Option<Num>)>>;
+
+/// wrk's figures, from its `BENCH_RESULT` (see `Load`).
+fn wrk_figures(
+    result: &serde_json::Map<String, serde_json::Value>,
+) -> Vec<(&'static str, Option<Num>)> {
+    let count = |kind: &str| field(result, &format!("errors_{kind}")).map(|n| n.value as i64);
+    let kinds = ["connect", "read", "write", "status", "timeout"];
+    let errors = kinds
+        .into_iter()
+        .map(count)
+        .sum::<Option<i64>>()
+        .map(Num::int);
+    let mut figures: Vec<_> = ["rps", "p50_ms", "p99_ms", "requests"]
+        .map(|name| (name, field(result, name)))
+        .into();
+    figures.extend([
+        ("errors", errors),
+        ("status_errors", field(result, "errors_status")),
+    ]);
+    figures
 }
 
 /// pgbench's figures, from its output: tps, the average latency (ms), the failed transactions,
 /// and the transactions done.
 fn pgbench_figures(text: &str) -> [Option<Num>; 4] {
     let word = |prefix: &str, index: usize| {
-        text.lines()
-            .rev()
-            .find(|line| line.starts_with(prefix))
-            .and_then(|line| line.split_whitespace().nth(index))
-            .and_then(Num::parse)
+        let line = text.lines().rev().find(|line| line.starts_with(prefix))?;
+        Num::parse(line.split_whitespace().nth(index)?)
     };
     [
         word("tps = ", 2),
@@ -203,1042 +1157,53 @@ fn pgbench_figures(text: &str) -> [Option<Num>; 4] {
     ]
 }
 
-const UNSENT_SQL: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
-
-/// 1 while an event is unsent, else 0: a few milliseconds at most (0.8-4.6 ms measured at
-/// 60,000-120,000 unsent events), where counting them costs PostgreSQL 45-70 ms. Polled every
-/// 100 ms, the count took a large share of the CPU whose use it was there to measure.
-const ANY_UNSENT_SQL: &str =
-    "SELECT count(*) FROM (SELECT 1 FROM outbox_events WHERE sent_at IS NULL LIMIT 1) AS unsent";
-
-const PAYLOAD_SQL: &str = "SELECT round(avg(octet_length(payload::text))) FROM outbox_events";
-
-/// How long the writes scenario waits for its backlog of events to be published.
-const EMPTY_OUTBOX_WAIT: Duration = Duration::from_secs(120);
-
-/// A broker URL nothing listens on (port 1 of loopback): the daemon serves writes, and its
-/// relays, never connected, claim nothing.
-const UNREACHABLE_AMQP: &str = "amqp://guest:guest@127.0.0.1:1/%2f";
-
-/// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `operations`, from the ticks they used
-/// meanwhile; none if a reading went down, as after a server restart (which is logged).
-fn service_costs(services: Option<ServiceTicks>, operations: i64, what: &str) -> [Option<Num>; 2] {
-    match services {
-        Some(services) => {
-            [services.postgres, services.rabbitmq].map(|ticks| seconds_per_1000(ticks, operations))
-        }
-        None => {
-            log(TAG, &format!("{what}: PostgreSQL's or RabbitMQ's CPU time went down during the run (restarted?): no CPU cost"));
-            [None, None]
-        }
-    }
-}
-
-/// The daemon's CPU time at the start of a measured window of wall time.
-struct Window {
-    ticks: u64,
-    unix_ns: u128,
-}
-
-impl Window {
-    fn open(daemon: &Daemon) -> anyhow::Result<Window> {
-        let ticks = daemon.cpu_ticks()?;
-        Ok(Window {
-            ticks,
-            unix_ns: unix_ns(),
-        })
-    }
-
-    /// The cores the daemon used from the window's start until now.
-    fn cores(&self, daemon: &Daemon) -> anyhow::Result<Option<Num>> {
-        let ticks = daemon.cpu_ticks()? - self.ticks;
-        Ok(cpu_share(ticks, unix_ns() - self.unix_ns))
-    }
-
-    /// `cores`, and the daemon's peak RSS (MiB) right after.
-    fn close(&self, daemon: &Daemon) -> anyhow::Result<[Option<Num>; 2]> {
-        Ok([self.cores(daemon)?, mib(daemon.status_kb("VmHWM")?)])
-    }
-}
-
-/// A scenario's run: its fresh database and exchange, with a durable queue bound for '#'.
-struct Stage {
-    /// `<scenario>-<run>`, in the names of its files.
-    name: String,
-    db: String,
-    exchange: String,
-    queue: String,
-}
-
-impl Bench {
-    fn path(&self, name: &str) -> PathBuf {
-        self.h.work.join(name)
-    }
-
-    fn db_name(&self, scenario: &str, run: u32) -> String {
-        format!("retrysafe_bench_{}_{scenario}_{run}", self.run_id)
-    }
-
-    /// Drops the database if present, creates and migrates it with `retrysafe migrate`, then
-    /// runs BENCH_SETUP_SQL on it; not once the clean-up has begun.
-    fn fresh_db(&self, db: &str) -> anyhow::Result<()> {
-        self.h.cleanup.guard(|| {
-            self.h.pg.drop_db(db)?;
-            let log = self.path("migrate.log");
-            let status = Command::new(&self.h.bin.daemon)
-                .args(["migrate", "--config", &self.s.config])
-                .env("RETRYSAFE_DATABASE__URL", self.h.pg.url(db))
-                .env("RETRYSAFE_LOG__LEVEL", "warn")
-                .stdout(append(&log)?)
-                .stderr(append(&log)?)
-                .status()?;
-            if !status.success() {
-                bail!("migrate {db} failed (see {})", log.display());
-            }
-            if let Some(sql) = &self.setup_sql {
-                self.h.pg.query(db, sql)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// A fresh database and exchange (its queue bound) for one run of `scenario`.
-    fn stage(&self, scenario: &str, run: u32) -> anyhow::Result<Stage> {
-        let exchange = format!("retrysafe.bench.{}.{scenario}.{run}", self.run_id);
-        let stage = Stage {
-            name: format!("{scenario}-{run}"),
-            db: self.db_name(scenario, run),
-            queue: format!("{exchange}.q"),
-            exchange,
-        };
-        self.fresh_db(&stage.db)?;
-        self.h
-            .broker
-            .bind(&self.h.cleanup, &stage.exchange, &stage.queue)?;
-        Ok(stage)
-    }
-
-    fn unstage(&self, stage: Stage) -> anyhow::Result<()> {
-        self.h.pg.drop_db(&stage.db)?;
-        self.h.broker.delete(&stage.exchange, &stage.queue)
-    }
-
-    /// The daemon on `db` and `exchange`, its output in `log`; unless `wait` is false, once it
-    /// answers /healthz.
-    fn start(
-        &self,
-        db: &str,
-        exchange: &str,
-        amqp: &str,
-        log: &str,
-        wait: bool,
-    ) -> anyhow::Result<Daemon> {
-        let spec = DaemonSpec {
-            config: &self.s.config,
-            port: self.s.port,
-            db_url: self.h.pg.url(db),
-            amqp,
-            exchange,
-            log: self.path(log),
-        };
-        self.h.start(spec, wait)
-    }
-
-    /// The daemon on the stage, its output in `daemon-<scenario>-<run>.log`.
-    fn start_on(&self, stage: &Stage, wait: bool) -> anyhow::Result<Daemon> {
-        let log = format!("daemon-{}.log", stage.name);
-        self.start(&stage.db, &stage.exchange, &self.amqp, &log, wait)
-    }
-
-    /// Stops the daemon; its WARN/ERROR log lines under load and after the SIGTERM.
-    fn stop(&self, daemon: &mut Daemon) -> anyhow::Result<[Option<Num>; 2]> {
-        daemon.stop(TAG)?;
-        let (under_load, after) = daemon.log_problems();
-        Ok([under_load, after].map(|lines| Some(Num::int(lines as i64))))
-    }
-
-    /// The standard wrk command of every HTTP scenario; its figures (see `wrk_figure`).
-    fn wrk(
-        &self,
-        out: &str,
-        script: &str,
-        path: &str,
-        env: &[(&str, String)],
-    ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
-        let out = self.path(out);
-        let s = &self.s;
-        let url = format!("{}{path}", s.url());
-        let mut command = harness::wrk(s.wrk_threads, s.connections, s.duration, script, &url);
-        command.envs(env.iter().map(|(name, value)| (name, value)));
-        let text = run_ok(&mut command, &out, "wrk")?;
-        let result = result_line(&text, "BENCH_RESULT")
-            .with_context(|| format!("wrk printed no result; see {}", out.display()))?;
-        Ok(move |metric: &str| wrk_figure(&result, metric))
-    }
-
-    /// wrk's unique-key writes: every request with a fresh key, kept apart from other runs'
-    /// keys by `nonce`.
-    fn unique_key_writes(
-        &self,
-        out: &str,
-        nonce: String,
-    ) -> anyhow::Result<impl Fn(&str) -> Option<Num>> {
-        self.wrk(out, "bench/unique_keys.lua", "/", &[("BENCH_NONCE", nonce)])
-    }
-
-    /// pgbench against `db` with `script` and the `extra` options; its figures (a failure is
-    /// logged, not fatal, as its figures say).
-    fn pgbench(
-        &self,
-        out: &str,
-        db: &str,
-        script: &str,
-        extra: &str,
-    ) -> anyhow::Result<[Option<Num>; 4]> {
-        let text = self.pgbench_output(out, db, script, extra, self.s.duration)?;
-        Ok(pgbench_figures(&text))
-    }
-
-    /// [`pgbench`](Self::pgbench) for `seconds`: what it printed.
-    fn pgbench_output(
-        &self,
-        out: &str,
-        db: &str,
-        script: &str,
-        extra: &str,
-        seconds: u32,
-    ) -> anyhow::Result<String> {
-        let out = self.path(out);
-        let (c, j) = (self.s.connections, self.s.wrk_threads);
-        let words = format!("-n -M prepared -c {c} -j {j} -T {seconds} {extra} -f {script} {db}");
-        let mut command = Command::new("pgbench");
-        command.args(words.split_whitespace());
-        let (status, text) = run_to_file(&mut command, &out)?;
-        if !status.success() {
-            let out = out.display();
-            log(TAG, &format!("pgbench exited with {status}; see {out}"));
-        }
-        Ok(text)
-    }
-
-    /// Runs a helper program (`bench-e2e`, `bench-publisher`) with `words` (none has a space)
-    /// into `out`; its `BENCH_RESULT`.
-    fn helper(&self, binary: &Path, words: &str, out: &str) -> anyhow::Result<Map<String, Value>> {
-        let mut command = Command::new(binary);
-        command.env("BENCH_AMQP_URL", &self.amqp);
-        command.args(words.split_whitespace());
-        let what = format!("{} {words}", binary.display());
-        result_line(
-            &run_ok(&mut command, &self.path(out), &what)?,
-            "BENCH_RESULT",
-        )
-    }
-
-    /// Waits until every event of `db` was published, at most [`EMPTY_OUTBOX_WAIT`]; false
-    /// (and a log line) if they were not.
-    fn outbox_emptied(&self, db: &str) -> anyhow::Result<bool> {
-        let deadline = Instant::now() + EMPTY_OUTBOX_WAIT;
-        while self.h.pg.count(db, ANY_UNSENT_SQL)? != 0 {
-            if Instant::now() >= deadline {
-                let unsent = self.h.pg.count(db, UNSENT_SQL)?;
-                log(TAG, &format!("{unsent} events still unsent after {EMPTY_OUTBOX_WAIT:?}: no CPU cost per write"));
-                return Ok(false);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(true)
-    }
-
-    /// Waits (at most 10 s) until no session is connected to `db`.
-    fn sessions_closed(&self, db: &str) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'");
-        while self.h.pg.count("postgres", &sql)? > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
-    }
-
-    /// `SELECT count(*)` of each table of `db`.
-    fn counts<const N: usize>(&self, db: &str, tables: [&str; N]) -> anyhow::Result<[i64; N]> {
-        let mut counts = [0; N];
-        for (count, table) in counts.iter_mut().zip(tables) {
-            *count = self
-                .h
-                .pg
-                .count(db, &format!("SELECT count(*) FROM {table}"))?;
-        }
-        Ok(counts)
-    }
-
-    fn measure(&self, scenario: Scenario, run: u32) -> anyhow::Result<Run> {
-        match scenario {
-            Scenario::Writes => self.writes(run),
-            Scenario::Replays => self.replays(run),
-            Scenario::Storm => self.storm(run),
-            Scenario::Drain => self.drain(run),
-            Scenario::E2e => self.e2e(run),
-            Scenario::Ordered => self.ordered(run),
-            Scenario::Latency => self.latency(run),
-        }
-    }
-
-    fn writes(&self, run: u32) -> anyhow::Result<Run> {
-        let (connections, duration) = (self.s.connections, self.s.duration);
-        let load = format!("-c{connections}, {duration}s");
-        log(TAG, &format!("run {run}: unique-key writes (wrk {load})"));
-        let stage = self.stage("writes", run)?;
-        let mut daemon = self.start_on(&stage, true)?;
-        let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
-        let window = Window::open(&daemon)?;
-        let nonce = format!("{}{run}", self.run_id);
-        let wrk = self.unique_key_writes(&format!("writes-{run}.wrk"), nonce)?;
-        let mut r = WritesRun {
-            cpu_cores: window.cores(&daemon)?,
-            machine_busy_pct: MachineTicks::now()?.since(machine0).busy_pct(),
-            backlog_at_end: self.h.pg.number(&stage.db, UNSENT_SQL)?,
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
-            ..WritesRun::default()
-        };
-        // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
-        if self.outbox_emptied(&stage.db)? {
-            let services = ServiceTicks::now().since(services0);
-            let machine = MachineTicks::now()?.since(machine0);
-            let [written] = self.counts(&stage.db, ["entries"])?;
-            r.cost_daemon = seconds_per_1000(daemon.cpu_ticks()? - window.ticks, written);
-            [r.cost_postgres, r.cost_rabbitmq] = service_costs(services, written, "writes");
-            r.machine_cost = seconds_per_1000(machine.work, written);
-        }
-        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        // Sanity: every 201 has its entry; at most the requests in flight at the end (wrk
-        // closes those connections; the daemon may still commit them) and timed-out ones come
-        // on top.
-        let tables = ["entries", "idempotency_records", "outbox_events"];
-        let [entries, records, events] = self.counts(&stage.db, tables)?;
-        let value = |metric| wrk(metric).map_or(0.0, |n| n.value) as i64;
-        let answered_2xx = value("requests") - value("status_errors");
-        r.entries = Some(Num::int(entries));
-        r.entries_minus_2xx = Some(Num::int(entries - answered_2xx));
-        r.rows_consistent = Some(Num::flag(entries == records && entries == events));
-        r.payload_bytes = self.h.pg.number(&stage.db, PAYLOAD_SQL)?;
-        self.h.pg.drop_db(&stage.db)?;
-        self.write_then_deliver(run, &stage.exchange, &mut r)?;
-        self.h.broker.delete(&stage.exchange, &stage.queue)?;
-
-        log(
-            TAG,
-            &format!("run {run}: baseline pgbench conventional transaction ({load})"),
-        );
-        let db = self.db_name("pgwrites", run);
-        self.fresh_db(&db)?;
-        let (services0, machine0) = (ServiceTicks::now(), MachineTicks::now()?);
-        let out = format!("writes-pgbench-{run}.txt");
-        let pgbench = self.pgbench(&out, &db, "bench/conventional.sql", "")?;
-        r.pg_machine_busy_pct = MachineTicks::now()?.since(machine0).busy_pct();
-        // Read once pgbench's backends are gone, so that their whole time is counted.
-        self.sessions_closed(&db)?;
-        let services = ServiceTicks::now().since(services0);
-        let machine = MachineTicks::now()?.since(machine0);
-        let [tps, latency, failed, transactions] = pgbench;
-        (r.pg_tps, r.pg_latency_ms, r.pg_failed) = (tps, latency, failed);
-        let transactions = transactions.map_or(0, |n| n.value as i64);
-        [r.pg_cost, _] = service_costs(services, transactions, "pgbench");
-        if services.is_some() {
-            r.pg_machine_cost = seconds_per_1000(machine.work, transactions);
-        }
-        self.h.pg.drop_db(&db)?;
-        let mut run = Run::from(r);
-        run.fill(wrk);
-        Ok(run)
-    }
-
-    /// The writes' load again on a fresh database, first with the broker unreachable (the
-    /// relays publish nothing: what a write costs without its delivery), then delivered by a
-    /// daemon that reaches the broker (what the delivery costs alone).
-    fn write_then_deliver(
-        &self,
-        run: u32,
-        exchange: &str,
-        r: &mut WritesRun,
-    ) -> anyhow::Result<()> {
-        let db = self.db_name("writes_alone", run);
-        let what = "the same writes with the broker unreachable, then delivered";
-        log(TAG, &format!("run {run}: {what}"));
-        self.fresh_db(&db)?;
-        let daemon_log = format!("daemon-writes-alone-{run}.log");
-        let mut daemon = self.start(&db, exchange, UNREACHABLE_AMQP, &daemon_log, true)?;
-        let services0 = ServiceTicks::now();
-        let t0 = daemon.cpu_ticks()?;
-        let nonce = format!("{}{run}alone", self.run_id);
-        let wrk = self.unique_key_writes(&format!("writes-alone-{run}.wrk"), nonce)?;
-        let t1 = daemon.cpu_ticks()?;
-        daemon.stop(TAG)?;
-        let services = ServiceTicks::now().since(services0);
-        let [written] = self.counts(&db, ["entries"])?;
-        (r.alone_rps, r.alone_p99_ms) = (wrk("rps"), wrk("p99_ms"));
-        r.alone_cost_daemon = seconds_per_1000(t1 - t0, written);
-        [r.alone_cost_postgres, r.alone_cost_rabbitmq] =
-            service_costs(services, written, "writes alone");
-
-        let services0 = ServiceTicks::now();
-        let daemon_log = format!("daemon-deliver-{run}.log");
-        let mut daemon = self.start(&db, exchange, &self.amqp, &daemon_log, false)?;
-        if self.outbox_emptied(&db)? {
-            let services = ServiceTicks::now().since(services0);
-            let [events] = self.counts(&db, ["outbox_events"])?;
-            r.delivery_cost_daemon = seconds_per_1000(daemon.cpu_ticks()?, events);
-            [r.delivery_cost_postgres, r.delivery_cost_rabbitmq] =
-                service_costs(services, events, "delivery");
-        }
-        daemon.stop(TAG)?;
-        self.h.pg.drop_db(&db)
-    }
-
-    fn replays(&self, run: u32) -> anyhow::Result<Run> {
-        let keys = self.s.replay_keys;
-        log(
-            TAG,
-            &format!("run {run}: replays of {keys} keys, /healthz, pgbench PK select"),
-        );
-        let stage = self.stage("replays", run)?;
-        let mut daemon = self.start_on(&stage, true)?;
-        let url = self.s.url();
-        let words =
-            format!("precreate --url {url} --kind bench.replay --prefix replay- --count {keys}");
-        self.helper(
-            &self.h.bin.e2e,
-            &words,
-            &format!("replays-precreate-{run}.txt"),
-        )?;
-        let window = Window::open(&daemon)?;
-        let env = [("BENCH_REPLAY_KEYS", keys.to_string())];
-        let wrk = self.wrk(&format!("replays-{run}.wrk"), "bench/replay.lua", "/", &env)?;
-        let [cpu_cores, rss_mb] = window.close(&daemon)?;
-        let out = format!("healthz-{run}.wrk");
-        let healthz = self.wrk(&out, "bench/healthz.lua", "/healthz", &[])?;
-        // The same requests to the route that only reads them and answers a replay's bytes.
-        let answer_bytes = replay_answer_bytes(&url)?;
-        let env = [
-            ("BENCH_REPLAY_KEYS", keys.to_string()),
-            ("BENCH_SAME_BYTES", answer_bytes.to_string()),
-        ];
-        let out = format!("same-bytes-{run}.wrk");
-        let same_bytes = self.wrk(&out, "bench/same_bytes.lua", "/", &env)?;
-        let out = format!("replays-pgbench-{run}.txt");
-        let keys = format!("-D keys={keys}");
-        let [pg_tps, pg_latency_ms, ..] =
-            self.pgbench(&out, &stage.db, "bench/replay_select.sql", &keys)?;
-        let mut r = ReplaysRun {
-            cpu_cores,
-            rss_mb,
-            pg_tps,
-            pg_latency_ms,
-            rss_mb_after_all: mib(daemon.status_kb("VmHWM")?),
-            ..ReplaysRun::default()
-        };
-        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        r.entries = Some(Num::int(self.counts(&stage.db, ["entries"])?[0]));
-        self.unstage(stage)?;
-        let mut run = Run::from(r);
-        run.fill(wrk);
-        run.fill(|metric| healthz(metric.strip_prefix("healthz_")?));
-        run.fill(|metric| same_bytes(metric.strip_prefix("same_bytes_")?));
-        run.fill(|metric| (metric == "answer_bytes").then(|| Num::int(answer_bytes as i64)));
-        Ok(run)
-    }
-
-    fn storm(&self, run: u32) -> anyhow::Result<Run> {
-        let (keys, connections) = (self.s.storm_keys, self.s.connections);
-        log(
-            TAG,
-            &format!("run {run}: duplicate storm ({connections} connections, {keys} keys)"),
-        );
-        let stage = self.stage("storm", run)?;
-        let mut daemon = self.start_on(&stage, true)?;
-        let window = Window::open(&daemon)?;
-        let env = [("BENCH_STORM_KEYS", keys.to_string())];
-        let wrk = self.wrk(&format!("storm-{run}.wrk"), "bench/storm.lua", "/", &env)?;
-        let [cpu_cores, rss_mb] = window.close(&daemon)?;
-        let mut r = StormRun {
-            cpu_cores,
-            rss_mb,
-            ..StormRun::default()
-        };
-        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        let tables = ["entries", "idempotency_records", "outbox_events"];
-        let counts = self.counts(&stage.db, tables)?;
-        let ok = counts.iter().all(|count| *count == i64::from(keys));
-        if !ok {
-            let [entries, records, events] = counts;
-            log(TAG, &format!("FAIL: storm run {run}: entries={entries} records={records} events={events}, expected {keys} each"));
-        }
-        [r.entries, r.records, r.events] = counts.map(|count| Some(Num::int(count)));
-        r.count_ok = Some(Num::flag(ok));
-        self.unstage(stage)?;
-        let mut run = Run::from(r);
-        run.fill(wrk);
-        Ok(run)
-    }
-
-    fn drain(&self, run: u32) -> anyhow::Result<Run> {
-        let events = self.s.drain_events;
-        log(TAG, &format!("run {run}: outbox drain of {events} events"));
-        let mut r = self.drained("drain", run, 0)?;
-        self.publisher_baseline(run, r.payload_bytes.clone(), &mut r)?;
-        Ok(r.into())
-    }
-
-    /// The drain's backlog, as writes of `ordering_keys` keys in turn unless that is 0, on a
-    /// fresh stage, drained by a daemon started on it: its figures (and, ordered, whether every
-    /// key went out in order), the stage removed after.
-    fn drained(&self, scenario: &str, run: u32, ordering_keys: u32) -> anyhow::Result<DrainRun> {
-        let events = self.s.drain_events;
-        let stage = self.stage(scenario, run)?;
-        let backlog = BACKLOG_SQL.replace(":events", &events.to_string());
-        let ordered = match ordering_keys {
-            0 => String::new(),
-            keys => ORDERED_BACKLOG_SQL.replace(":keys", &keys.to_string()),
-        };
-        let pg = &self.h.pg;
-        pg.query(
-            &stage.db,
-            &format!("{backlog}\n{ordered}\nANALYZE outbox_events;"),
-        )?;
-        let payload = pg.number(&stage.db, PAYLOAD_SQL)?;
-        let expected = i64::try_from(events)?;
-        let (start_ns, services0) = (unix_ns(), ServiceTicks::now());
-        let mut daemon = self.start_on(&stage, false)?;
-        // The window opens just before the daemon is spawned: all its CPU time is in it.
-        let window = Window {
-            ticks: 0,
-            unix_ns: start_ns,
-        };
-        let words = format!(
-            "wait-drained --db {} --start-unix-ns {start_ns}",
-            pg.url(&stage.db)
-        );
-        let drained = self
-            .helper(
-                &self.h.bin.publisher,
-                &words,
-                &format!("{}.txt", stage.name),
-            )
-            .with_context(|| format!("the backlog did not drain; see {}", daemon.log.display()))?;
-        let cpu_cores = window.cores(&daemon)?;
-        let services = ServiceTicks::now().since(services0);
-        daemon.wait_healthy()?;
-        let seconds = field(&drained, "seconds");
-        let mut r = DrainRun {
-            payload_bytes: payload,
-            cpu_cores,
-            rss_mb: mib(daemon.status_kb("VmHWM")?),
-            events_per_s: seconds
-                .as_ref()
-                .and_then(|s| Num::fixed(events as f64 / s.value, 1)),
-            seconds,
-            ..DrainRun::default()
-        };
-        [_, r.rabbitmq_cost] = service_costs(services, expected, scenario);
-        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        r.queued = self.h.broker.count(&stage.queue, expected, 15)?;
-        let queued_ok = r.queued.as_ref().map(|n| n.value) == Some(events as f64);
-        r.queued_ok = Some(Num::flag(queued_ok));
-        if !queued_ok {
-            let queued = r.queued.as_ref().map_or("?".into(), |n| n.text.clone());
-            log(
-                TAG,
-                &format!(
-                    "FAIL: {scenario} run {run}: the queue holds {queued} messages, expected {events}"
-                ),
-            );
-        }
-        if ordering_keys > 0 {
-            // Whether every key went out in order too.
-            r.queued_ok = Some(Num::flag(queued_ok && self.in_order(&stage.db, scenario)?));
-        }
-        self.unstage(stage)?;
-        Ok(r)
-    }
-
-    /// The drain's baseline: the plain lapin publisher sends as many messages, of the size of
-    /// the drain's events, to an exchange and queue of its own.
-    fn publisher_baseline(
-        &self,
-        run: u32,
-        payload: Option<Num>,
-        r: &mut DrainRun,
-    ) -> anyhow::Result<()> {
-        let events = self.s.drain_events;
-        let expected = i64::try_from(events)?;
-        let payload = payload.map_or("400".to_owned(), |n| n.text);
-        let window = self.s.publish_window;
-        let baseline = format!("{events} messages of {payload} bytes, window {window}");
-        log(
-            TAG,
-            &format!("run {run}: baseline plain lapin publisher ({baseline})"),
-        );
-        let exchange = format!("retrysafe.bench.{}.publisher.{run}", self.run_id);
-        let queue = format!("{exchange}.q");
-        self.h.broker.bind(&self.h.cleanup, &exchange, &queue)?;
-        let services0 = ServiceTicks::now();
-        let words = format!(
-            "publish --exchange {exchange} --count {events} --payload-bytes {payload} --window {window}"
-        );
-        let out = format!("publisher-{run}.txt");
-        let published = self.helper(&self.h.bin.publisher, &words, &out)?;
-        let services = ServiceTicks::now().since(services0);
-        [_, r.pub_rabbitmq_cost] = service_costs(services, expected, "publisher");
-        r.pub_events_per_s = field(&published, "events_per_s");
-        r.pub_queued = self.h.broker.count(&queue, expected, 15)?;
-        self.h.broker.delete(&exchange, &queue)?;
-        Ok(())
-    }
-
-    fn e2e(&self, run: u32) -> anyhow::Result<Run> {
-        let (rate, seconds) = (self.s.e2e_rate, self.s.e2e_seconds);
-        log(
-            TAG,
-            &format!("run {run}: end-to-end latency at {rate} requests/s for {seconds}s"),
-        );
-        let (r, result, _) = self.end_to_end("e2e", run, 0)?;
-        // The rest of the run's metrics are bench-e2e's figures of the same names.
-        let mut run = Run::from(r);
-        run.fill(|metric| field(&result, metric));
-        Ok(run)
-    }
-
-    /// `bench-e2e run` against a daemon on a fresh stage, writes of `ordering_keys` keys in
-    /// turn (0: none): the daemon's figures, bench-e2e's, and whether the keys' events went out
-    /// in order (true without keys).
-    fn end_to_end(
-        &self,
-        scenario: &str,
-        run: u32,
-        ordering_keys: u32,
-    ) -> anyhow::Result<(E2eRun, Map<String, Value>, bool)> {
-        let (rate, seconds) = (self.s.e2e_rate, self.s.e2e_seconds);
-        let stage = self.stage(scenario, run)?;
-        let mut daemon = self.start_on(&stage, true)?;
-        let window = Window::open(&daemon)?;
-        let (url, queue) = (self.s.url(), &stage.queue);
-        let words = format!(
-            "run --url {url} --queue {queue} --rate {rate} --seconds {seconds} --ordering-keys {ordering_keys}"
-        );
-        let result = self.helper(&self.h.bin.e2e, &words, &format!("{}.txt", stage.name))?;
-        let [cpu_cores, rss_mb] = window.close(&daemon)?;
-        let mut r = E2eRun {
-            cpu_cores,
-            rss_mb,
-            ..E2eRun::default()
-        };
-        [r.log_problems, r.shutdown_log_problems] = self.stop(&mut daemon)?;
-        let in_order = ordering_keys == 0 || self.in_order(&stage.db, scenario)?;
-        self.unstage(stage)?;
-        Ok((r, result, in_order))
-    }
-
-    /// Whether every ordered event of `db` is in its key's order (see [`ORDER_BROKEN_SQL`]),
-    /// and there are some; a log line if not.
-    fn in_order(&self, db: &str, scenario: &str) -> anyhow::Result<bool> {
-        let broken = self.h.pg.count(db, ORDER_BROKEN_SQL)?;
-        match broken {
-            0 => return Ok(true),
-            -1 => log(TAG, &format!("FAIL: {scenario}: no ordered event")),
-            _ => log(
-                TAG,
-                &format!("FAIL: {scenario}: {broken} ordered events out of order"),
-            ),
-        }
-        Ok(false)
-    }
-
-    /// Ordered delivery with [`ORDERING_KEYS`] keys: the writes' load, the drain's backlog and
-    /// the end-to-end load, each on a fresh stage with a daemon of its own, every key's order
-    /// checked after each. Their baselines are the writes', drain's and e2e's unordered figures
-    /// of the same run.
-    fn ordered(&self, run: u32) -> anyhow::Result<Run> {
-        let (keys, connections, duration) =
-            (self.s.ordering_keys, self.s.connections, self.s.duration);
-        log(
-            TAG,
-            &format!(
-                "run {run}: writes of {keys} ordering keys (wrk -c{connections}, {duration}s)"
-            ),
-        );
-        let stage = self.stage("ordered", run)?;
-        let mut daemon = self.start_on(&stage, true)?;
-        let window = Window::open(&daemon)?;
-        let env = [
-            ("BENCH_NONCE", format!("{}{run}ordered", self.run_id)),
-            ("BENCH_ORDERING_KEYS", keys.to_string()),
-        ];
-        let out = format!("ordered-{run}.wrk");
-        let wrk = self.wrk(&out, "bench/unique_keys.lua", "/", &env)?;
-        let [cpu_cores, rss_mb] = window.close(&daemon)?;
-        let emptied = self.outbox_emptied(&stage.db)?;
-        let mut r = OrderedRun {
-            cpu_cores,
-            rss_mb,
-            ..OrderedRun::default()
-        };
-        let [writes_log, writes_shutdown_log] = self.stop(&mut daemon)?;
-        let [entries] = self.counts(&stage.db, ["entries"])?;
-        let value = |metric| wrk(metric).map_or(0.0, |n| n.value) as i64;
-        r.entries = Some(Num::int(entries));
-        r.entries_minus_2xx = Some(Num::int(
-            entries - (value("requests") - value("status_errors")),
-        ));
-        r.order_ok = Some(Num::flag(
-            emptied && self.in_order(&stage.db, "ordered writes")?,
-        ));
-        self.unstage(stage)?;
-
-        let events = self.s.drain_events;
-        log(
-            TAG,
-            &format!("run {run}: ordered drain of {events} events, {keys} keys"),
-        );
-        let drain = self.drained("ordered_drain", run, keys)?;
-        (r.drain_seconds, r.drain_events_per_s) = (drain.seconds, drain.events_per_s);
-        (r.drain_queued, r.drain_order_ok) = (drain.queued, drain.queued_ok);
-
-        let rate = self.s.e2e_rate;
-        log(
-            TAG,
-            &format!("run {run}: end-to-end at {rate} requests/s, {keys} ordering keys"),
-        );
-        let (e2e, result, e2e_in_order) = self.end_to_end("ordered_e2e", run, keys)?;
-        let writes_in_order = r.order_ok.as_ref().is_some_and(|ok| ok.value == 1.0);
-        r.order_ok = Some(Num::flag(writes_in_order && e2e_in_order));
-        let problems = [
-            [writes_log, writes_shutdown_log],
-            [drain.log_problems, drain.shutdown_log_problems],
-            [e2e.log_problems, e2e.shutdown_log_problems],
-        ];
-        [r.log_problems, r.shutdown_log_problems] = [0, 1].map(|i| {
-            let lines = problems
-                .iter()
-                .map(|p| p[i].as_ref().map_or(0.0, |n| n.value));
-            Some(Num::int(lines.sum::<f64>() as i64))
-        });
-        let mut run = Run::from(r);
-        run.fill(wrk);
-        run.fill(|metric| field(&result, metric.strip_prefix("e2e_")?));
-        Ok(run)
-    }
-}
-
-impl Bench {
-    /// Writes and the conventional transaction with PostgreSQL further away: for each delay of
-    /// `LINK_DELAYS_MS`, through a `bench-delay-proxy` that adds it to every round trip.
-    fn latency(&self, run: u32) -> anyhow::Result<Run> {
-        let mut r = Run::from(LatencyRun::default());
-        let (mut rss, mut problems) = (0.0f64, [0i64; 2]);
-        for delay in LINK_DELAYS_MS {
-            let [cores, peak, under_load, after] = self.over_link(run, delay, &mut r)?;
-            if delay == 0 {
-                r.set("cpu_cores", cores);
-            }
-            rss = rss.max(peak.map_or(0.0, |n| n.value));
-            for (sum, lines) in problems.iter_mut().zip([under_load, after]) {
-                *sum += lines.map_or(0, |n| n.value as i64);
-            }
-        }
-        r.set("rss_mb", Num::fixed(rss, 1));
-        r.set("log_problems", Some(Num::int(problems[0])));
-        r.set("shutdown_log_problems", Some(Num::int(problems[1])));
-        Ok(r)
-    }
-
-    /// One delay of [`latency`](Self::latency): fills the `d<delay>_` metrics of `r`; returns the
-    /// daemon's cores and peak RSS while wrk ran, and its WARN/ERROR lines (under load, after
-    /// SIGTERM).
-    fn over_link(&self, run: u32, delay: u32, r: &mut Run) -> anyhow::Result<[Option<Num>; 4]> {
-        let (connections, duration) = (self.s.connections, self.s.duration);
-        log(
-            TAG,
-            &format!("run {run}: unique-key writes with {delay} ms added to every round trip to PostgreSQL (wrk -c{connections}, {duration}s), then pgbench through the same link"),
-        );
-        let metric = |name: &str| format!("d{delay}_{name}");
-        let stage = self.stage(&format!("latency{delay}"), run)?;
-        let mut proxy = DelayProxy::start(
-            &self.h.bin.publisher.with_file_name("bench-delay-proxy"),
-            delay,
-            self.path(&format!("proxy-{delay}-{run}.txt")),
-        )?;
-        let round_trip =
-            self.round_trip(&proxy, &stage.db, &format!("round-trip-{delay}-{run}.txt"))?;
-        r.set(&metric("round_trip_ms"), round_trip.clone());
-
-        let spec = DaemonSpec {
-            config: &self.s.config,
-            port: self.s.port,
-            db_url: proxy.url(&stage.db),
-            amqp: &self.amqp,
-            exchange: &stage.exchange,
-            log: self.path(&format!("daemon-{}.log", stage.name)),
-        };
-        let mut daemon = self.h.start(spec, true)?;
-        let window = Window::open(&daemon)?;
-        let sends_before = proxy.sends()?;
-        let nonce = format!("{}l{delay}r{run}", self.run_id);
-        let wrk = self.unique_key_writes(&format!("latency-{delay}-{run}.wrk"), nonce)?;
-        let sends = proxy.sends()? - sends_before;
-        let [cores, peak] = window.close(&daemon)?;
-        let (per_batch, ms_per_batch) = writer_batches(&self.s.url())?;
-        let [under_load, after] = self.stop(&mut daemon)?;
-        for name in ["rps", "p50_ms", "p99_ms", "errors"] {
-            r.set(&metric(name), wrk(name));
-        }
-        let p50 = wrk("p50_ms").map(|n| n.value);
-        let trips = p50
-            .zip(round_trip.map(|n| n.value))
-            .map(|(p50, trip)| p50 / trip);
-        r.set(
-            &metric("p50_round_trips"),
-            trips.and_then(|t| Num::fixed(t, 2)),
-        );
-        r.set(&metric("writes_per_batch"), per_batch);
-        r.set(&metric("ms_per_batch"), ms_per_batch);
-        let writes = wrk("requests").map_or(0.0, |n| n.value);
-        r.set(&metric("sends_per_write"), per(sends, writes));
-        self.unstage(stage)?;
-
-        let db = self.db_name(&format!("pglatency{delay}"), run);
-        self.fresh_db(&db)?;
-        let sends_before = proxy.sends()?;
-        let out = format!("latency-pgbench-{delay}-{run}.txt");
-        // pgbench opens its connections, then prepares each client's statements, one client
-        // after another on each of its threads: seconds at 20 ms, all in its -T. It runs that
-        // much longer, and its figures are the medians of its last `duration` per-second
-        // reports.
-        let link = format!("-P 1 -h 127.0.0.1 -p {}", proxy.port);
-        let seconds = duration + PGBENCH_WARM_UP_SECONDS;
-        let text = self.pgbench_output(&out, &db, "bench/conventional.sql", &link, seconds)?;
-        let sends = proxy.sends()? - sends_before;
-        let [tps, latency] = pgbench_steady(&text, duration);
-        r.set(&metric("pg_tps"), tps);
-        r.set(&metric("pg_latency_ms"), latency);
-        let [_, _, _, transactions] = pgbench_figures(&text);
-        let transactions = transactions.map_or(0.0, |n| n.value);
-        r.set(
-            &metric("pg_sends_per_transaction"),
-            per(sends, transactions),
-        );
-        self.h.pg.drop_db(&db)?;
-        Ok([cores, peak, under_load, after])
-    }
-
-    /// The link's round trip as one client sees it: the average latency of pgbench's single
-    /// client sending `SELECT 1` through the proxy for 3 s.
-    fn round_trip(&self, proxy: &DelayProxy, db: &str, out: &str) -> anyhow::Result<Option<Num>> {
-        let script = self.path("select-1.sql");
-        fs::write(&script, "SELECT 1;\n")?;
-        let port = proxy.port.to_string();
-        let mut command = Command::new("pgbench");
-        command
-            .args([
-                "-n",
-                "-M",
-                "prepared",
-                "-c",
-                "1",
-                "-T",
-                "3",
-                "-h",
-                "127.0.0.1",
-                "-p",
-            ])
-            .arg(&port)
-            .arg("-f")
-            .arg(&script)
-            .arg(db);
-        let text = run_ok(&mut command, &self.path(out), "pgbench SELECT 1")?;
-        let [_, latency, _, _] = pgbench_figures(&text);
-        Ok(latency)
-    }
-}
-
-/// How much longer than the others the latency scenario runs pgbench (see `Bench::over_link`).
-const PGBENCH_WARM_UP_SECONDS: u32 = 6;
-
 /// The medians of pgbench's last `seconds` per-second reports (`-P 1`), tps and latency (ms), the
 /// reports before its first transaction and its first partial second left out.
 fn pgbench_steady(text: &str, seconds: u32) -> [Option<Num>; 2] {
     let reports: Vec<(f64, f64)> = text
         .lines()
         .filter_map(|line| {
-            let rest = line.strip_prefix("progress: ")?;
-            let words: Vec<&str> = rest.split_whitespace().collect();
             // progress: 7.0 s, 512.0 tps, lat 124.650 ms stddev 10.123, 0 failed
-            let tps = words.get(2)?.parse().ok()?;
-            let latency = words.get(5)?.parse().ok()?;
-            Some((tps, latency))
+            let words: Vec<&str> = line
+                .strip_prefix("progress: ")?
+                .split_whitespace()
+                .collect();
+            Some((words.get(2)?.parse().ok()?, words.get(5)?.parse().ok()?))
         })
         .skip_while(|(tps, _)| *tps == 0.0)
         .skip(1)
         .collect();
     let steady = &reports[reports.len().saturating_sub(seconds as usize)..];
-    let median = |pick: fn(&(f64, f64)) -> f64| {
+    let median_of = |pick: fn(&(f64, f64)) -> f64| {
         let values: Vec<Option<Num>> = steady.iter().map(|r| Num::fixed(pick(r), 1)).collect();
-        crate::stats::median(&values).and_then(|v| Num::fixed(v, 1))
+        median(&values).and_then(|v| Num::fixed(v, 1))
     };
-    [median(|r| r.0), median(|r| r.1)]
+    [median_of(|r| r.0), median_of(|r| r.1)]
 }
 
-/// `count` per `of`, two decimals; None when `of` is 0.
-fn per(count: i64, of: f64) -> Option<Num> {
-    (of > 0.0)
-        .then(|| Num::fixed(count as f64 / of, 2))
-        .flatten()
-}
-
-/// The writers' batches so far, from the daemon's /metrics: writes per batch, and ms per batch
-/// transaction.
-fn writer_batches(url: &str) -> anyhow::Result<(Option<Num>, Option<Num>)> {
+/// The daemon's /metrics, as text.
+fn metrics(url: &str) -> anyhow::Result<String> {
+    let url = format!("{url}/metrics");
     let output = Command::new("curl")
-        .args(["-sf", "--max-time", "10", &format!("{url}/metrics")])
+        .args(["-sf", "--max-time", "10", &url])
         .output()?;
     if !output.status.success() {
-        bail!("cannot read {url}/metrics");
+        bail!("cannot read {url}");
     }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|line| {
-                line.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0)
-    };
-    let batches = value("retrysafe_writer_batch_size_count");
-    let transactions = value("retrysafe_writer_transaction_seconds_count");
-    let per_batch = (batches > 0.0).then(|| value("retrysafe_writer_batch_size_sum") / batches);
-    let ms = (transactions > 0.0)
-        .then(|| 1000.0 * value("retrysafe_writer_transaction_seconds_sum") / transactions);
-    Ok((
-        per_batch.and_then(|v| Num::fixed(v, 1)),
-        ms.and_then(|v| Num::fixed(v, 1)),
-    ))
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// `bench-delay-proxy` (bench/delay_proxy.rs) in front of PostgreSQL (PGHOST:PGPORT), adding its
-/// delay to every round trip through it; stopped when dropped.
-struct DelayProxy {
-    child: std::process::Child,
-    port: u16,
-    out: PathBuf,
-    /// The `BENCH_RESULT` lines asked for so far.
-    reports: usize,
-}
-
-impl DelayProxy {
-    fn start(binary: &Path, delay_ms: u32, out: PathBuf) -> anyhow::Result<DelayProxy> {
-        if !binary.is_file() {
-            bail!(
-                "{} is missing: build with cargo build --release --example bench-delay-proxy",
-                binary.display()
-            );
-        }
-        let host = std::env::var("PGHOST").unwrap_or_else(|_| "127.0.0.1".into());
-        let port = std::env::var("PGPORT").unwrap_or_else(|_| "5432".into());
-        let child = Command::new(binary)
-            .args(["--target", &format!("{host}:{port}")])
-            .args(["--delay-ms", &delay_ms.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stdout(fs::File::create(&out)?)
-            .stderr(append(&out)?)
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let mut proxy = DelayProxy {
-            child,
-            port: 0,
-            out,
-            reports: 0,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = fs::read_to_string(&proxy.out).unwrap_or_default();
-            if let Some(port) = text
-                .lines()
-                .find_map(|line| line.strip_prefix("LISTENING "))
-            {
-                proxy.port = port.trim().parse()?;
-                return Ok(proxy);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "bench-delay-proxy did not listen within 10 s; see {}",
-                    proxy.out.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The URL of `db` through the proxy.
-    fn url(&self, db: &str) -> String {
-        let user = std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into());
-        format!("postgres://{user}@127.0.0.1:{}/{db}", self.port)
-    }
-
-    /// The client's sends the proxy forwarded so far (SIGUSR1 makes it print them).
-    fn sends(&mut self) -> anyhow::Result<i64> {
-        send_signal(self.child.id(), libc::SIGUSR1);
-        self.reports += 1;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = fs::read_to_string(&self.out).unwrap_or_default();
-            let results: Vec<&str> = text
-                .lines()
-                .filter(|l| l.starts_with("BENCH_RESULT "))
-                .collect();
-            if results.len() >= self.reports {
-                let result = result_line(results[self.reports - 1], "BENCH_RESULT")?;
-                return field(&result, "sends")
-                    .map(|n| n.value as i64)
-                    .context("bench-delay-proxy printed no sends");
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "bench-delay-proxy did not report within 10 s; see {}",
-                    self.out.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for DelayProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ensure_tools() -> anyhow::Result<()> {
-    let mut missing = Vec::new();
-    if !harness::have("wrk") {
-        missing.push("wrk");
-    }
-    if !harness::have("pgbench") {
-        // Debian ships pgbench in postgresql-client-NN (older releases: postgresql-contrib).
-        missing.push("postgresql-client");
-    }
-    harness::apt_install(TAG, &missing)?;
-    if !harness::have("pgbench") {
-        harness::apt_install(TAG, &["postgresql-contrib"])?;
-    }
-    for tool in ["wrk", "pgbench"] {
-        if !harness::have(tool) {
-            bail!("{tool} is not available");
-        }
-    }
-    Ok(())
+/// The sum of a metric's series whose labels contain `label`.
+fn metric(text: &str, name: &str, label: &str) -> f64 {
+    let series = text
+        .lines()
+        .filter_map(|line| line.strip_prefix(name)?.split_once(' '));
+    let ours =
+        |labels: &str| labels.contains(label) && (labels.is_empty() || labels.starts_with('{'));
+    let values = series
+        .filter(|(labels, _)| ours(labels))
+        .map(|(_, value)| value.trim().parse::<f64>());
+    values.flatten().sum()
 }
 
 fn machine(pg: &Pg, config: &str) -> Machine {
@@ -1249,6 +1214,7 @@ fn machine(pg: &Pg, config: &str) -> Machine {
     };
     let pgbench = harness::command_line("pgbench", &["--version"]);
     let rustc = harness::command_line("rustc", &["--version"]);
+    let settings = fs::read_to_string(config).map(|text| report::quoted_settings(&text));
     Machine {
         cpu_model,
         nproc: harness::command_line("nproc", &[]),
@@ -1256,7 +1222,7 @@ fn machine(pg: &Pg, config: &str) -> Machine {
         kernel: harness::command_line("uname", &["-sr"]),
         pg_version: show("server_version"),
         autovacuum: show("autovacuum"),
-        rabbit_version: harness::rabbit_version(),
+        rabbit_version: harness::rabbit_version(true),
         wrk_version: harness::wrk_version(),
         pgbench_version: pgbench.split_whitespace().nth(2).unwrap_or("").to_owned(),
         rustc_version: if rustc.is_empty() {
@@ -1265,83 +1231,67 @@ fn machine(pg: &Pg, config: &str) -> Machine {
             rustc
         },
         commit: harness::commit(),
-        daemon_settings: fs::read_to_string(config)
-            .map(|text| quoted_settings(&text))
-            .unwrap_or_default(),
+        daemon_settings: settings.unwrap_or_default(),
     }
-}
-
-pub fn run_id() -> String {
-    format!(
-        "{}{:04x}",
-        chrono::Local::now().format("%m%d%H%M"),
-        rand::random::<u16>()
-    )
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let scenarios = Scenario::list(&args.scenarios)?;
-    if !Path::new(&args.config).is_file() {
-        bail!("no {}", args.config);
-    }
-    ensure_tools()?;
-    let mut bin = Binaries::beside_this_program()?;
-    if let Some(daemon) = &args.daemon {
-        bin.daemon = daemon.clone();
-    }
-    let run_id = run_id();
-    let work = PathBuf::from("bench/results").join(&run_id);
-    let db_prefix = format!("retrysafe_bench_{run_id}_");
-    let h = Harness::new(TAG, bin, &args.amqp, work, db_prefix)?;
-    let bench = Bench {
-        s: args.settings(&h.pg),
-        h,
-        run_id,
-        setup_sql: args.setup_sql.clone().filter(|sql| !sql.trim().is_empty()),
-        amqp: args.amqp.clone(),
-    };
-    bench.h.finish(measure(&bench, &scenarios, &args.output))
+    let scenarios = list(&args.scenarios)?;
+    harness::ensure_tools(&[
+        ("wrk", "wrk"),
+        ("pgbench", "postgresql-client"),
+        ("curl", "curl"),
+    ])?;
+    let s = args.settings(&Pg::from_env());
+    let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
+    bench.setup_sql = args.setup_sql.clone().filter(|sql| !sql.trim().is_empty());
+    bench.finish(measure(&bench, &scenarios, &args.output))
 }
 
-fn measure(bench: &Bench, scenarios: &[Scenario], output: &Path) -> anyhow::Result<()> {
-    bench.h.broker.reachable()?;
-    if harness::port_in_use(bench.s.port) {
-        bail!("port {} is in use; set BENCH_PORT", bench.s.port);
-    }
-    let machine = machine(&bench.h.pg, &bench.s.config);
+fn measure(bench: &Bench, scenarios: &[&'static Scenario], output: &Path) -> anyhow::Result<()> {
     let s = &bench.s;
-    let mode = if s.quick { "quick" } else { "full" };
-    log(
-        TAG,
-        &format!(
-            "run id {}; mode {mode}: {} run(s), {}s per measurement, {}-event drain",
-            bench.run_id, s.runs, s.duration, s.drain_events
-        ),
+    let machine = machine(&bench.pg, &s.config);
+    let (id, mode) = (&bench.run_id, if s.quick { "quick" } else { "full" });
+    say!(
+        "run id {id}; mode {mode}: {} run(s), {}s per measurement, {}-event drain",
+        s.runs,
+        s.duration,
+        s.drain_events
     );
-    let mut runs: [Vec<Run>; 7] = Default::default();
+    let mut runs: HashMap<String, Vec<Run>> = HashMap::new();
     for run in 1..=s.runs {
         for scenario in scenarios {
-            runs[*scenario as usize].push(bench.measure(*scenario, run)?);
+            let record = bench.measure(scenario, run)?.record;
+            runs.entry(scenario.name.into()).or_default().push(record);
         }
     }
+    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    let (settings, run_id) = (s.clone(), id.clone());
     let report = Report {
-        settings: s.clone(),
+        settings,
         machine,
-        written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
-        run_id: bench.run_id.clone(),
+        written_at,
+        run_id,
         runs,
     };
+    if let Some(scale) = report.scale_table() {
+        println!("\n{scale}\n");
+        fs::write(bench.work.join("scale.md"), scale + "\n")?;
+    }
+    if !report::REPORTED
+        .iter()
+        .any(|name| report.runs.contains_key(*name))
+    {
+        return Ok(());
+    }
     print!("{}", report.summary());
     let existing = fs::read_to_string(output).ok();
-    fs::write(output, report.render(existing.as_deref()))
-        .with_context(|| format!("writing {}", output.display()))?;
-    log(
-        TAG,
-        &format!(
-            "wrote {}; raw output in {}",
-            output.display(),
-            bench.h.work.display()
-        ),
+    let written = fs::write(output, report.render(existing.as_deref()));
+    written.with_context(|| format!("writing {}", output.display()))?;
+    say!(
+        "wrote {}; raw output in {}",
+        output.display(),
+        bench.work.display()
     );
     Ok(())
 }
@@ -1362,15 +1312,11 @@ mod tests {
     #[test]
     fn pgbench_steady_seconds() {
         let mut text = String::from("pgbench (15.20)\n");
-        for (second, tps) in [0.0, 0.0, 3.0, 40.0, 500.0, 510.0, 490.0, 505.0]
-            .iter()
-            .enumerate()
-        {
+        let seconds = [0.0, 0.0, 3.0, 40.0, 500.0, 510.0, 490.0, 505.0];
+        for (second, tps) in seconds.iter().enumerate() {
             let latency = if *tps > 100.0 { 126.0 } else { 900.0 };
-            text += &format!(
-                "progress: {}.0 s, {tps:.1} tps, lat {latency:.3} ms stddev 1.000, 0 failed\n",
-                second + 1
-            );
+            let second = second + 1;
+            text += &format!("progress: {second}.0 s, {tps:.1} tps, lat {latency:.3} ms stddev 1.000, 0 failed\n");
         }
         // The zeros and the first partial second are left out; the last three are taken.
         let [tps, latency] = pgbench_steady(&text, 3).map(|n| n.unwrap().value);
@@ -1381,18 +1327,21 @@ mod tests {
     #[test]
     fn wrk_result_line() {
         let text = "Running 5s test\nBENCH_RESULT {\"requests\":97333,\"duration_s\":15.06,\"rps\":6461.60,\"p50_ms\":8.644,\"p90_ms\":20.1,\"p99_ms\":32.912,\"mean_ms\":9.9,\"max_ms\":80.0,\"errors_connect\":0,\"errors_read\":1,\"errors_write\":0,\"errors_status\":2,\"errors_timeout\":3}\n";
-        let result = result_line(text, "BENCH_RESULT").unwrap();
-        let metrics = [
-            "rps",
-            "p50_ms",
-            "p99_ms",
-            "requests",
-            "errors",
-            "status_errors",
+        let result = harness::result_line(text, "BENCH_RESULT").unwrap();
+        let figures = wrk_figures(&result);
+        let texts: Vec<_> = figures
+            .iter()
+            .map(|(name, n)| format!("{name}={}", n.as_ref().unwrap()))
+            .collect();
+        let expected = [
+            "rps=6461.60",
+            "p50_ms=8.644",
+            "p99_ms=32.912",
+            "requests=97333",
+            "errors=6",
+            "status_errors=2",
         ];
-        let texts = metrics.map(|metric| wrk_figure(&result, metric).unwrap().text);
-        assert_eq!(texts, ["6461.60", "8.644", "32.912", "97333", "6", "2"]);
-        assert_eq!(wrk_figure(&result, "max_ms"), None);
+        assert_eq!(texts, expected);
     }
 
     #[test]
@@ -1407,6 +1356,9 @@ mod tests {
             drain_events: None,
             e2e_seconds: None,
             e2e_rate: 1000,
+            scale_rows: 5_000_000,
+            scale_small: 10_000,
+            scale_expired: 500_000,
             port: 18437,
             config: "config.toml".into(),
             output: "BENCHMARKS.md".into(),
@@ -1420,5 +1372,22 @@ mod tests {
         args.quick = true;
         args.runs = Some(2);
         assert_eq!(figures(args.settings(&pg)), (2, 5, 10_000, 5));
+    }
+
+    #[test]
+    fn scenario_lists() {
+        let names = |list: Vec<&Scenario>| list.iter().map(|s| s.name).collect::<Vec<_>>();
+        let all = list("writes replays storm drain e2e ordered latency").unwrap();
+        assert_eq!(names(all), report::REPORTED);
+        assert_eq!(names(list(" drain,writes ").unwrap()), ["drain", "writes"]);
+        assert!(list("writes reads").is_err());
+    }
+
+    #[test]
+    fn metrics_by_label() {
+        let text = "# TYPE x counter\nx_total{table=\"a\"} 7\nx_total{table=\"b\"} 5\nx_sum 12.5\n";
+        assert_eq!(metric(text, "x_total", "\"a\""), 7.0);
+        assert_eq!(metric(text, "x_total", ""), 12.0);
+        assert_eq!(metric(text, "x_sum", ""), 12.5);
     }
 }

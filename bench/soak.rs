@@ -1,5 +1,6 @@
-//! `bench soak`: a steady mixed load against the release daemon for minutes or hours, measured
-//! in slices, with end checks and a verdict on memory.
+//! `bench soak`: the scenario `soak` (a steady mixed load against the release daemon for minutes
+//! or hours) run once, its slices measured by the step `Slices`, its end checks (`CHECKS`) and
+//! memory verdict rendered into the template bench/soak.md.
 //!
 //! Each slice is one wrk run of `scripts/soak.lua` (70 % writes with fresh keys, 20 % replays,
 //! 5 % conflicts, 5 % GETs). The rate is held by a fixed-rate schedule: each wrk thread sends
@@ -10,28 +11,28 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use serde_json::{Map, Value};
-
-use crate::harness::{
-    self, field, log, result_line, unix_ns, Binaries, Daemon, DaemonSpec, Harness, MachineTicks,
-};
+use crate::harness::{self, field, result_line, MachineTicks};
+use crate::report::{fill, Settings};
+use crate::scenarios::{self, Bench, Scene};
 use crate::stats::{least_squares, Line};
 
-const TAG: &str = "soak";
 const THREADS: u32 = 2;
-/// How often the daemon's RSS is sampled while a slice runs.
-const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Fewer samples after the warm-up than this, or spanning less time, give no memory verdict.
 const MIN_SAMPLES: usize = 10;
 const MIN_SPAN_S: f64 = 60.0;
+const TEMPLATE: &str = include_str!("soak.md");
 
-#[derive(clap::Args, Debug)]
+/// Records without their entry, and entries without their event.
+pub const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
+    + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
+
+#[derive(clap::Args, Clone, Debug)]
 pub struct SoakArgs {
     /// Length of the load, in minutes.
     #[arg(long, env = "SOAK_MINUTES", default_value_t = 10)]
@@ -64,62 +65,79 @@ pub struct SoakArgs {
     /// with another allocator, to run two soaks side by side.
     #[arg(long, env = "SOAK_DAEMON")]
     pub daemon: Option<PathBuf>,
-    #[arg(
-        long,
-        env = "SOAK_AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
+    #[arg(long, env = "SOAK_AMQP_URL", default_value = crate::clients::AMQP)]
     pub amqp: String,
 }
 
-/// One slice's figures.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SliceRow {
-    pub slice: u32,
-    /// Seconds since the load started, at the slice's end.
-    pub end_s: u64,
-    pub rps: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    /// 201 created + 201 replayed + 200.
-    pub ok: u64,
-    /// 409 idempotency-key-reused (expected).
-    pub reused: u64,
-    pub conflicts_sent: u64,
-    /// Any other non-2xx: 409 request-in-progress, 503, others.
-    pub unexpected: u64,
-    /// connect + read + write + timeout.
-    pub socket_errors: u64,
-    pub rss_mib: f64,
-    pub daemon_cores: f64,
-    pub machine_pct: f64,
-    pub unsent: u64,
-    pub fds: u64,
-    pub created: u64,
-    pub requests: u64,
+impl SoakArgs {
+    fn slices(&self) -> u32 {
+        self.minutes * 60 / self.slice_seconds.max(1)
+    }
 }
 
-/// A slice's columns: name, figure, decimals. In the slice table "conflicts sent" stands in
-/// brackets after "409 reused".
-type Column = (&'static str, fn(&SliceRow) -> f64, usize);
+/// Where a slice's figure comes from: the sum of figures of wrk's `SOAK_RESULT`, or a reading
+/// of the daemon, the machine or the database after the slice.
+#[derive(Clone, Copy)]
+enum From {
+    Wrk(&'static [&'static str]),
+    /// VmRSS, MiB.
+    Rss,
+    /// The daemon's CPU over the slice (utime + stime / wall time; 1.00 = one core).
+    Cores,
+    /// The machine's busy share, steal counted as busy, in per cent.
+    Machine,
+    /// Events neither sent nor parked.
+    Unsent,
+    /// The daemon's open file descriptors.
+    Fds,
+}
+
+/// A slice's figures: its column's name, decimals and source. The table shows the first 14
+/// ("conflicts sent" in brackets after "409 reused"); 2xx is 201 created + 201 replayed + 200,
+/// unexpected any other non-2xx (409 request-in-progress, 503, others), socket errors connect +
+/// read + write + timeout.
+type Column = (&'static str, usize, From);
 #[rustfmt::skip]
-const COLUMNS: [Column; 14] = [
-    ("req/s", |r| r.rps, 0),
-    ("p50 ms", |r| r.p50_ms, 2),
-    ("p99 ms", |r| r.p99_ms, 2),
-    ("max ms", |r| r.max_ms, 1),
-    ("2xx", |r| r.ok as f64, 0),
-    ("409 reused", |r| r.reused as f64, 0),
-    ("conflicts sent", |r| r.conflicts_sent as f64, 0),
-    ("unexpected", |r| r.unexpected as f64, 0),
-    ("socket errors", |r| r.socket_errors as f64, 0),
-    ("RSS MiB", |r| r.rss_mib, 1),
-    ("daemon CPU (cores)", |r| r.daemon_cores, 2),
-    ("machine CPU %", |r| r.machine_pct, 0),
-    ("unsent events", |r| r.unsent as f64, 0),
-    ("fds", |r| r.fds as f64, 0),
+const COLUMNS: [Column; 16] = [
+    ("req/s", 0, From::Wrk(&["rps"])),
+    ("p50 ms", 2, From::Wrk(&["p50_ms"])),
+    ("p99 ms", 2, From::Wrk(&["p99_ms"])),
+    ("max ms", 1, From::Wrk(&["max_ms"])),
+    ("2xx", 0, From::Wrk(&["got_created", "got_replayed", "got_200"])),
+    ("409 reused", 0, From::Wrk(&["got_reused"])),
+    ("conflicts sent", 0, From::Wrk(&["sent_conflict"])),
+    ("unexpected", 0, From::Wrk(&["got_other", "got_503", "got_in_progress"])),
+    ("socket errors", 0, From::Wrk(&["errors_connect", "errors_read", "errors_write", "errors_timeout"])),
+    ("RSS MiB", 1, From::Rss),
+    ("daemon CPU (cores)", 2, From::Cores),
+    ("machine CPU %", 0, From::Machine),
+    ("unsent events", 0, From::Unsent),
+    ("fds", 0, From::Fds),
+    ("created", 0, From::Wrk(&["got_created"])),
+    ("requests", 0, From::Wrk(&["requests"])),
 ];
+const SHOWN: usize = 14;
+
+/// One slice: its number, its end in seconds since the load started, each column's figure.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceRow(u32, u64, Vec<f64>);
+
+impl SliceRow {
+    /// The figure of a column.
+    fn get(&self, column: &str) -> f64 {
+        let index = COLUMNS.iter().position(|c| c.0 == column);
+        index.and_then(|i| self.2.get(i).copied()).unwrap_or(0.0)
+    }
+}
+
+/// The load: each slice's row, the RSS samples (seconds since the load started, MiB), the
+/// unexpected answers wrk noted.
+#[derive(Default)]
+pub struct Load {
+    rows: Vec<SliceRow>,
+    samples: Vec<(f64, f64)>,
+    unexpected: Vec<String>,
+}
 
 /// `m:ss`
 pub fn clock(seconds: u64) -> String {
@@ -132,49 +150,51 @@ fn short(value: f64, decimals: usize) -> String {
     format!("{}", (value * scale).round() / scale)
 }
 
-/// A row of the slice table: the slice, its end, then each column's figure.
-fn table_row(first: String, second: String, figure: impl Fn(&Column) -> String) -> String {
+/// A row of the slice table: the slice, its end, then each shown column's figure.
+fn table_row(first: String, second: String, figure: impl Fn(usize) -> String) -> String {
     let mut cells = vec![first, second];
-    for column in &COLUMNS {
+    for (i, column) in COLUMNS[..SHOWN].iter().enumerate() {
         match column.0 {
             "conflicts sent" => {
                 let reused = cells.pop().unwrap_or_default();
-                cells.push(format!("{reused} ({})", figure(column)));
+                cells.push(format!("{reused} ({})", figure(i)));
             }
-            _ => cells.push(figure(column)),
+            _ => cells.push(figure(i)),
         }
     }
     format!("| {} |", cells.join(" | "))
 }
 
 pub fn slice_table(rows: &[SliceRow]) -> String {
-    let mut out = table_row("slice".into(), "end".into(), |column| column.0.to_owned());
-    out.push_str(&format!("\n|{}", "---:|".repeat(COLUMNS.len() + 1)));
-    for row in rows {
-        let figure = |(_, value, decimals): &Column| format!("{:.*}", *decimals, value(row));
+    let mut out = table_row("slice".into(), "end".into(), |i| COLUMNS[i].0.to_owned());
+    out.push_str(&format!("\n|{}", "---:|".repeat(SHOWN + 1)));
+    for SliceRow(slice, end, values) in rows {
+        let figure = |i: usize| format!("{:.*}", COLUMNS[i].1, values[i]);
         out.push('\n');
-        out.push_str(&table_row(row.slice.to_string(), clock(row.end_s), figure));
+        out.push_str(&table_row(slice.to_string(), clock(*end), figure));
     }
     out
 }
 
-/// min, max, first and last slice of every column.
+/// min, max, first and last slice of every shown column.
 pub fn summary_table(rows: &[SliceRow]) -> String {
-    let mut out = String::from(
-        "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|",
-    );
+    let head = "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|";
+    let mut out = String::from(head);
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
         return out;
     };
-    for (name, value, decimals) in COLUMNS {
-        let shown: Vec<f64> = rows
-            .iter()
-            .map(|row| short(value(row), decimals).parse().unwrap_or(0.0))
-            .collect();
-        let lo = shown.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = shown.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let [first, last] = [first, last].map(|row| short(value(row), decimals));
-        let _ = write!(out, "\n| {name} | {lo} | {hi} | {first} | {last} |");
+    for (i, (name, decimals, _)) in COLUMNS[..SHOWN].iter().enumerate() {
+        let shown = |row: &SliceRow| short(row.2[i], *decimals);
+        let values = rows.iter().map(|row| shown(row).parse().unwrap_or(0.0));
+        let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+        let _ = write!(
+            out,
+            "\n| {name} | {lo} | {hi} | {} | {} |",
+            shown(first),
+            shown(last)
+        );
     }
     out
 }
@@ -209,17 +229,16 @@ impl Memory {
             .copied()
             .filter(|(t, _)| *t >= warmup_s)
             .collect();
-        let span_s = match (after.first(), after.last()) {
-            (Some(a), Some(b)) => b.0 - a.0,
-            _ => 0.0,
-        };
+        let span_s = after
+            .first()
+            .zip(after.last())
+            .map_or(0.0, |(a, b)| b.0 - a.0);
         let line = least_squares(&after);
         let verdict = match line {
             Some(line) if after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S => {
-                if line.slope * 3600.0 <= limit_mib_per_h {
-                    MemoryVerdict::Flat
-                } else {
-                    MemoryVerdict::Growing
+                match line.slope * 3600.0 <= limit_mib_per_h {
+                    true => MemoryVerdict::Flat,
+                    false => MemoryVerdict::Growing,
                 }
             }
             _ => MemoryVerdict::Inconclusive,
@@ -241,18 +260,19 @@ impl Memory {
             self.samples,
             self.warmup_s / 60.0
         );
+        let detail = match self.slope_mib_per_h() {
+            Some(slope) if self.verdict != MemoryVerdict::Inconclusive => {
+                format!("{slope:+.2} MiB/h over {after}")
+            }
+            _ => format!("no verdict: {after}"),
+        };
         Check {
             name: format!(
                 "RSS slope after the warm-up ≤ {} MiB/h",
                 self.limit_mib_per_h
             ),
             passed: self.passed(),
-            detail: match self.slope_mib_per_h() {
-                Some(slope) if self.verdict != MemoryVerdict::Inconclusive => {
-                    format!("{slope:+.2} MiB/h over {after}")
-                }
-                _ => format!("no verdict: {after}"),
-            },
+            detail,
         }
     }
 
@@ -280,18 +300,13 @@ impl Memory {
                 line.intercept + line.slope * self.warmup_s,
                 line.residual_rms,
                 self.limit_mib_per_h,
-                if verdict == MemoryVerdict::Flat {
-                    "flat"
-                } else {
-                    "GROWING"
-                }
+                if verdict == MemoryVerdict::Flat { "flat" } else { "GROWING" }
             ),
             (line, _) => format!(
                 "no verdict: {} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
                 self.samples,
                 self.span_s,
-                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.slope * 3600.0))
-                    .unwrap_or_default()
+                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.slope * 3600.0)).unwrap_or_default()
             ),
         }
     }
@@ -306,16 +321,29 @@ pub struct Check {
     pub detail: String,
 }
 
-impl Check {
-    fn new(name: &str, passed: bool, detail: String) -> Check {
-        let (name, passed) = (name.to_owned(), Some(passed));
-        Check {
-            name,
-            passed,
-            detail,
-        }
-    }
-}
+/// The end checks, of the run's figures (`{name}` in a detail; see `soak`).
+type Condition = fn(&dyn Fn(&str) -> f64) -> bool;
+#[rustfmt::skip]
+const CHECKS: [(&str, Condition, &str); 10] = [
+    ("outbox drained within 60 s of the load", |v| v("unsent") == 0.0, "{unsent} unsent"),
+    ("one record, one entry, one event per key",
+        |v| v("records") == v("entries") && v("entries") == v("events") && v("orphans") == 0.0,
+        "{records} records, {entries} entries, {events} events, {orphans} without their entry or event"),
+    ("every record is a 201", |v| v("not_201") == 0.0, "{not_201} other"),
+    ("no event parked", |v| v("parked") == 0.0, "{parked} parked"),
+    ("every event reached the bound queue", |v| v("queued") >= v("events"),
+        "{queued} messages for {events} events (more: redeliveries after a lost confirm)"),
+    // Every 201 that said "created" is a row; the rows may exceed them by the requests wrk
+    // abandoned in flight at the end of each slice (at most one per connection per slice).
+    ("rows = fresh 201s (+ requests in flight at slice ends)",
+        |v| (0.0..=v("connections") * v("slices")).contains(&(v("entries") - v("created"))),
+        "{entries} entries, {created} fresh 201s"),
+    ("no unexpected answer", |v| v("unexpected") == 0.0, "{unexpected}{example}"),
+    ("no socket error", |v| v("socket_errors") == 0.0, "{socket_errors}"),
+    ("no WARN or ERROR in the daemon's log under load", |v| v("log_problems") == 0.0, "{log_problems}{first}"),
+    ("clean exit on SIGTERM", |v| v("exit_code") == 0.0 && v("shutdown_log_problems") == 0.0,
+        "exit {exit_code} after {stop_ms} ms, {shutdown_log_problems} WARN/ERROR lines"),
+];
 
 pub fn check_table(checks: &[Check]) -> String {
     let mut out = String::from("| check | result | detail |\n|---|---|---|");
@@ -333,14 +361,6 @@ pub fn check_table(checks: &[Check]) -> String {
         );
     }
     out
-}
-
-/// The daemon's path, with the glibc malloc setting it inherits when one is set.
-fn describe_daemon(binary: &Path) -> String {
-    match std::env::var("MALLOC_ARENA_MAX") {
-        Ok(arenas) => format!("{}, MALLOC_ARENA_MAX={arenas}", binary.display()),
-        Err(_) => binary.display().to_string(),
-    }
 }
 
 /// Everything the soak report says.
@@ -368,87 +388,45 @@ impl SoakReport {
     }
 
     pub fn render(&self) -> String {
-        let requests: u64 = self.rows.iter().map(|r| r.requests).sum();
-        let created: u64 = self.rows.iter().map(|r| r.created).sum();
-        let interval_ms = f64::from(THREADS) * 1000.0 / f64::from(self.rate.max(1));
-        format!(
-            "# Soak run {id}
-
-`scripts/soak` on {at}, daemon at commit `{commit}` (`{daemon}`,
-`{config}`, log level warn): {slices} slices of {slice} s, offered {rate} requests/s over
-{conn} connections (wrk -t{threads} -c{conn}) on a fixed-rate schedule (each wrk thread sends a
-request every {interval:.2} ms of its own schedule; a late answer makes the next ones go at once
-until it has caught up), mix 70 % new keys, 20 % replays, 5 % conflicts, 5 % GETs
-(scripts/soak.lua).
-
-Machine: {machine}. Daemon, PostgreSQL, RabbitMQ and wrk share the cores.
-
-Per slice: wrk's figures (latency from the request's first byte sent to the answer), 2xx
-answers, 409 `idempotency-key-reused` (expected) beside the conflicts sent, unexpected answers
-(other non-2xx), wrk socket errors (connect, read, write, timeout); then, after the slice, the
-daemon's VmRSS, its CPU over the slice (utime + stime / wall time; 1.00 = one core), the whole
-machine's CPU busy share (/proc/stat), unsent outbox events, and the daemon's open file
-descriptors.
-
-{table}
-
-Total: {requests} requests, {created} fresh 201s, daemon peak RSS (VmHWM) {hwm} MiB.
-
-Memory: VmRSS sampled every second while the load ran; {memory}.
-
-{summary}
-
-{checks}
-",
-            id = self.id,
-            at = self.written_at,
-            commit = self.commit,
-            daemon = self.daemon,
-            config = self.config,
-            slices = self.slices,
-            slice = self.slice_seconds,
-            rate = self.rate,
-            conn = self.connections,
-            threads = THREADS,
-            interval = interval_ms,
-            machine = self.machine,
-            table = slice_table(&self.rows),
-            hwm = self.hwm_mib,
-            memory = self.memory.sentence(),
-            summary = summary_table(&self.rows),
-            checks = check_table(&self.checks),
-        )
+        let total = |column| total(&self.rows, column);
+        let interval = f64::from(THREADS) * 1000.0 / f64::from(self.rate.max(1));
+        fill(TEMPLATE, |name| {
+            Some(match name {
+                "id" => self.id.clone(),
+                "at" => self.written_at.clone(),
+                "commit" => self.commit.clone(),
+                "daemon" => self.daemon.clone(),
+                "config" => self.config.clone(),
+                "slices" => self.slices.to_string(),
+                "slice" => self.slice_seconds.to_string(),
+                "rate" => self.rate.to_string(),
+                "conn" => self.connections.to_string(),
+                "threads" => THREADS.to_string(),
+                "interval" => format!("{interval:.2}"),
+                "machine" => self.machine.clone(),
+                "table" => slice_table(&self.rows),
+                "requests" => total("requests"),
+                "created" => total("created"),
+                "hwm" => self.hwm_mib.clone(),
+                "memory" => self.memory.sentence(),
+                "summary" => summary_table(&self.rows),
+                "checks" => check_table(&self.checks),
+                _ => return None,
+            })
+        })
     }
 }
 
-/// A figure of wrk's `SOAK_RESULT` (0 without it).
-fn num(map: &Map<String, Value>, key: &str) -> f64 {
-    field(map, key).map_or(0.0, |n| n.value)
-}
-
-/// The sum of the counts `keys` of wrk's `SOAK_RESULT`.
-fn count(map: &Map<String, Value>, keys: &[&str]) -> u64 {
-    keys.iter().map(|key| num(map, key).max(0.0) as u64).sum()
-}
-
-/// A soak's load: each slice's row, the RSS samples, the unexpected answers.
-type Load = (Vec<SliceRow>, Vec<(f64, f64)>, Vec<String>);
-
-struct Soak {
-    args: SoakArgs,
-    /// What the run stands on: binaries, PostgreSQL, the broker helpers, the clean-up.
-    h: Harness,
-    output: PathBuf,
-    id: String,
-    db: String,
-    exchange: String,
-    queue: String,
-    port: u16,
+/// A column's sum over the slices.
+fn total(rows: &[SliceRow], column: &str) -> String {
+    rows.iter()
+        .map(|row| row.get(column) as u64)
+        .sum::<u64>()
+        .to_string()
 }
 
 pub fn run(args: SoakArgs) -> anyhow::Result<()> {
-    let slices = args.minutes * 60 / args.slice_seconds.max(1);
-    if slices < 1 {
+    if args.slices() < 1 {
         bail!("SOAK_MINUTES * 60 must be at least SOAK_SLICE_SECONDS");
     }
     if args.connections < THREADS {
@@ -457,359 +435,242 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     if args.rate == 0 {
         bail!("SOAK_RATE must be positive");
     }
-    if !Path::new(&args.config).is_file() {
-        bail!("no {}", args.config);
-    }
-    if !harness::have("wrk") {
-        harness::apt_install(TAG, &["wrk"])?;
-    }
-    let mut bin = Binaries::beside_this_program()?;
-    if let Some(daemon) = &args.daemon {
-        if !daemon.is_file() {
-            bail!("SOAK_DAEMON: no file {}", daemon.display());
-        }
-        bin.daemon = daemon.clone();
-    }
-    let id = crate::scenarios::run_id();
-    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string();
-    let work = PathBuf::from(format!("bench/results/soak-{stamp}"));
-    let db = format!("retrysafe_soak_{id}");
-    let h = Harness::new(TAG, bin, &args.amqp, work, db.clone())?;
-    let port = match args.port {
-        Some(port) => port,
-        None => harness::free_port()?,
-    };
-    let exchange = format!("retrysafe.soak.{id}");
-    let soak = Soak {
-        output: PathBuf::from(format!("bench/results/soak-{stamp}.md")),
-        queue: format!("{exchange}.q"),
-        exchange,
-        db,
-        id,
+    harness::ensure_tools(&[("wrk", "wrk")])?;
+    let port = args.port.map_or_else(harness::free_port, Ok)?;
+    let config = args.config.clone();
+    let (duration, connections) = (args.slice_seconds, args.connections);
+    let s = Settings {
+        runs: 1,
+        duration,
+        connections,
         port,
-        args,
-        h,
+        config,
+        ..Settings::default()
     };
-    if !soak.h.finish(soak.run(slices))? {
+    let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
+    bench.soak = Some(args);
+    if !bench.finish(soak(&bench))? {
         bail!("a check failed");
     }
     Ok(())
 }
 
-impl Soak {
-    /// Microseconds between a wrk thread's requests, for the offered rate.
-    fn interval_us(&self) -> u64 {
-        u64::from(THREADS) * 1_000_000 / u64::from(self.args.rate)
+/// Runs the soak and writes its report; whether every check passed.
+fn soak(bench: &Bench) -> anyhow::Result<bool> {
+    let a = bench.soak.as_ref().context("not a soak")?;
+    let scene = bench.measure(scenarios::list("soak")?[0], 1)?;
+    let (load, mut facts) = (&scene.soak, scene.figures.clone());
+    let cut = |line: &str| line.chars().take(160).collect::<String>();
+    let example = load
+        .unexpected
+        .first()
+        .map(|line| format!("; e.g. {}", cut(line)));
+    let problems = facts.get("log_problems").is_some_and(|n| n != "0");
+    let first = facts.get("first_problem").filter(|_| problems);
+    let first = first.map(|line| format!("; first: {}", cut(line)));
+    for column in ["created", "unexpected", "socket errors"] {
+        facts.insert(column.replace(' ', "_"), total(&load.rows, column));
     }
-
-    /// Runs the soak; whether every check passed.
-    fn run(&self, slices: u32) -> anyhow::Result<bool> {
-        let (a, pg) = (&self.args, &self.h.pg);
-        self.h
-            .broker
-            .bind(&self.h.cleanup, &self.exchange, &self.queue)
-            .context("binding the soak's queue")?;
-        let spec = DaemonSpec {
-            config: &a.config,
-            port: self.port,
-            db_url: pg.url(&self.db),
-            amqp: &a.amqp,
-            exchange: &self.exchange,
-            log: self.h.work.join("daemon.log"),
-        };
-        let mut daemon = self.h.start(spec, true)?;
-        let autovacuum = pg.query("postgres", "SHOW autovacuum");
-        let autovacuum = autovacuum.unwrap_or_else(|_| "unknown".into());
-        if autovacuum != "on" && !a.vacuum {
-            log(TAG, "note: autovacuum is off on this server: the outbox's dead rows (one per delivered event) pile up; SOAK_VACUUM=1 vacuums between slices");
+    facts.insert("connections".into(), a.connections.to_string());
+    facts.insert("slices".into(), a.slices().to_string());
+    facts.insert("example".into(), example.unwrap_or_default());
+    facts.insert("first".into(), first.unwrap_or_default());
+    facts
+        .entry("exit_code".into())
+        .or_insert_with(|| "by signal".into());
+    let value = |name: &str| {
+        facts
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let check = |(name, passed, detail): &(&str, Condition, &str)| {
+        let detail = fill(detail, |name| facts.get(name).cloned());
+        Check {
+            name: name.to_string(),
+            passed: Some(passed(&value)),
+            detail,
         }
-        log(
-            TAG,
-            &format!(
-                "soak {}: {slices} slices of {}s, {} requests/s offered over {} connections on a fixed-rate schedule ({} µs per wrk thread), daemon {} pid {} on 127.0.0.1:{}",
-                self.id, a.slice_seconds, a.rate, a.connections, self.interval_us(), describe_daemon(&self.h.bin.daemon), daemon.pid, self.port
-            ),
+    };
+    let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
+    let load_s = f64::from(a.slices() * a.slice_seconds);
+    let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
+    let memory = Memory::judge(&load.samples, warmup_s, a.rss_slope_limit);
+    checks.push(memory.check());
+    // The daemon's path, with the glibc malloc setting it inherits when one is set.
+    let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
+    let report = SoakReport {
+        id: bench.run_id.clone(),
+        written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        commit: harness::commit(),
+        daemon: format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default()),
+        config: a.config.clone(),
+        slices: a.slices(),
+        slice_seconds: a.slice_seconds,
+        rate: a.rate,
+        connections: a.connections,
+        machine: machine(bench, a.vacuum),
+        rows: load.rows.clone(),
+        hwm_mib: facts.get("hwm_mib").cloned().unwrap_or_else(|| "?".into()),
+        memory,
+        checks,
+    };
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
+    let output = PathBuf::from(format!("bench/results/soak-{stamp}.md"));
+    fs::write(&output, report.render())?;
+    let (table, memory) = (slice_table(&report.rows), report.memory.sentence());
+    let (summary, checks) = (summary_table(&report.rows), check_table(&report.checks));
+    println!("\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n");
+    say!(
+        "wrote {}; raw output in {}",
+        output.display(),
+        bench.work.display()
+    );
+    Ok(!report.failed())
+}
+
+/// The machine and the servers, as the report names them.
+fn machine(bench: &Bench, vacuum: bool) -> String {
+    let (cpu, mem) = harness::cpu_and_memory();
+    let nproc = harness::command_line("nproc", &[]);
+    let kernel = harness::command_line("uname", &["-sr"]);
+    let show = |setting: &str| bench.pg.query("postgres", &format!("SHOW {setting}"));
+    let (pg, autovacuum) = (show("server_version"), show("autovacuum"));
+    let (pg, autovacuum) = (pg.unwrap_or_default(), autovacuum.unwrap_or_default());
+    let vacuum = match vacuum {
+        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
+        false => "",
+    };
+    let (rabbit, wrk) = (harness::rabbit_version(false), harness::wrk_version());
+    format!("{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}")
+}
+
+/// The step `Slices`: the load, slice after slice, into the scene's `soak`; the samples also
+/// to rss.tsv and the unexpected answers to unexpected.txt.
+pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
+    let (bench, db) = (scene.bench(), scene.db()?.to_owned());
+    let a = bench.soak.as_ref().context("not a soak")?;
+    fs::write(bench.work.join("keys.txt"), "")?;
+    if bench.pg.query("postgres", "SHOW autovacuum")? != "on" && !a.vacuum {
+        say!("note: autovacuum is off on this server: the outbox's dead rows (one per delivered event) pile up; SOAK_VACUUM=1 vacuums between slices");
+    }
+    let interval_us = u64::from(THREADS) * 1_000_000 / u64::from(a.rate);
+    let pid = scene.daemon.as_ref().context("no daemon")?.pid;
+    let (id, slices, seconds, rate) = (&bench.run_id, a.slices(), a.slice_seconds, a.rate);
+    say!("soak {id}: {slices} slices of {seconds}s, {rate} requests/s offered over {} connections on a fixed-rate schedule ({interval_us} µs per wrk thread), daemon pid {pid}", a.connections);
+    let started = Instant::now();
+    for slice in 1..=slices {
+        let (row, text) = one_slice(scene, a, slice, started, interval_us)?;
+        if a.vacuum {
+            bench
+                .pg
+                .query(&db, "VACUUM outbox_events, idempotency_records, entries")?;
+        }
+        let unexpected = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "));
+        let unexpected = unexpected.map(|line| format!("slice {slice}: {line}"));
+        scene.soak.unexpected.extend(unexpected);
+        let figures = COLUMNS[..SHOWN].iter().zip(&row.2);
+        let figures =
+            figures.map(|((name, decimals, _), value)| format!("{name} {value:.*}", decimals));
+        say!(
+            "slice {slice} ({}): {}",
+            clock(row.1),
+            figures.collect::<Vec<_>>().join(", ")
         );
-        let (rows, samples, unexpected_lines) = self.load(&mut daemon, slices)?;
-        let (mut checks, hwm_mib) =
-            self.end_checks(&mut daemon, &rows, slices, &unexpected_lines)?;
-        let load_s = f64::from(slices * a.slice_seconds);
-        let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
-        let memory = Memory::judge(&samples, warmup_s, a.rss_slope_limit);
-        checks.push(memory.check());
-        let report = SoakReport {
-            id: self.id.clone(),
-            written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
-            commit: harness::commit(),
-            daemon: describe_daemon(&self.h.bin.daemon),
-            config: a.config.clone(),
-            slices,
-            slice_seconds: a.slice_seconds,
-            rate: a.rate,
-            connections: a.connections,
-            machine: self.machine(&autovacuum),
-            rows,
-            hwm_mib,
-            memory,
-            checks,
-        };
-        fs::write(&self.output, report.render())?;
-        println!(
-            "\n{}\n\nMemory: {}.\n\n{}\n\n{}\n",
-            slice_table(&report.rows),
-            report.memory.sentence(),
-            summary_table(&report.rows),
-            check_table(&report.checks)
+        scene.soak.rows.push(row);
+    }
+    let rss = scene
+        .soak
+        .samples
+        .iter()
+        .map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"));
+    fs::write(bench.work.join("rss.tsv"), rss.collect::<String>())?;
+    if !scene.soak.unexpected.is_empty() {
+        let lines = scene.soak.unexpected.join("\n") + "\n";
+        fs::write(bench.work.join("unexpected.txt"), lines)?;
+    }
+    Ok(())
+}
+
+/// One slice: wrk at the held rate while the daemon's VmRSS is sampled every second; its row,
+/// and what wrk printed.
+fn one_slice(
+    scene: &mut Scene,
+    a: &SoakArgs,
+    slice: u32,
+    started: Instant,
+    interval_us: u64,
+) -> anyhow::Result<(SliceRow, String)> {
+    let (bench, db) = (scene.bench(), scene.db()?.to_owned());
+    let daemon = scene.daemon.as_mut().context("no daemon")?;
+    let out = bench.work.join(format!("slice-{slice}.txt"));
+    let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
+    let file = fs::File::create(&out)?;
+    let url = format!("http://127.0.0.1:{}/", bench.s.port);
+    let load = format!("-t{THREADS} -c{} -d{}s", a.connections, a.slice_seconds);
+    let mut wrk = Command::new("wrk");
+    wrk.args(load.split_whitespace())
+        .args(["--timeout", "10s", "--latency"]);
+    wrk.args(["-s", "scripts/soak.lua", &url])
+        .env("SOAK_NONCE", &bench.run_id);
+    wrk.env("SOAK_SLICE", slice.to_string())
+        .env("SOAK_STATE", bench.work.join("keys.txt"));
+    wrk.env("SOAK_INTERVAL_US", interval_us.to_string())
+        .stdin(Stdio::null());
+    let mut wrk = wrk
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .context("starting wrk")?;
+    let mut next_sample = Instant::now();
+    let status = loop {
+        if let Some(status) = wrk.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= next_sample {
+            let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
+            let at = started.elapsed().as_secs_f64();
+            scene.soak.samples.extend(rss.ok().map(|mib| (at, mib)));
+            next_sample += Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (t1, wall_s, machine) = (
+        daemon.cpu_ticks()?,
+        n0.elapsed().as_secs_f64(),
+        MachineTicks::now()?.since(m0),
+    );
+    let text = fs::read_to_string(&out).unwrap_or_default();
+    if !status.success() {
+        bail!("wrk failed ({status}); see {}", out.display());
+    }
+    let result = result_line(&text, "SOAK_RESULT");
+    let result = result.with_context(|| format!("wrk printed no result; see {}", out.display()))?;
+    if !daemon.alive() {
+        bail!(
+            "the daemon died during slice {slice}; see {}",
+            daemon.log.display()
         );
-        let (output, work) = (self.output.display(), self.h.work.display());
-        log(TAG, &format!("wrote {output}; raw output in {work}"));
-        Ok(!report.failed())
     }
-
-    /// The load, slice after slice: each slice's row, the daemon's VmRSS samples (seconds since
-    /// the load started, MiB; also written to rss.tsv) and the unexpected answers wrk noted
-    /// (also in unexpected.txt).
-    fn load(&self, daemon: &mut Daemon, slices: u32) -> anyhow::Result<Load> {
-        let (a, work) = (&self.args, &self.h.work);
-        fs::write(work.join("keys.txt"), "")?;
-        let mut rows: Vec<SliceRow> = Vec::new();
-        let mut samples: Vec<(f64, f64)> = Vec::new();
-        let mut unexpected_lines = Vec::new();
-        let started = Instant::now();
-        for slice in 1..=slices {
-            let (row, text) = self.slice(daemon, slice, started, &mut samples)?;
-            if a.vacuum {
-                let vacuum = "VACUUM outbox_events, idempotency_records, entries";
-                self.h.pg.query(&self.db, vacuum)?;
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL";
+    let unsent = bench.pg.count(&db, unsent)?.max(0) as f64;
+    let figure = |key: &&str| field(&result, key).map_or(0.0, |n| n.value.max(0.0));
+    let mut values = Vec::new();
+    for (_, _, from) in COLUMNS {
+        values.push(match from {
+            From::Wrk(keys) => keys.iter().map(figure).sum(),
+            From::Rss => daemon.status_kb("VmRSS")? as f64 / 1024.0,
+            From::Cores => (t1 - t0) as f64 / harness::clock_ticks() / wall_s,
+            From::Machine => {
+                100.0 * (machine.work + machine.steal) as f64 / machine.total.max(1) as f64
             }
-            let unexpected = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "));
-            unexpected_lines.extend(unexpected.map(|line| format!("slice {slice}: {line}")));
-            eprintln!(
-                "[soak] slice {} ({}): {:.0} req/s (offered {}), p50 {:.2} ms, p99 {:.2} ms, 2xx {}, 409 {}, unexpected {}, socket errors {}, RSS {:.1} MiB, CPU {:.2}, machine {:.0}%, backlog {}",
-                row.slice, clock(row.end_s), row.rps, a.rate, row.p50_ms, row.p99_ms, row.ok,
-                row.reused, row.unexpected, row.socket_errors, row.rss_mib, row.daemon_cores,
-                row.machine_pct, row.unsent
-            );
-            rows.push(row);
-        }
-        let rss = samples.iter().map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"));
-        fs::write(work.join("rss.tsv"), rss.collect::<String>())?;
-        if !unexpected_lines.is_empty() {
-            let text = unexpected_lines.join("\n") + "\n";
-            fs::write(work.join("unexpected.txt"), text)?;
-        }
-        Ok((rows, samples, unexpected_lines))
-    }
-
-    /// The machine and the servers, as the report names them.
-    fn machine(&self, autovacuum: &str) -> String {
-        let (cpu, mem) = harness::cpu_and_memory();
-        let nproc = harness::command_line("nproc", &[]);
-        let kernel = harness::command_line("uname", &["-sr"]);
-        let pg = self.h.pg.query("postgres", "SHOW server_version");
-        let pg = pg.unwrap_or_default();
-        let vacuum = if self.args.vacuum {
-            "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice"
-        } else {
-            ""
-        };
-        let rabbit = harness::rabbit_package_version();
-        let wrk = harness::wrk_version();
-        format!("{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}")
-    }
-
-    /// One slice: wrk at the held rate while the daemon's VmRSS is sampled every second (into
-    /// `samples`, seconds since `started`); its row, and what wrk printed.
-    fn slice(
-        &self,
-        daemon: &mut Daemon,
-        slice: u32,
-        started: Instant,
-        samples: &mut Vec<(f64, f64)>,
-    ) -> anyhow::Result<(SliceRow, String)> {
-        let a = &self.args;
-        let out = self.h.work.join(format!("slice-{slice}.txt"));
-        let (t0, n0, m0) = (daemon.cpu_ticks()?, unix_ns(), MachineTicks::now()?);
-        let file = fs::File::create(&out)?;
-        let url = format!("http://127.0.0.1:{}/", self.port);
-        let script = "scripts/soak.lua";
-        let mut wrk = harness::wrk(THREADS, a.connections, a.slice_seconds, script, &url)
-            .env("SOAK_NONCE", &self.id)
-            .env("SOAK_SLICE", slice.to_string())
-            .env("SOAK_STATE", self.h.work.join("keys.txt"))
-            .env("SOAK_INTERVAL_US", self.interval_us().to_string())
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .context("starting wrk")?;
-        let mut next_sample = Instant::now();
-        let status = loop {
-            if let Some(status) = wrk.try_wait()? {
-                break status;
-            }
-            if Instant::now() >= next_sample {
-                if let Ok(kb) = daemon.status_kb("VmRSS") {
-                    samples.push((started.elapsed().as_secs_f64(), kb as f64 / 1024.0));
-                }
-                next_sample += SAMPLE_EVERY;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let (t1, n1, m1) = (daemon.cpu_ticks()?, unix_ns(), MachineTicks::now()?);
-        let text = fs::read_to_string(&out).unwrap_or_default();
-        if !status.success() {
-            bail!("wrk failed ({status}); see {}", out.display());
-        }
-        let result = result_line(&text, "SOAK_RESULT")
-            .with_context(|| format!("wrk printed no result; see {}", out.display()))?;
-        if !daemon.alive() {
-            let log = daemon.log.display();
-            bail!("the daemon died during slice {slice}; see {log}");
-        }
-        let rss_kb = daemon.status_kb("VmRSS")?;
-        let unsent = self.h.pg.count(
-            &self.db,
-            "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL",
-        )?;
-        let wall_s = (n1 - n0) as f64 / 1e9;
-        // The machine's busy share, steal counted as busy.
-        let machine = m1.since(m0);
-        let busy = (machine.work + machine.steal) as f64;
-        let row = SliceRow {
-            slice,
-            end_s: started.elapsed().as_secs(),
-            rps: num(&result, "rps"),
-            p50_ms: num(&result, "p50_ms"),
-            p99_ms: num(&result, "p99_ms"),
-            max_ms: num(&result, "max_ms"),
-            ok: count(&result, &["got_created", "got_replayed", "got_200"]),
-            reused: count(&result, &["got_reused"]),
-            conflicts_sent: count(&result, &["sent_conflict"]),
-            unexpected: count(&result, &["got_other", "got_503", "got_in_progress"]),
-            socket_errors: count(
-                &result,
-                &[
-                    "errors_connect",
-                    "errors_read",
-                    "errors_write",
-                    "errors_timeout",
-                ],
-            ),
-            rss_mib: rss_kb as f64 / 1024.0,
-            daemon_cores: (t1 - t0) as f64 / harness::clock_ticks() / wall_s,
-            machine_pct: 100.0 * busy / machine.total.max(1) as f64,
-            unsent: unsent.max(0) as u64,
-            fds: daemon.open_fds() as u64,
-            created: count(&result, &["got_created"]),
-            requests: count(&result, &["requests"]),
-        };
-        Ok((row, text))
-    }
-
-    /// The checks after the load, the daemon's stop included; and its peak RSS.
-    fn end_checks(
-        &self,
-        daemon: &mut Daemon,
-        rows: &[SliceRow],
-        slices: u32,
-        unexpected_lines: &[String],
-    ) -> anyhow::Result<(Vec<Check>, String)> {
-        let mut checks = Vec::new();
-        let entries = self.store_checks(&mut checks)?;
-        // The first 160 characters of a line.
-        let cut = |line: &str| line.chars().take(160).collect::<String>();
-        let created: u64 = rows.iter().map(|r| r.created).sum();
-        let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
-        let sockets: u64 = rows.iter().map(|r| r.socket_errors).sum();
-        // Every 201 that said "created" is a row; the rows may exceed them by the requests wrk
-        // abandoned in flight at the end of each slice (at most one per connection per slice).
-        let extra = entries - created as i64;
-        checks.push(Check::new(
-            "rows = fresh 201s (+ requests in flight at slice ends)",
-            extra >= 0 && extra <= i64::from(self.args.connections * slices),
-            format!("{entries} entries, {created} fresh 201s"),
-        ));
-        let example = unexpected_lines.first().map(|line| cut(line));
-        let detail = example.map_or(unexpected.to_string(), |e| {
-            format!("{unexpected}; e.g. {e}")
+            From::Unsent => unsent,
+            From::Fds => daemon.open_fds() as f64,
         });
-        checks.push(Check::new("no unexpected answer", unexpected == 0, detail));
-        checks.push(Check::new(
-            "no socket error",
-            sockets == 0,
-            sockets.to_string(),
-        ));
-        let (problems, _) = daemon.log_problems();
-        let first = daemon.first_problem().filter(|_| problems > 0);
-        checks.push(Check::new(
-            "no WARN or ERROR in the daemon's log under load",
-            problems == 0,
-            first.map_or(problems.to_string(), |line| {
-                format!("{problems}; first: {}", cut(&line))
-            }),
-        ));
-        let hwm = daemon.status_kb("VmHWM");
-        let hwm = hwm.map_or_else(|_| "?".into(), |kb| format!("{:.1}", kb as f64 / 1024.0));
-        let (status, took) = daemon.stop(TAG)?;
-        let (_, after) = daemon.log_problems();
-        let code = status.code().map_or("by signal".into(), |c| c.to_string());
-        let millis = took.as_millis();
-        checks.push(Check::new(
-            "clean exit on SIGTERM",
-            status.success() && after == 0,
-            format!("exit {code} after {millis} ms, {after} WARN/ERROR lines"),
-        ));
-        Ok((checks, hwm))
     }
-
-    /// The checks of what the load left in the database and the bound queue, once the outbox
-    /// is drained (or a minute has passed); the entries.
-    fn store_checks(&self, checks: &mut Vec<Check>) -> anyhow::Result<i64> {
-        let count = |sql: &str| self.h.pg.count(&self.db, sql);
-        let mut unsent = -1;
-        for _ in 0..600 {
-            unsent = count("SELECT count(*) FROM outbox_events WHERE sent_at IS NULL")?;
-            if unsent == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let drained = "outbox drained within 60 s of the load";
-        checks.push(Check::new(drained, unsent == 0, format!("{unsent} unsent")));
-        let records = count("SELECT count(*) FROM idempotency_records")?;
-        let entries = count("SELECT count(*) FROM entries")?;
-        let events = count("SELECT count(*) FROM outbox_events")?;
-        let parked = count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")?;
-        let not_201 =
-            count("SELECT count(*) FROM idempotency_records WHERE response_status <> 201")?;
-        let orphans = count(
-            "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
-                + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))",
-        )?;
-        checks.push(Check::new(
-            "one record, one entry, one event per key",
-            records == entries && entries == events && orphans == 0,
-            format!("{records} records, {entries} entries, {events} events, {orphans} without their entry or event"),
-        ));
-        let other = format!("{not_201} other");
-        checks.push(Check::new("every record is a 201", not_201 == 0, other));
-        let parked_detail = format!("{parked} parked");
-        checks.push(Check::new("no event parked", parked == 0, parked_detail));
-        let queued = self.h.broker.count(&self.queue, events, 60)?;
-        let all_queued = queued.as_ref().is_some_and(|q| q.value as i64 >= events);
-        let queued = queued.map_or("?".into(), |n| n.text);
-        checks.push(Check::new(
-            "every event reached the bound queue",
-            all_queued,
-            format!(
-                "{queued} messages for {events} events (more: redeliveries after a lost confirm)"
-            ),
-        ));
-        Ok(entries)
-    }
+    Ok((SliceRow(slice, started.elapsed().as_secs(), values), text))
 }
 
 #[cfg(test)]
@@ -817,26 +678,15 @@ mod tests {
     use super::*;
 
     fn row(slice: u32, rss: f64) -> SliceRow {
-        SliceRow {
+        let figures = [
+            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371, 63.4, 0.0,
+            34.0,
+        ];
+        SliceRow(
             slice,
-            end_s: u64::from(slice) * 30,
-            rps: 999.6,
-            p50_ms: 1.333,
-            p99_ms: 5.24,
-            max_ms: 31.04,
-            ok: 23842,
-            reused: 1258,
-            conflicts_sent: 1258,
-            unexpected: 0,
-            socket_errors: 0,
-            rss_mib: rss,
-            daemon_cores: 0.371,
-            machine_pct: 63.4,
-            unsent: 0,
-            fds: 34,
-            created: 20000,
-            requests: 30000,
-        }
+            u64::from(slice) * 30,
+            [&figures[..], &[20000.0, 30000.0]].concat(),
+        )
     }
 
     #[test]
@@ -876,11 +726,13 @@ mod tests {
 
     /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
     fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
+        let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
         (0..seconds)
             .map(|s| {
-                let t = f64::from(s);
-                let wobble = if s % 2 == 0 { 0.3 } else { -0.3 };
-                (t, base + mib_per_h * t / 3600.0 + wobble)
+                (
+                    f64::from(s),
+                    base + mib_per_h * f64::from(s) / 3600.0 + wobble(s),
+                )
             })
             .collect()
     }
@@ -933,17 +785,14 @@ mod tests {
 
     #[test]
     fn report_and_checks() {
+        let check = |name: &str, passed, detail: &str| Check {
+            name: name.into(),
+            passed,
+            detail: detail.into(),
+        };
         let checks = vec![
-            Check {
-                name: "no socket error".into(),
-                passed: Some(true),
-                detail: "0".into(),
-            },
-            Check {
-                name: "RSS slope".into(),
-                passed: None,
-                detail: "a | b".into(),
-            },
+            check("no socket error", Some(true), "0"),
+            check("RSS slope", None, "a | b"),
         ];
         let table = check_table(&checks);
         assert!(table.contains("| no socket error | ok | 0 |"));
@@ -974,5 +823,23 @@ mod tests {
         assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
         report.checks[0].passed = Some(false);
         assert!(report.failed());
+    }
+
+    #[test]
+    fn end_checks_of_the_figures() {
+        let figures = |text: &'static str| {
+            move |name: &str| {
+                text.split_whitespace()
+                    .find_map(|pair| pair.strip_prefix(&format!("{name}="))?.parse().ok())
+                    .unwrap_or(f64::NAN)
+            }
+        };
+        let good = figures("unsent=0 records=5 entries=5 events=5 orphans=0 queued=6 created=3 connections=2 slices=1 exit_code=0 shutdown_log_problems=0");
+        let passed: Vec<bool> = CHECKS.iter().map(|(_, passed, _)| passed(&good)).collect();
+        assert_eq!(passed[..6], [true, true, false, false, true, true]);
+        // Two rows more than fresh 201s, with one connection per slice to abandon, are too many;
+        // a daemon killed by a signal has no exit code, and did not exit cleanly.
+        let bad = figures("entries=5 created=3 connections=1 slices=1 shutdown_log_problems=0");
+        assert!(!CHECKS[5].1(&bad) && !CHECKS[9].1(&bad));
     }
 }

@@ -1,1 +1,0 @@
--- The schema as the migrations leave it.
