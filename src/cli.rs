@@ -169,15 +169,22 @@ fn run_with_settings(cli: &Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Migrate => {
             telemetry::init_logging(&config.log);
-            let applied = block_on(async {
+            let migrated = block_on(async {
                 db::migrate(&config.database)
                     .await
                     .map_err(|error| anyhow::anyhow!("{error}"))
             })?;
             println!(
-                "applied {applied} migration(s); the schema is at version {}",
+                "applied {} migration(s); the schema is at version {}",
+                migrated.applied,
                 db::latest_migration_version()
             );
+            if !migrated.distributed.is_empty() {
+                println!(
+                    "distributed over the Citus workers, their rows moved into the shards: {}",
+                    migrated.distributed.join(", ")
+                );
+            }
             Ok(())
         }
         Command::Outbox { command } => {

@@ -58,20 +58,18 @@ pub const ONE_CONNECTION_PER_WORKER: &str =
 pub const SHARD_MAP_REFRESH: Duration = Duration::from_secs(30);
 
 /// Makes the tables above distributed (and reference) tables where the database has the
-/// `citus` extension and they are not yet; returns whether it distributed any. A table that
+/// `citus` extension and they are not yet; returns those it distributed. A table that
 /// holds rows (a database restored from a single server) is copied into its shards, in this
 /// transaction. Nothing on a database without Citus.
-pub async fn distribute(client: &mut Client) -> Result<bool, StorageError> {
+pub async fn distribute(client: &mut Client) -> Result<Vec<&'static str>, StorageError> {
     if !has_citus(client).await? {
-        return Ok(false);
+        return Ok(Vec::new());
     }
     let transaction = client.transaction().await?;
     // Creating shards of tables that already hold rows in one transaction: Citus asks for the
     // sequential mode then (one connection per worker, which sees every shard it created).
-    transaction
-        .batch_execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
-        .await?;
-    let mut distributed = false;
+    transaction.batch_execute(ONE_CONNECTION_PER_WORKER).await?;
+    let mut distributed = Vec::new();
     for table in REFERENCE_TABLES {
         if !is_reference(&transaction, table).await? {
             transaction
@@ -80,7 +78,7 @@ pub async fn distribute(client: &mut Client) -> Result<bool, StorageError> {
                     &[&table],
                 )
                 .await?;
-            distributed = true;
+            distributed.push(table);
         }
     }
     for (index, table) in DISTRIBUTED_TABLES.iter().enumerate() {
@@ -98,16 +96,36 @@ pub async fn distribute(client: &mut Client) -> Result<bool, StorageError> {
                 &[table, &colocate_with],
             )
             .await?;
-        distributed = true;
+        distributed.push(table);
+    }
+    // Once every table is distributed: a foreign key between them is then between shards.
+    for table in &distributed {
+        drop_local_copy(&transaction, table).await?;
     }
     transaction.commit().await?;
-    if distributed {
+    if !distributed.is_empty() {
         tracing::info!(
-            tables = %DISTRIBUTED_TABLES.join(", "),
-            "distributed the write tables by client_id (citus)"
+            tables = %distributed.join(", "),
+            "distributed the tables by client_id, replays as a reference table (citus)"
         );
     }
     Ok(distributed)
+}
+
+/// Empties the coordinator's own copy of the rows a table held before it was distributed
+/// (Citus copies them into the shards and leaves them in place, where they take disk and are
+/// never read again).
+async fn drop_local_copy(
+    client: &impl tokio_postgres::GenericClient,
+    table: &str,
+) -> Result<(), StorageError> {
+    client
+        .execute(
+            "SELECT truncate_local_data_after_distributing_table($1::text::regclass)",
+            &[&table],
+        )
+        .await?;
+    Ok(())
 }
 
 /// Whether the database has the `citus` extension.

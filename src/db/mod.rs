@@ -504,7 +504,7 @@ async fn create_database(connector: &Connector) -> Result<(), StorageError> {
 /// client-side deadline: building an index on a large table, or waiting for another daemon's
 /// migration, may take longer (systemd's start timeout bounds a start that hangs here).
 /// Connecting is bounded as everywhere: each host within `database.connect_timeout`.
-pub async fn migrate(settings: &DatabaseConfig) -> Result<usize, StorageError> {
+pub async fn migrate(settings: &DatabaseConfig) -> Result<Migrated, StorageError> {
     let connector = connector(settings, base_pg_config(settings))?;
     let deadline = tokio::time::Instant::now() + settings.start_timeout;
     let mut connection = match connect_at_start(&connector, deadline).await {
@@ -517,11 +517,21 @@ pub async fn migrate(settings: &DatabaseConfig) -> Result<usize, StorageError> {
     };
     let result = apply_migrations(&mut connection.client).await;
     connection.close(result.is_ok());
-    let applied = result?;
-    if applied > 0 {
-        tracing::info!(applied, "applied migrations");
+    let migrated = result?;
+    if migrated.applied > 0 {
+        tracing::info!(applied = migrated.applied, "applied migrations");
     }
-    Ok(applied)
+    Ok(migrated)
+}
+
+/// What [`migrate`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// Migrations applied.
+    pub applied: usize,
+    /// Tables it distributed over Citus's workers (none on a single server, or where they were
+    /// already).
+    pub distributed: Vec<&'static str>,
 }
 
 /// First and longest wait between two connection attempts at start.
@@ -559,7 +569,7 @@ async fn connect_at_start(
 
 /// Applies the migrations, then distributes the write tables where the database has Citus
 /// ([`citus::distribute`]), under one advisory lock.
-async fn apply_migrations(client: &mut Client) -> Result<usize, StorageError> {
+async fn apply_migrations(client: &mut Client) -> Result<Migrated, StorageError> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
@@ -568,14 +578,16 @@ async fn apply_migrations(client: &mut Client) -> Result<usize, StorageError> {
         .await
         .map_err(|error| StorageError::from(anyhow::anyhow!("migration failed: {error}")));
     let distributed = match &report {
-        Ok(_) => citus::distribute(client).await.map(drop),
-        Err(_) => Ok(()),
+        Ok(_) => citus::distribute(client).await,
+        Err(_) => Ok(Vec::new()),
     };
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
-    distributed?;
-    Ok(report?.applied_migrations().len())
+    Ok(Migrated {
+        distributed: distributed?,
+        applied: report?.applied_migrations().len(),
+    })
 }
 
 /// The newest migration this build carries.

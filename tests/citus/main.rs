@@ -8,4 +8,5 @@ mod common;
 
 mod acceptance;
 mod faults;
+mod moving;
 mod operations;

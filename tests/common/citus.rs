@@ -48,32 +48,43 @@ impl CitusLab {
         true
     }
 
-    /// A coordinator and two workers, running.
+    /// A coordinator and two workers, running, with the database `retrysafe` ([`Self::add_citus_to`]).
     pub fn start() -> Self {
         let coordinator = PgCluster::start_plain(NODE_SETTINGS);
         let workers: Vec<PgCluster> = (0..2)
             .map(|_| PgCluster::start_plain(NODE_SETTINGS))
             .collect();
-        for node in std::iter::once(&coordinator).chain(&workers) {
-            node.psql("CREATE DATABASE retrysafe");
-            node.psql_on("retrysafe", "CREATE EXTENSION citus");
+        let lab = Self {
+            coordinator,
+            workers,
+        };
+        lab.coordinator.psql("CREATE DATABASE retrysafe");
+        lab.add_citus_to("retrysafe");
+        lab
+    }
+
+    /// Makes the coordinator's database `name` (which exists) a Citus database over the
+    /// workers: the extension on every node (the workers get a database of that name), the
+    /// workers added to it. As an operator moving a single server's database to Citus does.
+    pub fn add_citus_to(&self, name: &str) {
+        for worker in &self.workers {
+            worker.psql(&format!("CREATE DATABASE {name}"));
+            worker.psql_on(name, "CREATE EXTENSION citus");
         }
+        let coordinator = &self.coordinator;
+        coordinator.psql_on(name, "CREATE EXTENSION citus");
         coordinator.psql_on(
-            "retrysafe",
+            name,
             &format!(
                 "SELECT citus_set_coordinator_host('127.0.0.1', {})",
                 coordinator.port
             ),
         );
-        for worker in &workers {
+        for worker in &self.workers {
             coordinator.psql_on(
-                "retrysafe",
+                name,
                 &format!("SELECT citus_add_node('127.0.0.1', {})", worker.port),
             );
-        }
-        Self {
-            coordinator,
-            workers,
         }
     }
 
