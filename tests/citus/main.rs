@@ -7,6 +7,7 @@
 mod common;
 
 mod acceptance;
+mod daemons;
 mod faults;
 mod moving;
 mod operations;

@@ -15,9 +15,11 @@ const CITUS_LIBRARY: &str = "/usr/lib/postgresql/15/lib/citus.so";
 
 /// Settings of every node. Two-phase commits are kept for counting (`recover_2pc_interval =
 /// -1`: the recovery that would delete their records from `pg_dist_transaction` never runs), and
-/// Citus counts single- and multi-shard queries (`citus_stat_counters`).
+/// Citus counts single- and multi-shard queries (`citus_stat_counters`). Connections for three
+/// daemons' pools, and the coordinator's own to the workers.
 const NODE_SETTINGS: &str = "shared_preload_libraries = 'citus'
 max_prepared_transactions = 100
+max_connections = 300
 citus.shard_count = 8
 citus.recover_2pc_interval = -1
 citus.enable_stat_counters = on
