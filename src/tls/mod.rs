@@ -444,6 +444,14 @@ fn describe_certificate_error(error: &CertificateError) -> String {
             "the server's certificate is not valid yet".into()
         }
         CertificateError::Revoked => "the server's certificate is revoked".into(),
+        CertificateError::Other(other)
+            if matches!(
+                other.0.downcast_ref::<webpki::Error>(),
+                Some(webpki::Error::UnsupportedCertVersion)
+            ) =>
+        {
+            "the server's certificate is an X.509 v1 certificate (as Citus makes for itself), which cannot be verified: give the server a certificate issued by your CA, or use sslmode=require (encrypted, not verified)".into()
+        }
         other => format!("the server's certificate is refused: {other:?}"),
     }
 }

@@ -9,6 +9,7 @@ use retrysafe::config::Settings;
 use serde_json::json;
 
 use crate::common::citus::CitusLab;
+use crate::common::cli::{retrysafe, stderr};
 use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_on, TestDaemon};
 use crate::common::helpers::{client, count, count_is, eventually};
@@ -172,4 +173,65 @@ async fn a_client_gets_on_citus_what_it_gets_on_one_server_in_single_shard_trans
         "citus: {single_shard} single-shard and {multi_shard} multi-shard queries (the gauges' and the discovery's reads), no two-phase commit"
     );
     assert_eq!(count(&app.db, "SELECT count(*) FROM entries").await, 8);
+}
+
+/// Citus turns TLS on with a self-signed X.509 v1 certificate of its own. `sslmode=require`
+/// takes it as libpq does (encrypted, nothing verified); `verify-ca` cannot verify a v1
+/// certificate, and says so.
+#[actix_web::test]
+async fn the_coordinators_own_v1_certificate_is_taken_with_sslmode_require_and_refused_with_a_reason_when_verifying(
+) {
+    if !CitusLab::available() {
+        return;
+    }
+    let lab = CitusLab::start();
+    // The daemon's URL asks for TLS; the test's own connection (NoTls) goes without.
+    let app = spawn_app_on(&lab.url(), true, |settings| {
+        with_clients(settings);
+        settings.database.url = format!("{}?sslmode=require", lab.url()).into();
+    })
+    .await;
+    app.post_entry_as(Some(&token(CLIENTS[0])), "over-tls", &body(1))
+        .await
+        .assert_created();
+    let encrypted: i64 = lab
+        .sql(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE s.ssl AND a.datname = 'retrysafe' AND a.client_addr IS NOT NULL
+               AND a.application_name NOT LIKE 'citus%'",
+        )
+        .parse()
+        .unwrap();
+    assert!(encrypted > 0, "the daemon's connections are encrypted");
+
+    let certificate = lab.coordinator.data().join("server.crt");
+    let version = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(&certificate)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&version.stdout).contains("Version: 1 (0x0)"),
+        "Citus made a v1 certificate"
+    );
+    let url = format!(
+        "{}?sslmode=verify-ca&sslrootcert={}",
+        lab.url(),
+        certificate.display()
+    );
+    let refused = retrysafe(
+        &["migrate"],
+        &[
+            ("RETRYSAFE_DATABASE__URL", url.as_str()),
+            ("RETRYSAFE_DATABASE__START_TIMEOUT", "1s"),
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains(
+            "an X.509 v1 certificate (as Citus makes for itself), which cannot be verified"
+        ),
+        "{}",
+        stderr(&refused)
+    );
 }
