@@ -279,6 +279,26 @@ impl ServiceTicks {
     }
 }
 
+/// CPU ticks of the process `root` and all its descendants (a postmaster's: one server's),
+/// counted as [`ServiceTicks::now`] counts them.
+pub fn tree_ticks(root: u32) -> u64 {
+    let processes = all_processes();
+    let under_root = |mut pid: u32| {
+        for _ in 0..64 {
+            if pid == root {
+                return true;
+            }
+            match processes.get(&pid) {
+                Some(process) if process.0 != pid => pid = process.0,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let tree = processes.iter().filter(|(pid, _)| under_root(**pid));
+    tree.map(|(_, process)| process.2 + process.3).sum()
+}
+
 /// CPU seconds per 1,000 operations, from `ticks` spent on `operations`.
 pub fn seconds_per_1000(ticks: u64, operations: f64) -> Option<Num> {
     let seconds = ticks as f64 / clock_ticks();
@@ -550,6 +570,8 @@ pub struct Cleanup {
 pub struct CleanupState {
     daemon_pid: Option<u32>,
     bound: Names,
+    /// The data directories of the bench's own servers (bench/lab.rs).
+    servers: Vec<PathBuf>,
     done: bool,
 }
 
@@ -564,6 +586,7 @@ impl Cleanup {
         let state = Mutex::new(CleanupState {
             daemon_pid: None,
             bound,
+            servers: Vec::new(),
             done: false,
         });
         let (running, interrupted) = (Mutex::new(()), AtomicI32::new(0));
@@ -629,7 +652,39 @@ impl Cleanup {
         })
     }
 
-    /// Stops the daemon, drops the databases, deletes the exchanges and queues; once.
+    /// A server of the bench's own (bench/lab.rs) in `data`, stopped and removed by the
+    /// clean-up or by [`Cleanup::stop_servers`].
+    pub fn add_server(&self, data: PathBuf) -> anyhow::Result<()> {
+        self.guard(|| {
+            self.state().servers.push(data);
+            Ok(())
+        })
+    }
+
+    /// Stops the bench's own servers (immediately: their data is thrown away) and removes
+    /// their directories.
+    pub fn stop_servers(&self) {
+        let servers = std::mem::take(&mut self.state().servers);
+        for data in servers {
+            let stop = [
+                "pg_ctl",
+                "-D",
+                &data.to_string_lossy(),
+                "-m",
+                "immediate",
+                "stop",
+            ];
+            if let Err(error) = crate::lab::run(&stop) {
+                say!("could not stop the server in {}: {error:#}", data.display());
+            }
+            if let Some(dir) = data.parent() {
+                let _ = fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    /// Stops the daemon and the bench's own servers, drops the databases, deletes the
+    /// exchanges and queues; once.
     fn run(&self) {
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let (pid, bound) = {
@@ -650,6 +705,7 @@ impl Cleanup {
             }
             send_signal(pid, libc::SIGKILL);
         }
+        self.stop_servers();
         let databases = self.pg.databases_like(&self.db_prefix);
         let databases = databases.inspect_err(|e| say!("could not list the databases: {e:#}"));
         for db in databases.unwrap_or_default() {

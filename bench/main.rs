@@ -15,6 +15,8 @@
 //! - `clients`: the loads and probes that run inside this program: the broker's exchanges and
 //!   queues, the plain lapin publisher, the end-to-end client, the delay proxy.
 //! - `harness`: PostgreSQL, the daemon as a child process, the clean-up on every exit, /proc.
+//! - `lab`: the citus scenario's own servers: a plain PostgreSQL, or a Citus coordinator and two
+//!   workers.
 //! - `report` (template bench/report.md): BENCHMARKS.md's tables, described as data.
 //! - `soak` (template bench/soak.md): the soak's slices, memory verdict, checks and report.
 //! - `stats`: figures that keep their text, medians, ratios, targets, a least-squares slope.
@@ -28,6 +30,7 @@ macro_rules! say {
 
 mod clients;
 mod harness;
+mod lab;
 mod report;
 mod scenarios;
 mod soak;

@@ -284,6 +284,8 @@ settings! {
     scale_expired: u64 = 500_000,
     janitor_seconds: u32 = 60,
     port: u16 = 18437,
+    /// The citus scenario's clients (their tokens: {tokens}).
+    clients: u32 = 8,
     config: String = "config.toml".into(),
     /// postgres://user@host:port
     pg_base: String = "postgres://postgres@127.0.0.1:5432".into(),
@@ -303,8 +305,16 @@ impl Settings {
             "pgbench" => pgbench(d),
             // Through the delay proxy: 6 s longer, judged by its last {duration} s (`-P 1`).
             "pgbench_link" => format!("{} -P 1", pgbench(d + 6)),
+            "tokens" => self.tokens().join(","),
             name => return self.field(name),
         })
+    }
+
+    /// The bearer tokens of the citus scenario's clients, `bench-client-0-token` and so on.
+    pub fn tokens(&self) -> Vec<String> {
+        (0..self.clients)
+            .map(|client| format!("bench-client-{client}-token"))
+            .collect()
     }
 
     pub fn mode_line(&self) -> String {
@@ -572,25 +582,37 @@ impl Report {
         out
     }
 
-    /// The scale scenario's medians, the small database beside the large one, if it ran.
-    pub fn scale_table(&self) -> Option<String> {
-        let first = self.runs("scale").first()?;
+    /// A scenario that measures twice, side by side, if it ran: each measure's medians, the
+    /// second beside the first (`scale`: a database of {scale_small} rows per table and one of
+    /// {scale_large}; `citus`: a plain PostgreSQL and Citus).
+    pub fn side_by_side_table(&self, scenario: &str) -> Option<String> {
+        let first = self.runs(scenario).first()?;
         let s = &self.settings;
-        let mut out = format!("| measure (medians of {} runs) | {} rows | {} rows | large / small |\n|---|---:|---:|---:|", self.runs("scale").len(), s.scale_small, s.scale_large);
-        for (metric, _) in first
-            .0
-            .iter()
-            .filter(|(name, _)| name.starts_with("small_"))
-        {
-            let measure = &metric["small_".len()..];
-            let [small, large] =
-                [metric.clone(), format!("large_{measure}")].map(|m| self.median("scale", &m));
+        let ([a, b], [label_a, label_b]) = match scenario {
+            "scale" => (
+                ["small_", "large_"],
+                [
+                    format!("{} rows", s.scale_small),
+                    format!("{} rows", s.scale_large),
+                ],
+            ),
+            _ => (
+                ["plain_", "citus_"],
+                ["plain PostgreSQL".into(), "Citus, 2 workers".into()],
+            ),
+        };
+        let runs = self.runs(scenario).len();
+        let mut out = format!("| measure (medians of {runs} runs) | {label_a} | {label_b} | ratio |\n|---|---:|---:|---:|");
+        for (metric, _) in first.0.iter().filter(|(name, _)| name.starts_with(a)) {
+            let measure = &metric[a.len()..];
+            let [first, second] =
+                [metric.clone(), format!("{b}{measure}")].map(|m| self.median(scenario, &m));
+            let ratio = fmt(ratio(second, first), 2);
             let _ = write!(
                 out,
-                "\n| {measure} | {} | {} | {}x |",
-                fmt(small, 2),
-                fmt(large, 2),
-                fmt(ratio(large, small), 2)
+                "\n| {measure} | {} | {} | {ratio}x |",
+                fmt(first, 2),
+                fmt(second, 2)
             );
         }
         Some(out)
@@ -824,7 +846,7 @@ mod tests {
             .unwrap();
         assert!(per_run.contains(writes_rps));
         assert!(!per_run.contains("| storm |"));
-        assert!(report.scale_table().is_none());
+        assert!(report.side_by_side_table("scale").is_none());
     }
 
     #[test]
@@ -834,7 +856,7 @@ mod tests {
         *run.slot("small_rps").unwrap() = Num::parse("2092");
         *run.slot("large_rps").unwrap() = Num::parse("1634");
         report.runs.insert("scale".into(), vec![run]);
-        let table = report.scale_table().unwrap();
+        let table = report.side_by_side_table("scale").unwrap();
         assert!(
             table.starts_with("| measure (medians of 1 runs) | 10000 rows | 5000000 rows |"),
             "{table}"

@@ -20,9 +20,11 @@ use anyhow::{bail, Context};
 use crate::clients::{self, DelayProxy, Names};
 use crate::harness::{self, block_on, field, mib, seconds_per_1000, Cleanup, Daemon};
 use crate::harness::{MachineTicks, Pg, ServiceTicks};
+use crate::lab;
 use crate::report::{self, Machine, Report, Run, Settings};
 use crate::soak::{self, SoakArgs};
 use crate::stats::{median, Num};
+use sha2::Digest as _;
 
 /// A scenario: the metrics of its per-run table, in order, and the steps that measure them.
 pub struct Scenario {
@@ -44,7 +46,12 @@ enum Step {
     /// A database of `.1` rows per table (bench/scale_fill.sql) filled at its first use and kept
     /// for the later runs, and a fresh exchange.
     Fill(&'static str, &'static str),
-    /// The stage's database dropped (unless filled), its exchange and queue deleted.
+    /// A stage on servers of its own (bench/lab.rs): `.0` "citus" (a coordinator and two
+    /// workers) or "plain" (one server), their database `retrysafe` migrated (on Citus, its
+    /// tables distributed), and a fresh exchange; the previous stage's removed.
+    Lab(&'static str),
+    /// The stage's database dropped (unless filled), its exchange and queue deleted; a lab's
+    /// servers stopped and removed.
     Unstage,
     /// SQL on the stage's database; its first value recorded as `.0`.
     Sql(&'static str, &'static str),
@@ -82,6 +89,9 @@ enum Step {
     /// CPU seconds per 1,000 of `.0` since the window opened: the daemon's, PostgreSQL's,
     /// RabbitMQ's, and the whole machine's (steal not counted).
     Costs(&'static str, [&'static str; 4]),
+    /// CPU seconds per 1,000 of `.0` since the window opened of the lab's server the daemon is
+    /// given (a Citus coordinator, or the plain server), as `.1`.
+    LabCost(&'static str, &'static str),
     /// The writers' batches so far, from /metrics: writes_per_batch and ms_per_batch (per batch
     /// transaction) as `<.0><figure>`.
     Batches(&'static str),
@@ -112,6 +122,9 @@ enum Up {
     /// With a broker URL nothing listens on (port 1 of loopback): it serves writes, and its
     /// relays, never connected, claim nothing.
     NoBroker,
+    /// Reaching the broker, once it answers /healthz, with {clients} clients, whose tokens are
+    /// {tokens} (on Citus, their rows spread over the shards).
+    Clients,
 }
 
 #[derive(Clone, Copy)]
@@ -152,13 +165,13 @@ const SOME_KEYS: &str = "SELECT string_agg(key, E'\\n') FROM (SELECT key FROM id
 
 use Op::{Div, Eq, Sub};
 use Step::*;
-use Up::{Healthy, NoBroker, Spawned};
+use Up::{Clients, Healthy, NoBroker, Spawned};
 
 /// The scenarios. The first seven are BENCHMARKS.md's (`bench/run` runs them by default);
 /// `scale` sets a database of {scale_large} rows per table beside one of {scale_small}
 /// (`BENCH_SCENARIOS=scale`); `soak` is `scripts/soak`'s.
 #[rustfmt::skip]
-pub const SCENARIOS: [Scenario; 9] = [
+pub const SCENARIOS: [Scenario; 10] = [
     Scenario { name: "writes", metrics: "cpu_cores rss_mb rps p50_ms p99_ms requests errors \
         status_errors backlog_at_end entries entries_minus_2xx rows_consistent payload_bytes \
         log_problems shutdown_log_problems pg_tps pg_latency_ms pg_failed cost_daemon cost_postgres \
@@ -308,6 +321,28 @@ pub const SCENARIOS: [Scenario; 9] = [
         Stop(false), Sql("", include_str!("scale_expired.sql")),
         Janitor("BENCH_KEYS=random {wrk_janitor} -s bench/unique_keys.lua {url}/", "{each}_janitor_"), Stop(false),
     ])]},
+    // Unique-key writes of {clients} clients on a plain PostgreSQL, then on Citus (a coordinator
+    // and two workers), each on servers of its own with the same settings; then the two-phase
+    // commits Citus made (0: every write a single-shard transaction).
+    // CPU per 1,000 writes, events delivered: the daemon's, every PostgreSQL server's, and the
+    // server the daemon is given (the coordinator; on plain, the whole server).
+    Scenario { name: "citus", metrics: "plain_rps plain_p50_ms plain_p99_ms plain_errors \
+        plain_status_errors plain_entries_minus_2xx plain_cost_daemon plain_cost_postgres \
+        plain_cost_coordinator plain_two_phase_commits citus_rps citus_p50_ms citus_p99_ms \
+        citus_errors citus_status_errors citus_entries_minus_2xx citus_cost_daemon \
+        citus_cost_postgres citus_cost_coordinator citus_two_phase_commits log_problems \
+        shutdown_log_problems", steps: &[
+        Each(&["plain", "citus"], &[
+            Lab("{each}"), Daemon(Clients), Open,
+            Load("BENCH_NONCE={nonce}{each} BENCH_TOKENS={tokens} {wrk} -s bench/unique_keys.lua {url}/", "{each}_"),
+            Empty(120, ""), Sql("entries", ENTRIES),
+            Costs("entries", ["{each}_cost_daemon", "{each}_cost_postgres", "", ""]),
+            LabCost("entries", "{each}_cost_coordinator"), Stop(true),
+            Calc("answered", "requests", Sub, "status_errors"),
+            Calc("{each}_entries_minus_2xx", "entries", Sub, "answered"),
+        ]),
+        Sql("citus_two_phase_commits", "SELECT count(*) FROM pg_dist_transaction"), Unstage,
+    ]},
     Scenario { name: "soak", metrics: "unsent records entries events parked not_201 orphans \
         queued hwm_mib log_problems shutdown_log_problems exit_code stop_ms", steps: &[
         Stage("soak"), Daemon(Healthy), Open, Slices, Empty(60, ""), Sql("unsent", UNSENT),
@@ -365,7 +400,7 @@ pub struct RunArgs {
     /// The report; what it has after the hand-written marker is kept.
     #[arg(long, env = "BENCH_OUTPUT", default_value = "BENCHMARKS.md")]
     pub output: PathBuf,
-    /// Some of "writes replays storm drain e2e ordered latency scale" (spaces or commas); the
+    /// Some of "writes replays storm drain e2e ordered latency scale citus" (spaces or commas); the
     /// report shows n/a for those of BENCHMARKS.md not run.
     #[arg(
         long,
@@ -526,6 +561,9 @@ pub struct Scene<'a> {
     /// Every figure recorded, as text, under its name (and a load's under its own).
     pub figures: HashMap<String, String>,
     stage: Option<Stage>,
+    /// The stage's own servers (bench/lab.rs): the one the daemon is given, and its CPU ticks
+    /// when the measured window opened.
+    lab: Option<(lab::Lab, u64)>,
     pub daemon: Option<Daemon>,
     proxy: Option<DelayProxy>,
     /// The readings at the measured window's start: the clock, the daemon's CPU ticks,
@@ -540,7 +578,7 @@ impl<'a> Scene<'a> {
     fn new(bench: &'a Bench) -> Scene<'a> {
         let (scenario, run, each, step, emptied) = ("", 0, "", 0, true);
         let (record, figures, soak) = (Run::default(), HashMap::new(), soak::Load::default());
-        let (stage, daemon, proxy, window) = (None, None, None, None);
+        let (stage, lab, daemon, proxy, window) = (None, None, None, None, None);
         Scene {
             bench,
             scenario,
@@ -550,6 +588,7 @@ impl<'a> Scene<'a> {
             record,
             figures,
             stage,
+            lab,
             daemon,
             proxy,
             window,
@@ -629,6 +668,11 @@ impl<'a> Scene<'a> {
             .or_else(|| self.figures.get(&text)?.parse().ok())
     }
 
+    /// The PostgreSQL of the stage: its lab's, or the machine's.
+    fn pg(&self) -> &Pg {
+        self.lab.as_ref().map_or(&self.bench.pg, |(lab, _)| &lab.pg)
+    }
+
     pub fn db(&self) -> anyhow::Result<&str> {
         self.stage
             .as_ref()
@@ -655,24 +699,31 @@ impl<'a> Scene<'a> {
         let db = format!("retrysafe_bench_{}_{name}", b.run_id);
         b.cleanup.guard(|| {
             b.pg.drop_db(&db)?;
-            let log = harness::append(&b.work.join("migrate.log"))?;
-            let mut migrate = Command::new(&b.daemon);
-            migrate.args(["migrate", "--config", &b.s.config]);
-            migrate.env("RETRYSAFE_DATABASE__URL", b.pg.url(&db));
-            migrate.env("RETRYSAFE_LOG__LEVEL", "warn");
-            if !migrate
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .status()?
-                .success()
-            {
-                bail!("migrate {db} failed (see migrate.log)");
-            }
-            if let Some(sql) = &b.setup_sql {
-                b.pg.query(&db, sql)?;
-            }
+            self.migrate(&b.pg, &db)?;
             Ok(db)
         })
+    }
+
+    /// `retrysafe migrate` on `db` of `pg`, then BENCH_SETUP_SQL.
+    fn migrate(&self, pg: &Pg, db: &str) -> anyhow::Result<()> {
+        let b = self.bench;
+        let log = harness::append(&b.work.join("migrate.log"))?;
+        let mut migrate = Command::new(&b.daemon);
+        migrate.args(["migrate", "--config", &b.s.config]);
+        migrate.env("RETRYSAFE_DATABASE__URL", pg.url(db));
+        migrate.env("RETRYSAFE_LOG__LEVEL", "warn");
+        if !migrate
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .status()?
+            .success()
+        {
+            bail!("migrate {db} failed (see migrate.log)");
+        }
+        if let Some(sql) = &b.setup_sql {
+            pg.query(db, sql)?;
+        }
+        Ok(())
     }
 
     /// Drops the stage's database (unless filled) and deletes its exchange and queue.
@@ -682,6 +733,9 @@ impl<'a> Scene<'a> {
         };
         if !stage.filled {
             self.bench.pg.drop_db(&stage.db)?;
+        }
+        if self.lab.take().is_some() {
+            self.bench.cleanup.stop_servers();
         }
         match stage.exchange {
             Some(x) => block_on(clients::delete(&Names::of(&x, &self.bench.amqp))),
@@ -707,7 +761,7 @@ impl<'a> Scene<'a> {
                 std::env::var("PGUSER")?,
                 proxy.port
             ),
-            None => b.pg.url(&db),
+            None => self.pg().url(&db),
         };
         let amqp = if up == NoBroker {
             "amqp://guest:guest@127.0.0.1:1/%2f"
@@ -719,12 +773,36 @@ impl<'a> Scene<'a> {
             ("AMQP__URL", amqp),
             ("AMQP__EXCHANGE", &exchange),
         ];
-        let daemon = Daemon::start(&b.daemon, &b.s, &env, self.out("log"), &b.cleanup);
+        let settings = match up {
+            Clients => self.with_clients()?,
+            _ => b.s.clone(),
+        };
+        let daemon = Daemon::start(&b.daemon, &settings, &env, self.out("log"), &b.cleanup);
         self.daemon = Some(daemon?);
         match up {
             Spawned => Ok(()),
             _ => self.daemon.as_mut().map_or(Ok(()), Daemon::wait_healthy),
         }
+    }
+
+    /// The settings with a configuration of their own: the bench's, and {clients} clients whose
+    /// tokens are {tokens}.
+    fn with_clients(&self) -> anyhow::Result<Settings> {
+        let s = &self.bench.s;
+        let mut config = fs::read_to_string(&s.config)?;
+        for (client, token) in s.tokens().iter().enumerate() {
+            let digest = sha2::Sha256::digest(token.as_bytes());
+            let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+            config +=
+                &format!("\n[[auth.clients]]\nid = \"bench-{client}\"\ntoken_sha256 = \"{hex}\"\n");
+        }
+        let path = self.bench.work.join("clients.toml");
+        fs::write(&path, config)?;
+        let config = path.display().to_string();
+        Ok(Settings {
+            config,
+            ..s.clone()
+        })
     }
 
     fn play(&mut self, steps: &'static [Step]) -> anyhow::Result<()> {
@@ -771,15 +849,30 @@ impl<'a> Scene<'a> {
                     self.fill_db(&self.fill(rows))?;
                 }
             }
+            Lab(kind) => {
+                self.unstage()?;
+                let name = format!("{}_{}", self.fill(kind), self.run);
+                let dir = std::env::temp_dir().join(format!("retrysafe-bench-{}", b.run_id));
+                let lab = lab::start(&b.cleanup, &dir, name.starts_with("citus"))?;
+                self.migrate(&lab.pg, "retrysafe")?;
+                let exchange = Some(self.exchange(&name)?);
+                self.lab = Some((lab, 0));
+                let db = "retrysafe".to_owned();
+                self.stage = Some(Stage {
+                    db,
+                    filled: true,
+                    exchange,
+                });
+            }
             Unstage => self.unstage()?,
             Sql(name, sql) => {
-                let value = b.pg.query(self.db()?, &self.fill(sql))?;
+                let value = self.pg().query(self.db()?, &self.fill(sql))?;
                 self.figures.insert(self.fill(name), value.clone());
                 self.put(name, Num::parse(&value));
             }
             File(name, sql) => {
                 let path = self.out("txt");
-                fs::write(&path, b.pg.query(self.db()?, sql)? + "\n")?;
+                fs::write(&path, self.pg().query(self.db()?, sql)? + "\n")?;
                 self.figures.insert(name.into(), path.display().to_string());
             }
             Proxy => {
@@ -793,6 +886,9 @@ impl<'a> Scene<'a> {
                 let running = self.daemon.as_ref().filter(|d| d.ticks_at_stop.is_none());
                 let ticks = running.map_or(Ok(0), Daemon::cpu_ticks)?;
                 let (services, machine) = (ServiceTicks::now(), MachineTicks::now()?);
+                if let Some((lab, at_open)) = &mut self.lab {
+                    *at_open = harness::tree_ticks(lab.postmaster()?);
+                }
                 self.window = Some((Instant::now(), ticks, services, machine));
                 self.emptied = true;
             }
@@ -837,13 +933,13 @@ impl<'a> Scene<'a> {
                 self.put_load(to, figures);
             }
             Empty(timeout, name) => {
-                let url = b.pg.url(self.db()?);
+                let url = self.pg().url(self.db()?);
                 self.emptied = block_on(clients::drained(&url, Duration::from_secs(timeout)))?;
                 let seconds = self.window.map(|window| window.0.elapsed().as_secs_f64());
                 if self.emptied {
                     self.put(name, seconds.and_then(|s| Num::parse(&s.to_string())));
                 } else {
-                    let unsent = b.pg.count(self.db()?, UNSENT)?;
+                    let unsent = self.pg().count(self.db()?, UNSENT)?;
                     say!("{unsent} events still unsent after {timeout} s: no CPU cost");
                 }
             }
@@ -859,6 +955,12 @@ impl<'a> Scene<'a> {
                 let hwm = mib(daemon.status_kb("VmHWM")?);
                 self.put(cores, Num::fixed(used, 3));
                 self.put(rss, hwm);
+            }
+            LabCost(count, name) => {
+                let (lab, at_open) = self.lab.as_ref().context("no lab")?;
+                let spent = harness::tree_ticks(lab.postmaster()?).saturating_sub(*at_open);
+                let cost = seconds_per_1000(spent, self.value(count).unwrap_or(0.0));
+                self.put(name, cost);
             }
             Costs(count, names) => {
                 let (_, ticks, services, machine) = self.window.context("no window")?;
@@ -1274,9 +1376,11 @@ fn measure(bench: &Bench, scenarios: &[&'static Scenario], output: &Path) -> any
         run_id,
         runs,
     };
-    if let Some(scale) = report.scale_table() {
-        println!("\n{scale}\n");
-        fs::write(bench.work.join("scale.md"), scale + "\n")?;
+    for name in ["scale", "citus"] {
+        if let Some(table) = report.side_by_side_table(name) {
+            println!("\n{table}\n");
+            fs::write(bench.work.join(format!("{name}.md")), table + "\n")?;
+        }
     }
     if !report::REPORTED
         .iter()

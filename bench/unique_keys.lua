@@ -3,7 +3,8 @@
 -- BENCH_KEYS=random, a random UUID (version 4) each, as most clients make them: every write
 -- lands at a random place of the key index, where the keys above sort after all earlier ones.
 -- With BENCH_ORDERING_KEYS=N, request n of each thread is a write of ordering key
--- key-<n mod N> (ordered delivery; the threads share the N keys).
+-- key-<n mod N> (ordered delivery; the threads share the N keys). With BENCH_TOKENS=a,b,...,
+-- request n is sent with the bearer token number n mod (their number): as many clients.
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 dofile(dir .. "report.lua")
 
@@ -11,6 +12,7 @@ local counter = 0
 local prefix
 local ordering_keys = 0
 local random_keys = false
+local tokens = {}
 local headers = { ["Content-Type"] = "application/json" }
 
 function init(args)
@@ -18,6 +20,9 @@ function init(args)
    prefix = string.format("wrk-%s-%d-", nonce, thread_id or 0)
    ordering_keys = tonumber(os.getenv("BENCH_ORDERING_KEYS") or "0")
    random_keys = os.getenv("BENCH_KEYS") == "random"
+   for token in string.gmatch(os.getenv("BENCH_TOKENS") or "", "[^,]+") do
+      tokens[#tokens + 1] = token
+   end
    math.randomseed(os.time() * 1000 + (thread_id or 0) * 7919 + os.clock() * 1e6)
 end
 
@@ -39,6 +44,9 @@ function request()
       headers["Idempotency-Key"] = random_uuid()
    else
       headers["Idempotency-Key"] = prefix .. counter
+   end
+   if #tokens > 0 then
+      headers["Authorization"] = "Bearer " .. tokens[counter % #tokens + 1]
    end
    local ordering = ""
    if ordering_keys > 0 then
