@@ -36,7 +36,7 @@ section! {
         /// On SIGTERM/SIGINT: how long the whole stop may take, counted from the signal: the
         /// requests in flight, the writers' queues, the relays' batches, the background tasks and
         /// the broker's close each get what the steps before them left. See
-        /// [Shutdown](install.md#shutdown).
+        /// [Shutdown](operations.md#shutdown).
         shutdown_timeout: Duration = secs(30), Bound::Duration(HOUR);
         /// How long a client may take to send the body of `POST /v1/entries` once its headers are
         /// in; a body that does not arrive in time gets 408 `request-timeout` and nothing is
@@ -524,7 +524,7 @@ section! {
         /// start (the error names `RUST_LOG`), as an invalid `level` is. The AMQP library's own
         /// `lapin::channels`, `lapin::io_loop` and `lapin::returned_messages` logs are off unless
         /// the filter names `lapin`. `tokio_postgres` stays at `info` whatever the level, `trace`
-        /// included, unless the filter names it (below, [Logs](operations.md#logs)).
+        /// included, unless the filter names it ([Logs](operations.md#logs)).
         level: String = "info".into(), Bound::Any;
     }
 }
