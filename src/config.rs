@@ -18,6 +18,8 @@ mod database_url;
 pub mod keys;
 mod log_filter;
 mod redact;
+#[cfg(test)]
+mod reference;
 mod sections;
 #[cfg(test)]
 mod tests;
@@ -27,7 +29,7 @@ mod validated;
 mod warnings;
 
 pub use database_url::{DatabaseHost, DatabaseUrl, HostName, PgTls, RootCertificates, SslMode};
-use keys::Key;
+use keys::{Key, Section};
 pub use log_filter::LogFilter;
 pub use redact::{redact_url, UNPARSABLE};
 pub use sections::{
@@ -82,22 +84,23 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Every section, as declared, in the order the configuration reference lists them.
+    pub const SECTIONS: [Section; 10] = [
+        HttpSettings::SECTION,
+        DatabaseSettings::SECTION,
+        AmqpSettings::SECTION,
+        IdempotencySettings::SECTION,
+        OutboxSettings::SECTION,
+        EventSettings::SECTION,
+        AuthSettings::SECTION,
+        AdminSettings::SECTION,
+        LogSettings::SECTION,
+        TelemetrySettings::SECTION,
+    ];
+
     /// Every key of every section, as declared.
     pub fn keys() -> impl Iterator<Item = &'static Key> {
-        [
-            HttpSettings::KEYS,
-            DatabaseSettings::KEYS,
-            AmqpSettings::KEYS,
-            IdempotencySettings::KEYS,
-            OutboxSettings::KEYS,
-            EventSettings::KEYS,
-            AuthSettings::KEYS,
-            AdminSettings::KEYS,
-            LogSettings::KEYS,
-            TelemetrySettings::KEYS,
-        ]
-        .into_iter()
-        .flatten()
+        Self::SECTIONS.iter().flat_map(|section| section.keys)
     }
 
     fn check_bounds(&self) -> Result<(), ConfigError> {

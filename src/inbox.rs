@@ -13,9 +13,9 @@
 //! A crash before the commit leaves no row, so the redelivered message is processed afresh; a
 //! crash between the commit and the ack leaves the row, so the redelivery is skipped.
 //!
-//! The events of writes with an ordering key come first in sequence order (README "Ordered
-//! delivery"); [`ordering_of`] reads a delivery's key and sequence, so that a consumer that
-//! keeps the last sequence it applied per key can tell a late copy from news.
+//! The events of writes with an ordering key come first in sequence order (docs/ordering.md);
+//! [`ordering_of`] reads a delivery's key and sequence, so that a consumer that keeps the last
+//! sequence it applied per key can tell a late copy from news.
 //!
 //! ```no_run
 //! # async fn example(client: &mut tokio_postgres::Client, event_id: uuid::Uuid) -> Result<(), tokio_postgres::Error> {

@@ -44,6 +44,8 @@ pub mod metric;
 pub mod operator;
 pub mod otlp;
 pub mod outbox;
+#[cfg(test)]
+mod reference_docs;
 pub mod startup;
 pub mod telemetry;
 pub mod tls;

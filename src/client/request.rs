@@ -83,7 +83,7 @@ impl EntryRequest {
     }
 
     /// The same write with an ordering key: the daemon numbers the client's writes with one
-    /// ordering key and delivers their events in that order (README "Ordered delivery"). It
+    /// ordering key and delivers their events in that order (docs/ordering.md). It
     /// is part of the request: every attempt, and every run for the same intent, must give it.
     pub fn with_ordering_key(self, ordering_key: &str) -> Result<Self, RequestError> {
         let mut body: Map<String, Value> =
@@ -127,7 +127,7 @@ impl EntryRequest {
 mod tests {
     use super::*;
 
-    /// The test vector that README.md gives for other languages.
+    /// The test vector that docs/clients.md gives for other languages.
     #[test]
     fn an_intent_gives_the_documented_key() {
         assert_eq!(

@@ -1,7 +1,7 @@
 //! How configuration keys are declared: once each, with their type, default, bounds and doc
 //! line ([`section!`]). From that one declaration come the section's struct (what serde reads),
-//! its `Default`, the range check, and [`Key`], the list that docs/operations.md's tables are
-//! checked against.
+//! its `Default`, the range check, and [`Key`], the list docs/configuration.md's reference is
+//! rendered from.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,12 +19,22 @@ pub const fn minutes(n: u64) -> Duration {
     Duration::from_secs(n * 60)
 }
 
-/// A declared key: its full name (`http.listen`), its bounds and its doc line.
+/// A declared key: its full name (`http.listen`), its type as written in the declaration, its
+/// bounds and its description.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Key {
     pub name: &'static str,
+    pub ty: &'static str,
     pub bound: Bound,
     pub doc: &'static str,
+}
+
+/// A declared section: its name (`http`), its description and its keys.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    pub name: &'static str,
+    pub doc: &'static str,
+    pub keys: &'static [Key],
 }
 
 /// What values a key takes beyond its type.
@@ -200,7 +210,8 @@ impl ConfigValue for Duration {
 /// ```
 ///
 /// gives the struct (serde: unknown keys refused, absent ones defaulted), its `Default`,
-/// `KEYS` (each key's full name, bounds and doc line) and `check_bounds`.
+/// `KEYS` (each key's full name, type, bounds and doc line), `SECTION` (the section's name, doc
+/// line and keys) and `check_bounds`.
 macro_rules! section {
     (
         $(#[doc = $section_doc:literal])*
@@ -235,10 +246,18 @@ macro_rules! section {
             pub const KEYS: &'static [$crate::config::keys::Key] = &[
                 $($crate::config::keys::Key {
                     name: concat!($section, ".", stringify!($field)),
+                    ty: stringify!($ty),
                     bound: $bound,
                     doc: concat!($($doc),+),
                 },)+
             ];
+
+            /// This section, as declared.
+            pub const SECTION: $crate::config::keys::Section = $crate::config::keys::Section {
+                name: $section,
+                doc: concat!($($section_doc),*),
+                keys: Self::KEYS,
+            };
 
             /// Every value within its key's bounds.
             pub(super) fn check_bounds(&self) -> Result<(), $crate::config::ConfigError> {

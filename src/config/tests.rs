@@ -43,12 +43,12 @@ fn durations_and_counts_have_upper_bounds() {
     assert!(error.contains("database.max_pending_bytes"), "{error}");
 }
 
-/// docs/operations.md's tables of keys are the declarations': the same keys, section by
+/// docs/configuration.md's tables of keys are the declarations': the same keys, section by
 /// section, and each documented default, read as the configuration file would give it,
 /// is the declared default.
 #[test]
-fn the_operations_guide_documents_every_key_with_its_default() {
-    let guide = include_str!("../../docs/operations.md");
+fn the_configuration_reference_documents_every_key_with_its_default() {
+    let guide = include_str!("../../docs/configuration.md");
     let declared: std::collections::BTreeSet<&str> = Settings::keys().map(|key| key.name).collect();
     let mut documented = std::collections::BTreeSet::new();
     let mut section = None;

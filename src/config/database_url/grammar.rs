@@ -8,7 +8,7 @@
 //! - a URL, `postgres://` or `postgresql://`: the user info runs to the **first** `@` (user and
 //!   password split at the first `:`), so a password may hold `?`, `/`, `#` or `:` unencoded
 //!   (libpq also ends the user info at a `/`; tokio-postgres, which the daemon read URLs with
-//!   before, does not, and operations.md has always allowed a `/` in the password);
+//!   before, does not, and the documentation has always allowed a `/` in the password);
 //!   then the host part, to the next `/` or `?`: hosts separated by `,`, each `name[:port]` or
 //!   `[IPv6][:port]` (a percent-encoded path, `%2Fvar%2Frun%2Fpostgresql`, is a socket
 //!   directory); then `/dbname`, to the `?`; then the query, `key=value` parameters separated by

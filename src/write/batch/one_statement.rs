@@ -151,7 +151,7 @@ sequenced AS (
 /// [`CLAIM_AND_INSERT`] for a batch without an ordered write: `sequenced` is empty without
 /// reading `claimed` again or touching `ordering_keys`, so writes without an ordering key pay
 /// nothing for the feature (the ordered statement cost them 6-10 % of their rate;
-/// BENCHMARKS.md, "Ordered delivery").
+/// docs/benchmark-history.md, "Ordered delivery").
 const CLAIM_AND_INSERT_UNORDERED: &str = claim_and_insert!(
     r#"sequenced AS (
     SELECT NULL::uuid AS entry_id, NULL::text AS ordering_key, NULL::bigint AS sequence,
