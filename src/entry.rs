@@ -102,7 +102,7 @@ pub struct NewEntryRequest {
     data: Map<String, Value>,
     /// Optional, 1 to 255 visible ASCII characters. The client's writes with one ordering key
     /// are numbered (`sequence`) in commit order, and their events reach consumers in that
-    /// order (README "Ordered delivery").
+    /// order (docs/ordering.md).
     #[schema(pattern = "^[!-~]{1,255}$", example = "invoice-42", nullable = false)]
     ordering_key: Option<String>,
 }

@@ -29,7 +29,7 @@ pub struct KeyView {
     #[schema(nullable = false)]
     pub sequence: Option<i64>,
     /// The parked event of the ordering key that holds this write's events back (retry or
-    /// skip it: README "Ordered delivery"); null when nothing does.
+    /// skip it: docs/ordering.md); null when nothing does.
     pub blocked_by: Option<Uuid>,
     pub events: Vec<EventView>,
 }
