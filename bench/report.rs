@@ -652,11 +652,16 @@ impl Report {
                 "results" => self.results_table(),
                 "resources" => self.resources_table(),
                 "checks" => self.checks_table(),
-                "per_run" => self.per_run_table(),
                 "marker" => HAND_WRITTEN_MARKER.into(),
                 name => return s.var(name),
             })
         })
+    }
+
+    /// docs/benchmark-runs.md: every run's value of every metric, written with BENCHMARKS.md.
+    pub fn render_runs(&self) -> String {
+        let (at, id, table) = (&self.written_at, &self.run_id, self.per_run_table());
+        format!("# Benchmarks: every run's values\n\nWritten by `bench/run` on {at} (run id `{id}`) with [BENCHMARKS.md](../BENCHMARKS.md), whose tables take their figures from these; do not edit by hand.\n\n{table}\n")
     }
 
     /// The whole file: the generated part, then what `existing` (the file as it is) has after
@@ -684,6 +689,7 @@ mod tests {
     use crate::scenarios::SCENARIOS;
 
     const COMMITTED: &str = include_str!("../BENCHMARKS.md");
+    const COMMITTED_RUNS: &str = include_str!("../docs/benchmark-runs.md");
 
     /// The text of `file` between the first `before` and the first `after` that follows it.
     fn between<'a>(file: &'a str, before: &str, after: &str) -> &'a str {
@@ -704,7 +710,11 @@ mod tests {
     /// The committed BENCHMARKS.md as a report: its settings, machine and per-run values.
     fn committed_report() -> Report {
         let file = COMMITTED;
-        let per_run = between(file, "## Per-run values\n\n", "\n\n");
+        let per_run = COMMITTED_RUNS
+            .split_once("by hand.\n\n")
+            .unwrap()
+            .1
+            .trim_end();
         let runs = per_run.lines().next().unwrap().matches(" run ").count();
         let mut by_scenario: HashMap<String, Vec<Run>> = HashMap::new();
         for line in per_run.lines().skip(2) {
@@ -776,6 +786,7 @@ mod tests {
         assert_eq!(REPORTED.map(|s| report.runs(s).len()), [3; 7]);
         assert_eq!(report.results_table().lines().count(), 27);
         assert_eq!(report.render(Some(COMMITTED)), COMMITTED);
+        assert_eq!(report.render_runs(), COMMITTED_RUNS);
     }
 
     /// What the scenarios record is what the committed per-run table holds, metric for metric.
@@ -840,7 +851,7 @@ mod tests {
             .contains("| storm: entries / records / events | n/a / n/a / n/a |"));
         // The per-run table has rows only for what ran.
         let per_run = report.per_run_table();
-        let writes_rps = COMMITTED
+        let writes_rps = COMMITTED_RUNS
             .lines()
             .find(|line| line.starts_with("| writes | rps | "))
             .unwrap();

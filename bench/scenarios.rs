@@ -400,6 +400,13 @@ pub struct RunArgs {
     /// The report; what it has after the hand-written marker is kept.
     #[arg(long, env = "BENCH_OUTPUT", default_value = "BENCHMARKS.md")]
     pub output: PathBuf,
+    /// Every run's values, written with the report.
+    #[arg(
+        long,
+        env = "BENCH_RUNS_OUTPUT",
+        default_value = "docs/benchmark-runs.md"
+    )]
+    pub runs_output: PathBuf,
     /// Some of "writes replays storm drain e2e ordered latency scale citus" (spaces or commas); the
     /// report shows n/a for those of BENCHMARKS.md not run.
     #[arg(
@@ -1347,10 +1354,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let s = args.settings(&Pg::from_env());
     let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
     bench.setup_sql = args.setup_sql.clone().filter(|sql| !sql.trim().is_empty());
-    bench.finish(measure(&bench, &scenarios, &args.output))
+    let outputs = [args.output.as_path(), args.runs_output.as_path()];
+    bench.finish(measure(&bench, &scenarios, outputs))
 }
 
-fn measure(bench: &Bench, scenarios: &[&'static Scenario], output: &Path) -> anyhow::Result<()> {
+/// Runs the scenarios and writes the report to `output` and every run's values to `runs_output`.
+fn measure(
+    bench: &Bench,
+    scenarios: &[&'static Scenario],
+    [output, runs_output]: [&Path; 2],
+) -> anyhow::Result<()> {
     let s = &bench.s;
     let machine = machine(&bench.pg, &s.config);
     let (id, mode) = (&bench.run_id, if s.quick { "quick" } else { "full" });
@@ -1392,6 +1405,8 @@ fn measure(bench: &Bench, scenarios: &[&'static Scenario], output: &Path) -> any
     let existing = fs::read_to_string(output).ok();
     let written = fs::write(output, report.render(existing.as_deref()));
     written.with_context(|| format!("writing {}", output.display()))?;
+    let written = fs::write(runs_output, report.render_runs());
+    written.with_context(|| format!("writing {}", runs_output.display()))?;
     say!(
         "wrote {}; raw output in {}",
         output.display(),
@@ -1466,6 +1481,7 @@ mod tests {
             port: 18437,
             config: "config.toml".into(),
             output: "BENCHMARKS.md".into(),
+            runs_output: "docs/benchmark-runs.md".into(),
             scenarios: "writes".into(),
             setup_sql: None,
             daemon: None,
