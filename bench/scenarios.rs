@@ -163,6 +163,20 @@ const MIDDLE: &str =
 const SOME_KEYS: &str = "SELECT string_agg(key, E'\\n') FROM (SELECT key FROM idempotency_records
     TABLESAMPLE SYSTEM (1) WHERE key <> 'scale-template' LIMIT 10000) AS keys";
 
+/// The citus scenario's writes, on the stage's lab, as `{each}_<figure>`.
+#[rustfmt::skip]
+const CLIENT_WRITES: &[Step] = &[
+    Daemon(Clients), Open,
+    Load("BENCH_NONCE={nonce}{each} BENCH_TOKENS={tokens} {wrk} -s bench/unique_keys.lua {url}/", "{each}_"),
+    Readings("", "", "{each}_machine_busy_pct"), Batches("{each}_"), Empty(120, ""), Sql("entries", ENTRIES),
+    Costs("entries", ["{each}_cost_daemon", "{each}_cost_postgres", "", ""]),
+    LabCost("entries", "{each}_cost_coordinator"), Stop(true),
+    Calc("answered", "requests", Sub, "status_errors"),
+    Calc("{each}_entries_minus_2xx", "entries", Sub, "answered"),
+];
+/// Citus's two-phase commits (the lab keeps their records: no recovery deletes them).
+const TWO_PHASE_COMMITS: &str = "SELECT count(*) FROM pg_dist_transaction";
+
 use Op::{Div, Eq, Sub};
 use Step::*;
 use Up::{Clients, Healthy, NoBroker, Spawned};
@@ -322,26 +336,22 @@ pub const SCENARIOS: [Scenario; 10] = [
         Janitor("BENCH_KEYS=random {wrk_janitor} -s bench/unique_keys.lua {url}/", "{each}_janitor_"), Stop(false),
     ])]},
     // Unique-key writes of {clients} clients on a plain PostgreSQL, then on Citus (a coordinator
-    // and two workers), each on servers of its own with the same settings; then the two-phase
-    // commits Citus made (0: every write a single-shard transaction).
-    // CPU per 1,000 writes, events delivered: the daemon's, every PostgreSQL server's, and the
-    // server the daemon is given (the coordinator; on plain, the whole server).
+    // and two workers), each on servers of its own with the same settings, and the two-phase
+    // commits Citus made meanwhile (0: every write a single-shard transaction; distributing the
+    // tables, before, makes some). CPU per 1,000 writes, events delivered: the daemon's, every
+    // PostgreSQL server's, and the server the daemon is given (the coordinator; on plain, the
+    // whole server).
     Scenario { name: "citus", metrics: "plain_rps plain_p50_ms plain_p99_ms plain_errors \
-        plain_status_errors plain_entries_minus_2xx plain_cost_daemon plain_cost_postgres \
-        plain_cost_coordinator plain_two_phase_commits citus_rps citus_p50_ms citus_p99_ms \
-        citus_errors citus_status_errors citus_entries_minus_2xx citus_cost_daemon \
-        citus_cost_postgres citus_cost_coordinator citus_two_phase_commits log_problems \
-        shutdown_log_problems", steps: &[
-        Each(&["plain", "citus"], &[
-            Lab("{each}"), Daemon(Clients), Open,
-            Load("BENCH_NONCE={nonce}{each} BENCH_TOKENS={tokens} {wrk} -s bench/unique_keys.lua {url}/", "{each}_"),
-            Empty(120, ""), Sql("entries", ENTRIES),
-            Costs("entries", ["{each}_cost_daemon", "{each}_cost_postgres", "", ""]),
-            LabCost("entries", "{each}_cost_coordinator"), Stop(true),
-            Calc("answered", "requests", Sub, "status_errors"),
-            Calc("{each}_entries_minus_2xx", "entries", Sub, "answered"),
-        ]),
-        Sql("citus_two_phase_commits", "SELECT count(*) FROM pg_dist_transaction"), Unstage,
+        plain_status_errors plain_entries_minus_2xx plain_writes_per_batch plain_ms_per_batch \
+        plain_cost_daemon plain_cost_postgres plain_cost_coordinator plain_machine_busy_pct \
+        plain_two_phase_commits citus_rps citus_p50_ms citus_p99_ms citus_errors \
+        citus_status_errors citus_entries_minus_2xx citus_writes_per_batch citus_ms_per_batch \
+        citus_cost_daemon citus_cost_postgres citus_cost_coordinator citus_machine_busy_pct \
+        citus_two_phase_commits log_problems shutdown_log_problems", steps: &[
+        Lab("plain"), Each(&["plain"], CLIENT_WRITES),
+        Lab("citus"), Sql("before", TWO_PHASE_COMMITS), Each(&["citus"], CLIENT_WRITES),
+        Sql("after", TWO_PHASE_COMMITS), Calc("citus_two_phase_commits", "after", Sub, "before"),
+        Unstage,
     ]},
     Scenario { name: "soak", metrics: "unsent records entries events parked not_201 orphans \
         queued hwm_mib log_problems shutdown_log_problems exit_code stop_ms", steps: &[
