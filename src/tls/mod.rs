@@ -252,7 +252,32 @@ fn webpki_verifier(
         .map_err(|error| TlsError::Config(error.to_string()))
 }
 
+/// rustls's check of a handshake signature of one TLS version.
+type SignatureCheck = fn(
+    &[u8],
+    &CertificateDer<'_>,
+    &DigitallySignedStruct,
+    &WebPkiSupportedAlgorithms,
+) -> Result<HandshakeSignatureValid, rustls::Error>;
+
 impl WithoutNameCheck {
+    /// The handshake's signature checked by `verify`, or, where nothing is verified and webpki
+    /// cannot read the certificate, with its public key alone ([`Self::verify_with_public_key`]).
+    fn verify_signature(
+        &self,
+        verify: SignatureCheck,
+        message: &[u8],
+        certificate: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        match verify(message, certificate, signature, &self.algorithms) {
+            Err(error) if self.chain.is_none() && is_unparsable(&error) => {
+                self.verify_with_public_key(message, certificate, signature)
+            }
+            other => other,
+        }
+    }
+
     /// Checks the handshake's signature with the public key of `certificate` alone, for a
     /// certificate webpki will not read: an X.509 v1 certificate, which is what Citus makes for
     /// itself when it turns TLS on (`citus-auto-ssl`) and what `openssl req -x509` makes without
@@ -342,17 +367,8 @@ impl ServerCertVerifier for WithoutNameCheck {
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        match rustls::crypto::verify_tls12_signature(
-            message,
-            certificate,
-            signature,
-            &self.algorithms,
-        ) {
-            Err(error) if self.chain.is_none() && is_unparsable(&error) => {
-                self.verify_with_public_key(message, certificate, signature)
-            }
-            other => other,
-        }
+        let verify = rustls::crypto::verify_tls12_signature;
+        self.verify_signature(verify, message, certificate, signature)
     }
 
     fn verify_tls13_signature(
@@ -361,17 +377,8 @@ impl ServerCertVerifier for WithoutNameCheck {
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        match rustls::crypto::verify_tls13_signature(
-            message,
-            certificate,
-            signature,
-            &self.algorithms,
-        ) {
-            Err(error) if self.chain.is_none() && is_unparsable(&error) => {
-                self.verify_with_public_key(message, certificate, signature)
-            }
-            other => other,
-        }
+        let verify = rustls::crypto::verify_tls13_signature;
+        self.verify_signature(verify, message, certificate, signature)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
