@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::db::citus::{self, Topology};
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
-use crate::http::server::{Listener, Serves};
+use crate::http::server::Listener;
 use crate::http::{self, AppState};
 use crate::lifecycle::{self, systemd, Tasks};
 use crate::outbox::{gauges, Broker, OutboxRelay, OutboxWaker, RelayConfig};
@@ -378,9 +378,9 @@ fn start_http(
     let port = socket.local_addr()?.port();
     let mut listeners = vec![Listener {
         socket,
-        serves: match config.http.operations_listen {
-            Some(_) => Serves::Api,
-            None => Serves::Everything,
+        routes: match config.http.operations_listen {
+            Some(_) => Arc::new(http::api_routes),
+            None => Arc::new(http::routes),
         },
         tls: certificate
             .map(|certificate| certificate.server_config())
@@ -393,7 +393,7 @@ fn start_http(
         operations_port = Some(operations_socket.local_addr()?.port());
         listeners.push(Listener {
             socket: operations_socket,
-            serves: Serves::Operations,
+            routes: Arc::new(http::operations_listener_routes),
             tls: None,
             hosts: None,
         });
@@ -405,7 +405,11 @@ fn start_http(
         admin_port = Some(local.port());
         listeners.push(Listener {
             socket: admin_socket,
-            serves: Serves::Admin,
+            routes: crate::admin::routes_with(web::Data::new(crate::admin::AdminState::new(
+                config,
+                shared.reads.clone(),
+                shared.broker.clone(),
+            ))),
             tls: admin_certificate
                 .map(|certificate| certificate.server_config())
                 .transpose()?,

@@ -13,10 +13,10 @@ use crate::admin::store::{
     self, Action, ActionError, ActionOutcome, EventFilter, EventState, ListedEvent, LoggedAction,
     Recorded, Selector, TypeBacklog,
 };
+use crate::admin::SharedAdmin;
 use crate::http::entries::{idempotency_key, read_body_within, require_json};
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
-use crate::http::SharedState;
 use crate::idempotency::IdempotencyKey;
 use crate::outbox::replay::ReplayRecord;
 use crate::outbox::store::{BlockingEvent, ParkedGroup, GAUGE_COUNT_CAP};
@@ -30,9 +30,8 @@ pub const MAX_PAGE: i64 = 500;
 const RECENT_REPLAYS: i64 = 10;
 
 /// The admin of a request's bearer token: 401 without one.
-fn admin_of(state: &SharedState, request: &HttpRequest) -> Result<Arc<str>, ApiError> {
+fn admin_of(state: &SharedAdmin, request: &HttpRequest) -> Result<Arc<str>, ApiError> {
     state
-        .admin
         .admins
         .of_request(request)
         .ok_or(ApiError::Unauthorized)
@@ -42,13 +41,13 @@ fn admin_of(state: &SharedState, request: &HttpRequest) -> Result<Arc<str>, ApiE
 /// while a request reads or acts; waited for at most as long as a pooled connection
 /// (`database.connect_timeout`), then 503 `storage-unavailable` with `Retry-After`. Taken once
 /// per request, by the functions below that the API and the console share.
-pub async fn admin_turn(state: &SharedState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
-    tokio::time::timeout(state.read_wait, state.admin.turns.acquire())
+pub async fn admin_turn(state: &SharedAdmin) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+    tokio::time::timeout(state.read_wait, state.turns.acquire())
         .await
         .map_err(|_| {
             ApiError::Busy(format!(
                 "{} admin request(s) are using the database (their share of the read pool) and none finished within {}",
-                state.admin.turn_count,
+                state.turn_count,
                 humantime::format_duration(state.read_wait)
             ))
         })
@@ -106,7 +105,7 @@ pub struct Overview {
     pub replays: Vec<ReplayRecord>,
 }
 
-pub async fn read_overview(state: &SharedState) -> Result<Overview, ApiError> {
+pub async fn read_overview(state: &SharedAdmin) -> Result<Overview, ApiError> {
     let _turn = admin_turn(state).await?;
     let figures = state.reads.run(store::outbox_figures).await?;
     let replays = crate::outbox::replay::recent(&state.reads, RECENT_REPLAYS).await?;
@@ -133,7 +132,7 @@ pub async fn read_overview(state: &SharedState) -> Result<Overview, ApiError> {
     ),
     security(("admin" = [])),
 )]
-pub async fn outbox(request: HttpRequest, state: SharedState) -> Result<HttpResponse, ApiError> {
+pub async fn outbox(request: HttpRequest, state: SharedAdmin) -> Result<HttpResponse, ApiError> {
     admin_of(&state, &request)?;
     let overview = read_overview(&state).await?;
     let figures = overview.figures;
@@ -299,7 +298,7 @@ pub fn event_query(parameters: &Parameters) -> Result<(EventFilter, i64, Option<
 
 /// The events of a filter and page.
 pub async fn read_events(
-    state: &SharedState,
+    state: &SharedAdmin,
     filter: &EventFilter,
     limit: i64,
     cursor: Option<i64>,
@@ -344,7 +343,7 @@ pub async fn read_events(
     ),
     security(("admin" = [])),
 )]
-pub async fn events(request: HttpRequest, state: SharedState) -> Result<HttpResponse, ApiError> {
+pub async fn events(request: HttpRequest, state: SharedAdmin) -> Result<HttpResponse, ApiError> {
     admin_of(&state, &request)?;
     let parameters = Parameters::parse(request.query_string(), &EVENT_PARAMETERS)?;
     let (filter, limit, cursor) = event_query(&parameters)?;
@@ -392,7 +391,7 @@ impl ActionRequest {
 /// Runs `action` on `selector` for `admin` (counts only without a key): what the API and the
 /// console's buttons both do.
 pub async fn run_action(
-    state: &SharedState,
+    state: &SharedAdmin,
     admin: &str,
     key: Option<&IdempotencyKey>,
     action: Action,
@@ -445,12 +444,12 @@ pub async fn run_action(
 async fn act_on_events(
     request: HttpRequest,
     payload: web::Payload,
-    state: SharedState,
+    state: SharedAdmin,
     action: Action,
 ) -> Result<HttpResponse, ApiError> {
     let admin = admin_of(&state, &request)?;
     require_json(&request)?;
-    let body = read_body_within(&state, &request, payload, MAX_ADMIN_BODY).await?;
+    let body = read_body_within(state.body_timeout, &request, payload, MAX_ADMIN_BODY).await?;
     let parsed: ActionRequest = serde_json::from_slice(&body)
         .map_err(|error| ApiError::MalformedJson(format!("the body is not a selector: {error}")))?;
     let key = match idempotency_key(&request) {
@@ -491,7 +490,7 @@ async fn act_on_events(
 pub async fn retry(
     request: HttpRequest,
     payload: web::Payload,
-    state: SharedState,
+    state: SharedAdmin,
 ) -> Result<HttpResponse, ApiError> {
     act_on_events(request, payload, state, Action::Retry).await
 }
@@ -516,7 +515,7 @@ pub async fn retry(
 pub async fn skip(
     request: HttpRequest,
     payload: web::Payload,
-    state: SharedState,
+    state: SharedAdmin,
 ) -> Result<HttpResponse, ApiError> {
     act_on_events(request, payload, state, Action::Skip).await
 }
@@ -541,7 +540,7 @@ pub async fn skip(
 pub async fn key(
     request: HttpRequest,
     path: web::Path<(String, String)>,
-    state: SharedState,
+    state: SharedAdmin,
 ) -> Result<HttpResponse, ApiError> {
     admin_of(&state, &request)?;
     let (client, key) = path.into_inner();
@@ -551,7 +550,7 @@ pub async fn key(
 
 /// A client's key, checked, looked up.
 pub async fn lookup_key(
-    state: &SharedState,
+    state: &SharedAdmin,
     client: &str,
     key: &str,
 ) -> Result<crate::http::keys::KeyView, ApiError> {
@@ -562,7 +561,7 @@ pub async fn lookup_key(
     }
     let key = IdempotencyKey::parse(key.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
     let _turn = admin_turn(state).await?;
-    crate::http::keys::lookup(state, client, &key).await
+    crate::http::keys::lookup(&state.reads, client, &key).await
 }
 
 /// A page of the action log.
@@ -574,7 +573,7 @@ pub struct ActionPage {
 }
 
 pub async fn read_actions(
-    state: &SharedState,
+    state: &SharedAdmin,
     limit: i64,
     cursor: Option<i64>,
 ) -> Result<ActionPage, ApiError> {
@@ -605,7 +604,7 @@ pub async fn read_actions(
     ),
     security(("admin" = [])),
 )]
-pub async fn actions(request: HttpRequest, state: SharedState) -> Result<HttpResponse, ApiError> {
+pub async fn actions(request: HttpRequest, state: SharedAdmin) -> Result<HttpResponse, ApiError> {
     admin_of(&state, &request)?;
     let parameters = Parameters::parse(request.query_string(), &["limit", "cursor"])?;
     let mut problems = Vec::new();

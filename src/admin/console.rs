@@ -13,10 +13,11 @@ use maud::{html, Markup, DOCTYPE};
 use crate::admin::api::{self, Parameters};
 use crate::admin::session::Session;
 use crate::admin::store::{Action, ActionOutcome, EventState, Selector};
+use crate::admin::SharedAdmin;
 use crate::http::entries::read_body_within;
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
-use crate::http::{Methods, SharedState};
+use crate::http::Methods;
 
 /// Largest console form.
 const MAX_FORM_BYTES: usize = 64 * 1024;
@@ -125,8 +126,8 @@ fn page(title: &str, session: Option<&Session>, content: Markup) -> Markup {
 }
 
 /// The request's session; None sends the browser to the login page.
-fn session_of(state: &SharedState, request: &HttpRequest) -> Option<Session> {
-    state.admin.sessions.of_request(request)
+fn session_of(state: &SharedAdmin, request: &HttpRequest) -> Option<Session> {
+    state.sessions.of_request(request)
 }
 
 fn to_login() -> HttpResponse {
@@ -192,7 +193,7 @@ fn login_form(message: Option<&str>) -> Markup {
     )
 }
 
-async fn login_page(request: HttpRequest, state: SharedState) -> HttpResponse {
+async fn login_page(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     if session_of(&state, &request).is_some() {
         return see_other("/console");
     }
@@ -226,7 +227,7 @@ fn same_origin(request: &HttpRequest) -> Result<(), ApiError> {
 
 /// The fields of a form (`application/x-www-form-urlencoded`), in order.
 async fn form(
-    state: &SharedState,
+    state: &SharedAdmin,
     request: &HttpRequest,
     payload: web::Payload,
 ) -> Result<Vec<(String, String)>, ApiError> {
@@ -241,7 +242,7 @@ async fn form(
             "Content-Type {essence:?} is not a form; console forms are application/x-www-form-urlencoded"
         )));
     }
-    let body = read_body_within(state, request, payload, MAX_FORM_BYTES).await?;
+    let body = read_body_within(state.body_timeout, request, payload, MAX_FORM_BYTES).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::MalformedJson("the form is not UTF-8".into()))?;
     query_pairs(text)
@@ -257,7 +258,7 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// The session of a console POST whose CSRF token is the session's; refused otherwise.
 fn posting_session(
-    state: &SharedState,
+    state: &SharedAdmin,
     request: &HttpRequest,
     fields: &[(String, String)],
 ) -> Result<Session, ApiError> {
@@ -277,12 +278,12 @@ fn posting_session(
 async fn login(
     request: HttpRequest,
     payload: web::Payload,
-    state: SharedState,
+    state: SharedAdmin,
 ) -> Result<HttpResponse, ApiError> {
     same_origin(&request)?;
     let fields = form(&state, &request, payload).await?;
     let token = field(&fields, "token").unwrap_or_default().trim();
-    let Some(admin) = state.admin.admins.find(token.as_bytes()) else {
+    let Some(admin) = state.admins.find(token.as_bytes()) else {
         tracing::warn!(peer = ?request.peer_addr(), "console login refused: not an admin's token");
         return Ok(html_response(
             StatusCode::UNAUTHORIZED,
@@ -290,7 +291,7 @@ async fn login(
         ));
     };
     tracing::info!(admin = %admin, "console login");
-    let cookie = state.admin.sessions.start(admin);
+    let cookie = state.sessions.start(admin);
     let mut response = see_other("/console");
     response
         .add_cookie(&cookie)
@@ -301,11 +302,11 @@ async fn login(
 async fn logout(
     request: HttpRequest,
     payload: web::Payload,
-    state: SharedState,
+    state: SharedAdmin,
 ) -> Result<HttpResponse, ApiError> {
     let fields = form(&state, &request, payload).await?;
     posting_session(&state, &request, &fields)?;
-    let cleared = state.admin.sessions.end(&request);
+    let cleared = state.sessions.end(&request);
     let mut response = see_other("/console/login");
     response
         .add_cookie(&cleared)
@@ -313,7 +314,7 @@ async fn logout(
     Ok(response)
 }
 
-async fn overview(request: HttpRequest, state: SharedState) -> HttpResponse {
+async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
     };
@@ -465,7 +466,7 @@ const EVENT_FIELDS: [&str; 8] = [
     "cursor",
 ];
 
-async fn events(request: HttpRequest, state: SharedState) -> HttpResponse {
+async fn events(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
     };
@@ -657,7 +658,7 @@ fn verb(action: Action) -> (&'static str, &'static str) {
 }
 
 /// Says how many events an action would change, and asks to confirm it.
-async fn confirm(request: HttpRequest, state: SharedState) -> HttpResponse {
+async fn confirm(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
     };
@@ -700,7 +701,7 @@ async fn confirm(request: HttpRequest, state: SharedState) -> HttpResponse {
 async fn act(
     request: HttpRequest,
     payload: web::Payload,
-    state: SharedState,
+    state: SharedAdmin,
 ) -> Result<HttpResponse, ApiError> {
     let fields = form(&state, &request, payload).await?;
     let session = posting_session(&state, &request, &fields)?;
@@ -742,7 +743,7 @@ fn outcome_view(outcome: &ActionOutcome, replayed: bool) -> Markup {
     }
 }
 
-async fn keys(request: HttpRequest, state: SharedState) -> HttpResponse {
+async fn keys(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
     };
@@ -804,7 +805,7 @@ async fn keys(request: HttpRequest, state: SharedState) -> HttpResponse {
     html_response(StatusCode::OK, page("Key lookup", Some(&session), content))
 }
 
-async fn actions(request: HttpRequest, state: SharedState) -> HttpResponse {
+async fn actions(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
     };
