@@ -11,13 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::admin::store::{
     self, Action, ActionError, ActionOutcome, EventFilter, EventState, ListedEvent, LoggedAction,
-    Recorded, Selector, TypeBacklog,
+    Selector, TypeBacklog,
 };
 use crate::admin::SharedAdmin;
 use crate::http::entries::{idempotency_key, read_body_within, require_json};
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
-use crate::idempotency::IdempotencyKey;
+use crate::idempotency::{IdempotencyKey, Verdict};
 use crate::outbox::replay::ReplayRecord;
 use crate::outbox::store::{BlockingEvent, ParkedGroup, GAUGE_COUNT_CAP};
 
@@ -422,7 +422,7 @@ pub async fn run_action(
         .await?
         .map_err(refused)?;
     match recorded {
-        Recorded::New(outcome) => {
+        Verdict::New(outcome) => {
             tracing::info!(
                 admin,
                 action = action.as_str(),
@@ -434,8 +434,8 @@ pub async fn run_action(
             );
             Ok((outcome, false))
         }
-        Recorded::Replayed(outcome) => Ok((outcome, true)),
-        Recorded::KeyReused => Err(ApiError::IdempotencyKeyReused {
+        Verdict::Replay(outcome) => Ok((outcome, true)),
+        Verdict::Conflict => Err(ApiError::IdempotencyKeyReused {
             status: state.mismatch_status,
         }),
     }

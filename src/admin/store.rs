@@ -12,6 +12,7 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::db::{PgClient, StorageError};
+use crate::idempotency::Verdict;
 use crate::outbox::store::{
     self, Blocked, BlockingEvent, ParkedGroup, ParkedSelection, Skip, SkippedBy, Totals,
     GAUGE_COUNT_CAP,
@@ -479,16 +480,6 @@ pub struct ActionOutcome {
     pub created_at: DateTime<Utc>,
 }
 
-/// How a stored action answers a request under its key.
-pub enum Recorded {
-    /// Acted now.
-    New(ActionOutcome),
-    /// The same request was made before under this key: its answer.
-    Replayed(ActionOutcome),
-    /// Another request was made under this key.
-    KeyReused,
-}
-
 /// The hash that tells the same request from another under one key.
 fn request_hash(action: Action, selector: &Selector) -> Vec<u8> {
     let canonical = serde_json::to_vec(&(action, selector)).expect("a selector serializes");
@@ -616,7 +607,7 @@ pub async fn act(
     key: &str,
     action: Action,
     selector: &Selector,
-) -> Result<Recorded, ActionError> {
+) -> Result<Verdict<ActionOutcome>, ActionError> {
     let hash = request_hash(action, selector);
     let selector_json = serde_json::to_string(selector).expect("a selector serializes");
     let promised: bool = connection
@@ -636,7 +627,7 @@ pub async fn act(
     // confirm it) is not reported done; and an answer found under the key is given only once
     // the standby has it too.
     connection.confirm_commit(warnings)?;
-    if promised && matches!(recorded, Recorded::Replayed(_)) {
+    if promised && matches!(recorded, Verdict::Replay(_)) {
         crate::db::barrier(connection).await?;
     }
     Ok(recorded)
@@ -648,7 +639,7 @@ async fn act_in_transaction(
     key: &str,
     (action, selector): (Action, &Selector),
     (hash, selector_json): (&Vec<u8>, &String),
-) -> Result<Recorded, ActionError> {
+) -> Result<Verdict<ActionOutcome>, ActionError> {
     let mut transaction = connection.transaction().await?;
     let claimed = transaction
         .query_opt(
@@ -659,14 +650,14 @@ async fn act_in_transaction(
     let Some(claimed) = claimed else {
         let row = transaction.query_one(FIND_ACTION, &[&admin, &key]).await?;
         let stored_hash: Vec<u8> = row.get(0);
-        if stored_hash != *hash {
-            return Ok(Recorded::KeyReused);
-        }
-        let response: String = row.get(1);
-        let outcome = serde_json::from_str(&response).map_err(|error| {
-            StorageError::from(anyhow::anyhow!("a stored admin answer is not one: {error}"))
-        })?;
-        return Ok(Recorded::Replayed(outcome));
+        let verdict = Verdict::of_saved(&stored_hash, hash, || row.get::<_, String>(1));
+        return verdict.try_map(|response| {
+            serde_json::from_str(&response).map_err(|error| {
+                ActionError::Storage(
+                    anyhow::anyhow!("a stored admin answer is not one: {error}").into(),
+                )
+            })
+        });
     };
     let (action_id, created_at): (i64, DateTime<Utc>) = (claimed.get(0), claimed.get(1));
     let Matched {
@@ -719,7 +710,7 @@ async fn act_in_transaction(
         .execute(FINISH_ACTION, &[&action_id, &changed, &response])
         .await?;
     transaction.commit().await?;
-    Ok(Recorded::New(outcome))
+    Ok(Verdict::New(outcome))
 }
 
 /// One admin action as the log lists it.

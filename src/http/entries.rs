@@ -15,7 +15,7 @@ use crate::entry::{
 use crate::http::observe::RequestOutcome;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
-use crate::idempotency::IdempotencyKey;
+use crate::idempotency::{IdempotencyKey, Verdict};
 use crate::metric;
 use crate::write::{Answer, SavedResponse, ScopedKey, Write};
 
@@ -111,9 +111,9 @@ pub async fn same_bytes(
 /// The HTTP response for what became of a write.
 fn respond(state: &SharedState, answer: Answer) -> Result<HttpResponse, ApiError> {
     match answer {
-        Answer::Created(response) => Ok(saved_response(&response, false)),
-        Answer::Replayed(response) => Ok(saved_response(&response, true)),
-        Answer::Conflict => Err(ApiError::IdempotencyKeyReused {
+        Answer::Judged(Verdict::New(response)) => Ok(saved_response(&response, false)),
+        Answer::Judged(Verdict::Replay(response)) => Ok(saved_response(&response, true)),
+        Answer::Judged(Verdict::Conflict) => Err(ApiError::IdempotencyKeyReused {
             status: state.mismatch_status,
         }),
         Answer::InProgress => Err(ApiError::RequestInProgress),
