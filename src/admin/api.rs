@@ -9,6 +9,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::admin::history::{HistorySeries, Range};
 use crate::admin::store::{
     self, Action, ActionError, ActionOutcome, EventFilter, EventState, ListedEvent, LoggedAction,
     Selector, TypeBacklog,
@@ -156,6 +157,41 @@ pub async fn outbox(request: HttpRequest, state: SharedAdmin) -> Result<HttpResp
         broker: overview.broker,
         replays: overview.replays,
         replays_in_progress,
+    }))
+}
+
+/// The outbox's recent history on this daemon (`GET /admin/v1/outbox/history`), what the
+/// console's charts draw.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct OutboxHistoryView {
+    /// The last hour, a point per sample (every `hour.step_seconds`).
+    pub hour: HistorySeries,
+    /// The last day, a point per `day.step_seconds` (five minutes): the gauges as sampled at
+    /// its end, the rates over the whole step.
+    pub day: HistorySeries,
+    /// Counts stop here: a count at it means at least that many.
+    pub counts_capped_at: i64,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/v1/outbox/history",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The backlog, the parked events and the rates of sent and parked events over the last hour and the last day, as this daemon sampled them since it started (the whole outbox's figures, with the database's times)", body = OutboxHistoryView),
+        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin" = [])),
+)]
+pub async fn outbox_history(
+    request: HttpRequest,
+    state: SharedAdmin,
+) -> Result<HttpResponse, ApiError> {
+    admin_of(&state, &request)?;
+    Ok(HttpResponse::Ok().json(OutboxHistoryView {
+        hour: state.history.series(Range::Hour),
+        day: state.history.series(Range::Day),
+        counts_capped_at: GAUGE_COUNT_CAP,
     }))
 }
 

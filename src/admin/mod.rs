@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod console;
+pub mod history;
 pub mod openapi;
 pub mod session;
 pub mod store;
@@ -40,6 +41,8 @@ pub struct AdminState {
     pub body_timeout: Duration,
     /// Status for a reused Idempotency-Key with another request (409, or 422).
     pub mismatch_status: StatusCode,
+    /// The outbox's recent history, sampled by a task of the daemon.
+    pub history: Arc<history::OutboxHistory>,
     pub admins: Principals<Arc<str>>,
     pub sessions: session::Sessions,
     /// Turns for the admin listener's work on the read pool ([`turns_for`] its connections),
@@ -61,11 +64,17 @@ pub fn turns_for(read_connections: u32) -> usize {
 }
 
 impl AdminState {
-    pub fn new(config: &Config, reads: Database, broker: Arc<Broker>) -> Self {
+    pub fn new(
+        config: &Config,
+        reads: Database,
+        broker: Arc<Broker>,
+        history: Arc<history::OutboxHistory>,
+    ) -> Self {
         let read_connections = reads.max_size();
         Self {
             reads,
             broker,
+            history,
             read_wait: config.database.connect_timeout,
             body_timeout: config.http.body_timeout,
             mismatch_status: match config.idempotency.mismatch_status {
@@ -105,6 +114,11 @@ pub fn routes_with(state: SharedAdmin) -> crate::http::server::Routes {
 pub fn routes(config: &mut web::ServiceConfig) {
     config
         .service(Methods::on("/admin/v1/outbox").get(api::outbox).finish())
+        .service(
+            Methods::on("/admin/v1/outbox/history")
+                .get(api::outbox_history)
+                .finish(),
+        )
         .service(Methods::on("/admin/v1/events").get(api::events).finish())
         .service(
             Methods::on("/admin/v1/events/retry")

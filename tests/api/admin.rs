@@ -152,6 +152,7 @@ async fn the_admin_listener_serves_admins_alone_and_only_when_there_are_some() {
     let paths = described.json()["paths"].clone();
     for path in [
         "/admin/v1/outbox",
+        "/admin/v1/outbox/history",
         "/admin/v1/events",
         "/admin/v1/events/retry",
         "/admin/v1/events/skip",
@@ -946,4 +947,92 @@ async fn a_retry_that_passes_the_statement_timeout_changes_nothing_and_its_key_a
     assert!(!retried.replayed(), "the key acted only now");
     assert_eq!(retried.json()["changed"], 3);
     assert_eq!(unsent_parked(&app).await, 0);
+}
+
+/// The hour's points of `GET /admin/v1/outbox/history` once `ready` holds for them.
+pub async fn history_points(
+    app: &TestDaemon,
+    ready: impl Fn(&[Value]) -> Result<(), String>,
+) -> Vec<Value> {
+    eventually(Duration::from_secs(30), || async {
+        let answer = admin_get(app, "/admin/v1/outbox/history", Some(ADMIN_TOKEN)).await;
+        if answer.status != 200 {
+            return Err(answer.describe());
+        }
+        let points = answer.json()["hour"]["points"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ready(&points).map(|()| points)
+    })
+    .await
+}
+
+/// The sum of a field over points, nulls as 0.
+pub fn total(points: &[Value], field: &str) -> i64 {
+    points
+        .iter()
+        .filter_map(|point| point[field].as_i64())
+        .sum()
+}
+
+#[actix_web::test]
+async fn the_outbox_history_counts_each_event_sent_and_parked_once_with_the_databases_time() {
+    let app = parking_daemon().await;
+    let refused = admin_get(&app, "/admin/v1/outbox/history", None).await;
+    assert_problem(&refused, 401, "unauthorized");
+
+    // Four events parked (no queue bound), then a queue and three events sent.
+    park(&app, "history-parked", 4).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    for i in 0..3 {
+        app.post_entry(&format!("history-sent-{i}"), &entry_body(i))
+            .await
+            .assert_created();
+    }
+    assert_eq!(app.relay_until_empty().await, 3);
+    assert_eq!(consumer.drain(Duration::from_secs(2)).await.len(), 3);
+
+    // Every event in exactly one point's window: the sums are the counts, never more.
+    let points = history_points(&app, |points| {
+        let (sent, parked) = (total(points, "sent"), total(points, "newly_parked"));
+        let last = points.last().ok_or("no point yet")?;
+        if sent == 3 && parked == 4 && last["parked"] == 4 && last["unsent"] == 0 {
+            Ok(())
+        } else {
+            Err(format!("sent {sent}, parked {parked}, last point {last}"))
+        }
+    })
+    .await;
+    let first = &points[0];
+    assert!(
+        first["sent"].is_null(),
+        "the first sample has no window: {first}"
+    );
+    let peak_rate = points
+        .iter()
+        .filter_map(|point| point["sent_per_second"].as_f64())
+        .fold(0.0, f64::max);
+    assert!(peak_rate > 0.0, "{points:?}");
+    // The times are the database's, in order.
+    let times: Vec<chrono::DateTime<chrono::Utc>> = points
+        .iter()
+        .map(|point| point["at"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|pair| pair[0] < pair[1]), "{times:?}");
+    let database_now = app.count("SELECT extract(epoch FROM now())::bigint").await;
+    let newest = times.last().unwrap().timestamp();
+    assert!(
+        (database_now - newest).abs() <= 5,
+        "the newest point at {newest}, the database's now {database_now}"
+    );
+    let answer = admin_get(&app, "/admin/v1/outbox/history", Some(ADMIN_TOKEN)).await;
+    let history = answer.json();
+    assert_eq!(history["counts_capped_at"], 100_000);
+    assert_eq!(history["hour"]["step_seconds"], 0.5);
+    assert_eq!(
+        history["hour"]["span_seconds"], 180.0,
+        "360 points of 0.5 s"
+    );
+    assert_eq!(history["day"]["step_seconds"], 15.0);
 }
