@@ -332,17 +332,23 @@ pub fn event_query(parameters: &Parameters) -> Result<(EventFilter, i64, Option<
     Ok((filter, limit, cursor))
 }
 
-/// The events of a filter and page.
+/// The events of a filter and page, and the database's time when they were read.
 pub async fn read_events(
     state: &SharedAdmin,
     filter: &EventFilter,
     limit: i64,
     cursor: Option<i64>,
-) -> Result<EventPage, ApiError> {
+) -> Result<(EventPage, DateTime<Utc>), ApiError> {
     let _turn = admin_turn(state).await?;
-    let page = state
+    let (page, now) = state
         .reads
-        .run(async |connection| store::events_page(&**connection, filter, cursor, limit).await)
+        .run(async |connection| {
+            let page = store::events_page(&**connection, filter, cursor, limit).await?;
+            Ok((
+                page,
+                crate::outbox::store::database_now(&**connection).await?,
+            ))
+        })
         .await?;
     let full = page.events.len() as i64 == limit;
     let next = if full {
@@ -350,11 +356,12 @@ pub async fn read_events(
     } else {
         page.walk_ended_at
     };
-    Ok(EventPage {
+    let page = EventPage {
         events: page.events,
         next: next.map(|position| position.to_string()),
         partial: !full && next.is_some(),
-    })
+    };
+    Ok((page, now))
 }
 
 #[utoipa::path(
@@ -383,7 +390,7 @@ pub async fn events(request: HttpRequest, state: SharedAdmin) -> Result<HttpResp
     admin_of(&state, &request)?;
     let parameters = Parameters::parse(request.query_string(), &EVENT_PARAMETERS)?;
     let (filter, limit, cursor) = event_query(&parameters)?;
-    Ok(HttpResponse::Ok().json(read_events(&state, &filter, limit, cursor).await?))
+    Ok(HttpResponse::Ok().json(read_events(&state, &filter, limit, cursor).await?.0))
 }
 
 /// The body of `POST /admin/v1/events/retry` and `/skip`: a selector, and whether to count only.
@@ -608,20 +615,27 @@ pub struct ActionPage {
     pub next: Option<String>,
 }
 
+/// A page of the action log, and the database's time when it was read.
 pub async fn read_actions(
     state: &SharedAdmin,
     limit: i64,
     cursor: Option<i64>,
-) -> Result<ActionPage, ApiError> {
+) -> Result<(ActionPage, DateTime<Utc>), ApiError> {
     let _turn = admin_turn(state).await?;
-    let actions = state
+    let (actions, now) = state
         .reads
-        .run(async |connection| store::actions_page(&**connection, cursor, limit).await)
+        .run(async |connection| {
+            let actions = store::actions_page(&**connection, cursor, limit).await?;
+            Ok((
+                actions,
+                crate::outbox::store::database_now(&**connection).await?,
+            ))
+        })
         .await?;
     let next = (actions.len() as i64 == limit)
         .then(|| actions.last().map(|action| action.id.to_string()))
         .flatten();
-    Ok(ActionPage { actions, next })
+    Ok((ActionPage { actions, next }, now))
 }
 
 #[utoipa::path(
@@ -648,5 +662,5 @@ pub async fn actions(request: HttpRequest, state: SharedAdmin) -> Result<HttpRes
     if !problems.is_empty() {
         return Err(ApiError::InvalidQuery(problems.join("; ")));
     }
-    Ok(HttpResponse::Ok().json(read_actions(&state, limit, cursor).await?))
+    Ok(HttpResponse::Ok().json(read_actions(&state, limit, cursor).await?.0))
 }

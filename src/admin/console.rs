@@ -11,6 +11,8 @@ use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use maud::{html, Markup, DOCTYPE};
 
 use crate::admin::api::{self, Parameters};
+use crate::admin::charts;
+use crate::admin::history::Range;
 use crate::admin::session::Session;
 use crate::admin::store::{Action, ActionOutcome, EventState, Selector};
 use crate::admin::SharedAdmin;
@@ -40,17 +42,64 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(Methods::on("/console/style.css").get(style).finish());
 }
 
+/// The console's stylesheet, served by the daemon (`/console/style.css`, allowed by the pages'
+/// `style-src 'self'`): the system's fonts, a readable width, tables that scroll inside their
+/// box rather than the page, numbers aligned, states in colours that also say their word.
 const STYLE: &str = "
-body { font-family: system-ui, sans-serif; margin: 0 auto; max-width: 80rem; padding: 0 1rem 2rem; line-height: 1.4; }
-nav ul { list-style: none; padding: 0; display: flex; gap: 1.5rem; flex-wrap: wrap; align-items: center; }
-table { border-collapse: collapse; width: 100%; margin: 0.5rem 0 1.5rem; }
-th, td { border: 1px solid #888; padding: 0.3rem 0.5rem; text-align: left; vertical-align: top; }
-td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
-pre { white-space: pre-wrap; word-break: break-all; margin: 0; }
-.verdict { font-size: 1.2rem; font-weight: bold; border: 2px solid; padding: 0.5rem; }
+:root { color-scheme: light; --ink: #1b1f24; --muted: #59636e; --line: #d0d7de; --band: #f6f8fa;
+  --ok: #1a7f37; --warn: #9a6700; --bad: #cf222e; --accent: #0969da; }
+* { box-sizing: border-box; }
+body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif;
+  color: var(--ink); margin: 0 auto; max-width: 72rem; padding: 0 1rem 2rem; line-height: 1.45; font-size: 1rem; }
+h1 { font-size: 1.5rem; margin: 0.75rem 0; }
+h2 { font-size: 1.2rem; margin: 1.75rem 0 0.5rem; }
+header { border-bottom: 1px solid var(--line); }
+nav ul { list-style: none; padding: 0; margin: 0.5rem 0; display: flex; gap: 0.5rem 1.25rem; flex-wrap: wrap; align-items: center; }
+nav form { margin: 0; }
+a { color: var(--accent); }
+p, li { max-width: 70ch; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.5rem 0 1.5rem; }
+table { border-collapse: collapse; min-width: 50%; }
+caption { text-align: left; font-weight: 600; padding: 0.25rem 0; }
+th, td { border-bottom: 1px solid var(--line); padding: 0.35rem 0.6rem; text-align: left; vertical-align: top; }
+thead th { background: var(--band); font-weight: 600; white-space: nowrap; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td { overflow-wrap: break-word; }
+code { overflow-wrap: anywhere; }
+time { white-space: nowrap; text-decoration: underline dotted var(--muted); }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0.25rem 0 0; font-size: 0.85rem; }
+details.error summary { cursor: pointer; overflow-wrap: anywhere; }
+.verdict { font-size: 1.15rem; font-weight: 600; border-left: 0.4rem solid; padding: 0.6rem 0.8rem; background: var(--band); max-width: none; }
+.verdict.ok { border-color: var(--ok); }
+.verdict.attention { border-color: var(--bad); }
+.state { font-weight: 600; white-space: nowrap; }
+.state::before { content: '\\25CF\\00A0'; }
+.state.sent, .state.healthy { color: var(--ok); }
+.state.unsent { color: var(--warn); }
+.state.parked, .state.skipped { color: var(--bad); }
+.figures { display: flex; flex-wrap: wrap; gap: 0.5rem 2rem; padding: 0; list-style: none; }
+.figures strong { font-variant-numeric: tabular-nums; font-size: 1.2rem; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 30rem), 1fr)); gap: 1rem 1.5rem; }
+figure.chart { margin: 0; min-width: 0; }
+figure.chart svg { width: 100%; height: auto; display: block; border: 1px solid var(--line); background: #fff; }
+figure.chart figcaption { font-size: 0.9rem; color: var(--muted); }
+.chart .line { fill: none; stroke: var(--accent); stroke-width: 2; }
+.chart circle.line { fill: var(--accent); }
+.chart .grid { stroke: var(--line); stroke-width: 1; }
+.chart .axis { font-size: 11px; fill: var(--muted); font-family: inherit; }
+.choices { display: flex; flex-wrap: wrap; gap: 0.25rem 1rem; }
 form.filters { display: flex; flex-wrap: wrap; gap: 0.5rem 1rem; align-items: end; }
 form.filters label { display: flex; flex-direction: column; }
-a:focus, button:focus, input:focus, select:focus, summary:focus { outline: 3px solid; outline-offset: 2px; }
+input, select, button { font: inherit; max-width: 100%; }
+@media (max-width: 40rem) {
+  table.cards, table.cards caption, table.cards tbody, table.cards tr, table.cards td { display: block; }
+  table.cards thead { display: none; }
+  table.cards tr { border-bottom: 1px solid var(--line); padding: 0.4rem 0; }
+  table.cards td { border: 0; padding: 0.1rem 0; }
+  table.cards td.n { text-align: left; }
+  table.cards td[data-label]::before { content: attr(data-label) ': '; font-weight: 600; }
+}
+a:focus, button:focus, input:focus, select:focus, summary:focus { outline: 3px solid var(--accent); outline-offset: 2px; }
 ";
 
 /// Headers of every console answer: never cached, never framed, no resource from elsewhere, no
@@ -87,12 +136,24 @@ fn see_other(location: &str) -> HttpResponse {
 
 /// A page: the navigation (with the logout form when logged in), a heading, the content.
 fn page(title: &str, session: Option<&Session>, content: Markup) -> Markup {
+    refreshing_page(title, session, None, content)
+}
+
+/// [`page`], reloaded by the browser every `refresh` seconds when set: a meta refresh, which
+/// loads the page's own address again (a GET: it never sends a form).
+fn refreshing_page(
+    title: &str,
+    session: Option<&Session>,
+    refresh: Option<u32>,
+    content: Markup,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
                 title { (title) " · retrysafe console" }
                 link rel="stylesheet" href="/console/style.css";
             }
@@ -314,9 +375,96 @@ async fn logout(
     Ok(response)
 }
 
+/// How often the overview may reload itself (`refresh`, in seconds); none by default.
+const REFRESH_CHOICES: [u32; 3] = [10, 30, 60];
+
+/// The overview's own choices: which range its charts show (`range`, hour by default), and
+/// whether it reloads itself (`refresh`).
+fn overview_choices(query: &str) -> Result<(Range, Option<u32>), ApiError> {
+    let parameters = Parameters::parse(query, &["range", "refresh"])?;
+    let mut problems = Vec::new();
+    let range = match parameters.get("range") {
+        None => Range::Hour,
+        Some(text) => Range::parse(text).unwrap_or_else(|| {
+            problems.push(format!("range: {text:?} is neither hour nor day"));
+            Range::Hour
+        }),
+    };
+    let refresh = match parameters.get("refresh") {
+        None | Some("off") => None,
+        Some(text) => match text.parse() {
+            Ok(seconds) if REFRESH_CHOICES.contains(&seconds) => Some(seconds),
+            _ => {
+                problems.push(format!(
+                    "refresh: {text:?} is not one of off, 10, 30, 60 (seconds)"
+                ));
+                None
+            }
+        },
+    };
+    if problems.is_empty() {
+        Ok((range, refresh))
+    } else {
+        Err(ApiError::InvalidQuery(problems.join("; ")))
+    }
+}
+
+/// The overview's address with these choices.
+fn overview_link(range: Range, refresh: Option<u32>) -> String {
+    let refresh = refresh.map(|seconds| seconds.to_string());
+    let range = (range != Range::Hour).then_some(range.as_str());
+    link(
+        "/console",
+        &[
+            ("range", range.unwrap_or_default()),
+            ("refresh", refresh.as_deref().unwrap_or_default()),
+        ],
+    )
+}
+
+/// The charts of the outbox's history, with the links that choose the range and the refresh.
+fn trends(state: &SharedAdmin, range: Range, refresh: Option<u32>) -> Markup {
+    let series = state.history.series(range);
+    let range_words = match range {
+        Range::Hour => "last hour",
+        Range::Day => "last day",
+    };
+    html! {
+        h2 { "Trends over the " (range_words) }
+        p.choices {
+            span { "Show: "
+                @for choice in [Range::Hour, Range::Day] {
+                    @if choice == range { strong aria-current="true" { (choice.as_str()) } } @else { a href=(overview_link(choice, refresh)) { (choice.as_str()) } }
+                    " "
+                }
+            }
+            span { "Reload this page: "
+                @if refresh.is_none() { strong aria-current="true" { "off" } } @else { a href=(overview_link(range, None)) { "off" } }
+                @for seconds in REFRESH_CHOICES {
+                    " "
+                    @if refresh == Some(seconds) { strong aria-current="true" { "every " (seconds) " s" } }
+                    @else { a href=(overview_link(range, Some(seconds))) { "every " (seconds) " s" } }
+                }
+            }
+        }
+        div.charts {
+            @for measure in &charts::MEASURES { (charts::chart(measure, &series, range_words)) }
+        }
+        p {
+            "Sampled by this daemon every " (series.step_seconds) " s since it started (kept in memory, a restart starts afresh), from the database: "
+            "the whole outbox's figures, the same on every daemon that shares it; the rates count every relay's events, a sample interval late."
+            " The same series as JSON: " code { "GET /admin/v1/outbox/history" } "."
+        }
+    }
+}
+
 async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
+    };
+    let (range, refresh) = match overview_choices(request.query_string()) {
+        Ok(choices) => choices,
+        Err(error) => return error_page(Some(&session), &error),
     };
     let overview = match api::read_overview(&state).await {
         Ok(overview) => overview,
@@ -324,6 +472,7 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     };
     let figures = &overview.figures;
     let totals = figures.totals;
+    let now = figures.now;
     let cap = crate::outbox::store::GAUGE_COUNT_CAP;
     let count = |n: i64| {
         if n >= cap {
@@ -358,21 +507,26 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
         .count();
     let content = html! {
         @if concerns.is_empty() {
-            p.verdict role="status" { "Delivery: healthy. Nothing parked, the broker connected, the backlog moving." }
+            p.verdict.ok role="status" { "Delivery: healthy. Nothing parked, the broker connected, the backlog moving." }
         } @else {
-            p.verdict role="status" { "Delivery: needs attention: " (concerns.join("; ")) "." }
+            p.verdict.attention role="status" { "Delivery: needs attention: " (concerns.join("; ")) "." }
         }
-        h2 { "Backlog" }
-        p {
-            "Unsent: " strong { (count(totals.unsent)) } ". Parked: " strong { (count(totals.parked)) } ". Oldest unsent event: "
-            strong { (totals.oldest_unsent_age_seconds.map(|age| format!("{age:.1} s old")).unwrap_or_else(|| "none".into())) } "."
-            " Broker: " strong { (if overview.broker.connected { "connected" } else { "not connected" }) }
-            @if let Some(reason) = &overview.broker.blocked { ", blocked by RabbitMQ: " (reason) } "."
+        h2 { "Now" }
+        ul.figures {
+            li { "Unsent: " strong { (count(totals.unsent)) } }
+            li { "Parked: " strong { (count(totals.parked)) } }
+            li { "Oldest unsent event: " strong { (totals.oldest_unsent_age_seconds.map(|age| format!("{age:.1} s old")).unwrap_or_else(|| "none".into())) } }
+            li { "Broker: "
+                @if overview.broker.connected { span.state.healthy { "connected" } } @else { span.state.parked { "not connected" } }
+                @if let Some(reason) = &overview.broker.blocked { ", " span.state.parked { "blocked by RabbitMQ" } ": " (reason) }
+            }
         }
+        (trends(&state, range, refresh))
+        h2 { "Backlog by type" }
         @if figures.by_type.is_empty() {
             p { "No unsent event." }
         } @else {
-            table {
+            div.scroll { table {
                 caption { "Unsent events by type" }
                 thead { tr { th scope="col" { "Event type" } th.n scope="col" { "Unsent (not parked)" } th.n scope="col" { "Parked" } } }
                 tbody {
@@ -380,13 +534,13 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                         tr { td { (row.event_type) } td.n { (row.unsent) } td.n { (row.parked) } }
                     }
                 }
-            }
+            } }
         }
         h2 { "Parked events by error" }
         @if figures.parked_groups.is_empty() {
             p { "No parked event." }
         } @else {
-            table {
+            div.scroll { table.cards {
                 caption { "Parked events, grouped by event type and last error (the largest groups first)" }
                 thead { tr {
                     th scope="col" { "Event type" } th scope="col" { "Last error" } th.n scope="col" { "Events" }
@@ -396,11 +550,11 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                     @for group in &figures.parked_groups {
                         @let pairs = [("type", group.event_type.as_str()), ("error", group.last_error.as_str())];
                         tr {
-                            td { (group.event_type) }
-                            td { pre { (group.last_error) } }
-                            td.n { (group.parked) }
-                            td { (crate::entry::format_time(group.first_parked_at)) }
-                            td { (crate::entry::format_time(group.last_parked_at)) }
+                            td data-label="Event type" { (group.event_type) }
+                            td data-label="Last error" { (charts::folded(&group.last_error)) }
+                            td.n data-label="Events" { (group.parked) }
+                            td data-label="First parked" { (charts::time(group.first_parked_at, now)) }
+                            td data-label="Last parked" { (charts::time(group.last_parked_at, now)) }
                             td {
                                 a href=(link("/console/events", &[("state", "parked"), pairs[0], pairs[1]])) { "See the events" }
                                 // A group without an error text cannot be named by one: its
@@ -413,19 +567,19 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                         }
                     }
                 }
-            }
+            } }
         }
         @if figures.blocked.events > 0 {
             h2 { "Ordering keys held back" }
             p { (count(figures.blocked.events)) " event(s) of " (figures.blocked.keys) " key(s) wait behind a parked event of their key. Retry or skip the parked one." }
-            table {
+            div.scroll { table {
                 caption { "Parked events that hold the most back" }
                 thead { tr { th scope="col" { "Event" } th scope="col" { "Client" } th scope="col" { "Ordering key" } th.n scope="col" { "Sequence" } th.n scope="col" { "Held back" } th scope="col" { "Last error" } th scope="col" { "Act" } } }
                 tbody {
                     @for event in &figures.blocking {
                         @let id = event.event_id.to_string();
                         tr {
-                            td { code { (id) } } td { (event.client_id) } td { (event.ordering_key) } td.n { (event.sequence) } td.n { (event.blocked) } td { pre { (event.last_error) } }
+                            td { code { (id) } } td { (event.client_id) } td { (event.ordering_key) } td.n { (event.sequence) } td.n { (event.blocked) } td { (charts::folded(&event.last_error)) }
                             td {
                                 a href=(link("/console/confirm", &[("action", "retry"), ("event_id", &id)])) { "Retry…" }
                                 " · "
@@ -434,25 +588,28 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                         }
                     }
                 }
-            }
+            } }
         }
         h2 { "Replays" }
         @if overview.replays.is_empty() {
             p { "No replay has run." }
         } @else {
             p { (running) " in progress." }
-            table {
+            div.scroll { table {
                 caption { "The newest replays" }
                 thead { tr { th scope="col" { "Id" } th scope="col" { "Status" } th scope="col" { "Target" } th scope="col" { "By" } th scope="col" { "Started" } th.n scope="col" { "Sent" } th.n scope="col" { "Of" } } }
                 tbody {
                     @for replay in &overview.replays {
-                        tr { td { (replay.id) } td { (replay.status) } td { (replay.target) } td { (replay.requested_by) } td { (crate::entry::format_time(replay.started_at)) } td.n { (replay.events_sent) } td.n { (replay.events_total) } }
+                        tr { td { (replay.id) } td { (replay.status) } td { (replay.target) } td { (replay.requested_by) } td { (charts::time(replay.started_at, now)) } td.n { (replay.events_sent) } td.n { (replay.events_total) } }
                     }
                 }
-            }
+            } }
         }
     };
-    html_response(StatusCode::OK, page("Overview", Some(&session), content))
+    html_response(
+        StatusCode::OK,
+        refreshing_page("Overview", Some(&session), refresh, content),
+    )
 }
 
 const EVENT_FIELDS: [&str; 8] = [
@@ -476,7 +633,7 @@ async fn events(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
         Ok(parsed) => parsed,
         Err(error) => return error_page(Some(&session), &error),
     };
-    let page_of_events = match api::read_events(&state, &filter, limit, cursor).await {
+    let (page_of_events, now) = match api::read_events(&state, &filter, limit, cursor).await {
         Ok(page) => page,
         Err(error) => return error_page(Some(&session), &error),
     };
@@ -538,7 +695,7 @@ async fn events(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
         }
         @if !page_of_events.events.is_empty() {
             form method="get" action="/console/confirm" {
-                table {
+                div.scroll { table.cards {
                     caption {
                         @if filter.state == EventState::Sent { "Events, the last sent first (" } @else { "Events, newest first (" }
                         (page_of_events.events.len()) " on this page)"
@@ -552,18 +709,18 @@ async fn events(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                             @let id = event.event_id.to_string();
                             tr {
                                 td { input type="checkbox" name="event_id" value=(id) id=(format!("select-{id}")) aria-label=(format!("Select event {id}")); }
-                                td { label for=(format!("select-{id}")) { code { (id) } } }
-                                td { (event.event_type) }
-                                td { a href=(link("/console/keys", &[("client", &event.client_id), ("key", &event.idempotency_key)])) { (event.client_id) " / " (event.idempotency_key) } }
-                                td { (event.state.as_str()) }
-                                td.n { (event.attempts) }
-                                td { pre { (event.last_error.clone().unwrap_or_default()) } }
-                                td { (crate::entry::format_time(event.created_at)) }
-                                td { details { summary { "Show" } pre { (serde_json::to_string_pretty(&event.payload).unwrap_or_default()) } } }
+                                td data-label="Event" { label for=(format!("select-{id}")) { code { (id) } } }
+                                td data-label="Type" { (event.event_type) }
+                                td data-label="Client and key" { a href=(link("/console/keys", &[("client", &event.client_id), ("key", &event.idempotency_key)])) { (event.client_id) " / " (event.idempotency_key) } }
+                                td data-label="State" { span class=(format!("state {}", event.state.as_str())) { (event.state.as_str()) } }
+                                td.n data-label="Attempts" { (event.attempts) }
+                                td data-label="Last error" { (charts::folded(event.last_error.as_deref().unwrap_or_default())) }
+                                td data-label="Created" { (charts::time(event.created_at, now)) }
+                                td data-label="Payload" { details { summary { "Show" } pre { (serde_json::to_string_pretty(&event.payload).unwrap_or_default()) } } }
                             }
                         }
                     }
-                }
+                } }
                 button type="submit" name="action" value="retry" { "Retry the selected events…" }
                 " "
                 button type="submit" name="action" value="skip" { "Skip the selected events…" }
@@ -766,7 +923,7 @@ async fn keys(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
             None => {}
             Some(Err(error)) => { p role="alert" { (error.to_string()) } }
             Some(Ok(view)) => {
-                table {
+                div.scroll { table {
                     caption { "The key's record" }
                     tbody {
                         tr { th scope="row" { "Status" } td { (view.status) " (answered " (view.response_status) ")" } }
@@ -777,8 +934,8 @@ async fn keys(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                         @if let Some(ordering_key) = &view.ordering_key { tr { th scope="row" { "Ordering key" } td { (ordering_key) " #" (view.sequence.unwrap_or_default()) } } }
                         @if let Some(blocked_by) = view.blocked_by { tr { th scope="row" { "Held back by" } td { code { (blocked_by.to_string()) } } } }
                     }
-                }
-                table {
+                } }
+                div.scroll { table {
                     caption { "Its events" }
                     thead { tr { th scope="col" { "Event" } th scope="col" { "Type" } th scope="col" { "Delivery" } th.n scope="col" { "Attempts" } th scope="col" { "Last error" } th.n scope="col" { "Replays" } } }
                     tbody {
@@ -793,12 +950,12 @@ async fn keys(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                                     @else { "unsent" }
                                 }
                                 td.n { (event.attempts) }
-                                td { pre { (event.last_error.clone().unwrap_or_default()) } }
+                                td { (charts::folded(event.last_error.as_deref().unwrap_or_default())) }
                                 td.n { (event.replay_count) }
                             }
                         }
                     }
-                }
+                } }
             }
         }
     };
@@ -823,7 +980,7 @@ async fn actions(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
         Ok(page) => page,
         Err(error) => return error_page(Some(&session), &error),
     };
-    let page_of_actions = match api::read_actions(&state, limit, cursor).await {
+    let (page_of_actions, now) = match api::read_actions(&state, limit, cursor).await {
         Ok(page) => page,
         Err(error) => return error_page(Some(&session), &error),
     };
@@ -831,14 +988,14 @@ async fn actions(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
         @if page_of_actions.actions.is_empty() {
             p role="status" { "No admin action yet." }
         } @else {
-            table {
+            div.scroll { table {
                 caption { "Every admin action, newest first" }
                 thead { tr { th scope="col" { "Action" } th scope="col" { "When" } th scope="col" { "Admin" } th scope="col" { "What" } th scope="col" { "Selector" } th.n scope="col" { "Events changed" } } }
                 tbody {
                     @for action in &page_of_actions.actions {
                         tr {
                             td { (action.id) }
-                            td { (crate::entry::format_time(action.created_at)) }
+                            td { (charts::time(action.created_at, now)) }
                             td { (action.admin_id) }
                             td { (action.action) }
                             td { pre { (action.selector.to_string()) } }
@@ -846,7 +1003,7 @@ async fn actions(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
                         }
                     }
                 }
-            }
+            } }
             @if let Some(next) = &page_of_actions.next {
                 p { a href=(link("/console/actions", &[("cursor", next)])) { "Older actions" } }
             }

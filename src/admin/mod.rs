@@ -9,6 +9,7 @@
 //! the gauges keep the other half.
 
 pub mod api;
+pub mod charts;
 pub mod console;
 pub mod history;
 pub mod openapi;

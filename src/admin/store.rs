@@ -61,6 +61,8 @@ pub async fn backlog_by_type(
 
 /// What the overview reads from the database, in one transaction (one snapshot).
 pub struct OutboxFigures {
+    /// The database's time of the snapshot.
+    pub now: DateTime<Utc>,
     pub totals: Totals,
     pub by_type: Vec<TypeBacklog>,
     pub parked_groups: Vec<ParkedGroup>,
@@ -76,6 +78,7 @@ pub async fn outbox_figures(connection: &mut PgClient) -> Result<OutboxFigures, 
         .start()
         .await?;
     let figures = OutboxFigures {
+        now: store::database_now(&transaction).await?,
         totals: store::totals(&transaction).await?,
         by_type: backlog_by_type(&transaction).await?,
         parked_groups: store::parked_groups(&transaction).await?,
