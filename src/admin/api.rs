@@ -207,7 +207,8 @@ pub struct EventPage {
     pub partial: bool,
 }
 
-const EVENT_PARAMETERS: [&str; 8] = [
+/// The query parameters of a page of events, in the API and in the console's events page.
+pub const EVENT_PARAMETERS: [&str; 8] = [
     "state",
     "type",
     "client",

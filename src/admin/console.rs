@@ -612,22 +612,11 @@ async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     )
 }
 
-const EVENT_FIELDS: [&str; 8] = [
-    "state",
-    "type",
-    "client",
-    "error",
-    "created_after",
-    "created_before",
-    "limit",
-    "cursor",
-];
-
 async fn events(request: HttpRequest, state: SharedAdmin) -> HttpResponse {
     let Some(session) = session_of(&state, &request) else {
         return to_login();
     };
-    let parsed = Parameters::parse(request.query_string(), &EVENT_FIELDS)
+    let parsed = Parameters::parse(request.query_string(), &api::EVENT_PARAMETERS)
         .and_then(|parameters| api::event_query(&parameters).map(|query| (parameters, query)));
     let (parameters, (filter, limit, cursor)) = match parsed {
         Ok(parsed) => parsed,

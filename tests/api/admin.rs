@@ -968,6 +968,23 @@ pub async fn history_points(
     .await
 }
 
+/// Parks `parked` events (no queue bound), then binds a queue and writes and sends `sent`
+/// more: keys `<prefix>-parked-<n>` and `<prefix>-sent-<n>`.
+pub async fn park_then_send(app: &TestDaemon, prefix: &str, parked: i64, sent: i64) {
+    park(app, &format!("{prefix}-parked"), parked).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    for i in 0..sent {
+        app.post_entry(&format!("{prefix}-sent-{i}"), &entry_body(i))
+            .await
+            .assert_created();
+    }
+    assert_eq!(app.relay_until_empty().await, sent as usize);
+    assert_eq!(
+        consumer.drain(Duration::from_secs(2)).await.len(),
+        sent as usize
+    );
+}
+
 /// The sum of a field over points, nulls as 0.
 pub fn total(points: &[Value], field: &str) -> i64 {
     points
@@ -982,16 +999,7 @@ async fn the_outbox_history_counts_each_event_sent_and_parked_once_with_the_data
     let refused = admin_get(&app, "/admin/v1/outbox/history", None).await;
     assert_problem(&refused, 401, "unauthorized");
 
-    // Four events parked (no queue bound), then a queue and three events sent.
-    park(&app, "history-parked", 4).await;
-    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
-    for i in 0..3 {
-        app.post_entry(&format!("history-sent-{i}"), &entry_body(i))
-            .await
-            .assert_created();
-    }
-    assert_eq!(app.relay_until_empty().await, 3);
-    assert_eq!(consumer.drain(Duration::from_secs(2)).await.len(), 3);
+    park_then_send(&app, "history", 4, 3).await;
 
     // Every event in exactly one point's window: the sums are the counts, never more.
     let points = history_points(&app, |points| {

@@ -12,7 +12,9 @@ use std::time::Duration;
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 
-use crate::admin::{admin_address, history_points, park, parking_daemon, total, ADMIN_TOKEN};
+use crate::admin::{
+    admin_address, history_points, park, park_then_send, parking_daemon, total, ADMIN_TOKEN,
+};
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::free_port;
 use crate::common::helpers::eventually;
@@ -126,15 +128,21 @@ async fn page_at(browser: &Client, path: &str, needle: &str) -> String {
     .await
 }
 
-#[actix_web::test]
-async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
-    let app = parking_daemon().await;
-    park(&app, "browser", 3).await;
-    let base = admin_address(&app).to_owned();
-    let driver = ChromeDriver::start().await;
-    let browser = driver.browser().await;
+/// Clicks the link whose text is `text`.
+async fn follow(browser: &Client, text: &str) {
+    browser
+        .find(Locator::LinkText(text))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
 
-    // Not logged in: the login page. The token typed, Enter sends the form.
+/// Logs in as an admin with the keyboard: the console at `base` sends a browser without a
+/// session to the login page, where the token typed and Enter send the form. The text of the
+/// overview it then shows.
+async fn log_in(browser: &Client, base: &str) -> String {
     browser.goto(&format!("{base}/console")).await.unwrap();
     assert_eq!(
         browser.current_url().await.unwrap().path(),
@@ -145,19 +153,24 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .send_keys(&format!("{ADMIN_TOKEN}{}", char::from(Key::Enter)))
         .await
         .unwrap();
-    let overview = page_at(&browser, "/console", "Delivery:").await;
+    page_at(browser, "/console", "Delivery:").await
+}
+
+#[actix_web::test]
+async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
+    let app = parking_daemon().await;
+    park(&app, "browser", 3).await;
+    let base = admin_address(&app).to_owned();
+    let driver = ChromeDriver::start().await;
+    let browser = driver.browser().await;
+
+    let overview = log_in(&browser, &base).await;
     assert!(overview.contains("Delivery: needs attention"), "{overview}");
     assert!(overview.contains("3 parked event(s)"), "{overview}");
     assert!(overview.contains("NO_ROUTE"), "{overview}");
 
     // The group's events, with their errors and payloads.
-    browser
-        .find(Locator::LinkText("See the events"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "See the events").await;
     let events = page_at(&browser, "/console/events", "browser-").await;
     assert!(
         events.contains("browser-0") && events.contains("browser-2"),
@@ -167,13 +180,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
     // A queue is bound; the group is retried from the overview, after a confirmation.
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     browser.goto(&format!("{base}/console")).await.unwrap();
-    browser
-        .find(Locator::LinkText("Retry this group…"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "Retry this group…").await;
     let confirm = page_at(&browser, "/console/confirm", "match").await;
     assert!(confirm.contains("3 event(s) match"), "{confirm}");
     assert_eq!(
@@ -201,13 +208,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
     assert_eq!(delivered.len(), 3, "the retried events arrive in the queue");
 
     // The action in the log, with who and how many.
-    browser
-        .find(Locator::LinkText("The action log"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "The action log").await;
     let log = page_at(&browser, "/console/actions", "retry").await;
     assert!(log.contains("ops") && log.contains("retry"), "{log}");
     assert!(log.contains("NO_ROUTE"), "the selector is shown: {log}");
@@ -322,18 +323,7 @@ async fn the_overview_draws_its_trends_and_reads_without_sideways_scrolling_on_a
 ) {
     let app = parking_daemon().await;
     // Parked events (no queue bound), with a long error each; then sent ones.
-    park(&app, "trend-parked", 4).await;
-    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
-    for i in 0..6 {
-        app.post_entry(
-            &format!("trend-sent-{i}"),
-            &crate::common::helpers::entry_body(i),
-        )
-        .await
-        .assert_created();
-    }
-    assert_eq!(app.relay_until_empty().await, 6);
-    assert_eq!(consumer.drain(Duration::from_secs(2)).await.len(), 6);
+    park_then_send(&app, "trend", 4, 6).await;
     // The samples that counted them, as the API gives them.
     history_points(&app, |points| {
         let (sent, parked) = (total(points, "sent"), total(points, "newly_parked"));
@@ -351,16 +341,7 @@ async fn the_overview_draws_its_trends_and_reads_without_sideways_scrolling_on_a
     let base = admin_address(&app).to_owned();
     let driver = ChromeDriver::start().await;
     let browser = driver.browser().await;
-    browser
-        .goto(&format!("{base}/console/login"))
-        .await
-        .unwrap();
-    let token = browser.find(Locator::Id("token")).await.unwrap();
-    token
-        .send_keys(&format!("{ADMIN_TOKEN}{}", char::from(Key::Enter)))
-        .await
-        .unwrap();
-    let overview = page_at(&browser, "/console", "Delivery:").await;
+    let overview = log_in(&browser, &base).await;
     // The verdict comes first, before the charts.
     assert!(overview.contains("4 parked event(s)."), "{overview}");
     let verdict_at = overview.find("Delivery: needs attention: ");
@@ -390,18 +371,19 @@ async fn the_overview_draws_its_trends_and_reads_without_sideways_scrolling_on_a
             "{id}: {description:?}"
         );
     }
-    let (_, _, _, parked_words, _) = drawn
-        .iter()
-        .find(|(id, ..)| id == "chart-parked")
-        .expect("a chart of the parked events");
+    let words_of = |chart: &str| {
+        drawn
+            .iter()
+            .find(|(id, ..)| id == chart)
+            .map(|(.., description, _)| description.clone())
+            .unwrap_or_else(|| panic!("no chart {chart}: {drawn:?}"))
+    };
+    let parked_words = words_of("chart-parked");
     assert!(
         parked_words.contains("now 4 parked event(s)"),
         "{parked_words:?}"
     );
-    let (_, _, _, rate_words, _) = drawn
-        .iter()
-        .find(|(id, ..)| id == "chart-sent-rate")
-        .expect("a chart of the publish rate");
+    let rate_words = words_of("chart-sent-rate");
     assert!(
         !rate_words.contains("most 0."),
         "events were sent: {rate_words:?}"
@@ -420,21 +402,9 @@ async fn the_overview_draws_its_trends_and_reads_without_sideways_scrolling_on_a
     assert!(words.ends_with("ago") || words == "just now", "{words}");
 
     // The day's range, and a refresh on request: a meta refresh of the page's own address.
-    browser
-        .find(Locator::LinkText("day"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "day").await;
     page_at(&browser, "/console", "Trends over the last day").await;
-    browser
-        .find(Locator::LinkText("every 30 s"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "every 30 s").await;
     page_at(&browser, "/console", "Trends over the last day").await;
     let refresh = browser
         .find(Locator::Css("meta[http-equiv='refresh']"))
