@@ -128,8 +128,6 @@ pub async fn read_overview(state: &SharedAdmin) -> Result<Overview, ApiError> {
     tag = "admin",
     responses(
         (status = 200, description = "The outbox at a glance", body = OutboxOverview),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -179,7 +177,6 @@ pub struct OutboxHistoryView {
     tag = "admin",
     responses(
         (status = 200, description = "The backlog, the parked events and the rates of sent and parked events over the last hour and the last day, as this daemon sampled them since it started (the whole outbox's figures, with the database's times)", body = OutboxHistoryView),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -381,9 +378,6 @@ pub async fn read_events(
     ),
     responses(
         (status = 200, description = "Events, newest first (sent events: the last sent first), looking at no more than 20 times `limit` events of the state: a page with fewer events than `limit` and a `next` is `partial`, and older events may match", body = EventPage),
-        (status = 400, description = "A parameter that is unknown, repeated or invalid", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -522,12 +516,6 @@ async fn act_on_events(
     params(("Idempotency-Key" = String, Header, description = "Required unless dry_run: the same request again under it answers the first answer")),
     responses(
         (status = 200, description = "What was requeued (with `Idempotency-Replayed: true`, the first answer to this key)", body = ActionOutcome),
-        (status = 400, description = "A selector that is invalid, or that would match every parked event without `all: true`; a missing Idempotency-Key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The Idempotency-Key was used with another request", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "A body over 64 KiB", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -547,12 +535,6 @@ pub async fn retry(
     params(("Idempotency-Key" = String, Header, description = "Required unless dry_run: the same request again under it answers the first answer")),
     responses(
         (status = 200, description = "What was skipped (never to be published; an ordering key goes on past it)", body = ActionOutcome),
-        (status = 400, description = "A selector that is invalid, that would match every parked event without `all: true`, or that matches more than 100 events; a missing Idempotency-Key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The Idempotency-Key was used with another request", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "A body over 64 KiB", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -574,10 +556,6 @@ pub async fn skip(
     ),
     responses(
         (status = 200, description = "The key's record and its events", body = crate::http::keys::KeyView),
-        (status = 400, description = "An invalid client id or key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No live record for the key", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]
@@ -649,9 +627,6 @@ pub async fn read_actions(
     ),
     responses(
         (status = 200, description = "Every admin action, newest first", body = ActionPage),
-        (status = 400, description = "A parameter that is unknown, repeated or invalid", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No admin token", body = crate::http::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database did not answer in time, or the admin listener's share of the read pool stayed taken (`Retry-After`)", body = crate::http::problem::Problem, content_type = "application/problem+json"),
     ),
     security(("admin" = [])),
 )]

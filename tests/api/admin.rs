@@ -160,7 +160,26 @@ async fn the_admin_listener_serves_admins_alone_and_only_when_there_are_some() {
         "/admin/v1/actions",
     ] {
         assert!(paths.get(path).is_some(), "{path} is described: {paths}");
+        // The problem responses come from the admin listener's table: 401 everywhere.
+        let operation = paths[path]
+            .as_object()
+            .and_then(|item| item.values().next())
+            .unwrap();
+        assert!(
+            operation["responses"]["401"]["description"]
+                .as_str()
+                .is_some_and(|words| words.contains("`unauthorized`")),
+            "{path}: {operation}"
+        );
     }
+    let retry = &paths["/admin/v1/events/retry"]["post"]["responses"];
+    for status in ["400", "409", "413", "415", "503"] {
+        assert!(retry.get(status).is_some(), "{status}: {retry}");
+    }
+    assert!(
+        retry["503"]["headers"]["Retry-After"].is_object(),
+        "{retry}"
+    );
     let wrong_method = app
         .send(
             http()
