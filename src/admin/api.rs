@@ -15,6 +15,7 @@ use crate::admin::store::{
     Selector, TypeBacklog,
 };
 use crate::admin::SharedAdmin;
+use crate::http::cursor::{self, Fingerprint};
 use crate::http::entries::{idempotency_key, read_body_within, require_json};
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
@@ -269,8 +270,13 @@ pub fn optional_time(
     }
 }
 
-/// The page size and the cursor (an id, exclusive) of `parameters`.
-pub fn page_of(parameters: &Parameters, problems: &mut Vec<String>) -> (i64, Option<i64>) {
+/// The page size and the cursor (a position, exclusive) of `parameters`, a page of the query
+/// `fingerprint` ([`crate::http::cursor`]; `same` names what the cursor is tied to).
+fn page_of(
+    parameters: &Parameters,
+    (fingerprint, same): (Fingerprint, &str),
+    problems: &mut Vec<String>,
+) -> (i64, Option<i64>) {
     let limit = match parameters.get("limit").map(str::parse::<i64>) {
         None => DEFAULT_PAGE,
         Some(Ok(limit)) if (1..=MAX_PAGE).contains(&limit) => limit,
@@ -279,15 +285,46 @@ pub fn page_of(parameters: &Parameters, problems: &mut Vec<String>) -> (i64, Opt
             DEFAULT_PAGE
         }
     };
-    let cursor = match parameters.get("cursor").map(str::parse::<i64>) {
+    let cursor = match parameters
+        .get("cursor")
+        .map(|text| cursor::decode(text, fingerprint))
+    {
         None => None,
-        Some(Ok(position)) if position > 0 => Some(position),
-        Some(_) => {
-            problems.push("cursor: not one this API gave (the `next` of a page)".into());
+        Some(Ok(position)) => Some(i64::from_be_bytes(position)),
+        Some(Err(refused)) => {
+            problems.push(format!("cursor: {}", refused.describe(same)));
             None
         }
     };
     (limit, cursor)
+}
+
+/// What an events cursor is tied to: every filter of the page it came with.
+fn events_query(filter: &EventFilter) -> (Fingerprint, &'static str) {
+    let time = |time: Option<DateTime<Utc>>| time.map(crate::entry::format_time);
+    let described = serde_json::json!([
+        "events",
+        filter.state.as_str(),
+        filter.event_type,
+        filter.client,
+        filter.error,
+        time(filter.created_after),
+        time(filter.created_before),
+    ]);
+    (
+        Fingerprint::of(&described),
+        "state, type, client, error, created_after and created_before",
+    )
+}
+
+/// The page size and the cursor of a page of the action log.
+pub fn actions_page_of(parameters: &Parameters, problems: &mut Vec<String>) -> (i64, Option<i64>) {
+    page_of(parameters, actions_query(), problems)
+}
+
+/// What an action log cursor is tied to: the log, which has no filter.
+fn actions_query() -> (Fingerprint, &'static str) {
+    (Fingerprint::of(&serde_json::json!(["actions"])), "listing")
 }
 
 /// The filter, page size and cursor of an events query.
@@ -315,10 +352,6 @@ pub fn event_query(parameters: &Parameters) -> Result<(EventFilter, i64, Option<
         ..Selector::default()
     };
     problems.extend(selector.problems());
-    let (limit, cursor) = page_of(parameters, &mut problems);
-    if !problems.is_empty() {
-        return Err(ApiError::InvalidQuery(problems.join("; ")));
-    }
     let filter = EventFilter {
         state,
         event_type: selector.event_type,
@@ -327,6 +360,10 @@ pub fn event_query(parameters: &Parameters) -> Result<(EventFilter, i64, Option<
         created_after,
         created_before,
     };
+    let (limit, cursor) = page_of(parameters, events_query(&filter), &mut problems);
+    if !problems.is_empty() {
+        return Err(ApiError::InvalidQuery(problems.join("; ")));
+    }
     Ok((filter, limit, cursor))
 }
 
@@ -356,7 +393,7 @@ pub async fn read_events(
     };
     let page = EventPage {
         events: page.events,
-        next: next.map(|position| position.to_string()),
+        next: next.map(|position| cursor::encode(position.to_be_bytes(), events_query(filter).0)),
         partial: !full && next.is_some(),
     };
     Ok((page, now))
@@ -612,7 +649,11 @@ pub async fn read_actions(
         })
         .await?;
     let next = (actions.len() as i64 == limit)
-        .then(|| actions.last().map(|action| action.id.to_string()))
+        .then(|| {
+            actions
+                .last()
+                .map(|action| cursor::encode(action.id.to_be_bytes(), actions_query().0))
+        })
         .flatten();
     Ok((ActionPage { actions, next }, now))
 }
@@ -634,7 +675,7 @@ pub async fn actions(request: HttpRequest, state: SharedAdmin) -> Result<HttpRes
     admin_of(&state, &request)?;
     let parameters = Parameters::parse(request.query_string(), &["limit", "cursor"])?;
     let mut problems = Vec::new();
-    let (limit, cursor) = page_of(&parameters, &mut problems);
+    let (limit, cursor) = actions_page_of(&parameters, &mut problems);
     if !problems.is_empty() {
         return Err(ApiError::InvalidQuery(problems.join("; ")));
     }

@@ -1,6 +1,7 @@
 //! The HTTP layer: authenticate, parse, validate and hash, then hand the write to its shard.
 
 pub mod auth;
+pub mod cursor;
 pub mod entries;
 pub mod health;
 pub mod host;

@@ -239,6 +239,34 @@ async fn parked_events_are_grouped_listed_and_retried_by_selector_once_per_key()
     assert_eq!(second["events"].as_array().unwrap().len(), 1);
     assert_eq!(second["events"][0]["idempotency_key"], "parked-0");
     assert_eq!(second["next"], Value::Null);
+    // A cursor belongs to its query: with another filter it is refused, and so is its number.
+    for other in [
+        format!("state=skipped&limit=2&cursor={next}"),
+        format!("state=parked&type=other&cursor={next}"),
+    ] {
+        let refused = admin_get(
+            &app,
+            &format!("/admin/v1/events?{other}"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        assert_problem(&refused, 400, "invalid-request");
+        assert!(
+            refused.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("another query"),
+            "{}",
+            refused.describe()
+        );
+    }
+    let actions_cursor = admin_get(
+        &app,
+        &format!("/admin/v1/actions?cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_problem(&actions_cursor, 400, "invalid-request");
     let sent = admin_get(&app, "/admin/v1/events?state=sent", Some(ADMIN_TOKEN)).await;
     assert_eq!(sent.json()["events"], json!([]));
     for bad in [

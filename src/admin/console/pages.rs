@@ -191,7 +191,7 @@ pub(super) async fn actions(request: HttpRequest, state: SharedAdmin) -> HttpRes
     let parsed =
         Parameters::parse(request.query_string(), &["limit", "cursor"]).and_then(|parameters| {
             let mut problems = Vec::new();
-            let page = api::page_of(&parameters, &mut problems);
+            let page = api::actions_page_of(&parameters, &mut problems);
             if problems.is_empty() {
                 Ok(page)
             } else {
