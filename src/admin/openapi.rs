@@ -78,7 +78,14 @@ const BAD_QUERY: (&ProblemType, &str) = (
     &INVALID_REQUEST,
     "a query parameter is unknown, repeated or invalid; the detail names it",
 );
-/// What a retry or a skip answers besides its selector's refusal.
+/// What a page of events or of the action log answers.
+const PAGE_PROBLEMS: &[&ProblemType] = &[
+    &UNAUTHORIZED,
+    &INVALID_REQUEST,
+    &STORAGE_UNAVAILABLE,
+    &INTERNAL_ERROR,
+];
+/// What a retry or a skip answers.
 const ACTION_PROBLEMS: &[&ProblemType] = &[
     &UNAUTHORIZED,
     &MISSING_IDEMPOTENCY_KEY,
@@ -112,12 +119,7 @@ pub const ADMIN_ROUTE_PROBLEMS: [RouteProblems; 7] = [
     RouteProblems {
         method: HttpMethod::Get,
         path: "/admin/v1/events",
-        problems: &[
-            &UNAUTHORIZED,
-            &INVALID_REQUEST,
-            &STORAGE_UNAVAILABLE,
-            &INTERNAL_ERROR,
-        ],
+        problems: PAGE_PROBLEMS,
         here: &[NO_ADMIN, BAD_QUERY, BUSY],
     },
     RouteProblems {
@@ -167,12 +169,7 @@ pub const ADMIN_ROUTE_PROBLEMS: [RouteProblems; 7] = [
     RouteProblems {
         method: HttpMethod::Get,
         path: "/admin/v1/actions",
-        problems: &[
-            &UNAUTHORIZED,
-            &INVALID_REQUEST,
-            &STORAGE_UNAVAILABLE,
-            &INTERNAL_ERROR,
-        ],
+        problems: PAGE_PROBLEMS,
         here: &[NO_ADMIN, BAD_QUERY, BUSY],
     },
 ];
