@@ -11,11 +11,13 @@ use actix::Addr;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::web;
 
+use crate::admin::history::OutboxHistory;
+use crate::admin::AdminState;
 use crate::config::Config;
 use crate::db::citus::{self, Topology};
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
-use crate::http::server::{Listener, Serves};
+use crate::http::server::Listener;
 use crate::http::{self, AppState};
 use crate::lifecycle::{self, systemd, Tasks};
 use crate::outbox::{gauges, Broker, OutboxRelay, OutboxWaker, RelayConfig};
@@ -34,11 +36,17 @@ pub struct Options {
     /// something else publishes them (another daemon, or [`crate::outbox::relay_until_empty`]
     /// in a test), and nothing is purged but by [`crate::janitor::purge_once`].
     pub relays: bool,
+    /// How often the outbox's history is sampled for the console's charts, when admins are
+    /// configured ([`crate::admin::history::SAMPLE_INTERVAL`]; shorter in tests).
+    pub history_interval: Duration,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { relays: true }
+        Self {
+            relays: true,
+            history_interval: crate::admin::history::SAMPLE_INTERVAL,
+        }
     }
 }
 
@@ -170,6 +178,18 @@ impl Application {
             .iter()
             .map(|shard| shard.actor().clone())
             .collect();
+        // The admin listener's state, and the sampling of the outbox's history it draws.
+        let admin = (!config.auth.admins.is_empty()).then(|| {
+            let history = Arc::new(OutboxHistory::new(options.history_interval));
+            let (sampled, pool) = (history.clone(), reads.clone());
+            tasks.spawn(move |shutdown| crate::admin::history::run(pool, sampled, shutdown));
+            web::Data::new(AdminState::new(
+                &config,
+                reads.clone(),
+                broker.clone(),
+                history,
+            ))
+        });
         let state = AppState::new(
             &config,
             writes,
@@ -181,8 +201,8 @@ impl Application {
         let (server, ports) = start_http(
             &config,
             state,
-            certificate.as_ref(),
-            admin_certificate.as_ref(),
+            admin,
+            (certificate.as_ref(), admin_certificate.as_ref()),
         )?;
         Ok(Self {
             ports,
@@ -365,8 +385,11 @@ fn start_write_path(
 fn start_http(
     config: &Config,
     state: AppState,
-    certificate: Option<&Arc<ServerCertificate>>,
-    admin_certificate: Option<&Arc<ServerCertificate>>,
+    admin: Option<web::Data<AdminState>>,
+    (certificate, admin_certificate): (
+        Option<&Arc<ServerCertificate>>,
+        Option<&Arc<ServerCertificate>>,
+    ),
 ) -> anyhow::Result<(Server, Ports)> {
     let anonymous = state.auth.is_anonymous();
     let shared = web::Data::new(state);
@@ -378,9 +401,9 @@ fn start_http(
     let port = socket.local_addr()?.port();
     let mut listeners = vec![Listener {
         socket,
-        serves: match config.http.operations_listen {
-            Some(_) => Serves::Api,
-            None => Serves::Everything,
+        routes: match config.http.operations_listen {
+            Some(_) => Arc::new(http::api_routes),
+            None => Arc::new(http::routes),
         },
         tls: certificate
             .map(|certificate| certificate.server_config())
@@ -393,19 +416,19 @@ fn start_http(
         operations_port = Some(operations_socket.local_addr()?.port());
         listeners.push(Listener {
             socket: operations_socket,
-            serves: Serves::Operations,
+            routes: Arc::new(http::operations_listener_routes),
             tls: None,
             hosts: None,
         });
     }
     let mut admin_port = None;
-    if !config.auth.admins.is_empty() {
+    if let Some(admin) = admin {
         let admin_socket = bind(config.admin.listen)?;
         let local = admin_socket.local_addr()?;
         admin_port = Some(local.port());
         listeners.push(Listener {
             socket: admin_socket,
-            serves: Serves::Admin,
+            routes: crate::admin::routes_with(admin),
             tls: admin_certificate
                 .map(|certificate| certificate.server_config())
                 .transpose()?,

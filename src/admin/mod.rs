@@ -9,21 +9,41 @@
 //! the gauges keep the other half.
 
 pub mod api;
+pub mod charts;
 pub mod console;
+pub mod history;
 pub mod openapi;
 pub mod session;
 pub mod store;
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
 use actix_web::web;
 
-use crate::config::Config;
+use crate::config::{Config, MismatchStatus};
+use crate::db::Database;
 use crate::http::auth::Principals;
 use crate::http::Methods;
+use crate::outbox::Broker;
 
-/// The admins, the console's sessions, and the admin listener's turns on the read pool.
+/// What the admin listener's handlers share: registered as its own `web::Data` by whoever
+/// builds the admin listener ([`routes_with`]), so that the HTTP layer never names it.
 pub struct AdminState {
+    /// The pool for reads, readiness checks and the gauges, which admins share.
+    pub reads: Database,
+    pub broker: Arc<Broker>,
+    /// How long a request waits for a turn: as long as for a pooled connection
+    /// (`database.connect_timeout`).
+    pub read_wait: Duration,
+    /// How long a body may take to arrive (`http.body_timeout`).
+    pub body_timeout: Duration,
+    /// Status for a reused Idempotency-Key with another request (409, or 422).
+    pub mismatch_status: StatusCode,
+    /// The outbox's recent history, sampled by a task of the daemon.
+    pub history: Arc<history::OutboxHistory>,
     pub admins: Principals<Arc<str>>,
     pub sessions: session::Sessions,
     /// Turns for the admin listener's work on the read pool ([`turns_for`] its connections),
@@ -45,9 +65,23 @@ pub fn turns_for(read_connections: u32) -> usize {
 }
 
 impl AdminState {
-    /// For a read pool of `read_connections`.
-    pub fn new(config: &Config, read_connections: u32) -> Self {
+    pub fn new(
+        config: &Config,
+        reads: Database,
+        broker: Arc<Broker>,
+        history: Arc<history::OutboxHistory>,
+    ) -> Self {
+        let read_connections = reads.max_size();
         Self {
+            reads,
+            broker,
+            history,
+            read_wait: config.database.connect_timeout,
+            body_timeout: config.http.body_timeout,
+            mismatch_status: match config.idempotency.mismatch_status {
+                MismatchStatus::Conflict => StatusCode::CONFLICT,
+                MismatchStatus::UnprocessableContent => StatusCode::UNPROCESSABLE_ENTITY,
+            },
             turns: tokio::sync::Semaphore::new(turns_for(read_connections)),
             turn_count: turns_for(read_connections),
             admins: Principals::new(
@@ -65,10 +99,27 @@ impl AdminState {
     }
 }
 
+/// What the admin handlers take.
+pub type SharedAdmin = web::Data<AdminState>;
+
+/// The admin listener's routes with `state` registered for them: what startup hands the HTTP
+/// layer's listener.
+pub fn routes_with(state: SharedAdmin) -> crate::http::server::Routes {
+    Arc::new(move |config: &mut web::ServiceConfig| {
+        config.app_data(state.clone());
+        routes(config);
+    })
+}
+
 /// Every route of the admin listener.
 pub fn routes(config: &mut web::ServiceConfig) {
     config
         .service(Methods::on("/admin/v1/outbox").get(api::outbox).finish())
+        .service(
+            Methods::on("/admin/v1/outbox/history")
+                .get(api::outbox_history)
+                .finish(),
+        )
         .service(Methods::on("/admin/v1/events").get(api::events).finish())
         .service(
             Methods::on("/admin/v1/events/retry")

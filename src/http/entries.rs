@@ -15,7 +15,7 @@ use crate::entry::{
 use crate::http::observe::RequestOutcome;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
-use crate::idempotency::IdempotencyKey;
+use crate::idempotency::{IdempotencyKey, Verdict};
 use crate::metric;
 use crate::write::{Answer, SavedResponse, ScopedKey, Write};
 
@@ -58,7 +58,8 @@ pub async fn create_entry(
         key: idempotency_key(&request)?,
     };
     require_json(&request)?;
-    let body = read_body_within(&state, &request, payload, state.max_body_bytes).await?;
+    let body =
+        read_body_within(state.body_timeout, &request, payload, state.max_body_bytes).await?;
     let shard = state.shard_for(&key);
     // A retry of a completed request usually sends its very bytes: answered without decoding.
     if let Some(answer) = shard.replay_of_same_body(&key, &body) {
@@ -87,7 +88,8 @@ pub async fn same_bytes(
     let _client = state.auth.admit(&request).await?;
     idempotency_key(&request)?;
     require_json(&request)?;
-    let body = read_body_within(&state, &request, payload, state.max_body_bytes).await?;
+    let body =
+        read_body_within(state.body_timeout, &request, payload, state.max_body_bytes).await?;
     let _ = body;
     // The answer's bytes are borrowed, as a replay's are (its saved answer is shared).
     static ANSWER: [u8; 64 * 1024] = [b' '; 64 * 1024];
@@ -109,9 +111,9 @@ pub async fn same_bytes(
 /// The HTTP response for what became of a write.
 fn respond(state: &SharedState, answer: Answer) -> Result<HttpResponse, ApiError> {
     match answer {
-        Answer::Created(response) => Ok(saved_response(&response, false)),
-        Answer::Replayed(response) => Ok(saved_response(&response, true)),
-        Answer::Conflict => Err(ApiError::IdempotencyKeyReused {
+        Answer::Judged(Verdict::New(response)) => Ok(saved_response(&response, false)),
+        Answer::Judged(Verdict::Replay(response)) => Ok(saved_response(&response, true)),
+        Answer::Judged(Verdict::Conflict) => Err(ApiError::IdempotencyKeyReused {
             status: state.mismatch_status,
         }),
         Answer::InProgress => Err(ApiError::RequestInProgress),
@@ -229,14 +231,14 @@ pub(crate) fn require_json(request: &HttpRequest) -> Result<(), ApiError> {
 /// [`read_body`] within `http.body_timeout` (408 past it): a client trickling its body cannot
 /// hold a connection and a task for ever.
 pub(crate) async fn read_body_within(
-    state: &crate::http::AppState,
+    body_timeout: std::time::Duration,
     request: &HttpRequest,
     payload: web::Payload,
     limit: usize,
 ) -> Result<Bytes, ApiError> {
-    tokio::time::timeout(state.body_timeout, read_body(request, payload, limit))
+    tokio::time::timeout(body_timeout, read_body(request, payload, limit))
         .await
-        .map_err(|_| ApiError::RequestTimeout(state.body_timeout))?
+        .map_err(|_| ApiError::RequestTimeout(body_timeout))?
 }
 
 /// Reads the body, refusing it (413) as soon as it is known to exceed `limit`.

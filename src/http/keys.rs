@@ -112,7 +112,7 @@ pub async fn get_key(
 ) -> Result<HttpResponse, ApiError> {
     let client_id = state.auth.admit(&request).await?.id.clone();
     let key = IdempotencyKey::parse(path.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
-    Ok(HttpResponse::Ok().json(lookup(&state, &client_id, &key).await?))
+    Ok(HttpResponse::Ok().json(lookup(&state.reads, &client_id, &key).await?))
 }
 
 /// The record of `client`'s `key` and its events: what the key lookup answers, to the client
@@ -120,14 +120,13 @@ pub async fn get_key(
 /// With a synchronous standby, only once the standby has them ([`crate::db::barrier`]), so that
 /// the lookup never reports a write that a failover may lose.
 pub async fn lookup(
-    state: &SharedState,
+    reads: &crate::db::Database,
     client: &str,
     key: &IdempotencyKey,
 ) -> Result<KeyView, ApiError> {
     let not_found =
         || ApiError::NotFound(format!("no record for Idempotency-Key {:?}", key.as_str()));
-    let (record, event_rows) = state
-        .reads
+    let (record, event_rows) = reads
         .run(async |connection| {
             let key_text = key.as_str();
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&client, &key_text];

@@ -4,18 +4,16 @@
 //! `entries_client_created`: each page starts strictly after the last entry of the one before,
 //! as an index condition, so a page costs the same however deep it is, and entries written
 //! meanwhile never make an entry that existed before repeat or go missing. The position travels
-//! in an opaque cursor (`Cursor`) that is tied to the query it was made for.
+//! in an opaque cursor ([`crate::http::cursor`]) that is tied to the query it was made for.
 
 use actix_web::{HttpRequest, HttpResponse};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::entry::{format_time, is_valid_kind};
+use crate::http::cursor::{self, Fingerprint, Refused};
 use crate::http::entries::entry_data;
 use crate::http::problem::ApiError;
 use crate::http::SharedState;
@@ -304,7 +302,7 @@ fn parse_query(query_string: &str, client_id: &str) -> Result<ListQuery, ApiErro
         after: None,
     };
     if let Some(text) = value("cursor") {
-        match Cursor::decode(text, &query.fingerprint(client_id)) {
+        match Cursor::decode(text, query.fingerprint(client_id)) {
             Ok(position) => query.after = Some(position),
             Err(problem) => problems.push(format!("cursor: {problem}")),
         }
@@ -326,7 +324,7 @@ impl ListQuery {
     /// What a cursor is tied to: the client and every parameter but `limit` and `cursor`. A
     /// cursor used with other filters would start a page at a place that means nothing in
     /// that listing, so it is refused.
-    fn fingerprint(&self, client_id: &str) -> [u8; FINGERPRINT_BYTES] {
+    fn fingerprint(&self, client_id: &str) -> Fingerprint {
         let time = |time: Option<DateTime<Utc>>| time.map(format_time).unwrap_or_default();
         let described = serde_json::json!([
             client_id,
@@ -335,58 +333,30 @@ impl ListQuery {
             time(self.created_before),
             self.order.as_str(),
         ]);
-        truncated_sha256(canonical_json(&described).as_bytes())
+        Fingerprint::of(&described)
     }
 }
 
-const CURSOR_VERSION: u8 = 1;
-const FINGERPRINT_BYTES: usize = 8;
-const CHECK_BYTES: usize = 8;
-/// version, created_at (microseconds since the epoch), id, the query's fingerprint, the check.
-const CURSOR_BYTES: usize = 1 + 8 + 16 + FINGERPRINT_BYTES + CHECK_BYTES;
-
-fn truncated_sha256<const N: usize>(bytes: &[u8]) -> [u8; N] {
-    let digest = Sha256::digest(bytes);
-    let mut out = [0u8; N];
-    out.copy_from_slice(&digest[..N]);
-    out
-}
-
-/// The opaque `next` cursor: base64url of the last entry's position, the fingerprint of the
-/// query it belongs to, and a check over both. The check catches a cursor that was cut or
-/// edited; it is not a signature, and need not be: the position is no secret, and every page
-/// is read within the calling client's own entries, so a forged cursor can show nothing that
-/// the client could not list anyway.
+/// A position in a listing, as a cursor holds it: `created_at` (microseconds since the epoch)
+/// and `id`.
 struct Cursor;
 
 impl Cursor {
-    fn encode(position: Position, fingerprint: &[u8; FINGERPRINT_BYTES]) -> String {
-        let mut bytes = Vec::with_capacity(CURSOR_BYTES);
-        bytes.push(CURSOR_VERSION);
-        bytes.extend_from_slice(&position.created_at.timestamp_micros().to_be_bytes());
-        bytes.extend_from_slice(position.id.as_bytes());
-        bytes.extend_from_slice(fingerprint);
-        let check: [u8; CHECK_BYTES] = truncated_sha256(&bytes);
-        bytes.extend_from_slice(&check);
-        URL_SAFE_NO_PAD.encode(bytes)
+    fn encode(position: Position, fingerprint: Fingerprint) -> String {
+        let mut bytes = [0u8; 24];
+        bytes[..8].copy_from_slice(&position.created_at.timestamp_micros().to_be_bytes());
+        bytes[8..].copy_from_slice(position.id.as_bytes());
+        cursor::encode(bytes, fingerprint)
     }
 
-    fn decode(text: &str, fingerprint: &[u8; FINGERPRINT_BYTES]) -> Result<Position, &'static str> {
-        let invalid = "not a cursor this listing made; start again without one";
-        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| invalid)?;
-        if bytes.len() != CURSOR_BYTES || bytes[0] != CURSOR_VERSION {
-            return Err(invalid);
-        }
-        let (body, check) = bytes.split_at(CURSOR_BYTES - CHECK_BYTES);
-        if truncated_sha256::<CHECK_BYTES>(body)[..] != *check {
-            return Err(invalid);
-        }
-        if body[25..] != fingerprint[..] {
-            return Err("it belongs to another query: give it with the same kind, created_after, created_before and order as the page it came with");
-        }
-        let micros = i64::from_be_bytes(body[1..9].try_into().map_err(|_| invalid)?);
-        let created_at = DateTime::from_timestamp_micros(micros).ok_or(invalid)?;
-        let id = Uuid::from_slice(&body[9..25]).map_err(|_| invalid)?;
+    fn decode(text: &str, fingerprint: Fingerprint) -> Result<Position, String> {
+        let refused =
+            |refused: Refused| refused.describe("kind, created_after, created_before and order");
+        let bytes: [u8; 24] = cursor::decode(text, fingerprint).map_err(refused)?;
+        let micros = i64::from_be_bytes(bytes[..8].try_into().expect("8 of 24 bytes"));
+        let created_at =
+            DateTime::from_timestamp_micros(micros).ok_or_else(|| refused(Refused::Invalid))?;
+        let id = Uuid::from_slice(&bytes[8..]).map_err(|_| refused(Refused::Invalid))?;
         Ok(Position { created_at, id })
     }
 }
@@ -523,7 +493,7 @@ pub async fn list_entries(
     }
     let more = rows.len() > entries.len();
     let next = match last {
-        Some(position) if more => Some(Cursor::encode(position, &query.fingerprint(&client_id))),
+        Some(position) if more => Some(Cursor::encode(position, query.fingerprint(&client_id))),
         _ => None,
     };
     let page = EntryPage { entries, next };
@@ -540,6 +510,8 @@ pub async fn list_entries(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
 
     fn refusal(query: &str) -> String {
         match parse_query(query, "billing") {
@@ -592,7 +564,7 @@ mod tests {
             created_at: "2026-12-01T10:00:00.123456Z".parse().unwrap(),
             id: Uuid::now_v7(),
         };
-        let cursor = Cursor::encode(position, &query.fingerprint("billing"));
+        let cursor = Cursor::encode(position, query.fingerprint("billing"));
         let next = parse_query(
             &format!("kind=a&order=asc&limit=7&cursor={cursor}"),
             "billing",

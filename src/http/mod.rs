@@ -1,6 +1,7 @@
 //! The HTTP layer: authenticate, parse, validate and hash, then hand the write to its shard.
 
 pub mod auth;
+pub mod cursor;
 pub mod entries;
 pub mod health;
 pub mod host;
@@ -51,8 +52,6 @@ pub struct AppState {
     pub read_wait: Duration,
     /// The database's readiness, shared by every probe.
     pub readiness: Arc<health::ReadinessMonitor>,
-    /// The admin listener's principals and console sessions.
-    pub admin: crate::admin::AdminState,
 }
 
 impl AppState {
@@ -65,7 +64,6 @@ impl AppState {
         readiness: Arc<health::ReadinessMonitor>,
     ) -> Self {
         Self {
-            admin: crate::admin::AdminState::new(config, reads.max_size()),
             writes,
             reads,
             shards,

@@ -153,31 +153,38 @@ struct ProblemResponses;
 
 impl Modify for ProblemResponses {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for route in &ROUTE_PROBLEMS {
-            let item = openapi.paths.paths.get_mut(route.path);
-            let operation = item.and_then(|item| match route.method {
-                HttpMethod::Get => item.get.as_mut(),
-                HttpMethod::Post => item.post.as_mut(),
-                _ => None,
-            });
-            // A route not in `paths(...)` has no operation to describe; the tests hold the two
-            // lists to each other.
-            let Some(operation) = operation else {
-                continue;
-            };
-            let mut by_status: BTreeMap<u16, Vec<&ProblemType>> = BTreeMap::new();
-            for problem in route.problems {
-                for status in problem.statuses() {
-                    by_status.entry(status.as_u16()).or_default().push(problem);
-                }
+        add_problem_responses(openapi, &ROUTE_PROBLEMS);
+    }
+}
+
+/// Adds the problem responses of each route in `table` to its operation in `openapi`: one
+/// response per status, describing each problem type answered with it. The API's
+/// ([`ROUTE_PROBLEMS`]) and the admin listener's descriptions are made so.
+pub fn add_problem_responses(openapi: &mut utoipa::openapi::OpenApi, table: &[RouteProblems]) {
+    for route in table {
+        let item = openapi.paths.paths.get_mut(route.path);
+        let operation = item.and_then(|item| match route.method {
+            HttpMethod::Get => item.get.as_mut(),
+            HttpMethod::Post => item.post.as_mut(),
+            _ => None,
+        });
+        // A route not in `paths(...)` has no operation to describe; the tests hold the two
+        // lists to each other.
+        let Some(operation) = operation else {
+            continue;
+        };
+        let mut by_status: BTreeMap<u16, Vec<&ProblemType>> = BTreeMap::new();
+        for problem in route.problems {
+            for status in problem.statuses() {
+                by_status.entry(status.as_u16()).or_default().push(problem);
             }
-            for (status, problems) in by_status {
-                let response = problem_response(&problems, route.here);
-                operation
-                    .responses
-                    .responses
-                    .insert(status.to_string(), RefOr::T(response));
-            }
+        }
+        for (status, problems) in by_status {
+            let response = problem_response(&problems, route.here);
+            operation
+                .responses
+                .responses
+                .insert(status.to_string(), RefOr::T(response));
         }
     }
 }

@@ -12,6 +12,7 @@
 //! connection goes to the HTTP/1 dispatcher; the h2 crate stays on the client side.
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_http::{HttpService, KeepAlive, Protocol};
@@ -26,34 +27,16 @@ use crate::config::HttpSettings;
 use crate::http::host::{self, HostPolicy};
 use crate::http::{observe, AppState};
 
-/// What a listener serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Serves {
-    /// Every route (`http.listen` without `http.operations_listen`).
-    Everything,
-    /// The API and `/healthz` (`http.listen` beside `http.operations_listen`).
-    Api,
-    /// `/healthz`, `/readyz`, `/metrics`, `/openapi.json` (`http.operations_listen`).
-    Operations,
-    /// The admin API, its `/openapi.json` and the console (`admin.listen`).
-    Admin,
-}
-
-impl Serves {
-    fn routes(self) -> fn(&mut web::ServiceConfig) {
-        match self {
-            Serves::Everything => crate::http::routes,
-            Serves::Api => crate::http::api_routes,
-            Serves::Operations => crate::http::operations_listener_routes,
-            Serves::Admin => crate::admin::routes,
-        }
-    }
-}
+/// What a listener serves: its routes, and any state of theirs beyond [`AppState`] (registered
+/// with `ServiceConfig::app_data`). Given by whoever starts the listener, so that this layer
+/// does not name the layers above it: `crate::http::routes`, `api_routes`,
+/// `operations_listener_routes`, or the admin listener's.
+pub type Routes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 
 /// A bound socket and what it serves.
 pub struct Listener {
     pub socket: TcpListener,
-    pub serves: Serves,
+    pub routes: Routes,
     /// HTTPS: the TLS configuration, whose ALPN offers `http/1.1` alone.
     pub tls: Option<rustls::ServerConfig>,
     /// The hosts it answers, when not those [`HostPolicy::for_listener`] gives.
@@ -85,7 +68,7 @@ pub fn serve(
         let policy = listener
             .hosts
             .unwrap_or_else(|| HostPolicy::for_listener(state.auth.is_anonymous(), local.ip()));
-        let routes = listener.serves.routes();
+        let routes = listener.routes;
         // Tells the connections of a worker that the server is shutting down, so that idle
         // keep-alive connections close instead of holding the shutdown to its timeout (actix-
         // http's hidden hook for it, the one `HttpServer` sets).
@@ -107,7 +90,7 @@ pub fn serve(
                     .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
                     .local_addr(local)
                     .finish(map_config(
-                        app(state.clone(), policy.clone(), routes)
+                        app(state.clone(), policy.clone(), routes.clone())
                             .into_factory()
                             .map_err(|error| error.error_response()),
                         move |_| app_config($secure, local),
@@ -140,7 +123,7 @@ pub fn serve(
 fn app(
     state: web::Data<AppState>,
     policy: HostPolicy,
-    routes: fn(&mut web::ServiceConfig),
+    routes: Routes,
 ) -> App<
     impl ServiceFactory<
         ServiceRequest,
@@ -155,7 +138,7 @@ fn app(
         .wrap(actix_web::middleware::from_fn(observe::observe))
         .app_data(state)
         .app_data(policy)
-        .configure(routes)
+        .configure(|config| routes(config))
         .default_service(web::to(crate::http::not_found))
 }
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use metrics::Counter;
 
-use crate::idempotency::{BodyHash, RequestHash};
+use crate::idempotency::{BodyHash, RequestHash, Verdict};
 use crate::metric;
 use crate::write::{Answer, SavedRecord, ScopedKey};
 
@@ -75,7 +75,7 @@ impl ReplayCache {
             return None;
         }
         self.0.hits.increment(1);
-        Some(Answer::Replayed(response))
+        Some(Answer::Judged(Verdict::Replay(response)))
     }
 
     /// [`answer`](Self::answer) without counting the lookup (the shard's second look).
@@ -274,7 +274,7 @@ mod tests {
         assert!(!cached(&cache, "d"), "expired entries are not served");
         assert!(matches!(
             cache.lookup(&key("c"), RequestHash([1; 32])),
-            Some(Answer::Conflict)
+            Some(Answer::Judged(Verdict::Conflict))
         ));
     }
 
@@ -353,7 +353,7 @@ mod tests {
         );
         assert!(matches!(
             cache.replay_of_same_body(&key("known"), bytes),
-            Some(Answer::Replayed(_))
+            Some(Answer::Judged(Verdict::Replay(_)))
         ));
         // Other bytes (perhaps the same request spaced differently), a record read back from
         // the database, an expired record or an unknown key: decoded and judged the long way.
@@ -367,7 +367,7 @@ mod tests {
         // The long way still finds them.
         assert!(matches!(
             cache.lookup(&key("read-back"), hash),
-            Some(Answer::Replayed(_))
+            Some(Answer::Judged(Verdict::Replay(_)))
         ));
     }
 }

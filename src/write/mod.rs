@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use crate::db::StorageError;
 pub use crate::entry::WriteRequest;
-use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::idempotency::{IdempotencyKey, RequestHash, Verdict};
 use crate::trace_context::TraceContext;
 
 pub use cache::ReplayCache;
@@ -80,13 +80,11 @@ pub struct SavedRecord {
 
 impl SavedRecord {
     /// The answer to a request with `request_hash` for this record's key: the same request is a
-    /// replay of the saved answer, another one a conflict. The rule, in one place.
+    /// replay of the saved answer, another one a conflict ([`Verdict::of_saved`]).
     pub fn answer_for(&self, request_hash: RequestHash) -> Answer {
-        if request_hash == self.request_hash {
-            Answer::Replayed(self.response.clone())
-        } else {
-            Answer::Conflict
-        }
+        Answer::Judged(Verdict::of_saved(&self.request_hash, &request_hash, || {
+            self.response.clone()
+        }))
     }
 }
 
@@ -107,12 +105,9 @@ pub struct SavedResponse {
 /// What became of a request.
 #[derive(Debug, Clone)]
 pub enum Answer {
-    /// This request made the entry.
-    Created(SavedResponse),
-    /// The key was completed before, by this same request.
-    Replayed(SavedResponse),
-    /// The key was completed before, by another request.
-    Conflict,
+    /// Judged by the key's record: this request made the entry (new), the key was completed
+    /// before by this same request (a replay), or by another one (a conflict).
+    Judged(Verdict<SavedResponse>),
     /// Another request for the key was still being written when this one's wait ended.
     InProgress,
     /// The write failed, or its outcome is not known.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash};
+use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash, Verdict};
 use crate::lifecycle::Stop;
 use crate::metric;
 use crate::write::queue::{Commit, WriteQueue};
@@ -177,7 +177,7 @@ impl KeyShard {
             Ok(Ok(Committed::Created(record))) => {
                 let _ = in_flight
                     .reply
-                    .send(Answer::Created(record.response.clone()));
+                    .send(Answer::Judged(Verdict::New(record.response.clone())));
                 self.cache
                     .insert(key, record.clone(), Some(in_flight.bytes_hash));
                 record

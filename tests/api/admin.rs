@@ -152,6 +152,7 @@ async fn the_admin_listener_serves_admins_alone_and_only_when_there_are_some() {
     let paths = described.json()["paths"].clone();
     for path in [
         "/admin/v1/outbox",
+        "/admin/v1/outbox/history",
         "/admin/v1/events",
         "/admin/v1/events/retry",
         "/admin/v1/events/skip",
@@ -159,7 +160,26 @@ async fn the_admin_listener_serves_admins_alone_and_only_when_there_are_some() {
         "/admin/v1/actions",
     ] {
         assert!(paths.get(path).is_some(), "{path} is described: {paths}");
+        // The problem responses come from the admin listener's table: 401 everywhere.
+        let operation = paths[path]
+            .as_object()
+            .and_then(|item| item.values().next())
+            .unwrap();
+        assert!(
+            operation["responses"]["401"]["description"]
+                .as_str()
+                .is_some_and(|words| words.contains("`unauthorized`")),
+            "{path}: {operation}"
+        );
     }
+    let retry = &paths["/admin/v1/events/retry"]["post"]["responses"];
+    for status in ["400", "409", "413", "415", "503"] {
+        assert!(retry.get(status).is_some(), "{status}: {retry}");
+    }
+    assert!(
+        retry["503"]["headers"]["Retry-After"].is_object(),
+        "{retry}"
+    );
     let wrong_method = app
         .send(
             http()
@@ -219,6 +239,34 @@ async fn parked_events_are_grouped_listed_and_retried_by_selector_once_per_key()
     assert_eq!(second["events"].as_array().unwrap().len(), 1);
     assert_eq!(second["events"][0]["idempotency_key"], "parked-0");
     assert_eq!(second["next"], Value::Null);
+    // A cursor belongs to its query: with another filter it is refused, and so is its number.
+    for other in [
+        format!("state=skipped&limit=2&cursor={next}"),
+        format!("state=parked&type=other&cursor={next}"),
+    ] {
+        let refused = admin_get(
+            &app,
+            &format!("/admin/v1/events?{other}"),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        assert_problem(&refused, 400, "invalid-request");
+        assert!(
+            refused.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("another query"),
+            "{}",
+            refused.describe()
+        );
+    }
+    let actions_cursor = admin_get(
+        &app,
+        &format!("/admin/v1/actions?cursor={next}"),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_problem(&actions_cursor, 400, "invalid-request");
     let sent = admin_get(&app, "/admin/v1/events?state=sent", Some(ADMIN_TOKEN)).await;
     assert_eq!(sent.json()["events"], json!([]));
     for bad in [
@@ -946,4 +994,100 @@ async fn a_retry_that_passes_the_statement_timeout_changes_nothing_and_its_key_a
     assert!(!retried.replayed(), "the key acted only now");
     assert_eq!(retried.json()["changed"], 3);
     assert_eq!(unsent_parked(&app).await, 0);
+}
+
+/// The hour's points of `GET /admin/v1/outbox/history` once `ready` holds for them.
+pub async fn history_points(
+    app: &TestDaemon,
+    ready: impl Fn(&[Value]) -> Result<(), String>,
+) -> Vec<Value> {
+    eventually(Duration::from_secs(30), || async {
+        let answer = admin_get(app, "/admin/v1/outbox/history", Some(ADMIN_TOKEN)).await;
+        if answer.status != 200 {
+            return Err(answer.describe());
+        }
+        let points = answer.json()["hour"]["points"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ready(&points).map(|()| points)
+    })
+    .await
+}
+
+/// Parks `parked` events (no queue bound), then binds a queue and writes and sends `sent`
+/// more: keys `<prefix>-parked-<n>` and `<prefix>-sent-<n>`.
+pub async fn park_then_send(app: &TestDaemon, prefix: &str, parked: i64, sent: i64) {
+    park(app, &format!("{prefix}-parked"), parked).await;
+    let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
+    for i in 0..sent {
+        app.post_entry(&format!("{prefix}-sent-{i}"), &entry_body(i))
+            .await
+            .assert_created();
+    }
+    assert_eq!(app.relay_until_empty().await, sent as usize);
+    assert_eq!(
+        consumer.drain(Duration::from_secs(2)).await.len(),
+        sent as usize
+    );
+}
+
+/// The sum of a field over points, nulls as 0.
+pub fn total(points: &[Value], field: &str) -> i64 {
+    points
+        .iter()
+        .filter_map(|point| point[field].as_i64())
+        .sum()
+}
+
+#[actix_web::test]
+async fn the_outbox_history_counts_each_event_sent_and_parked_once_with_the_databases_time() {
+    let app = parking_daemon().await;
+    let refused = admin_get(&app, "/admin/v1/outbox/history", None).await;
+    assert_problem(&refused, 401, "unauthorized");
+
+    park_then_send(&app, "history", 4, 3).await;
+
+    // Every event in exactly one point's window: the sums are the counts, never more.
+    let points = history_points(&app, |points| {
+        let (sent, parked) = (total(points, "sent"), total(points, "newly_parked"));
+        let last = points.last().ok_or("no point yet")?;
+        if sent == 3 && parked == 4 && last["parked"] == 4 && last["unsent"] == 0 {
+            Ok(())
+        } else {
+            Err(format!("sent {sent}, parked {parked}, last point {last}"))
+        }
+    })
+    .await;
+    let first = &points[0];
+    assert!(
+        first["sent"].is_null(),
+        "the first sample has no window: {first}"
+    );
+    let peak_rate = points
+        .iter()
+        .filter_map(|point| point["sent_per_second"].as_f64())
+        .fold(0.0, f64::max);
+    assert!(peak_rate > 0.0, "{points:?}");
+    // The times are the database's, in order.
+    let times: Vec<chrono::DateTime<chrono::Utc>> = points
+        .iter()
+        .map(|point| point["at"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|pair| pair[0] < pair[1]), "{times:?}");
+    let database_now = app.count("SELECT extract(epoch FROM now())::bigint").await;
+    let newest = times.last().unwrap().timestamp();
+    assert!(
+        (database_now - newest).abs() <= 5,
+        "the newest point at {newest}, the database's now {database_now}"
+    );
+    let answer = admin_get(&app, "/admin/v1/outbox/history", Some(ADMIN_TOKEN)).await;
+    let history = answer.json();
+    assert_eq!(history["counts_capped_at"], 100_000);
+    assert_eq!(history["hour"]["step_seconds"], 0.5);
+    assert_eq!(
+        history["hour"]["span_seconds"], 180.0,
+        "360 points of 0.5 s"
+    );
+    assert_eq!(history["day"]["step_seconds"], 15.0);
 }

@@ -1,7 +1,10 @@
 //! The console in a real browser: Debian's chromium, headless, driven over WebDriver
 //! (chromedriver) by fantoccini. An admin logs in with the keyboard, sees the parked events a
 //! test made (no queue bound, `outbox.max_attempts = 1`), binds a queue, retries the group from
-//! the page, and watches the events arrive and the action appear in the log.
+//! the page, and watches the events arrive and the action appear in the log. Then the overview
+//! as a person sees it, at a desktop's and a phone's width: its charts, their words for screen
+//! readers, no page wider than the window; screenshots are kept under the target directory
+//! (`target/console-screenshots/`).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -9,7 +12,9 @@ use std::time::Duration;
 use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator};
 
-use crate::admin::{admin_address, park, parking_daemon, ADMIN_TOKEN};
+use crate::admin::{
+    admin_address, history_points, park, park_then_send, parking_daemon, total, ADMIN_TOKEN,
+};
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::free_port;
 use crate::common::helpers::eventually;
@@ -123,15 +128,21 @@ async fn page_at(browser: &Client, path: &str, needle: &str) -> String {
     .await
 }
 
-#[actix_web::test]
-async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
-    let app = parking_daemon().await;
-    park(&app, "browser", 3).await;
-    let base = admin_address(&app).to_owned();
-    let driver = ChromeDriver::start().await;
-    let browser = driver.browser().await;
+/// Clicks the link whose text is `text`.
+async fn follow(browser: &Client, text: &str) {
+    browser
+        .find(Locator::LinkText(text))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
 
-    // Not logged in: the login page. The token typed, Enter sends the form.
+/// Logs in as an admin with the keyboard: the console at `base` sends a browser without a
+/// session to the login page, where the token typed and Enter send the form. The text of the
+/// overview it then shows.
+async fn log_in(browser: &Client, base: &str) -> String {
     browser.goto(&format!("{base}/console")).await.unwrap();
     assert_eq!(
         browser.current_url().await.unwrap().path(),
@@ -142,19 +153,24 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .send_keys(&format!("{ADMIN_TOKEN}{}", char::from(Key::Enter)))
         .await
         .unwrap();
-    let overview = page_at(&browser, "/console", "Delivery:").await;
+    page_at(browser, "/console", "Delivery:").await
+}
+
+#[actix_web::test]
+async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
+    let app = parking_daemon().await;
+    park(&app, "browser", 3).await;
+    let base = admin_address(&app).to_owned();
+    let driver = ChromeDriver::start().await;
+    let browser = driver.browser().await;
+
+    let overview = log_in(&browser, &base).await;
     assert!(overview.contains("Delivery: needs attention"), "{overview}");
     assert!(overview.contains("3 parked event(s)"), "{overview}");
     assert!(overview.contains("NO_ROUTE"), "{overview}");
 
     // The group's events, with their errors and payloads.
-    browser
-        .find(Locator::LinkText("See the events"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "See the events").await;
     let events = page_at(&browser, "/console/events", "browser-").await;
     assert!(
         events.contains("browser-0") && events.contains("browser-2"),
@@ -164,13 +180,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
     // A queue is bound; the group is retried from the overview, after a confirmation.
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     browser.goto(&format!("{base}/console")).await.unwrap();
-    browser
-        .find(Locator::LinkText("Retry this group…"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "Retry this group…").await;
     let confirm = page_at(&browser, "/console/confirm", "match").await;
     assert!(confirm.contains("3 event(s) match"), "{confirm}");
     assert_eq!(
@@ -198,13 +208,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
     assert_eq!(delivered.len(), 3, "the retried events arrive in the queue");
 
     // The action in the log, with who and how many.
-    browser
-        .find(Locator::LinkText("The action log"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    follow(&browser, "The action log").await;
     let log = page_at(&browser, "/console/actions", "retry").await;
     assert!(log.contains("ops") && log.contains("retry"), "{log}");
     assert!(log.contains("NO_ROUTE"), "the selector is shown: {log}");
@@ -221,5 +225,215 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         key.contains("entry.created") && key.contains("sent"),
         "{key}"
     );
+    browser.close().await.unwrap();
+}
+
+/// Where the screenshots go: `console-screenshots/` in the target directory (beside the
+/// `tmp/` that cargo gives integration tests), not in the source tree.
+fn screenshot_directory() -> std::path::PathBuf {
+    let directory = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("CARGO_TARGET_TMPDIR is in the target directory")
+        .join("console-screenshots");
+    std::fs::create_dir_all(&directory).expect("the screenshot directory can be made");
+    directory
+}
+
+/// Saves a screenshot of what the browser shows as `name`.png.
+async fn screenshot(browser: &Client, name: &str) {
+    let png = browser.screenshot().await.expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG image");
+    std::fs::write(screenshot_directory().join(format!("{name}.png")), png)
+        .expect("the screenshot is written");
+}
+
+/// The page's width and the window's: `(scrollWidth, clientWidth)` of the document.
+async fn widths(browser: &Client) -> (u64, u64) {
+    let answer = browser
+        .execute(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];",
+            Vec::new(),
+        )
+        .await
+        .expect("the widths are read");
+    (
+        answer[0].as_u64().expect("a width"),
+        answer[1].as_u64().expect("a width"),
+    )
+}
+
+/// The browser's window at `width` pixels, tall enough that a screenshot holds the page.
+async fn at_width(browser: &Client, width: u32, page: &str) {
+    browser.set_window_size(width, 2400).await.unwrap();
+    let (scroll, client) = widths(browser).await;
+    assert!(
+        client <= u64::from(width) && client + 40 >= u64::from(width),
+        "the window is {width} px wide: the page has {client} px"
+    );
+    assert!(
+        scroll <= client,
+        "{page} at {width} px scrolls sideways: {scroll} px of content in {client} px"
+    );
+}
+
+/// The charts of the page: each one's id, its count of data points, its title and
+/// description, and the marks it draws.
+async fn charts(browser: &Client) -> Vec<(String, u64, String, String, usize)> {
+    let mut found = Vec::new();
+    for svg in browser
+        .find_all(Locator::Css("figure.chart svg"))
+        .await
+        .unwrap()
+    {
+        let id = svg.attr("id").await.unwrap().unwrap_or_default();
+        assert_eq!(svg.attr("role").await.unwrap().as_deref(), Some("img"));
+        let labelled_by = svg
+            .attr("aria-labelledby")
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        assert_eq!(labelled_by, format!("{id}-title {id}-desc"));
+        let points = svg
+            .attr("data-points")
+            .await
+            .unwrap()
+            .and_then(|points| points.parse().ok())
+            .unwrap_or(0);
+        let text_of = async |tag: &str| {
+            let element = svg.find(Locator::Css(tag)).await.unwrap();
+            element
+                .prop("textContent")
+                .await
+                .unwrap()
+                .unwrap_or_default()
+        };
+        let (title, description) = (text_of("title").await, text_of("desc").await);
+        let marks = svg
+            .find_all(Locator::Css("polyline.line, circle.line"))
+            .await
+            .unwrap()
+            .len();
+        found.push((id, points, title, description, marks));
+    }
+    found
+}
+
+#[actix_web::test]
+async fn the_overview_draws_its_trends_and_reads_without_sideways_scrolling_on_a_desktop_and_a_phone(
+) {
+    let app = parking_daemon().await;
+    // Parked events (no queue bound), with a long error each; then sent ones.
+    park_then_send(&app, "trend", 4, 6).await;
+    // The samples that counted them, as the API gives them.
+    history_points(&app, |points| {
+        let (sent, parked) = (total(points, "sent"), total(points, "newly_parked"));
+        if sent == 6 && parked == 4 && points.len() >= 3 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} point(s), sent {sent}, parked {parked}",
+                points.len()
+            ))
+        }
+    })
+    .await;
+
+    let base = admin_address(&app).to_owned();
+    let driver = ChromeDriver::start().await;
+    let browser = driver.browser().await;
+    let overview = log_in(&browser, &base).await;
+    // The verdict comes first, before the charts.
+    assert!(overview.contains("4 parked event(s)."), "{overview}");
+    let verdict_at = overview.find("Delivery: needs attention: ");
+    let trends_at = overview.find("Trends over the last hour");
+    assert!(
+        verdict_at.is_some() && trends_at.is_some() && verdict_at < trends_at,
+        "{overview}"
+    );
+    assert!(
+        browser
+            .find_all(Locator::Css("meta[http-equiv='refresh']"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the overview does not reload itself unless asked"
+    );
+
+    // Four charts, each with points and its words for screen readers.
+    let drawn = charts(&browser).await;
+    assert_eq!(drawn.len(), 4, "{drawn:?}");
+    for (id, points, title, description, marks) in &drawn {
+        assert!(*points >= 2, "{id} has {points} point(s)");
+        assert!(*marks >= 1, "{id} draws its points");
+        assert!(title.contains("last hour"), "{id}: {title:?}");
+        assert!(
+            description.contains("samples from") && description.contains("now"),
+            "{id}: {description:?}"
+        );
+    }
+    let words_of = |chart: &str| {
+        drawn
+            .iter()
+            .find(|(id, ..)| id == chart)
+            .map(|(.., description, _)| description.clone())
+            .unwrap_or_else(|| panic!("no chart {chart}: {drawn:?}"))
+    };
+    let parked_words = words_of("chart-parked");
+    assert!(
+        parked_words.contains("now 4 parked event(s)"),
+        "{parked_words:?}"
+    );
+    let rate_words = words_of("chart-sent-rate");
+    assert!(
+        !rate_words.contains("most 0."),
+        "events were sent: {rate_words:?}"
+    );
+
+    at_width(&browser, 1280, "the overview").await;
+    screenshot(&browser, "overview-1280").await;
+    at_width(&browser, 390, "the overview").await;
+    screenshot(&browser, "overview-390").await;
+
+    // Times say how long ago, the exact time on hover.
+    let parked_time = browser.find(Locator::Css("td time")).await.unwrap();
+    let exact = parked_time.attr("title").await.unwrap().unwrap_or_default();
+    assert!(exact.ends_with('Z') && exact.starts_with("20"), "{exact}");
+    let words = parked_time.text().await.unwrap();
+    assert!(words.ends_with("ago") || words == "just now", "{words}");
+
+    // The day's range, and a refresh on request: a meta refresh of the page's own address.
+    follow(&browser, "day").await;
+    page_at(&browser, "/console", "Trends over the last day").await;
+    follow(&browser, "every 30 s").await;
+    page_at(&browser, "/console", "Trends over the last day").await;
+    let refresh = browser
+        .find(Locator::Css("meta[http-equiv='refresh']"))
+        .await
+        .unwrap();
+    assert_eq!(
+        refresh.attr("content").await.unwrap().as_deref(),
+        Some("30")
+    );
+    assert_eq!(
+        browser.current_url().await.unwrap().query(),
+        Some("range=day&refresh=30")
+    );
+
+    // The events page at both widths: long errors folded, states in words.
+    browser
+        .goto(&format!("{base}/console/events?state=parked"))
+        .await
+        .unwrap();
+    let events = page_at(&browser, "/console/events", "trend-parked-").await;
+    assert!(events.contains("parked"), "{events}");
+    let folded = browser
+        .find_all(Locator::Css("td details.error summary"))
+        .await
+        .unwrap();
+    assert_eq!(folded.len(), 4, "each long error is folded: {events}");
+    at_width(&browser, 390, "the events page").await;
+    screenshot(&browser, "events-390").await;
+    at_width(&browser, 1280, "the events page").await;
+    screenshot(&browser, "events-1280").await;
     browser.close().await.unwrap();
 }

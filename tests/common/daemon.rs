@@ -57,7 +57,15 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestDaemon
 /// test publishes them with [`TestDaemon::relay_until_empty`], so that it need not wait for a
 /// relay's poll, and only the test's own janitor passes delete.
 pub async fn spawn_app_without_relays(configure: impl FnOnce(&mut Settings)) -> TestDaemon {
-    spawn_in_process(configure, Options { relays: false }).await
+    spawn_in_process(
+        configure,
+        Options {
+            relays: false,
+            // The console's charts get their points within a test's patience.
+            history_interval: Duration::from_millis(500),
+        },
+    )
+    .await
 }
 
 async fn spawn_in_process(configure: impl FnOnce(&mut Settings), options: Options) -> TestDaemon {
@@ -130,7 +138,16 @@ pub async fn spawn_app_on(
     configure(&mut settings);
     let database = Arc::new(TestDatabase::external(url));
     let exchange = Arc::new(TestExchange::new(&settings));
-    start_in_process(settings, database, exchange, Options { relays }).await
+    start_in_process(
+        settings,
+        database,
+        exchange,
+        Options {
+            relays,
+            ..Options::default()
+        },
+    )
+    .await
 }
 
 /// A daemon run in this process, in an actix system on a thread of its own. Dropping it stops

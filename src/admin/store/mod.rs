@@ -1,0 +1,378 @@
+//! What the admin API and the console read and change, on the read pool: the outbox overview,
+//! events by filter, the action log, and the actions themselves (retry, skip), recorded with
+//! the admin's Idempotency-Key in the transaction that makes them.
+//!
+//! Every read is bounded: the counts over at most [`GAUGE_COUNT_CAP`] rows (as the gauges),
+//! the pages by a limit and a keyset cursor.
+//!
+//! The reads are here; the actions, with their selectors and their record, in [`actions`].
+
+mod actions;
+
+pub use actions::*;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::db::{PgClient, StorageError};
+use crate::outbox::store::{self, Blocked, BlockingEvent, ParkedGroup, Totals, GAUGE_COUNT_CAP};
+
+/// The backlog of one event type, counted over at most [`GAUGE_COUNT_CAP`] unsent events.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TypeBacklog {
+    pub event_type: String,
+    pub unsent: i64,
+    pub parked: i64,
+}
+
+/// Unsent and parked events by type, over at most [`GAUGE_COUNT_CAP`] rows of each: past it,
+/// lower bounds. Each side reads its own partial index (`outbox_events_due`, the relays';
+/// `outbox_events_parked`), so that neither walks the sent rows: one scan of "sent_at IS NULL"
+/// read the whole table to find a backlog at its end (2.2 s at 3 million rows, bench/admin).
+const BACKLOG_BY_TYPE: &str = "
+SELECT event_type, sum(unsent)::bigint, sum(parked)::bigint
+FROM (SELECT event_type, 1 AS unsent, 0 AS parked
+      FROM (SELECT event_type FROM outbox_events
+            WHERE sent_at IS NULL AND failed_at IS NULL
+            LIMIT $1) AS due
+      UNION ALL
+      SELECT event_type, 0, 1
+      FROM (SELECT event_type FROM outbox_events
+            WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+            LIMIT $1) AS parked) AS backlog
+GROUP BY event_type
+ORDER BY event_type";
+
+pub async fn backlog_by_type(
+    client: &impl GenericClient,
+) -> Result<Vec<TypeBacklog>, StorageError> {
+    Ok(client
+        .query(BACKLOG_BY_TYPE, &[&GAUGE_COUNT_CAP])
+        .await?
+        .iter()
+        .map(|row| TypeBacklog {
+            event_type: row.get(0),
+            unsent: row.get(1),
+            parked: row.get(2),
+        })
+        .collect())
+}
+
+/// What the overview reads from the database, in one transaction (one snapshot).
+pub struct OutboxFigures {
+    /// The database's time of the snapshot.
+    pub now: DateTime<Utc>,
+    pub totals: Totals,
+    pub by_type: Vec<TypeBacklog>,
+    pub parked_groups: Vec<ParkedGroup>,
+    pub blocked: Blocked,
+    pub blocking: Vec<BlockingEvent>,
+}
+
+pub async fn outbox_figures(connection: &mut PgClient) -> Result<OutboxFigures, StorageError> {
+    let transaction = connection
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let figures = OutboxFigures {
+        now: store::database_now(&transaction).await?,
+        totals: store::totals(&transaction).await?,
+        by_type: backlog_by_type(&transaction).await?,
+        parked_groups: store::parked_groups(&transaction).await?,
+        blocked: store::blocked(&transaction).await?,
+        blocking: store::blocking_events(&transaction).await?,
+    };
+    transaction.commit().await?;
+    Ok(figures)
+}
+
+/// The delivery states an event is listed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EventState {
+    /// Given up on after `outbox.max_attempts` (or nacked for good): waits for an operator.
+    Parked,
+    /// Not sent yet, not parked: the relays have it.
+    Unsent,
+    Sent,
+    /// Given up on by an operator: never published.
+    Skipped,
+}
+
+impl EventState {
+    pub const ALL: [EventState; 4] = [
+        EventState::Parked,
+        EventState::Unsent,
+        EventState::Sent,
+        EventState::Skipped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Parked => "parked",
+            EventState::Unsent => "unsent",
+            EventState::Sent => "sent",
+            EventState::Skipped => "skipped",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == text)
+    }
+
+    /// The state's condition, written as the partial indexes are (parked and skipped rows are
+    /// in `outbox_events_parked`, so that their pages read that small index).
+    fn condition(self) -> &'static str {
+        match self {
+            EventState::Parked => {
+                "sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL"
+            }
+            EventState::Unsent => "sent_at IS NULL AND failed_at IS NULL",
+            EventState::Sent => "sent_at IS NOT NULL",
+            EventState::Skipped => {
+                "sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NOT NULL"
+            }
+        }
+    }
+
+    /// The order a page walks the state's rows in, newest first. Sent rows go by the time they
+    /// were sent, through their partial index (`outbox_events_sent`, the janitor's): in id
+    /// order a walk through the primary key passed every unsent and parked row first, and
+    /// those are the newest (265 ms past 120,000 of them, where a page now takes 1 ms;
+    /// bench/admin). The id breaks ties: a relay marks a whole batch sent at one time.
+    fn order(self) -> &'static str {
+        match self {
+            EventState::Sent => "sent_at DESC, id DESC",
+            _ => "id DESC",
+        }
+    }
+
+    /// Where a page starts: after the row of the cursor (`$6`, an outbox id) in [`Self::order`].
+    /// For sent rows the cursor's time is read from its row (the primary key); a cursor whose
+    /// row the janitor has deleted since had only rows sent earlier after it, deleted with it
+    /// or before, so that the page is empty and the listing ends.
+    fn after_cursor(self) -> &'static str {
+        match self {
+            EventState::Sent => {
+                "($6::bigint IS NULL
+                  OR (sent_at, id) < ((SELECT cursor.sent_at FROM outbox_events cursor
+                                       WHERE cursor.id = $6), $6))"
+            }
+            _ => "($6::bigint IS NULL OR id < $6)",
+        }
+    }
+}
+
+/// Which events a page lists: every criterion given must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventFilter {
+    pub state: EventState,
+    pub event_type: Option<String>,
+    pub client: Option<String>,
+    /// The exact last error (a parked group).
+    pub error: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// One event as the admin API lists it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ListedEvent {
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub client_id: String,
+    pub idempotency_key: String,
+    pub state: EventState,
+    pub created_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub sent_at: Option<DateTime<Utc>>,
+    pub failed_at: Option<DateTime<Utc>>,
+    pub skipped_at: Option<DateTime<Utc>>,
+    /// When a relay tries it next; null while sent, parked, or held behind its ordering key.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+    /// The event's body as published.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// The keyset position (outbox id): pages go on from the last one's.
+    #[serde(skip)]
+    pub position: i64,
+}
+
+/// Rows of its state a page walks at most, for each event it may hold (its limit): 1,000 for
+/// the default page of 50, 10,000 for the largest (500). The filters (type, client, error,
+/// created time) are checked on the rows walked, so that a page reads at most 20 times its
+/// size however few rows a filter matches, and whatever the outbox's size: one that matches
+/// fewer than a page within the walk ends the page there, partial, and the next page goes on
+/// from where it stopped. An index per filter would make those pages full, at the price of one
+/// more index written for every event a relay marks sent; event types are few (`entry.created`,
+/// `audit.entry.created`), and the longest walk, 10,000 rows, takes 10 ms on an outbox of
+/// 3 million (bench/admin, a type that matches nothing), where it took 1.3 s to find none.
+pub const WALK_PER_EVENT: i64 = 20;
+
+/// A page of events and where its walk stopped.
+pub struct EventsPage {
+    pub events: Vec<ListedEvent>,
+    /// The position of the walk's last row, when the walk stopped at its cap
+    /// ([`WALK_PER_EVENT`] times the limit): where the next page goes on from if this one is
+    /// not full.
+    pub walk_ended_at: Option<i64>,
+}
+
+/// A page of events of one state, newest first ([`EventState::order`]), after the cursor `$6`:
+/// a walk of at most `$8` ([`WALK_PER_EVENT`] times the limit) rows of the state, through the
+/// state's own index, numbered (`walked`), then the filters (`matched`). It returns the rows
+/// that match, up to `$7`, and the walk's last row whether or not it matches, so that a walk
+/// that stopped at its cap says where. The outer query neither sorts nor aggregates, so that
+/// the planner plans the walk for the `$7` rows a page takes when nothing is filtered (and the
+/// walk keeps its order); the window function streams, reading no row past the page.
+const EVENTS_PAGE: &str = "
+SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
+       last_error, sent_at, failed_at, skipped_at,
+       CASE WHEN sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'
+            THEN next_attempt_at END,
+       ordering_key, sequence, payload::text, matched, walked
+FROM (SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
+             last_error, sent_at, failed_at, skipped_at, next_attempt_at, ordering_key,
+             sequence, payload,
+             ($1::text IS NULL OR event_type = $1)
+               AND ($2::text IS NULL OR client_id = $2)
+               AND ($3::text IS NULL OR coalesce(last_error, '') = $3)
+               AND ($4::timestamptz IS NULL OR created_at > $4)
+               AND ($5::timestamptz IS NULL OR created_at < $5) AS matched,
+             row_number() OVER (ORDER BY {order}) AS walked
+      FROM outbox_events
+      WHERE {condition} AND {after_cursor}
+      ORDER BY {order}
+      LIMIT $8) AS walk
+WHERE matched OR walked = $8
+LIMIT $7";
+
+/// A page of events, newest first, from `before` (an outbox id, exclusive).
+pub async fn events_page(
+    client: &impl GenericClient,
+    filter: &EventFilter,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<EventsPage, StorageError> {
+    let state = filter.state;
+    let walk = limit * WALK_PER_EVENT;
+    let query = EVENTS_PAGE
+        .replace("{order}", state.order())
+        .replace("{condition}", state.condition())
+        .replace("{after_cursor}", state.after_cursor());
+    let rows = client
+        .query(
+            &query,
+            &[
+                &filter.event_type,
+                &filter.client,
+                &filter.error,
+                &filter.created_after,
+                &filter.created_before,
+                &before,
+                &limit,
+                &walk,
+            ],
+        )
+        .await?;
+    let mut page = EventsPage {
+        events: Vec::with_capacity(rows.len()),
+        walk_ended_at: None,
+    };
+    for row in &rows {
+        let position: i64 = row.get(0);
+        let walked: i64 = row.get(16);
+        if walked == walk {
+            page.walk_ended_at = Some(position);
+        }
+        let matched: bool = row.get(15);
+        if !matched {
+            continue;
+        }
+        let payload: String = row.get(14);
+        let sent_at: Option<DateTime<Utc>> = row.get(8);
+        let failed_at: Option<DateTime<Utc>> = row.get(9);
+        let skipped_at: Option<DateTime<Utc>> = row.get(10);
+        let state = match (sent_at, failed_at, skipped_at) {
+            (Some(_), _, _) => EventState::Sent,
+            (None, _, Some(_)) => EventState::Skipped,
+            (None, Some(_), None) => EventState::Parked,
+            (None, None, None) => EventState::Unsent,
+        };
+        page.events.push(ListedEvent {
+            position,
+            event_id: row.get(1),
+            event_type: row.get(2),
+            client_id: row.get(3),
+            idempotency_key: row.get(4),
+            state,
+            created_at: row.get(5),
+            attempts: row.get(6),
+            last_error: row.get(7),
+            sent_at,
+            failed_at,
+            skipped_at,
+            next_attempt_at: row.get(11),
+            ordering_key: row.get(12),
+            sequence: row.get(13),
+            payload: serde_json::from_str(&payload).map_err(|error| {
+                StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
+            })?,
+        });
+    }
+    Ok(page)
+}
+
+/// One admin action as the log lists it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct LoggedAction {
+    pub id: i64,
+    pub admin_id: String,
+    pub action: String,
+    #[schema(value_type = Object)]
+    pub selector: serde_json::Value,
+    pub changed: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A page of the action log, newest first, from `before` (an action id, exclusive).
+pub async fn actions_page(
+    client: &impl GenericClient,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<LoggedAction>, StorageError> {
+    client
+        .query(
+            "SELECT id, admin_id, action, selector::text, changed, created_at
+             FROM admin_actions
+             WHERE $1::bigint IS NULL OR id < $1
+             ORDER BY id DESC
+             LIMIT $2",
+            &[&before, &limit],
+        )
+        .await?
+        .iter()
+        .map(|row| {
+            let selector: String = row.get(3);
+            Ok(LoggedAction {
+                id: row.get(0),
+                admin_id: row.get(1),
+                action: row.get(2),
+                selector: serde_json::from_str(&selector).map_err(|error| {
+                    StorageError::from(anyhow::anyhow!("a stored selector is not JSON: {error}"))
+                })?,
+                changed: row.get(4),
+                created_at: row.get(5),
+            })
+        })
+        .collect()
+}
