@@ -10,7 +10,7 @@ use crate::common::citus::CitusLab;
 use crate::common::cli::{retrysafe, stderr, stdout};
 use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_on, TestDaemon};
-use crate::common::helpers::{admin, count, TestResponse};
+use crate::common::helpers::{admin, count, eventually, TestResponse};
 
 const ADMIN_TOKEN: &str = "rs_admin-token-for-citus";
 
@@ -117,6 +117,20 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
     .await;
     assert_eq!(overview.status, 200, "{}", overview.describe());
     assert_eq!(overview.json()["parked"], 5, "{}", overview.describe());
+    // The console's trends: the history's samples count both workers' parked events.
+    let history = eventually(Duration::from_secs(30), || async {
+        let request = app.http.get(admin_url(&app, "/admin/v1/outbox/history"));
+        let answer = admin_call(&app, request, json!(null)).await;
+        let last = answer.json()["hour"]["points"]
+            .as_array()
+            .and_then(|p| p.last().cloned());
+        match last {
+            Some(point) if answer.status == 200 && point["parked"] == 5 => Ok(point),
+            _ => Err(answer.describe()),
+        }
+    })
+    .await;
+    assert_eq!(history["unsent"], 1, "{history}");
     let listed = admin_call(
         &app,
         app.http
