@@ -50,7 +50,7 @@ fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (at, digit) in digits.chars().enumerate() {
-        if at > 0 && (digits.len() - at) % 3 == 0 {
+        if at > 0 && (digits.len() - at).is_multiple_of(3) {
             out.push(',');
         }
         out.push(digit);
@@ -61,7 +61,7 @@ fn grouped(n: u64) -> String {
 /// A count of bytes in the largest binary unit that holds it whole.
 fn bytes(n: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{} {unit}", n >> shift);
         }
     }
@@ -72,7 +72,7 @@ fn bytes(n: u64) -> String {
 fn duration(bound: Duration) -> String {
     let seconds = bound.as_secs();
     for (unit_seconds, unit) in [(86_400, "day"), (3600, "hour"), (60, "minute")] {
-        if seconds >= unit_seconds && seconds % unit_seconds == 0 {
+        if seconds >= unit_seconds && seconds.is_multiple_of(unit_seconds) {
             let n = seconds / unit_seconds;
             return format!("{n} {unit}{}", if n == 1 { "" } else { "s" });
         }
