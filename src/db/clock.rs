@@ -40,10 +40,12 @@ struct Reading {
     wall: DateTime<Utc>,
 }
 
-/// The last reading of the database's clock, shared by every writer.
+/// The last reading of the database's clock, shared by every writer, and the latest time
+/// [`DatabaseClock::now`] gave.
 #[derive(Debug, Clone, Default)]
 pub struct DatabaseClock {
     last: Arc<Mutex<Option<Reading>>>,
+    issued: Arc<Mutex<Option<DateTime<Utc>>>>,
 }
 
 impl DatabaseClock {
@@ -61,7 +63,26 @@ impl DatabaseClock {
     /// by the monotonic clock. None before the first reading, and when the wall clock's
     /// progress since it disagrees with the monotonic clock's by more than [`STEP_BOUND`]
     /// (then read the database's clock again: [`read`](Self::read)).
+    ///
+    /// Never earlier than a time it gave before by less than [`STEP_BOUND`]: each reading places
+    /// the database's time in the middle of its round trip, so a new one may put the estimate a
+    /// few milliseconds behind the one it replaces, and a write answered after another would be
+    /// stamped before it (and listed before it). A larger step back is the database's clock's
+    /// own, and is followed.
     pub fn now(&self) -> Option<DateTime<Utc>> {
+        let estimate = self.estimate()?;
+        let mut issued = self.issued.lock().unwrap_or_else(PoisonError::into_inner);
+        let bound = chrono::Duration::from_std(STEP_BOUND).ok()?;
+        let now = match *issued {
+            Some(before) if before > estimate && before - estimate <= bound => before,
+            _ => estimate,
+        };
+        *issued = Some(now);
+        Some(now)
+    }
+
+    /// The last reading moved on by the monotonic clock, if it can be trusted.
+    fn estimate(&self) -> Option<DateTime<Utc>> {
         let reading = self.last()?;
         let elapsed = reading.at.elapsed();
         let wall_elapsed = Utc::now().signed_duration_since(reading.wall);
@@ -219,5 +240,25 @@ mod tests {
         });
         let estimated = clock.now().expect("within the bound");
         assert!((estimated - database).num_milliseconds().abs() <= 50);
+    }
+
+    #[test]
+    fn a_new_reading_a_little_behind_does_not_move_the_time_back_and_a_step_back_does() {
+        let clock = DatabaseClock::new();
+        let database = Utc::now();
+        let sent = Instant::now();
+        clock.observe(database, sent, sent);
+        let first = clock.now().unwrap();
+        // A reading whose round trip put the database 5 ms behind the estimate.
+        clock.observe(database - chrono::Duration::milliseconds(5), sent, sent);
+        let second = clock.now().unwrap();
+        assert!(second >= first, "{second} before {first}");
+        // The database's own clock stepped back a minute: followed.
+        clock.observe(database - chrono::Duration::minutes(1), sent, sent);
+        let stepped = clock.now().unwrap();
+        assert!(
+            first - stepped >= chrono::Duration::seconds(59),
+            "{stepped}"
+        );
     }
 }
