@@ -679,6 +679,10 @@ impl Cleanup {
             }
             if let Some(dir) = data.parent() {
                 let _ = fs::remove_dir_all(dir);
+                // The labs' directory, once its last server is gone (it fails while others stay).
+                if let Some(labs) = dir.parent() {
+                    let _ = fs::remove_dir(labs);
+                }
             }
         }
     }
