@@ -258,3 +258,36 @@ impl Drop for PgCluster {
         }
     }
 }
+
+/// Cancels every backend of a primary waiting for its synchronous standby, every 50 ms, until
+/// dropped: what pg_auto_failover's keeper does when it disables synchronous replication (the
+/// standby is unhealthy, so the primary goes on alone), and an operator's cancel does. Each
+/// cancelled commit stays committed locally, with a warning.
+pub struct SyncRepCanceller {
+    task: actix_web::rt::task::JoinHandle<()>,
+}
+
+impl SyncRepCanceller {
+    /// Starts cancelling through `primary`, a connection to the primary.
+    pub fn start(primary: tokio_postgres::Client) -> Self {
+        let task = actix_web::rt::spawn(async move {
+            loop {
+                let _ = primary
+                    .execute(
+                        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+                         WHERE wait_event = 'SyncRep'",
+                        &[],
+                    )
+                    .await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for SyncRepCanceller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

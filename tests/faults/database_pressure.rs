@@ -17,9 +17,10 @@ use tokio_postgres::NoTls;
 
 use crate::common::daemon::{free_port, serve_command, spawn_app, DaemonProcess, TestDaemon};
 use crate::common::helpers::{
-    count, entry_body, eventually, http_client, test_settings, TestExchange, TestResponse,
+    connect_to, count, entry_body, eventually, http_client, test_settings, TestExchange,
+    TestResponse,
 };
-use crate::common::postgres::{give_to, PgCluster, TestDir};
+use crate::common::postgres::{give_to, PgCluster, SyncRepCanceller, TestDir};
 
 fn is_root() -> bool {
     // SAFETY: getuid has no preconditions and cannot fail.
@@ -397,40 +398,6 @@ async fn a_start_without_a_free_connection_waits_for_one_within_the_start_timeou
     let _ = std::fs::remove_file(&log);
 }
 
-/// Cancels every backend waiting for its synchronous standby, every 50 ms, until dropped: what
-/// pg_auto_failover's keeper does when it disables synchronous replication (the standby is
-/// unhealthy, so the primary goes on alone: `SELECT pg_cancel_backend(pid) FROM
-/// pg_stat_activity WHERE wait_event = 'SyncRep'`), and an operator's cancel does.
-struct SyncRepCanceller {
-    task: actix_web::rt::task::JoinHandle<()>,
-}
-
-impl SyncRepCanceller {
-    async fn start(url: &str) -> Self {
-        let (db, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-        actix_web::rt::spawn(connection);
-        let task = actix_web::rt::spawn(async move {
-            loop {
-                let _ = db
-                    .execute(
-                        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
-                         WHERE wait_event = 'SyncRep'",
-                        &[],
-                    )
-                    .await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        Self { task }
-    }
-}
-
-impl Drop for SyncRepCanceller {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// A primary whose synchronous standby does not confirm commits, and whose waits for it are
 /// cancelled: the server then answers each commit with success and a warning ("canceling wait
 /// for synchronous replication ... The transaction has already committed locally, but might
@@ -451,7 +418,7 @@ async fn a_commit_the_synchronous_standby_did_not_confirm_is_not_acknowledged() 
 
     cluster.psql("ALTER SYSTEM SET synchronous_standby_names = 'a_standby_that_never_connects'");
     cluster.psql("SELECT pg_reload_conf()");
-    let canceller = SyncRepCanceller::start(&cluster.url_of("postgres")).await;
+    let canceller = SyncRepCanceller::start(connect_to(&cluster.url_of("postgres")).await);
     let unconfirmed = post(&daemon, "unconfirmed").await;
     unconfirmed.assert_problem(503, "storage-unavailable");
     assert!(detail(&unconfirmed).contains("same Idempotency-Key"));
@@ -562,7 +529,7 @@ async fn no_event_of_a_write_the_synchronous_standby_did_not_confirm_is_publishe
 
     cluster.psql("ALTER SYSTEM SET synchronous_standby_names = 'a_standby_that_never_connects'");
     cluster.psql("SELECT pg_reload_conf()");
-    let canceller = SyncRepCanceller::start(&cluster.url_of("postgres")).await;
+    let canceller = SyncRepCanceller::start(connect_to(&cluster.url_of("postgres")).await);
     let unconfirmed = post(&daemon, "unconfirmed").await;
     unconfirmed.assert_problem(503, "storage-unavailable");
     let event_id: uuid::Uuid = db

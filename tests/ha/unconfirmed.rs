@@ -14,6 +14,7 @@ use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::DaemonProcess;
 use crate::common::helpers::{count, eventually, post_bounded, TestExchange};
 use crate::common::lab::Lab;
+use crate::common::postgres::SyncRepCanceller;
 
 /// How long the secondary's WAL receiver stays stopped: several relay polls, and far from what
 /// makes the monitor give up on the standby (pg_auto_failover then lets the primary go on alone,
@@ -51,37 +52,6 @@ async fn formation(lab: &Lab, primary: &Client) -> String {
         Err(error) => format!("(not read: {error})"),
     };
     format!("{states}; the primary's synchronous_standby_names = '{names}'")
-}
-
-/// Cancels every backend of the primary waiting for its synchronous standby, every 50 ms, until
-/// dropped: what pg_auto_failover's keeper does when it disables synchronous replication, and
-/// an operator's cancel does. Each cancelled commit stays committed locally, with a warning.
-struct SyncRepCanceller {
-    task: actix_web::rt::task::JoinHandle<()>,
-}
-
-impl SyncRepCanceller {
-    fn start(primary: Client) -> Self {
-        let task = actix_web::rt::spawn(async move {
-            loop {
-                let _ = primary
-                    .execute(
-                        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
-                         WHERE wait_event = 'SyncRep'",
-                        &[],
-                    )
-                    .await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        Self { task }
-    }
-}
-
-impl Drop for SyncRepCanceller {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// The secondary's WAL receiver, SIGSTOPped: it receives nothing and confirms nothing, so the
