@@ -298,7 +298,7 @@ async fn walk_pages(app: &TestDaemon) -> Vec<Vec<String>> {
     }
 }
 
-/// The listing: `limit=1000` over entries of 60 KB answered 1000 of them at once (60 MB
+/// A listing once too large: `limit=1000` over entries of 60 KB answered 1000 of them at once (60 MB
 /// a page, several times that in the daemon while it shaped the page: 8 such listings at once
 /// took a debug build from 50 to 770-800 MiB). A page now ends before the entry that would take
 /// its data past 1 MiB, and `next` goes on after the last entry it holds.

@@ -298,7 +298,7 @@ async fn requests_refused_before_routing_are_counted_and_logged_as_the_clients_f
     );
 }
 
-/// The flood: idle connections that never send a byte, each answered 408 by actix-http
+/// A flood of idle connections that never send a byte, each answered 408 by actix-http
 /// once `http.head_timeout` passes. Each used to be one WARN line (1,200 connections, 1,200
 /// lines, and journald's rate limit then drops the lines that matter); now the first is logged,
 /// then at most one every 10 s with the number left out, while the counter counts them all.
