@@ -140,19 +140,7 @@ impl PgCluster {
             assert!(mode.success());
         }
         let cluster = Self { dir, port };
-        let log = cluster.dir.path("postgres.log");
-        let start = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            data_text,
-            "-l",
-            log.to_str().unwrap(),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        ]);
-        assert_ran(&start, "pg_ctl start");
+        cluster.start_again();
         cluster
     }
 
@@ -162,7 +150,12 @@ impl PgCluster {
 
     /// Stops the server at once (`immediate`: as a crash does), keeping its data.
     pub fn stop(&self) {
-        let stop = as_postgres(&[
+        assert_ran(&self.pg_ctl_stop(), "pg_ctl stop");
+    }
+
+    /// `pg_ctl stop -m immediate`, waiting for it at most 30 s.
+    fn pg_ctl_stop(&self) -> Output {
+        as_postgres(&[
             "pg_ctl",
             "-D",
             self.data().to_str().unwrap(),
@@ -172,11 +165,10 @@ impl PgCluster {
             "-t",
             "30",
             "stop",
-        ]);
-        assert_ran(&stop, "pg_ctl stop");
+        ])
     }
 
-    /// Starts the server again after [`stop`](Self::stop).
+    /// Starts the server (again, after [`stop`](Self::stop)), logging to `postgres.log`.
     pub fn start_again(&self) {
         let log = self.dir.path("postgres.log");
         let start = as_postgres(&[
@@ -239,17 +231,7 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
-        let stop = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-m",
-            "immediate",
-            "-w",
-            "-t",
-            "30",
-            "stop",
-        ]);
+        let stop = self.pg_ctl_stop();
         if !stop.status.success() {
             eprintln!(
                 "pg_ctl stop failed: {}",
