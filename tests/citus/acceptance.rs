@@ -48,10 +48,9 @@ pub fn body(n: i64) -> serde_json::Value {
 
 #[actix_web::test]
 async fn a_client_gets_on_citus_what_it_gets_on_one_server_in_single_shard_transactions() {
-    if !CitusLab::available() {
+    let Some(lab) = CitusLab::start_if_available() else {
         return;
-    }
-    let lab = CitusLab::start();
+    };
     let app = daemon_on(&lab).await;
     let distributed = lab.sql(
         "SELECT string_agg(logicalrelid::text || ':' || partmethod::text, ',' ORDER BY logicalrelid::text)
@@ -181,10 +180,9 @@ async fn a_client_gets_on_citus_what_it_gets_on_one_server_in_single_shard_trans
 #[actix_web::test]
 async fn the_coordinators_own_v1_certificate_is_taken_with_sslmode_require_and_refused_with_a_reason_when_verifying(
 ) {
-    if !CitusLab::available() {
+    let Some(lab) = CitusLab::start_if_available() else {
         return;
-    }
-    let lab = CitusLab::start();
+    };
     // The daemon's URL asks for TLS; the test's own connection (NoTls) goes without.
     let app = spawn_app_on(&lab.url(), true, |settings| {
         with_clients(settings);

@@ -18,10 +18,9 @@ use crate::common::proxy::TcpProxy;
 
 #[actix_web::test]
 async fn three_daemons_and_six_clients_write_each_key_once_and_publish_each_event_once() {
-    if !CitusLab::available() {
+    let Some(lab) = CitusLab::start_if_available() else {
         return;
-    }
-    let lab = CitusLab::start();
+    };
     let first = daemon_on(&lab).await;
     let second = spawn_second_app(&first).await;
     let third = spawn_second_app(&first).await;

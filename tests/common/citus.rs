@@ -50,6 +50,12 @@ impl CitusLab {
         true
     }
 
+    /// [`Self::start`] where the extension is installed; None (having said why) where not: the
+    /// test then skips.
+    pub fn start_if_available() -> Option<Self> {
+        Self::available().then(Self::start)
+    }
+
     /// A coordinator and two workers, running, with the database `retrysafe` ([`Self::add_citus_to`]).
     pub fn start() -> Self {
         let coordinator = PgCluster::start_plain(NODE_SETTINGS);
