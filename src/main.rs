@@ -1,5 +1,5 @@
 // jemalloc returns freed memory to the kernel where glibc's malloc kept more and more of it under
-// a steady load (docs/reliability.md, "Memory over time").
+// a steady load (docs/benchmark-history.md, "Memory over time").
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
