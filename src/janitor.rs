@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use std::collections::HashMap;
 
-use crate::db::citus::{self, Target, Topology};
+use crate::db::outbox_state::sent;
+use crate::db::topology::{Pass, Topology};
 use crate::db::{Database, StorageError};
 use crate::{lifecycle, metric};
 
@@ -29,36 +30,24 @@ pub const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// them all again, so that a pass over millions of rows cost more per row the further it got.
 /// Returns how many rows it deleted and the latest `expires_at` among them.
 ///
-/// On Citus the statement reads one shard's clients (`$3`), in [`DELETE_EXPIRED_RECORDS_OF`]:
-/// a delete with a limit, and its row locks, must read one shard there.
-macro_rules! delete_expired_records {
-    ($of_clients:literal, $expired_of_clients:literal) => {
-        concat!(
-            "
+/// `$3` names the clients whose rows a pass takes (NULL for every client's; see
+/// [`Pass::clients`]): on Citus, a delete with a limit, and its row locks, must read one shard.
+const DELETE_EXPIRED_RECORDS: &str = "
 WITH deleted AS (
     DELETE FROM idempotency_records r
     USING (
         SELECT client_id, key FROM idempotency_records
-        WHERE expires_at >= $2 AND expires_at <= now()",
-            $expired_of_clients,
-            "
+        WHERE expires_at >= $2 AND expires_at <= now()
+          AND ($3::text[] IS NULL OR client_id = ANY($3))
         ORDER BY expires_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED
     ) expired
-    WHERE r.client_id = expired.client_id AND r.key = expired.key",
-            $of_clients,
-            "
+    WHERE r.client_id = expired.client_id AND r.key = expired.key
+      AND ($3::text[] IS NULL OR r.client_id = ANY($3))
     RETURNING r.expires_at
 )
-SELECT count(*), max(expires_at) FROM deleted"
-        )
-    };
-}
-
-const DELETE_EXPIRED_RECORDS: &str = delete_expired_records!("", "");
-const DELETE_EXPIRED_RECORDS_OF: &str =
-    delete_expired_records!(" AND r.client_id = ANY($3)", " AND client_id = ANY($3)");
+SELECT count(*), max(expires_at) FROM deleted";
 
 /// Only sent rows: unsent and parked rows stay whatever their age. They are found through the
 /// partial index on `sent_at` of sent rows (migration V4), oldest first, so a pass reads about
@@ -66,41 +55,32 @@ const DELETE_EXPIRED_RECORDS_OF: &str =
 /// way. The events' replay records go with them (found through event_replays' primary key):
 /// once an event is gone, how often it was replayed is of no use, and the record would grow
 /// with every replay for ever. Each batch starts where the previous one ended (`$3`), as
-/// [`DELETE_EXPIRED_RECORDS`] does.
-/// On Citus, of one shard's clients (`$4`): [`DELETE_OLD_SENT_EVENTS_OF`].
-macro_rules! delete_old_sent_events {
-    ($of_clients:literal) => {
-        concat!(
-            "
+/// [`DELETE_EXPIRED_RECORDS`] does; `$4` names the pass's clients, as there.
+const DELETE_OLD_SENT_EVENTS: &str = concat!(
+    "
 WITH deleted AS (
     DELETE FROM outbox_events
     WHERE (client_id, id) IN (
         SELECT client_id, id FROM outbox_events
-        WHERE sent_at IS NOT NULL AND sent_at >= $3
-          AND sent_at < now() - make_interval(secs => $1)",
-            $of_clients,
-            "
+        WHERE ",
+    sent!(),
+    " AND sent_at >= $3
+          AND sent_at < now() - make_interval(secs => $1)
+          AND ($4::text[] IS NULL OR client_id = ANY($4))
         ORDER BY sent_at
         LIMIT $2
         FOR UPDATE SKIP LOCKED
-    )",
-            $of_clients,
-            "
+    )
+      AND ($4::text[] IS NULL OR client_id = ANY($4))
     RETURNING client_id, event_id, sent_at
 ),
 replays_deleted AS (
     DELETE FROM event_replays
-    WHERE (client_id, event_id) IN (SELECT client_id, event_id FROM deleted)",
-            $of_clients,
-            "
+    WHERE (client_id, event_id) IN (SELECT client_id, event_id FROM deleted)
+      AND ($4::text[] IS NULL OR client_id = ANY($4))
 )
 SELECT count(*), max(sent_at) FROM deleted"
-        )
-    };
-}
-
-const DELETE_OLD_SENT_EVENTS: &str = delete_old_sent_events!("");
-const DELETE_OLD_SENT_EVENTS_OF: &str = delete_old_sent_events!(" AND client_id = ANY($4)");
+);
 
 /// Where a pass's first batch starts: before every time.
 const NEGATIVE_INFINITY: Timestamp<DateTime<Utc>> = Timestamp::NegInfinity;
@@ -151,26 +131,24 @@ pub async fn purge_once(
     outbox_retention: Duration,
 ) -> Result<PurgeReport, StorageError> {
     let topology = Topology::detect(db, &[]).await?;
-    if let Topology::Citus(map) = &topology {
-        map.discover(db).await?;
-    }
     let mut report = PurgeReport::default();
-    for target in topology.targets() {
-        let shard = purge_from(db, outbox_retention, &target, &mut PassStart::default()).await?;
-        report.records_deleted += shard.records_deleted;
-        report.events_deleted += shard.events_deleted;
+    for pass in topology.passes() {
+        let part = purge_from(outbox_retention, &pass, &mut PassStart::default()).await?;
+        report.records_deleted += part.records_deleted;
+        report.events_deleted += part.events_deleted;
     }
     Ok(report)
 }
 
-/// One janitor pass over `target`'s rows from `start`, which it moves on to where this pass
-/// ended (see [`PassStart`]).
+/// One janitor pass over `pass`'s rows from `start`, which it moves on to where this pass ended
+/// (see [`PassStart`]). Each delete is planned with its values (a statement prepared for one
+/// run), so that on Citus it reads one shard.
 pub async fn purge_from(
-    db: &Database,
     outbox_retention: Duration,
-    target: &Target,
+    pass: &Pass,
     start: &mut PassStart,
 ) -> Result<PurgeReport, StorageError> {
+    let (db, clients) = (&pass.db, pass.clients());
     if start.passes.is_multiple_of(FULL_PASS_EVERY) {
         start.records = NEGATIVE_INFINITY;
         start.events = NEGATIVE_INFINITY;
@@ -181,19 +159,9 @@ pub async fn purge_from(
         let from = start.records;
         let (deleted, latest) = db
             .run(async |connection| {
-                let row = match target.clients() {
-                    None => {
-                        connection
-                            .query_one(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH, &from])
-                            .await?
-                    }
-                    Some(clients) => {
-                        connection.batch_execute(citus::PLAN_WITH_VALUES).await?;
-                        connection
-                            .query_one(DELETE_EXPIRED_RECORDS_OF, &[&PURGE_BATCH, &from, &clients])
-                            .await?
-                    }
-                };
+                let row = connection
+                    .query_one(DELETE_EXPIRED_RECORDS, &[&PURGE_BATCH, &from, &clients])
+                    .await?;
                 Ok(deleted_up_to(&row))
             })
             .await?;
@@ -210,25 +178,12 @@ pub async fn purge_from(
         let from = start.events;
         let (deleted, latest) = db
             .run(async |connection| {
-                let row = match target.clients() {
-                    None => {
-                        connection
-                            .query_one(
-                                DELETE_OLD_SENT_EVENTS,
-                                &[&retention_seconds, &PURGE_BATCH, &from],
-                            )
-                            .await?
-                    }
-                    Some(clients) => {
-                        connection.batch_execute(citus::PLAN_WITH_VALUES).await?;
-                        connection
-                            .query_one(
-                                DELETE_OLD_SENT_EVENTS_OF,
-                                &[&retention_seconds, &PURGE_BATCH, &from, &clients],
-                            )
-                            .await?
-                    }
-                };
+                let row = connection
+                    .query_one(
+                        DELETE_OLD_SENT_EVENTS,
+                        &[&retention_seconds, &PURGE_BATCH, &from, &clients],
+                    )
+                    .await?;
                 Ok(deleted_up_to(&row))
             })
             .await?;
@@ -245,19 +200,15 @@ pub async fn purge_from(
 /// Runs [`purge_once`] at start and then every [`PURGE_INTERVAL`], until `shutdown`: a plain
 /// task of the daemon ([`crate::lifecycle`]). A pass in progress at shutdown is abandoned (each
 /// of its deletes stands or not on its own; the next start deletes what is left).
-pub async fn run(
-    db: Database,
-    (outbox_retention, topology): (Duration, Topology),
-    shutdown: CancellationToken,
-) {
-    // Where each target's last pass ended.
-    let starts = tokio::sync::Mutex::new(HashMap::<Target, PassStart>::new());
+pub async fn run(outbox_retention: Duration, topology: Topology, shutdown: CancellationToken) {
+    // Where each pass's last run ended.
+    let starts = tokio::sync::Mutex::new(HashMap::<Pass, PassStart>::new());
     lifecycle::every(PURGE_INTERVAL, shutdown, || async {
         let mut starts = starts.lock().await;
         // A shard whose worker is down fails its part of the pass, not the others'.
-        for target in topology.targets() {
-            let start = starts.entry(target.clone()).or_default();
-            match purge_from(&db, outbox_retention, &target, start).await {
+        for pass in topology.passes() {
+            let start = starts.entry(pass.clone()).or_default();
+            match purge_from(outbox_retention, &pass, start).await {
                 Ok(report) if report != PurgeReport::default() => tracing::info!(
                     records_deleted = report.records_deleted,
                     events_deleted = report.events_deleted,

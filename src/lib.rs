@@ -6,13 +6,16 @@
 //!
 //! - [`http`]: actix-web routes; authenticates the client, validates the `Idempotency-Key` and
 //!   the body, hashes the request, and maps every error to problem+json ([`http::problem`]).
-//! - [`write`]: the write path and its types ([`write::Write`], [`write::Answer`]): `KeyShard`
-//!   actors, one per shard of (client, key), where duplicates meet and completed responses are
-//!   replayed from a bounded cache ([`write::shard`], [`write::cache`]); `Writer` actors that
-//!   commit writes in batches, one transaction each, with `INSERT ... ON CONFLICT` as the final
-//!   guard against duplicates ([`write::writer`], [`write::batch`]).
-//! - [`db`]: the PostgreSQL pool, database creation and migrations, Citus's shards
-//!   ([`db::citus`]), readiness of writes, and the SQLSTATE mapping.
+//! - [`write`]: the write path and its types (a [`write::Write`] is [`write::Waiting`], then
+//!   [`write::Decided`]; each request gets a [`write::Answer`]): `KeyShard` actors, one per
+//!   shard of (client, key), where duplicates meet and completed responses are replayed from a
+//!   bounded cache ([`write::shard`], [`write::cache`]); `Writer` actors that commit writes in
+//!   batches, one transaction each, with `INSERT ... ON CONFLICT` as the final guard against
+//!   duplicates ([`write::writer`], [`write::batch`]).
+//! - [`db`]: the PostgreSQL pool, database creation and migrations, where the rows live (one
+//!   server or Citus: [`db::topology`], the one module that knows, with the statement shapes
+//!   that differ), the outbox's states ([`db::outbox_state`]), readiness of writes, and the
+//!   SQLSTATE mapping.
 //! - [`outbox`]: relay actors that publish committed events to RabbitMQ with publisher
 //!   confirms ([`outbox::relay`], one batch in [`outbox::batch`], [`outbox::publish`]), over
 //!   the daemon's broker connection ([`outbox::broker`]); `retrysafe outbox replay` publishes

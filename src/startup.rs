@@ -14,7 +14,7 @@ use actix_web::web;
 use crate::admin::history::OutboxHistory;
 use crate::admin::AdminState;
 use crate::config::Config;
-use crate::db::citus::{self, Topology};
+use crate::db::topology::{self, Topology};
 use crate::db::{self, Database, DatabaseClock, WriteHealth};
 use crate::http::health::ReadinessMonitor;
 use crate::http::server::Listener;
@@ -116,54 +116,44 @@ impl Application {
         let topology = Topology::detect(&writes, &clients)
             .await
             .map_err(|error| anyhow::anyhow!("cannot read the database's topology: {error}"))?;
-        if let Topology::Citus(map) = &topology {
-            tracing::info!(shards = map.clients_by_shard().len(), "the write tables are distributed (citus): batches, relays and the janitor work a shard at a time");
-            let (map, pool, known) = (map.clone(), writes.clone(), clients.clone());
-            tasks.spawn(move |shutdown| {
-                lifecycle::every(citus::SHARD_MAP_REFRESH, shutdown, move || {
-                    let (map, pool, known) = (map.clone(), pool.clone(), known.clone());
-                    async move {
-                        let read = match map.refresh(&pool, &known).await {
-                            Ok(()) => map.discover(&pool).await,
-                            Err(error) => Err(error),
-                        };
-                        if let Err(error) = read {
-                            tracing::warn!(error = %error, "cannot read which shard holds each client; keeping the last reading");
-                        }
+        tracing::info!(topology = %topology.describe(), "where the write tables live");
+        let refreshed = topology.clone();
+        tasks.spawn(move |shutdown| {
+            lifecycle::every(topology::REFRESH_INTERVAL, shutdown, move || {
+                let topology = refreshed.clone();
+                async move {
+                    if let Err(error) = topology.refresh().await {
+                        tracing::warn!(error = %error, "cannot read where the write tables' rows are; keeping the last reading");
                     }
-                })
-            });
-        }
+                }
+            })
+        });
         let clock = read_database_clock(&writes).await;
         let broker = Arc::new(Broker::new(&config.amqp)?);
 
         let relay_arbiter = actix::Arbiter::new();
         let relays = if options.relays {
-            start_relays(&config, (&writes, &topology), &broker, &relay_arbiter)
+            start_relays(&config, &topology, &broker, &relay_arbiter)
         } else {
             Vec::new()
         };
         let write_health = WriteHealth::default();
         let write_path = start_write_path(
             &config,
-            &writes,
-            (clock, write_health.clone(), topology.clone()),
+            &topology,
+            (clock, write_health.clone()),
             OutboxWaker::new(relays.clone()),
         );
         let retention = config.outbox.retention;
-        let janitor_pool = writes.clone();
         let janitor_topology = topology.clone();
         if options.relays {
-            tasks.spawn(move |shutdown| {
-                janitor::run(janitor_pool, (retention, janitor_topology), shutdown)
-            });
+            tasks.spawn(move |shutdown| janitor::run(retention, janitor_topology, shutdown));
         }
         // A readiness check is bounded like a connection attempt plus a second: a probe must
         // answer quickly, and the check is one small query.
         let backlog = Arc::new(gauges::Backlog::default());
         let readiness = Arc::new(ReadinessMonitor::new(
             reads.clone(),
-            writes.clone(),
             config.database.connect_timeout + Duration::from_secs(1),
             (write_health, backlog.clone()),
             (topology.clone(), clients),
@@ -303,7 +293,7 @@ impl Application {
 
 fn start_relays(
     config: &Config,
-    (db, topology): (&Database, &Topology),
+    topology: &Topology,
     broker: &Arc<Broker>,
     arbiter: &actix::Arbiter,
 ) -> Vec<Addr<OutboxRelay>> {
@@ -313,7 +303,6 @@ fn start_relays(
             OutboxRelay::start(
                 &arbiter.handle(),
                 index,
-                db.clone(),
                 broker.clone(),
                 relay_config.clone(),
             )
@@ -336,18 +325,17 @@ async fn read_database_clock(db: &Database) -> DatabaseClock {
 
 fn start_write_path(
     config: &Config,
-    db: &Database,
-    (clock, health, topology): (DatabaseClock, WriteHealth, Topology),
+    topology: &Topology,
+    (clock, health): (DatabaseClock, WriteHealth),
     waker: OutboxWaker,
 ) -> WritePath {
-    let on_commit: CommitHook = Arc::new(move |shard| waker.wake(shard));
+    let on_commit: CommitHook = Arc::new(move |group| waker.wake(group));
     let writer_config = WriterConfig {
         max_batch: config.database.max_batch,
         retention: config.idempotency.retention,
         audit: config.events.audit,
         clock,
         health,
-        topology: topology.clone(),
     };
     let queue = WriteQueue::new(
         config.database.writers,
@@ -357,7 +345,7 @@ fn start_write_path(
     let writers: Vec<Addr<Writer>> = (0..config.database.writers)
         .map(|_| {
             Writer::start(
-                db.clone(),
+                topology.clone(),
                 writer_config.clone(),
                 queue.clone(),
                 on_commit.clone(),

@@ -21,9 +21,10 @@ use serde::Serialize;
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
+use crate::db::outbox_state::parked;
 use crate::db::{Database, StorageError};
 use crate::lifecycle;
-use crate::outbox::store::GAUGE_COUNT_CAP;
+use crate::outbox::store::{capped_backlog, GAUGE_COUNT_CAP};
 
 /// How often the daemon samples the outbox.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
@@ -34,7 +35,8 @@ pub const DAY_FOLD: usize = 30;
 /// Points in the day's ring: a day of five-minute points.
 pub const DAY_POINTS: usize = 288;
 
-/// One statement, so one snapshot and one time. The rates' window ends `$3` seconds before the
+/// One statement, so one snapshot and one time: the backlog as the gauges count it
+/// ([`capped_backlog!`]), and the rates. The rates' window ends `$3` seconds before the
 /// database's now, one sample interval: a relay stamps `sent_at` (and `failed_at`) with its
 /// batch's start and commits after publishing, so an event is counted once its batch took less
 /// than that to commit; the window starts where the previous one ended (`$2`), so no event is
@@ -42,22 +44,24 @@ pub const DAY_POINTS: usize = 288;
 /// of them; newly parked ones among the `$1` newest parked events (`outbox_events_parked`, by
 /// id), where a parked event that was retried and parked again counts again. Plain aggregates:
 /// nothing Citus would refuse.
-const SAMPLE: &str = "
+const SAMPLE: &str = concat!(
+    "
 SELECT now(),
        now() - make_interval(secs => $3),
-       (SELECT count(*) FROM (SELECT 1 FROM outbox_events
-                              WHERE sent_at IS NULL AND failed_at IS NULL LIMIT $1) unsent),
-       (SELECT count(*) FROM (SELECT 1 FROM outbox_events
-                              WHERE sent_at IS NULL AND failed_at IS NOT NULL
-                                AND skipped_at IS NULL LIMIT $1) parked),
+       ",
+    capped_backlog!(),
+    ",
        (SELECT count(*) FROM (SELECT 1 FROM outbox_events
                               WHERE sent_at > $2 AND sent_at <= now() - make_interval(secs => $3)
                               LIMIT $1) sent),
        (SELECT count(*) FILTER (WHERE failed_at > $2
                                   AND failed_at <= now() - make_interval(secs => $3))
         FROM (SELECT failed_at FROM outbox_events
-              WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
-              ORDER BY id DESC LIMIT $1) newest_parked)";
+              WHERE ",
+    parked!(),
+    "
+              ORDER BY id DESC LIMIT $1) newest_parked)"
+);
 
 /// The outbox at one moment, and what happened since the point before.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]

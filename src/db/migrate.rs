@@ -6,7 +6,8 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::connect::{ConnectError, Connection, Connector};
-use super::{base_pg_config, citus, connector, quote_identifier, sqlstate, StorageError};
+use super::topology::citus;
+use super::{base_pg_config, connector, quote_identifier, sqlstate, StorageError};
 use crate::config::DatabaseConfig;
 
 mod embedded {

@@ -7,12 +7,13 @@
 //! its state unknown, is dropped, never returned to the pool.
 
 pub mod blocked;
-pub mod citus;
 pub mod clock;
 pub mod connect;
 mod migrate;
+pub mod outbox_state;
 pub mod sqlstate;
 pub mod tls;
+pub mod topology;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -258,6 +259,15 @@ pub struct Database {
     connect_timeout: Duration,
     last_connect_error: LastConnectError,
     generation: Generation,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("max_size", &self.max_size)
+            .field("state", &self.pool.state())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Database {

@@ -17,7 +17,7 @@ use crate::http::problem::ApiError;
 use crate::http::SharedState;
 use crate::idempotency::{IdempotencyKey, Verdict};
 use crate::metric;
-use crate::write::{Answer, SavedResponse, ScopedKey, Write};
+use crate::write::{Answer, SavedRecord, ScopedKey, Write};
 
 pub const ENTRIES_PATH: &str = ENTRIES_ROUTE;
 
@@ -99,7 +99,8 @@ pub async fn same_bytes(
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(400)
         .min(ANSWER.len());
-    let response = SavedResponse {
+    let response = SavedRecord {
+        request_hash: crate::idempotency::RequestHash([0; 32]),
         status: 201,
         body: Bytes::from_static(&ANSWER[..bytes]),
         entry_id: Some(Uuid::nil()),
@@ -146,7 +147,7 @@ async fn decode(state: &SharedState, body: Bytes) -> Result<WriteRequest, ApiErr
 }
 
 /// The response saved with a record, as first sent or replayed.
-fn saved_response(response: &SavedResponse, replayed: bool) -> HttpResponse {
+fn saved_response(response: &SavedRecord, replayed: bool) -> HttpResponse {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK);
     let mut builder = HttpResponse::build(status);
     builder.content_type("application/json");

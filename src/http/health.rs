@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::citus::Topology;
+use crate::db::topology::Topology;
 use crate::db::{self, Database, WriteHealth};
 use crate::http::SharedState;
 use crate::metric;
@@ -152,12 +152,11 @@ const READINESS_FRESH: Duration = Duration::from_secs(1);
 pub struct ReadinessMonitor {
     /// The reads' pool, on which the check runs.
     reads: Database,
-    /// The writes' pool, on which a probe write runs while writes fail.
-    write_pool: Database,
     /// What the writers (and the last probe) found.
     writes: WriteHealth,
-    /// Where the write tables live, and the clients a probe takes in turn (on Citus, each
-    /// probe goes to one client's shard).
+    /// Where the write tables live (a probe write runs on a client's route while writes
+    /// fail), and the clients a probe takes in turn (on Citus, each probe goes to one client's
+    /// shard).
     topology: Topology,
     clients: Vec<String>,
     probes: std::sync::atomic::AtomicUsize,
@@ -171,14 +170,12 @@ pub struct ReadinessMonitor {
 impl ReadinessMonitor {
     pub fn new(
         reads: Database,
-        write_pool: Database,
         limit: Duration,
         (writes, backlog): (WriteHealth, Arc<Backlog>),
         (topology, clients): (Topology, Vec<String>),
     ) -> Self {
         Self {
             reads,
-            write_pool,
             writes,
             topology,
             // Never empty: the anonymous client is always among them.
@@ -205,13 +202,8 @@ impl ReadinessMonitor {
                 .probes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let client = &self.clients[turn % self.clients.len()];
-            crate::write::batch::probe(
-                &self.write_pool,
-                (&self.writes, &self.topology),
-                client,
-                self.limit,
-            )
-            .await;
+            crate::write::batch::probe(&self.topology.route(client), &self.writes, self.limit)
+                .await;
         }
         if state == DatabaseState::Ready {
             self.probe_failing_nodes().await;
@@ -231,15 +223,9 @@ impl ReadinessMonitor {
             .failing_nodes()
             .into_iter()
             .map(|(node, _)| async move {
-                match self.topology.a_client_on(&node) {
-                    Some(client) => {
-                        crate::write::batch::probe(
-                            &self.write_pool,
-                            (&self.writes, &self.topology),
-                            &client,
-                            self.limit,
-                        )
-                        .await
+                match self.topology.route_on_node(&node) {
+                    Some(route) => {
+                        crate::write::batch::probe(&route, &self.writes, self.limit).await
                     }
                     None => self.writes.forget(&node),
                 }

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::db::outbox_state::{held, not_done, parked};
 use crate::db::StorageError;
 use crate::entry::format_time;
 use crate::http::problem::ApiError;
@@ -69,16 +70,23 @@ WHERE r.client_id = $1 AND r.key = $2 AND r.expires_at > now()";
 /// reused has older events under the same key, which belong to the older entry. Replays are counted through event_replays'
 /// primary key (event_id first). What blocks an ordered event is its key's first parked event
 /// before it (outbox_events_ordered_unsent).
-const SELECT_EVENTS: &str = "
+const SELECT_EVENTS: &str = concat!(
+    "
 SELECT o.event_id, o.event_type, o.attempts, o.sent_at, o.failed_at,
-       CASE WHEN o.next_attempt_at <> 'infinity' THEN o.next_attempt_at END AS next_attempt_at,
+       CASE WHEN NOT ",
+    held!("o"),
+    " THEN o.next_attempt_at END AS next_attempt_at,
        o.last_error, r.replay_count, r.last_replayed_at, o.skipped_at,
        (SELECT b.event_id
         FROM outbox_events b
-        WHERE o.ordering_key IS NOT NULL AND o.sent_at IS NULL AND o.skipped_at IS NULL
+        WHERE o.ordering_key IS NOT NULL AND ",
+    not_done!("o"),
+    "
           AND b.client_id = o.client_id AND b.ordering_key = o.ordering_key
           AND b.sequence < o.sequence
-          AND b.sent_at IS NULL AND b.failed_at IS NOT NULL AND b.skipped_at IS NULL
+          AND ",
+    parked!("b"),
+    "
           AND b.ordering_key IS NOT NULL
         ORDER BY b.sequence, b.id
         LIMIT 1) AS blocked_by
@@ -89,7 +97,8 @@ FROM outbox_events o
          WHERE client_id = o.client_id AND event_id = o.event_id
      ) r
 WHERE o.event_key = ANY($3::text[]) AND o.client_id = $1 AND o.idempotency_key = $2
-ORDER BY o.id";
+ORDER BY o.id"
+);
 
 /// What became of an idempotency key: its record and its events' delivery state.
 #[utoipa::path(

@@ -65,6 +65,14 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
+/// An idempotency key as the daemon keeps it: keys are scoped by client, so two clients may use
+/// the same key without seeing each other.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopedKey {
+    pub client_id: std::sync::Arc<str>,
+    pub key: IdempotencyKey,
+}
+
 /// An RFC 8941 sf-string after its opening quote: printable ASCII, with `\"` and `\\` the only
 /// escapes, up to the closing quote, which must end the value.
 fn unquote_sf_string(after_quote: &[u8]) -> Result<Vec<u8>, KeyError> {

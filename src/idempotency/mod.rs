@@ -7,5 +7,5 @@ pub mod key;
 pub mod verdict;
 
 pub use canonical::{canonical_json, canonical_object, request_hash, BodyHash, RequestHash};
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{IdempotencyKey, KeyError, ScopedKey};
 pub use verdict::Verdict;

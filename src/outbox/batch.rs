@@ -8,7 +8,7 @@ use std::time::Duration;
 use lapin::Channel;
 use tokio::sync::oneshot;
 
-use crate::db::citus::{Target, Topology};
+use crate::db::topology::{Pass, Topology};
 use crate::db::{barrier, Database, PgClient, StorageError};
 use crate::metric;
 use crate::outbox::broker::Broker;
@@ -23,7 +23,7 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     pub confirm_timeout: Duration,
     pub max_attempts: i32,
-    /// Where the outbox lives: on Citus a batch claims one shard's events ([`Target`]).
+    /// Where the outbox lives: a batch claims the events of one [`Pass`] (on Citus, one shard's).
     pub topology: Topology,
 }
 
@@ -39,9 +39,9 @@ impl RelayConfig {
         }
     }
 
-    /// What a round of batches claims from ([`Topology::targets`]).
-    pub fn targets(&self) -> Vec<Target> {
-        self.topology.targets()
+    /// What a round of batches claims from, one pass after another ([`Topology::passes`]).
+    pub fn passes(&self) -> Vec<Pass> {
+        self.topology.passes()
     }
 }
 
@@ -53,15 +53,12 @@ pub async fn relay_until_empty(config: &crate::config::Config) -> anyhow::Result
     let db = Database::new(&config.database)?;
     let broker = Broker::new(&config.amqp)?;
     let topology = Topology::detect(&db, &[]).await?;
-    if let Topology::Citus(map) = &topology {
-        map.discover(&db).await?;
-    }
     let relay_config = RelayConfig::from_config(config, topology);
     let channel = broker.open_channel().await?;
     let mut sent = 0;
-    for target in relay_config.targets() {
+    for pass in relay_config.passes() {
         loop {
-            let report = relay_once(&db, &broker, &channel.channel, &relay_config, &target).await?;
+            let report = relay_once(&broker, &channel.channel, &relay_config, &pass).await?;
             sent += report.sent;
             if report.claimed == 0 || report.channel_broken || report.blocked {
                 break;
@@ -108,34 +105,26 @@ pub struct RelayReport {
 /// `outbox.confirm_timeout`: past it the batch is abandoned, nothing is marked, and its rows are
 /// claimed again (a resend, which consumers dedupe; never a loss).
 pub async fn relay_once(
-    db: &Database,
     broker: &Broker,
     channel: &Channel,
     config: &RelayConfig,
-    target: &Target,
+    pass: &Pass,
 ) -> Result<RelayReport, StorageError> {
-    relay_once_then(db, broker, channel, (config, target), None).await
+    relay_once_then(broker, channel, (config, pass), None).await
 }
 
 /// [`relay_once`], sending on `on_full_batch` once a full batch (`batch_size` rows: more may be due) is
 /// published, before its confirms are awaited: the relay's cue to start its next batch.
 pub(super) async fn relay_once_then(
-    db: &Database,
     broker: &Broker,
     channel: &Channel,
-    (config, target): (&RelayConfig, &Target),
+    (config, pass): (&RelayConfig, &Pass),
     on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
+    let db = &pass.db;
     let limit = db.operation_timeout() + config.confirm_timeout;
     db.run_within(limit, async |connection| {
-        relay_batch(
-            db,
-            connection,
-            broker,
-            (channel, config, target),
-            on_full_batch,
-        )
-        .await
+        relay_batch(connection, broker, (channel, config, pass), on_full_batch).await
     })
     .await
 }
@@ -157,29 +146,24 @@ pub(super) async fn relay_once_then(
 /// published and the batch ends as failed (its events are due again at once: no attempt is
 /// counted, the events did not fail).
 async fn relay_batch(
-    db: &Database,
     connection: &mut PgClient,
     broker: &Broker,
-    (channel, config, target): (&Channel, &RelayConfig, &Target),
+    (channel, config, pass): (&Channel, &RelayConfig, &Pass),
     on_full_batch: Option<oneshot::Sender<()>>,
 ) -> Result<RelayReport, StorageError> {
     let statements = RelayStatements::prepare(connection).await?;
     let warnings = connection.warnings();
     let client: &tokio_postgres::Client = connection;
-    let begin = match target {
-        Target::Everyone => "BEGIN",
-        Target::Clients(_) => crate::db::citus::BEGIN_WITH_VALUES,
-    };
     let (begun, promised, claimed) = tokio::join!(
-        client.batch_execute(begin),
+        client.batch_execute(pass.begin()),
         client.query_one(&statements.replication_promised, &[]),
-        store::claim_due(client, &statements, config.batch_size, target.clients()),
+        store::claim_due(client, &statements, config.batch_size, pass.clients()),
     );
     let claimed = match (begun, promised, claimed) {
         (Err(error), _, _) | (Ok(()), Err(error), _) => Err(StorageError::from(error)),
         (Ok(()), Ok(_), Err(error)) => Err(error),
         (Ok(()), Ok(promised), Ok(claim)) if promised.get(0) && !claim.events.is_empty() => {
-            match db.run(async |other| barrier(other).await).await {
+            match pass.db.run(async |other| barrier(other).await).await {
                 Ok(()) => Ok(claim),
                 Err(error) => Err(StorageError::Unavailable(format!(
                     "not publishing {} events: the synchronous standby did not confirm a barrier after their claim ({error})",

@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::db::citus::{ShardId, Target, Topology};
+use crate::db::topology::{Group, Pass};
 use crate::db::{Database, StorageError};
 use crate::lifecycle::Stop;
 use crate::outbox::batch::{relay_once_then, RelayConfig, RelayReport};
@@ -35,19 +35,20 @@ impl OutboxWaker {
         Self { relays }
     }
 
-    /// Events were committed, on `shard` (Citus; None on a single server).
-    pub fn wake(&self, shard: Option<ShardId>) {
+    /// Events were committed, in `group`'s rows (a shard's, on Citus).
+    pub fn wake(&self, group: &Group) {
         for relay in &self.relays {
             // A full mailbox already holds a wake-up (or a stop): one more adds nothing.
-            let _ = relay.try_send(Wake(shard));
+            let _ = relay.try_send(Wake(group.clone()));
         }
     }
 }
 
-/// Commits wrote events (on Citus, on this shard): relay now rather than at the next poll.
+/// Commits wrote events in these rows (on Citus, a shard's): relay now rather than at the next
+/// poll, and these first.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Wake(pub Option<ShardId>);
+pub struct Wake(pub Group);
 
 /// What a relay has done, for tests and diagnostics.
 #[derive(Message)]
@@ -92,7 +93,6 @@ pub const BATCHES_IN_FLIGHT: usize = 2;
 /// batches in progress finish; none is cut short.
 pub struct OutboxRelay {
     index: usize,
-    db: Database,
     broker: Arc<Broker>,
     config: RelayConfig,
     /// Open channels that no batch is using. A batch takes one (or opens one) and gives it
@@ -112,9 +112,9 @@ pub struct OutboxRelay {
     /// waits [`store::retry_delay`] of it before its next batch.
     unrecorded_batches: i32,
     /// What is left of the round of batches (on Citus, a shard each), taken from the front: a
-    /// round starts with every target ([`RelayConfig::targets`]) and ends when none is left;
-    /// after a round with nothing more due, the relay waits for the poll interval.
-    targets: VecDeque<Target>,
+    /// round starts with every pass ([`RelayConfig::passes`]) and ends when none is left; after
+    /// a round with nothing more due, the relay waits for the poll interval.
+    passes: VecDeque<Pass>,
     /// Stop requests, answered once the last batch in flight has ended.
     stopping: Option<Vec<oneshot::Sender<()>>>,
     state: RelayState,
@@ -125,7 +125,7 @@ enum Step {
     Relayed {
         channel: BrokerChannel,
         report: Result<RelayReport, StorageError>,
-        target: Target,
+        pass: Pass,
     },
     BrokerUnreachable(BrokerError),
 }
@@ -136,13 +136,11 @@ impl OutboxRelay {
     pub fn start(
         arbiter: &actix::ArbiterHandle,
         index: usize,
-        db: Database,
         broker: Arc<Broker>,
         config: RelayConfig,
     ) -> Addr<Self> {
         OutboxRelay::start_in_arbiter(arbiter, move |_| OutboxRelay {
             index,
-            db,
             broker,
             config,
             channels: Vec::new(),
@@ -152,7 +150,7 @@ impl OutboxRelay {
             more_due: false,
             ordered_lately: false,
             unrecorded_batches: 0,
-            targets: VecDeque::new(),
+            passes: VecDeque::new(),
             stopping: None,
             state: RelayState::default(),
         })
@@ -225,20 +223,26 @@ impl OutboxRelay {
             self.wait_until_unblocked(ctx);
             return;
         }
-        if self.in_flight >= BATCHES_IN_FLIGHT || (self.in_flight > 0 && !self.connection_free()) {
+        if self.passes.is_empty() {
+            self.passes.extend(self.config.passes());
+        }
+        // Never empty: a single server has one pass, and Citus at least the anonymous client's
+        // shard's.
+        let Some(pass) = self.passes.front() else {
+            return;
+        };
+        if self.in_flight >= BATCHES_IN_FLIGHT || (self.in_flight > 0 && !connection_free(&pass.db))
+        {
             self.more_due = true;
             return;
         }
+        let Some(pass) = self.passes.pop_front() else {
+            return;
+        };
         self.in_flight += 1;
         self.more_due = false;
-        let (db, broker, mut config) = (self.db.clone(), self.broker.clone(), self.config.clone());
+        let (broker, mut config) = (self.broker.clone(), self.config.clone());
         config.batch_size = self.claim_limit();
-        if self.targets.is_empty() {
-            self.targets.extend(self.config.targets());
-        }
-        // Never empty: a single server has one target, and Citus at least the anonymous
-        // client's shard.
-        let target = self.targets.pop_front().unwrap_or(Target::Everyone);
         let idle_channel = self.channels.pop();
         let (on_full_batch, full_batch_published) = oneshot::channel();
         let step = async move {
@@ -257,17 +261,16 @@ impl OutboxRelay {
                 },
             };
             let report = relay_once_then(
-                &db,
                 &broker,
                 &channel.channel,
-                (&config, &target),
+                (&config, &pass),
                 Some(on_full_batch),
             )
             .await;
             Step::Relayed {
                 channel,
                 report,
-                target,
+                pass,
             }
         };
         ctx.spawn(
@@ -286,13 +289,6 @@ impl OutboxRelay {
         );
     }
 
-    /// Whether a batch would get a pool connection without waiting. A second batch is only an
-    /// overlap: it must not take the connection a writer is about to need.
-    fn connection_free(&self) -> bool {
-        let pool = self.db.state();
-        pool.idle_connections > 0 || pool.connections < self.db.max_size()
-    }
-
     fn after(&mut self, step: Step, ctx: &mut Context<Self>) {
         self.in_flight -= 1;
         self.state.batches += 1;
@@ -309,7 +305,7 @@ impl OutboxRelay {
 
     /// Takes in what a batch did and schedules the next.
     fn record(&mut self, step: Step, ctx: &mut Context<Self>) {
-        let (channel, report, target) = match step {
+        let (channel, report, pass) = match step {
             Step::BrokerUnreachable(error) => {
                 tracing::warn!(relay = self.index, error = %error, retry_in = ?self.reconnect_delay, "broker unreachable");
                 self.state.connected = false;
@@ -322,8 +318,8 @@ impl OutboxRelay {
             Step::Relayed {
                 channel,
                 report,
-                target,
-            } => (channel, report, target),
+                pass,
+            } => (channel, report, pass),
         };
         self.reconnect_delay = FIRST_RECONNECT_DELAY;
         self.state.connected = true;
@@ -335,8 +331,8 @@ impl OutboxRelay {
                 // The batch may have been abandoned between its publishes and their confirms:
                 // a fresh channel keeps late confirms and returns out of the next batch. The
                 // round goes on (on Citus, one worker down must not hold back the others'
-                // shards); the failed target waits for the next round.
-                let next = if self.targets.is_empty() {
+                // shards); the failed pass waits for the next round.
+                let next = if self.passes.is_empty() {
                     self.config.poll_interval
                 } else {
                     Duration::ZERO
@@ -382,16 +378,23 @@ impl OutboxRelay {
             self.channels.push(channel);
         }
         if report.full {
-            // More may be due on this target: it goes first again.
-            self.targets.retain(|queued| *queued != target);
-            self.targets.push_front(target);
+            // More may be due on this pass: it goes first again.
+            self.passes.retain(|queued| *queued != pass);
+            self.passes.push_front(pass);
         }
-        if report.full || !self.targets.is_empty() || std::mem::take(&mut self.more_due) {
+        if report.full || !self.passes.is_empty() || std::mem::take(&mut self.more_due) {
             self.schedule(Duration::ZERO, Pause::Poll, ctx);
         } else if self.next.is_none() {
             self.schedule(self.config.poll_interval, Pause::Poll, ctx);
         }
     }
+}
+
+/// Whether a batch would get a connection of `db` without waiting. A second batch is only an
+/// overlap: it must not take the connection a writer is about to need.
+fn connection_free(db: &Database) -> bool {
+    let pool = db.state();
+    pool.idle_connections > 0 || pool.connections < db.max_size()
 }
 
 impl Actor for OutboxRelay {
@@ -409,14 +412,11 @@ impl Actor for OutboxRelay {
 impl Handler<Wake> for OutboxRelay {
     type Result = ();
 
-    fn handle(&mut self, Wake(shard): Wake, ctx: &mut Self::Context) {
-        // On Citus, the shard written to goes first.
-        if let (Some(shard), Topology::Citus(map)) = (shard, &self.config.topology) {
-            if let Some(clients) = map.clients_by_shard().remove(&shard) {
-                let target = Target::Clients(clients.into());
-                self.targets.retain(|queued| *queued != target);
-                self.targets.push_front(target);
-            }
+    fn handle(&mut self, Wake(group): Wake, ctx: &mut Self::Context) {
+        // The rows written to go first (on Citus, the shard's).
+        if let Some(pass) = self.config.topology.pass_of(&group) {
+            self.passes.retain(|queued| *queued != pass);
+            self.passes.push_front(pass);
         }
         // A backoff is not cut short (the broker is what the relay waits for); with no batch
         // free to start, the first to end starts the next.

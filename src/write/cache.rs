@@ -3,7 +3,7 @@
 //! The shard owns its cache and is the only one to change it (inserts, and evictions, oldest
 //! first). HTTP workers read it directly, so that a replay of a completed key costs no message
 //! to the shard and no query: [`ReplayCache::answer`] only reads, and an entry past its
-//! record's life ([`SavedResponse::live_until`], on the monotonic clock) is not served (after it
+//! record's life ([`SavedRecord::live_until`], on the monotonic clock) is not served (after it
 //! the key is new again) but left for eviction.
 //! An entry also remembers the hash of the completing request's body bytes, so that a retry
 //! sending those very bytes is known as a replay before its body is parsed
@@ -69,7 +69,7 @@ impl ReplayCache {
     /// `answer` that follows.
     pub fn replay_of_same_body(&self, key: &ScopedKey, body: &[u8]) -> Option<Answer> {
         let (saved_hash, response) = self.with_live(key, |cached| {
-            Some((cached.bytes_hash?, cached.record.response.clone()))
+            Some((cached.bytes_hash?, cached.record.clone()))
         })?;
         if BodyHash::of(body) != saved_hash {
             return None;
@@ -93,7 +93,7 @@ impl ReplayCache {
             // matters (at worst an entry is missing), so a poisoned lock is used as it is.
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cached = entries.entries.get(key)?;
-        if cached.record.response.live_until <= Instant::now() {
+        if cached.record.live_until <= Instant::now() {
             return None;
         }
         read(cached)
@@ -135,7 +135,7 @@ struct Cached {
 
 /// What a cached record costs, roughly: its body, its key, and the bookkeeping around them.
 fn cached_size(key: &ScopedKey, record: &SavedRecord) -> usize {
-    record.response.body.len() + key.client_id.len() + key.key.as_str().len() + 200
+    record.body.len() + key.client_id.len() + key.key.as_str().len() + 200
 }
 
 impl Entries {
@@ -190,30 +190,30 @@ impl Entries {
 mod tests {
     use super::*;
     use crate::idempotency::IdempotencyKey;
-    use crate::write::SavedResponse;
     use actix_web::web::Bytes;
 
-    /// Caches `response` saved for a request with `request_hash`.
+    /// Caches `response` as saved for a request with `request_hash`.
     fn put(
         cache: &ReplayCache,
         key: ScopedKey,
         request_hash: RequestHash,
         bytes_hash: Option<BodyHash>,
-        response: SavedResponse,
+        response: SavedRecord,
     ) {
         cache.insert(
             key,
             SavedRecord {
                 request_hash,
-                response,
+                ..response
             },
             bytes_hash,
         );
     }
 
-    fn response(expires_in: chrono::Duration) -> SavedResponse {
+    fn response(expires_in: chrono::Duration) -> SavedRecord {
         let now = Instant::now();
-        SavedResponse {
+        SavedRecord {
+            request_hash: RequestHash([0; 32]),
             status: 201,
             body: Bytes::from_static(b"{}"),
             entry_id: None,
@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn cache_is_bounded_in_bytes() {
-        let big = |expires_in| SavedResponse {
+        let big = |expires_in| SavedRecord {
             body: Bytes::from(vec![b'x'; 1000]),
             ..response(expires_in)
         };
@@ -313,7 +313,7 @@ mod tests {
             key("huge"),
             hash,
             None,
-            SavedResponse {
+            SavedRecord {
                 body: Bytes::from(vec![b'x'; 5000]),
                 ..response(chrono::Duration::hours(1))
             },

@@ -5,14 +5,16 @@
 //! - [`cache`]: each shard's bounded cache of completed responses, read by the HTTP workers.
 //! - [`queue`]: the writes waiting for a writer, one queue that every writer takes from.
 //! - [`writer`]: `Writer` actors, which commit writes in batches, one transaction each.
-//! - [`batch`]: one batch's transaction, its statements and what it computes first.
-//! - [`pending`]: a write on its way ([`PendingWrite`]), and the bound on the bytes pending
-//!   writes hold.
+//! - [`batch`]: one batch: its rows, its transaction (in the shape of the database's topology,
+//!   [`crate::db::topology`]), and what it decided for each write.
+//! - [`pending`]: the bound on the bytes pending writes hold.
 //!
-//! The types here are the write path's vocabulary, one per concept: a [`Write`] (what a client
-//! asked for, its [`WriteRequest`] under its [`ScopedKey`]) goes in, an [`Answer`] comes out,
-//! and between them a writer saves a [`SavedRecord`], which judges every later request for its
-//! key ([`SavedRecord::answer_for`]: the same request is a replay, another one a conflict).
+//! A write takes two forms on its way. It is [`Waiting`] (what the client asked for, its
+//! share of the pending bytes, and where its decision goes) from the HTTP layer through its
+//! key's shard and the queue to a writer; then it is [`Decided`] by the key's record (saved by
+//! this write, or found) or failed. Each request is answered from that ([`Answer`]): the
+//! request that made the record gets it as new, and every other request for the key is judged
+//! by it ([`SavedRecord::answer_for`]: the same request is a replay, another one a conflict).
 
 pub mod batch;
 pub mod cache;
@@ -21,29 +23,23 @@ pub mod queue;
 pub mod shard;
 pub mod writer;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::db::StorageError;
+use crate::db::{DatabaseClock, StorageError, WriteHealth};
 pub use crate::entry::WriteRequest;
-use crate::idempotency::{IdempotencyKey, RequestHash, Verdict};
+pub use crate::idempotency::ScopedKey;
+use crate::idempotency::{RequestHash, Verdict};
 use crate::trace_context::TraceContext;
 
 pub use cache::ReplayCache;
-pub use pending::{PendingBytes, PendingPermit, PendingWrite};
+pub use pending::{PendingBytes, PendingPermit};
 pub use queue::WriteQueue;
 pub use shard::{shard_index, KeyShard, ShardHandle};
-pub use writer::{Writer, WriterConfig};
-
-/// An idempotency key as the write path knows it: keys are scoped by client.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ScopedKey {
-    pub client_id: Arc<str>,
-    pub key: IdempotencyKey,
-}
+pub use writer::Writer;
 
 /// One write a client asked for: its request, validated and hashed, under its key.
 #[derive(Debug)]
@@ -70,28 +66,49 @@ impl Write {
     }
 }
 
+/// A write on its way, waiting to be decided: what the client asked for, its share of
+/// [`PendingBytes`] (given back once it is answered), and where its decision goes (`D`: the
+/// [`Answer`] a request waits for in its key's shard, the [`Decided`] a shard waits for from
+/// the writers).
+#[derive(Debug)]
+pub struct Waiting<D> {
+    pub write: Write,
+    pub permit: PendingPermit,
+    pub reply: oneshot::Sender<D>,
+}
+
+/// What the writers decided for a write.
+#[derive(Debug, Clone)]
+pub enum Decided {
+    /// This write claimed the key and committed its entry: the record is its own.
+    Created(SavedRecord),
+    /// The key was completed before (by another request, another daemon, or before a restart):
+    /// the write is judged by that record.
+    Found(SavedRecord),
+    /// Nothing is known to be saved.
+    Failed(WriteError),
+}
+
+/// What a writer needs besides the writes.
+#[derive(Clone)]
+pub struct WriterConfig {
+    pub max_batch: usize,
+    /// How long a completed key stays an idempotency record, counted on the database's clock.
+    pub retention: Duration,
+    /// Emit `audit.entry.created` too.
+    pub audit: bool,
+    /// The database's clock: new entries are stamped with it, and every batch reads it.
+    pub clock: DatabaseClock,
+    /// Told of every batch that commits or fails.
+    pub health: WriteHealth,
+}
+
 /// A completed key's record as the write path knows it: the hash of the request that completed
-/// it, and the answer saved for that request.
+/// it, and the answer saved for that request, given again to every request with the same key
+/// and body.
 #[derive(Debug, Clone)]
 pub struct SavedRecord {
     pub request_hash: RequestHash,
-    pub response: SavedResponse,
-}
-
-impl SavedRecord {
-    /// The answer to a request with `request_hash` for this record's key: the same request is a
-    /// replay of the saved answer, another one a conflict ([`Verdict::of_saved`]).
-    pub fn answer_for(&self, request_hash: RequestHash) -> Answer {
-        Answer::Judged(Verdict::of_saved(&self.request_hash, &request_hash, || {
-            self.response.clone()
-        }))
-    }
-}
-
-/// The answer saved with a key's record: what the request that made the entry got, given again
-/// to every request with the same key and body.
-#[derive(Debug, Clone)]
-pub struct SavedResponse {
     pub status: u16,
     /// The JSON body, in canonical form so that a replay from the database is byte-identical.
     pub body: Bytes,
@@ -102,12 +119,22 @@ pub struct SavedResponse {
     pub live_until: std::time::Instant,
 }
 
+impl SavedRecord {
+    /// The answer to a request with `request_hash` for this record's key: the same request is a
+    /// replay of the saved answer, another one a conflict ([`Verdict::of_saved`]).
+    pub fn answer_for(&self, request_hash: RequestHash) -> Answer {
+        Answer::Judged(Verdict::of_saved(&self.request_hash, &request_hash, || {
+            self.clone()
+        }))
+    }
+}
+
 /// What became of a request.
 #[derive(Debug, Clone)]
 pub enum Answer {
     /// Judged by the key's record: this request made the entry (new), the key was completed
     /// before by this same request (a replay), or by another one (a conflict).
-    Judged(Verdict<SavedResponse>),
+    Judged(Verdict<SavedRecord>),
     /// Another request for the key was still being written when this one's wait ended.
     InProgress,
     /// The write failed, or its outcome is not known.

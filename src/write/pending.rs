@@ -7,17 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::metric;
-use crate::write::Write;
-
-/// A write on its way to the database, with its share of [`PendingBytes`], given back when it
-/// is dropped (once the write is answered). The one form a write takes from the HTTP layer to a
-/// writer: submitted to its key's shard, held there while another write of its key is in
-/// flight, and queued for the writers.
-#[derive(Debug)]
-pub struct PendingWrite {
-    pub write: Write,
-    pub permit: PendingPermit,
-}
 
 /// The budget: its limit and what is held now.
 #[derive(Debug, Clone)]

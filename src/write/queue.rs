@@ -10,12 +10,10 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use actix::prelude::*;
-use tokio::sync::oneshot;
 
-use crate::db::citus::{ShardId, Topology};
+use crate::db::topology::{Group, Topology};
 use crate::metric;
-use crate::write::writer::Committed;
-use crate::write::{PendingWrite, WriteError};
+use crate::write::{Decided, Waiting, WriteError};
 
 /// Writes the queue holds at most, in batches' worth per writer: past that new writes are
 /// refused with 503 at once (shedding load) rather than letting latency and memory grow without
@@ -27,12 +25,6 @@ pub const MAX_QUEUED_BATCHES: usize = 8;
 /// batch, other clients' small ones included, would fail with it.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 
-/// A write queued for the writers; the outcome comes on `reply`.
-pub struct Commit {
-    pub pending: PendingWrite,
-    pub reply: oneshot::Sender<Result<Committed, WriteError>>,
-}
-
 /// The writes waiting for a writer, shared by the shards (which [`push`](Self::push)) and the
 /// writers (which take their batches from it), with the writers that wait for work.
 #[derive(Clone)]
@@ -40,12 +32,12 @@ pub struct WriteQueue {
     inner: Arc<Mutex<QueueInner>>,
     /// Writes it holds at most.
     limit: usize,
-    /// Which shard each write goes to: a batch takes one shard's.
+    /// Where each write's rows go: a batch takes the writes of one group (one shard, on Citus).
     topology: Topology,
 }
 
 struct QueueInner {
-    writes: VecDeque<Commit>,
+    writes: VecDeque<Waiting<Decided>>,
     /// Writers with no batch in flight and nothing to take, each at most once.
     idle: Vec<Recipient<Wake>>,
 }
@@ -67,19 +59,19 @@ impl WriteQueue {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `commit` for the first writer free, and wakes one that waits; refuses it at once
+    /// Queues `waiting` for the first writer free, and wakes one that waits; refuses it at once
     /// when the queue is full.
-    pub fn push(&self, commit: Commit) {
+    pub fn push(&self, waiting: Waiting<Decided>) {
         let mut inner = self.lock();
         if inner.writes.len() >= self.limit {
             drop(inner);
-            let _ = commit.reply.send(Err(WriteError::Overloaded(
+            let _ = waiting.reply.send(Decided::Failed(WriteError::Overloaded(
                 "the writers are saturated: too many writes queued",
             )));
             metrics::counter!(metric::WRITES_SHED, "reason" => "queue_full").increment(1);
             return;
         }
-        inner.writes.push_back(commit);
+        inner.writes.push_back(waiting);
         metrics::gauge!(metric::WRITER_QUEUE_DEPTH).increment(1.0);
         let idle = inner.idle.pop();
         drop(inner);
@@ -94,9 +86,11 @@ impl WriteQueue {
         &self,
         max_batch: usize,
         waiter: Option<Recipient<Wake>>,
-    ) -> Vec<Commit> {
+    ) -> Vec<Waiting<Decided>> {
         let mut inner = self.lock();
-        let batch = take_batch(&mut inner.writes, max_batch, &self.topology);
+        let batch = take_batch(&mut inner.writes, max_batch, |client| {
+            self.topology.group_of(client)
+        });
         if batch.is_empty() {
             inner.idle.extend(waiter);
         }
@@ -115,36 +109,37 @@ impl WriteQueue {
 pub struct Wake;
 
 /// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one), all
-/// of the first one's shard (on Citus, so that the batch is a single-shard transaction; one
-/// shard holds everything on a single server), never two of one key: `ON CONFLICT DO UPDATE`
-/// cannot touch a row twice in one statement. (Key shards keep one write per key in flight, so
-/// that is a guard, not a path taken in practice.) The writes it leaves keep their order.
+/// of the first one's group (on Citus a shard's, so that the batch is a single-shard
+/// transaction; one group holds everything on a single server), never two of one key: `ON
+/// CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Key shards keep one write per
+/// key in flight, so that is a guard, not a path taken in practice.) The writes it leaves keep
+/// their order.
 pub(crate) fn take_batch(
-    queue: &mut VecDeque<Commit>,
+    queue: &mut VecDeque<Waiting<Decided>>,
     max_batch: usize,
-    topology: &Topology,
-) -> Vec<Commit> {
+    group_of: impl Fn(&str) -> Group,
+) -> Vec<Waiting<Decided>> {
     let mut batch = Vec::with_capacity(queue.len().min(max_batch));
     let mut bytes = 0;
     let mut keys = HashSet::new();
-    let mut shard = None;
+    let mut group = None;
     let mut left = VecDeque::new();
-    while let Some(commit) = queue.pop_front() {
-        let write = &commit.pending.write;
-        let its_shard = ShardOf::write(topology, write);
-        if *shard.get_or_insert_with(|| its_shard.clone()) != its_shard || keys.contains(&write.key)
+    while let Some(waiting) = queue.pop_front() {
+        let write = &waiting.write;
+        let its_group = group_of(&write.key.client_id);
+        if *group.get_or_insert_with(|| its_group.clone()) != its_group || keys.contains(&write.key)
         {
-            left.push_back(commit);
+            left.push_back(waiting);
             continue;
         }
-        let size = commit.pending.permit.bytes();
+        let size = waiting.permit.bytes();
         if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
-            left.push_back(commit);
+            left.push_back(waiting);
             break;
         }
         keys.insert(write.key.clone());
         bytes += size;
-        batch.push(commit);
+        batch.push(waiting);
         if batch.len() >= max_batch {
             break;
         }
@@ -155,31 +150,15 @@ pub(crate) fn take_batch(
     batch
 }
 
-/// Which shard a write's rows go to, for batching: every write on a single server; on Citus the
-/// client's shard, or, for a client whose shard is not known yet, the client alone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum ShardOf {
-    Shard(ShardId),
-    Client(Arc<str>),
-}
-
-impl ShardOf {
-    fn write(topology: &Topology, write: &crate::write::Write) -> Self {
-        match topology.shard_of(&write.key.client_id) {
-            Some(shard) => ShardOf::Shard(shard),
-            None => ShardOf::Client(write.key.client_id.clone()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::idempotency::IdempotencyKey;
     use crate::idempotency::RequestHash;
     use crate::write::{PendingBytes, ScopedKey, Write};
+    use tokio::sync::oneshot;
 
-    fn queued(key: &str, data_bytes: usize, pending: &PendingBytes) -> Commit {
+    fn queued(key: &str, data_bytes: usize, pending: &PendingBytes) -> Waiting<Decided> {
         let write = Write {
             key: ScopedKey {
                 client_id: Arc::from("c"),
@@ -195,11 +174,9 @@ mod tests {
             remote_addr: None,
             trace: None,
         };
-        Commit {
-            pending: PendingWrite {
-                permit: pending.try_acquire(write.pending_size()).unwrap(),
-                write,
-            },
+        Waiting {
+            permit: pending.try_acquire(write.pending_size()).unwrap(),
+            write,
             reply: oneshot::channel().0,
         }
     }
@@ -211,7 +188,7 @@ mod tests {
         for n in 0..10 {
             queue.push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
         }
-        let first = take_batch(&mut queue, 256, &Topology::Single);
+        let first = take_batch(&mut queue, 256, |_| Group::everything());
         assert_eq!(
             first.len(),
             3,
@@ -220,7 +197,7 @@ mod tests {
         assert_eq!(queue.len(), 7);
         queue.push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
         assert_eq!(
-            take_batch(&mut queue, 256, &Topology::Single).len(),
+            take_batch(&mut queue, 256, |_| Group::everything()).len(),
             1,
             "an oversized write still goes, alone"
         );

@@ -19,9 +19,10 @@ use tokio::sync::oneshot;
 use crate::idempotency::{BodyHash, IdempotencyKey, RequestHash, Verdict};
 use crate::lifecycle::Stop;
 use crate::metric;
-use crate::write::queue::{Commit, WriteQueue};
-use crate::write::writer::Committed;
-use crate::write::{Answer, PendingBytes, PendingWrite, ReplayCache, ScopedKey, Write, WriteError};
+use crate::write::queue::WriteQueue;
+use crate::write::{
+    Answer, Decided, PendingBytes, ReplayCache, ScopedKey, Waiting, Write, WriteError,
+};
 
 /// Which of `shard_count` shards owns the key.
 pub fn shard_index(client_id: &str, key: &IdempotencyKey, shard_count: usize) -> usize {
@@ -39,6 +40,8 @@ pub struct ShardHandle {
     cache: ReplayCache,
     /// Shared by every shard: the bytes all pending writes may hold.
     pending: PendingBytes,
+    /// How long a request waits for its answer (`idempotency.wait_timeout`).
+    wait_timeout: Duration,
 }
 
 impl ShardHandle {
@@ -55,7 +58,7 @@ impl ShardHandle {
     }
 
     /// What becomes of `write`: a replay or a conflict from the cache, at once; otherwise the
-    /// shard's answer to the [`PendingWrite`], awaited once.
+    /// shard's answer, awaited within `idempotency.wait_timeout`.
     pub async fn submit(&self, write: Write) -> Answer {
         if let Some(answer) = self.cache.answer(&write.key, write.request.hash) {
             return answer;
@@ -66,24 +69,33 @@ impl ShardHandle {
                 "too many writes are pending (database.max_pending_bytes): the database is slow or stalled",
             ));
         };
-        self.addr
-            .send(PendingWrite { write, permit })
-            .await
+        let (reply, answer) = oneshot::channel();
+        let waiting = Waiting {
+            write,
+            permit,
+            reply,
+        };
+        let Ok(unanswered) = self.addr.send(waiting).await else {
             // The shard is gone only when the daemon is shutting down.
-            .unwrap_or(Answer::Failed(WriteError::Stopping))
+            return Answer::Failed(WriteError::Stopping);
+        };
+        match tokio::time::timeout(self.wait_timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_dropped)) => Answer::Failed(WriteError::Stopping),
+            Err(_elapsed) => unanswered,
+        }
     }
 }
 
-/// What the shard answers a write with, within `idempotency.wait_timeout`: past that, a request
-/// whose write was sent to a writer is [`WriteError::NotConfirmed`] (the write may still commit:
-/// a retry with the same key then gets its answer), and one that waited for another write of
-/// its key is [`Answer::InProgress`].
-impl Message for PendingWrite {
+/// A request for a key, given to its shard: answered on its `reply` (a replay or a conflict at
+/// once, else once its key's write is decided). The shard's own answer to the message is what
+/// the request is told if that takes longer than `idempotency.wait_timeout`: a request whose
+/// write was sent to a writer is [`WriteError::NotConfirmed`] (the write may still commit: a
+/// retry with the same key then gets its answer), and one that waited for another write of its
+/// key is [`Answer::InProgress`].
+impl Message for Waiting<Answer> {
     type Result = Answer;
 }
-
-/// A write the shard holds, and the channel its answer goes back on.
-type Waiter = (PendingWrite, oneshot::Sender<Answer>);
 
 /// A key whose write is being committed.
 struct InFlight {
@@ -94,14 +106,15 @@ struct InFlight {
     reply: oneshot::Sender<Answer>,
     /// Requests for the key that arrived meanwhile, in order: each is judged by the saved
     /// record, or, if nothing was saved, the first runs its own write.
-    waiting: VecDeque<Waiter>,
+    waiting: VecDeque<Waiting<Answer>>,
 }
 
 pub struct KeyShard {
     queue: WriteQueue,
     in_flight: HashMap<ScopedKey, InFlight>,
     cache: ReplayCache,
-    /// How long a request waits for its answer (`idempotency.wait_timeout`).
+    /// How long a request waits for its answer (`idempotency.wait_timeout`): what a request
+    /// that was not answered in time is told it waited.
     wait_timeout: Duration,
 }
 
@@ -127,17 +140,22 @@ impl KeyShard {
             addr,
             cache,
             pending,
+            wait_timeout,
         }
     }
 
     /// Sends the write to a writer and records it as its key's write in flight.
     fn start_write(
         &mut self,
-        (pending, reply): Waiter,
-        waiting: VecDeque<Waiter>,
+        request: Waiting<Answer>,
+        waiting: VecDeque<Waiting<Answer>>,
         ctx: &mut Context<Self>,
     ) {
-        let write = &pending.write;
+        let Waiting {
+            write,
+            permit,
+            reply,
+        } = request;
         metrics::gauge!(metric::SHARD_IN_FLIGHT).increment(1.0);
         let key = write.key.clone();
         self.in_flight.insert(
@@ -149,40 +167,36 @@ impl KeyShard {
                 waiting,
             },
         );
-        let (commit_reply, committed) = oneshot::channel();
-        self.queue.push(Commit {
-            pending,
-            reply: commit_reply,
+        let (decided_reply, decided) = oneshot::channel();
+        self.queue.push(Waiting {
+            write,
+            permit,
+            reply: decided_reply,
         });
-        ctx.spawn(
-            committed
-                .into_actor(self)
-                .map(move |result, shard, ctx| shard.complete(key, result, ctx)),
-        );
+        ctx.spawn(decided.into_actor(self).map(move |decided, shard, ctx| {
+            // The writer is gone only when the daemon is shutting down.
+            let decided = decided.unwrap_or(Decided::Failed(WriteError::Stopping));
+            shard.complete(key, decided, ctx)
+        }));
     }
 
-    fn complete(
-        &mut self,
-        key: ScopedKey,
-        result: Result<Result<Committed, WriteError>, oneshot::error::RecvError>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn complete(&mut self, key: ScopedKey, decided: Decided, ctx: &mut Context<Self>) {
         let Some(in_flight) = self.in_flight.remove(&key) else {
             return;
         };
         metrics::gauge!(metric::SHARD_IN_FLIGHT).decrement(1.0);
         metrics::gauge!(metric::SHARD_WAITERS).decrement(in_flight.waiting.len() as f64);
         // A receiver that is gone belongs to a client that gave up; nothing to tell it.
-        let record = match result {
-            Ok(Ok(Committed::Created(record))) => {
+        let record = match decided {
+            Decided::Created(record) => {
                 let _ = in_flight
                     .reply
-                    .send(Answer::Judged(Verdict::New(record.response.clone())));
+                    .send(Answer::Judged(Verdict::New(record.clone())));
                 self.cache
                     .insert(key, record.clone(), Some(in_flight.bytes_hash));
                 record
             }
-            Ok(Ok(Committed::Existing(record))) => {
+            Decided::Found(record) => {
                 let _ = in_flight
                     .reply
                     .send(record.answer_for(in_flight.request_hash));
@@ -193,28 +207,25 @@ impl KeyShard {
                 self.cache.insert(key, record.clone(), bytes_hash);
                 record
             }
-            Ok(Err(error)) => {
+            Decided::Failed(error) => {
                 let _ = in_flight.reply.send(Answer::Failed(error));
-                self.run_next(in_flight.waiting, ctx);
-                return;
-            }
-            Err(_writer_gone) => {
-                let _ = in_flight.reply.send(Answer::Failed(WriteError::Stopping));
                 self.run_next(in_flight.waiting, ctx);
                 return;
             }
         };
         // Every request that waited is judged by the record now saved.
-        for (waiting, reply) in in_flight.waiting {
-            let _ = reply.send(record.answer_for(waiting.write.request.hash));
+        for waiting in in_flight.waiting {
+            let _ = waiting
+                .reply
+                .send(record.answer_for(waiting.write.request.hash));
         }
     }
 
     /// Nothing was saved for the key: the first request still waiting runs its own write, and
     /// the others wait on it. Requests whose clients gave up are dropped, not written.
-    fn run_next(&mut self, mut waiting: VecDeque<Waiter>, ctx: &mut Context<Self>) {
+    fn run_next(&mut self, mut waiting: VecDeque<Waiting<Answer>>, ctx: &mut Context<Self>) {
         while let Some(next) = waiting.pop_front() {
-            if next.1.is_closed() {
+            if next.reply.is_closed() {
                 continue;
             }
             // The rest wait on, now for `next`.
@@ -229,35 +240,26 @@ impl Actor for KeyShard {
     type Context = Context<Self>;
 }
 
-impl Handler<PendingWrite> for KeyShard {
-    type Result = ResponseFuture<Answer>;
+impl Handler<Waiting<Answer>> for KeyShard {
+    type Result = MessageResult<Waiting<Answer>>;
 
-    fn handle(&mut self, pending: PendingWrite, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, request: Waiting<Answer>, ctx: &mut Self::Context) -> Self::Result {
         // Checked again here: the key may have completed since the HTTP worker looked.
-        let write = &pending.write;
+        let write = &request.write;
         if let Some(answer) = self.cache.lookup(&write.key, write.request.hash) {
-            return Box::pin(std::future::ready(answer));
+            let _ = request.reply.send(answer);
+            // Not read: the answer is on its way.
+            return MessageResult(Answer::InProgress);
         }
-        let (reply, answer) = oneshot::channel();
-        let wait_timeout = self.wait_timeout;
-        // What a request is told when its wait ends without an answer: a write sent to a writer
-        // may still commit; a request waiting for another write of its key is still waiting.
-        let unanswered = match self.in_flight.get_mut(&pending.write.key) {
+        MessageResult(match self.in_flight.get_mut(&request.write.key) {
             Some(in_flight) => {
-                in_flight.waiting.push_back((pending, reply));
+                in_flight.waiting.push_back(request);
                 metrics::gauge!(metric::SHARD_WAITERS).increment(1.0);
                 Answer::InProgress
             }
             None => {
-                self.start_write((pending, reply), VecDeque::new(), ctx);
-                Answer::Failed(WriteError::NotConfirmed(wait_timeout))
-            }
-        };
-        Box::pin(async move {
-            match tokio::time::timeout(wait_timeout, answer).await {
-                Ok(Ok(answer)) => answer,
-                Ok(Err(_dropped)) => Answer::Failed(WriteError::Stopping),
-                Err(_elapsed) => unanswered,
+                self.start_write(request, VecDeque::new(), ctx);
+                Answer::Failed(WriteError::NotConfirmed(self.wait_timeout))
             }
         })
     }

@@ -3,54 +3,29 @@
 //! answers every write of it; and tells the relays when it wrote events.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 
-use crate::db::citus::{ShardId, Topology};
-use crate::db::{Database, DatabaseClock, StorageError, WriteHealth};
+use crate::db::topology::{Group, Route, Topology, WriteRow};
+use crate::db::StorageError;
 use crate::lifecycle::Stop;
 use crate::metric;
-use crate::write::batch::{self, PreparedWrite};
-use crate::write::queue::{Commit, Wake, WriteQueue};
-use crate::write::{SavedRecord, WriteError};
+use crate::write::batch;
+use crate::write::queue::{Wake, WriteQueue};
+use crate::write::{Decided, Waiting, WriteError, WriterConfig};
 
 /// How often a batch aborted by a deadlock or serialization failure is run again.
 const MAX_CONFLICT_RETRIES: u32 = 5;
 
-/// What a committed batch did for one write: the key's record, saved by this write or found.
-#[derive(Debug, Clone)]
-pub enum Committed {
-    /// This write claimed the key and committed the entry.
-    Created(SavedRecord),
-    /// The key was already completed (by another process, or before a restart).
-    Existing(SavedRecord),
-}
-
-#[derive(Clone)]
-pub struct WriterConfig {
-    pub max_batch: usize,
-    /// How long a completed key stays an idempotency record, counted on the database's clock.
-    pub retention: Duration,
-    /// Emit `audit.entry.created` too.
-    pub audit: bool,
-    /// The database's clock: new entries are stamped with it, and every batch reads it.
-    pub clock: DatabaseClock,
-    /// Told of every batch that commits or fails.
-    pub health: WriteHealth,
-    /// Where the write tables live: one server, or shards on Citus (a batch's statements, and
-    /// the node a failure is told against).
-    pub topology: Topology,
-}
-
-/// Called after each commit that wrote outbox rows, to wake the outbox relays; with the shard
-/// written to, on Citus.
-pub type CommitHook = Arc<dyn Fn(Option<ShardId>) + Send + Sync>;
+/// Called after each commit that wrote outbox rows, to wake the outbox relays; with the group
+/// of rows written to (a shard's, on Citus).
+pub type CommitHook = Arc<dyn Fn(&Group) + Send + Sync>;
 
 pub struct Writer {
-    db: Database,
+    /// Where each batch's rows go.
+    topology: Topology,
     config: WriterConfig,
     queue: WriteQueue,
     batch_in_flight: bool,
@@ -63,13 +38,13 @@ pub struct Writer {
 
 impl Writer {
     pub fn start(
-        db: Database,
+        topology: Topology,
         config: WriterConfig,
         queue: WriteQueue,
         on_commit: CommitHook,
     ) -> Addr<Self> {
         Self {
-            db,
+            topology,
             config,
             queue,
             batch_in_flight: false,
@@ -87,8 +62,8 @@ impl Writer {
         // A stopping writer does not wait for more: it takes what is queued, then stops.
         let waiter = (!self.waiting && self.stopping.is_empty()).then(|| ctx.address().recipient());
         let will_wait = waiter.is_some();
-        let commits = self.queue.take_or_wait(self.config.max_batch, waiter);
-        if commits.is_empty() {
+        let writes = self.queue.take_or_wait(self.config.max_batch, waiter);
+        if writes.is_empty() {
             self.waiting |= will_wait;
             if !self.stopping.is_empty() {
                 self.queue.forget(&ctx.address().recipient());
@@ -100,18 +75,14 @@ impl Writer {
             return;
         }
         self.batch_in_flight = true;
-        let db = self.db.clone();
+        // Every write of a batch is of one group (`queue::take_batch`): the first one's route.
+        let route = self.topology.route(&writes[0].write.key.client_id);
         let config = self.config.clone();
         let on_commit = self.on_commit.clone();
-        // Every write of a batch is of one shard (`queue::take_batch`): the first one's.
-        let shard = match &config.topology {
-            Topology::Single => None,
-            citus => citus.shard_of(&commits[0].pending.write.key.client_id),
-        };
         let work = async move {
-            let created = process_batch(&db, &config, commits).await;
+            let created = process_batch(&route, &config, writes).await;
             if created > 0 {
-                on_commit(shard);
+                on_commit(route.group());
             }
         };
         ctx.spawn(work.into_actor(self).map(|(), writer, ctx| {
@@ -154,35 +125,37 @@ impl Handler<Stop> for Writer {
     }
 }
 
-/// Commits `commits` (a batch), answers every write in it, and returns how many entries it created.
-async fn process_batch(db: &Database, config: &WriterConfig, commits: Vec<Commit>) -> usize {
-    metrics::histogram!(metric::WRITER_BATCH_SIZE).record(commits.len() as f64);
-    let span = crate::otlp::writer_batch_span(
-        commits
-            .iter()
-            .map(|commit| commit.pending.write.trace.as_ref()),
-    );
-    let results = match stamp(db, config).await {
+/// Commits `writes` (a batch) on `route`, decides every write in it, and returns how many
+/// entries it created.
+async fn process_batch(
+    route: &Route,
+    config: &WriterConfig,
+    writes: Vec<Waiting<Decided>>,
+) -> usize {
+    metrics::histogram!(metric::WRITER_BATCH_SIZE).record(writes.len() as f64);
+    let span =
+        crate::otlp::writer_batch_span(writes.iter().map(|waiting| waiting.write.trace.as_ref()));
+    let decided = match stamp(route, config).await {
         Ok(created_at) => {
-            let prepared: Vec<PreparedWrite> = commits
-                .iter()
-                .map(|commit| batch::prepare(&commit.pending.write, config, created_at))
-                .collect();
-            commit_isolating_bad_items(db, config, &prepared).await
+            let rows = batch::rows(writes.iter().map(|w| &w.write), config, created_at);
+            commit_isolating_bad_items(route, config, &rows).await
         }
         Err(error) => {
-            tracing::warn!(error = %error, size = commits.len(), "batch failed: cannot read the database's clock");
-            config.health.failed(None, &error);
-            commits
+            tracing::warn!(error = %error, size = writes.len(), "batch failed: cannot read the database's clock");
+            config.health.failed(route.node(), &error);
+            writes
                 .iter()
-                .map(|_| Err(WriteError::Storage(error.clone())))
+                .map(|_| Decided::Failed(WriteError::Storage(error.clone())))
                 .collect()
         }
     };
-    crate::otlp::end_writer_batch_span(span, results.iter().any(Result::is_err));
+    crate::otlp::end_writer_batch_span(
+        span,
+        decided.iter().any(|d| matches!(d, Decided::Failed(_))),
+    );
     let mut created = 0;
-    for (commit, result) in commits.into_iter().zip(results) {
-        if matches!(result, Ok(Committed::Created(_))) {
+    for (waiting, decided) in writes.into_iter().zip(decided) {
+        if matches!(decided, Decided::Created(_)) {
             created += 1;
         }
         fail::fail_point!("writer-after-commit", |_| {
@@ -190,20 +163,22 @@ async fn process_batch(db: &Database, config: &WriterConfig, commits: Vec<Commit
             std::process::abort();
         });
         // The requester may have gone (client disconnected); the write stands regardless.
-        let _ = commit.reply.send(result);
+        let _ = waiting.reply.send(decided);
     }
     created
 }
 
 /// The time a batch's entries are stamped with: the database's time as the daemon's clock
-/// estimates it ([`DatabaseClock::now`]), or, where that estimate is not to be trusted (no
-/// reading yet, or the wall clock stepped or the machine slept since the last), the database's
-/// clock read now, at the cost of a round trip.
-async fn stamp(db: &Database, config: &WriterConfig) -> Result<DateTime<Utc>, StorageError> {
+/// estimates it ([`crate::db::DatabaseClock::now`]), or, where that estimate is not to be
+/// trusted (no reading yet, or the wall clock stepped or the machine slept since the last), the
+/// database's clock read now, at the cost of a round trip.
+async fn stamp(route: &Route, config: &WriterConfig) -> Result<DateTime<Utc>, StorageError> {
     if let Some(now) = config.clock.now() {
         return Ok(now);
     }
-    db.run(async |connection| Ok(config.clock.read(connection).await?))
+    route
+        .db
+        .run(async |connection| Ok(config.clock.read(connection).await?))
         .await
 }
 
@@ -211,56 +186,56 @@ async fn stamp(db: &Database, config: &WriterConfig) -> Result<DateTime<Utc>, St
 /// that only the bad one fails; if it ran past the statement timeout, commits each half on its
 /// own (a large batch may take too long where its halves do not).
 async fn commit_isolating_bad_items(
-    db: &Database,
+    route: &Route,
     config: &WriterConfig,
-    prepared: &[PreparedWrite<'_>],
-) -> Vec<Result<Committed, WriteError>> {
-    match commit_with_retries(db, config, prepared).await {
-        Ok(outcomes) => outcomes,
-        Err(StorageError::DataRejected(reason)) if prepared.len() > 1 => {
-            tracing::warn!(reason = %reason, size = prepared.len(), "batch rejected; committing its writes one by one");
-            let mut results = Vec::with_capacity(prepared.len());
-            for item in prepared {
-                let result = match commit_with_retries(db, config, std::slice::from_ref(item)).await
-                {
-                    Ok(mut outcomes) => outcomes.remove(0),
-                    Err(error) => Err(error.into()),
-                };
-                results.push(result);
+    rows: &[WriteRow<'_>],
+) -> Vec<Decided> {
+    match commit_with_retries(route, config, rows).await {
+        Ok(decided) => decided,
+        Err(StorageError::DataRejected(reason)) if rows.len() > 1 => {
+            tracing::warn!(reason = %reason, size = rows.len(), "batch rejected; committing its writes one by one");
+            let mut decided = Vec::with_capacity(rows.len());
+            for row in rows {
+                decided.push(
+                    match commit_with_retries(route, config, std::slice::from_ref(row)).await {
+                        Ok(mut one) => one.remove(0),
+                        Err(error) => Decided::Failed(error.into()),
+                    },
+                );
             }
-            results
+            decided
         }
-        Err(StorageError::StatementTimeout(reason)) if prepared.len() > 1 => {
-            tracing::warn!(reason = %reason, size = prepared.len(), "batch ran past the statement timeout; committing it in halves");
-            let (first, second) = prepared.split_at(prepared.len() / 2);
-            let mut results = Box::pin(commit_isolating_bad_items(db, config, first)).await;
-            results.extend(Box::pin(commit_isolating_bad_items(db, config, second)).await);
-            results
+        Err(StorageError::StatementTimeout(reason)) if rows.len() > 1 => {
+            tracing::warn!(reason = %reason, size = rows.len(), "batch ran past the statement timeout; committing it in halves");
+            let (first, second) = rows.split_at(rows.len() / 2);
+            let mut decided = Box::pin(commit_isolating_bad_items(route, config, first)).await;
+            decided.extend(Box::pin(commit_isolating_bad_items(route, config, second)).await);
+            decided
         }
         Err(error) => {
-            tracing::warn!(error = %error, size = prepared.len(), "batch failed");
-            prepared
-                .iter()
-                .map(|_| Err(WriteError::Storage(error.clone())))
+            tracing::warn!(error = %error, size = rows.len(), "batch failed");
+            rows.iter()
+                .map(|_| Decided::Failed(WriteError::Storage(error.clone())))
                 .collect()
         }
     }
 }
 
-/// Commits the batch, again after a deadlock or serialization failure; one outcome per write
+/// Commits the batch, again after a deadlock or serialization failure; one decision per write
 /// (a key whose record vanished during the batch is the only per-write failure).
 async fn commit_with_retries(
-    db: &Database,
+    route: &Route,
     config: &WriterConfig,
-    prepared: &[PreparedWrite<'_>],
-) -> Result<Vec<Result<Committed, WriteError>>, StorageError> {
+    rows: &[WriteRow<'_>],
+) -> Result<Vec<Decided>, StorageError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let started = std::time::Instant::now();
         // Bounded on the client's side too: a hung server enforces no statement_timeout.
-        let result = db
-            .run(async |connection| batch::commit(connection, config, prepared).await)
+        let result = route
+            .db
+            .run(async |connection| batch::commit(connection, (route, config), rows).await)
             .await;
         metrics::histogram!(metric::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
         let label = if result.is_ok() {
@@ -274,11 +249,9 @@ async fn commit_with_retries(
                 tracing::debug!(reason = %reason, attempt, "batch aborted by a conflict; retrying");
             }
             other => {
-                // Every write of a batch is of one shard, on one node (Citus).
-                let node = config.topology.node_of_client(prepared[0].client_id());
                 match &other {
-                    Ok(_) => config.health.succeeded(node.as_deref()),
-                    Err(error) => config.health.failed(node.as_deref(), error),
+                    Ok(_) => config.health.succeeded(route.node()),
+                    Err(error) => config.health.failed(route.node(), error),
                 }
                 return other;
             }

@@ -57,7 +57,7 @@ async fn after_its_retention_a_key_is_new_again() {
 /// `FULL_PASS_EVERY`-th.
 #[actix_web::test]
 async fn janitor_passes_resume_where_the_last_ended_and_every_tenth_starts_over() {
-    use retrysafe::db::citus::Target;
+    use retrysafe::db::topology::Topology;
     use retrysafe::janitor::{purge_from, PassStart, FULL_PASS_EVERY};
     // No daemon: its own janitor would delete the rows in between.
     let settings = test_settings();
@@ -65,6 +65,9 @@ async fn janitor_passes_resume_where_the_last_ended_and_every_tenth_starts_over(
     let config = settings.validated().unwrap();
     retrysafe::db::migrate(&config.database).await.unwrap();
     let db = retrysafe::db::Database::new(&config.database).unwrap();
+    let passes = Topology::detect(&db, &[]).await.unwrap().passes();
+    assert_eq!(passes.len(), 1, "a single server is one pass");
+    let everything = &passes[0];
     let (client, connection) =
         tokio_postgres::connect(settings.database.url.as_str(), tokio_postgres::NoTls)
             .await
@@ -88,9 +91,7 @@ async fn janitor_passes_resume_where_the_last_ended_and_every_tenth_starts_over(
         .await
         .unwrap();
     let mut start = PassStart::default();
-    let first = purge_from(&db, retention, &Target::Everyone, &mut start)
-        .await
-        .unwrap();
+    let first = purge_from(retention, everything, &mut start).await.unwrap();
     assert_eq!((first.records_deleted, first.events_deleted), (1, 1));
 
     // Expired before where the passes stand.
@@ -99,9 +100,7 @@ async fn janitor_passes_resume_where_the_last_ended_and_every_tenth_starts_over(
         .await
         .unwrap();
     for pass in 2..=FULL_PASS_EVERY {
-        let report = purge_from(&db, retention, &Target::Everyone, &mut start)
-            .await
-            .unwrap();
+        let report = purge_from(retention, everything, &mut start).await.unwrap();
         assert_eq!(
             (report.records_deleted, report.events_deleted),
             (0, 0),
@@ -112,9 +111,7 @@ async fn janitor_passes_resume_where_the_last_ended_and_every_tenth_starts_over(
         count("SELECT count(*) FROM idempotency_records WHERE key = 'straggler'").await,
         1
     );
-    let full = purge_from(&db, retention, &Target::Everyone, &mut start)
-        .await
-        .unwrap();
+    let full = purge_from(retention, everything, &mut start).await.unwrap();
     assert_eq!((full.records_deleted, full.events_deleted), (1, 1));
     assert_eq!(count("SELECT count(*) FROM idempotency_records").await, 0);
     assert_eq!(count("SELECT count(*) FROM outbox_events").await, 0);

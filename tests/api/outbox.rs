@@ -393,16 +393,14 @@ async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms
     let mut consumer = TestConsumer::bind(&app.settings.amqp.exchange, "#").await;
     insert_backlog(&app.db, EVENTS).await;
 
-    let config = RelayConfig::from_config(&app.config(), retrysafe::db::citus::Topology::Single);
+    let db = Database::new(&app.config().database).unwrap();
+    let topology = retrysafe::db::topology::Topology::detect(&db, &[])
+        .await
+        .unwrap();
+    let config = RelayConfig::from_config(&app.config(), topology);
     let broker = Broker::new(&app.config().amqp).unwrap();
     let arbiter = actix::Arbiter::new();
-    let relay = OutboxRelay::start(
-        &arbiter.handle(),
-        0,
-        Database::new(&app.config().database).unwrap(),
-        std::sync::Arc::new(broker),
-        config,
-    );
+    let relay = OutboxRelay::start(&arbiter.handle(), 0, std::sync::Arc::new(broker), config);
     let mut most_in_flight = 0;
     let deadline = tokio::time::Instant::now() + MARKED;
     loop {

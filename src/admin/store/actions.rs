@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+use crate::db::outbox_state::not_done;
 use crate::db::{PgClient, StorageError};
 use crate::idempotency::Verdict;
 use crate::outbox::store::{self, ParkedSelection, Skip, SkippedBy, GAUGE_COUNT_CAP};
@@ -214,9 +215,11 @@ async fn matched(
     if !selector.event_ids.is_empty() {
         let ids: Vec<Uuid> = client
             .query(
-                "SELECT event_id FROM outbox_events
-                 WHERE event_id = ANY($1) AND sent_at IS NULL AND skipped_at IS NULL
-                 ORDER BY id",
+                concat!(
+                    "SELECT event_id FROM outbox_events WHERE event_id = ANY($1) AND ",
+                    not_done!(),
+                    " ORDER BY id"
+                ),
                 &[&selector.event_ids],
             )
             .await?

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+use crate::db::outbox_state::{held, parked, sent, skipped, unsent};
 use crate::db::{PgClient, StorageError};
 use crate::outbox::store::{self, Blocked, BlockingEvent, ParkedGroup, Totals, GAUGE_COUNT_CAP};
 
@@ -31,19 +32,25 @@ pub struct TypeBacklog {
 /// lower bounds. Each side reads its own partial index (`outbox_events_due`, the relays';
 /// `outbox_events_parked`), so that neither walks the sent rows: one scan of "sent_at IS NULL"
 /// read the whole table to find a backlog at its end (2.2 s at 3 million rows, bench/admin).
-const BACKLOG_BY_TYPE: &str = "
+const BACKLOG_BY_TYPE: &str = concat!(
+    "
 SELECT event_type, sum(unsent)::bigint, sum(parked)::bigint
 FROM (SELECT event_type, 1 AS unsent, 0 AS parked
       FROM (SELECT event_type FROM outbox_events
-            WHERE sent_at IS NULL AND failed_at IS NULL
+            WHERE ",
+    unsent!(),
+    "
             LIMIT $1) AS due
       UNION ALL
       SELECT event_type, 0, 1
       FROM (SELECT event_type FROM outbox_events
-            WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+            WHERE ",
+    parked!(),
+    "
             LIMIT $1) AS parked) AS backlog
 GROUP BY event_type
-ORDER BY event_type";
+ORDER BY event_type"
+);
 
 pub async fn backlog_by_type(
     client: &impl GenericClient,
@@ -124,18 +131,14 @@ impl EventState {
         Self::ALL.into_iter().find(|state| state.as_str() == text)
     }
 
-    /// The state's condition, written as the partial indexes are (parked and skipped rows are
-    /// in `outbox_events_parked`, so that their pages read that small index).
+    /// The state's condition (parked and skipped rows are in `outbox_events_parked`, so that
+    /// their pages read that small index).
     fn condition(self) -> &'static str {
         match self {
-            EventState::Parked => {
-                "sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL"
-            }
-            EventState::Unsent => "sent_at IS NULL AND failed_at IS NULL",
-            EventState::Sent => "sent_at IS NOT NULL",
-            EventState::Skipped => {
-                "sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NOT NULL"
-            }
+            EventState::Parked => parked!(),
+            EventState::Unsent => unsent!(),
+            EventState::Sent => sent!(),
+            EventState::Skipped => skipped!(),
         }
     }
 
@@ -234,11 +237,15 @@ pub struct EventsPage {
 /// that stopped at its cap says where. The outer query neither sorts nor aggregates, so that
 /// the planner plans the walk for the `$7` rows a page takes when nothing is filtered (and the
 /// walk keeps its order); the window function streams, reading no row past the page.
-const EVENTS_PAGE: &str = "
+const EVENTS_PAGE: &str = concat!(
+    "
 SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
        last_error, sent_at, failed_at, skipped_at,
-       CASE WHEN sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <> 'infinity'
-            THEN next_attempt_at END,
+       CASE WHEN ",
+    unsent!(),
+    " AND NOT ",
+    held!(),
+    " THEN next_attempt_at END,
        ordering_key, sequence, payload::text, matched, walked
 FROM (SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
              last_error, sent_at, failed_at, skipped_at, next_attempt_at, ordering_key,
@@ -254,7 +261,8 @@ FROM (SELECT id, event_id, event_type, client_id, idempotency_key, created_at, a
       ORDER BY {order}
       LIMIT $8) AS walk
 WHERE matched OR walked = $8
-LIMIT $7";
+LIMIT $7"
+);
 
 /// A page of events, newest first, from `before` (an outbox id, exclusive).
 pub async fn events_page(

@@ -227,7 +227,7 @@ pub(super) async fn record_batch(
         .run(async |connection| {
             let transaction = connection.transaction().await?;
             transaction
-                .batch_execute(crate::db::citus::ONE_CONNECTION_PER_WORKER)
+                .batch_execute(crate::db::topology::ONE_CONNECTION_PER_WORKER)
                 .await?;
             let rows = transaction
                 .query(

@@ -8,6 +8,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::EventSet;
+use crate::db::outbox_state::{parked, skipped, unsent};
 use crate::db::{Database, StorageError};
 use crate::outbox::store::{pending_event, PendingEvent};
 
@@ -71,7 +72,8 @@ pub async fn outbox_extent(db: &Database) -> Result<OutboxExtent, StorageError> 
 /// A skipped event is never published, by a replay no more than by a relay.
 macro_rules! selected_events {
     () => {
-        "
+        concat!(
+            "
 FROM outbox_events
 WHERE id > $1 AND id <= $2
   AND ($3::timestamptz IS NULL OR created_at >= $3)
@@ -79,7 +81,10 @@ WHERE id > $1 AND id <= $2
   AND (cardinality($5::text[]) = 0 OR event_type = ANY($5::text[]))
   AND (cardinality($6::text[]) = 0 OR client_id = ANY($6::text[]))
   AND ($7::uuid IS NULL OR event_id = $7)
-  AND skipped_at IS NULL"
+  AND NOT (",
+            skipped!(),
+            ")"
+        )
     };
 }
 
@@ -96,8 +101,12 @@ LIMIT $8"
 
 const COUNT_BY_TYPE: &str = concat!(
     "SELECT event_type, count(*),
-       count(*) FILTER (WHERE sent_at IS NULL AND failed_at IS NULL),
-       count(*) FILTER (WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL)",
+       count(*) FILTER (WHERE ",
+    unsent!(),
+    "),
+       count(*) FILTER (WHERE ",
+    parked!(),
+    ")",
     selected_events!(),
     "
 GROUP BY event_type"

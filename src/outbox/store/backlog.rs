@@ -5,6 +5,7 @@
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+use crate::db::outbox_state::{not_done, parked, unsent};
 use crate::db::StorageError;
 
 /// The outbox backlog of one event type.
@@ -17,15 +18,25 @@ pub struct TypeStatus {
     pub oldest_unsent_age_seconds: Option<f64>,
 }
 
-const STATUS_BY_TYPE: &str = "
+const STATUS_BY_TYPE: &str = concat!(
+    "
 SELECT event_type,
-       count(*) FILTER (WHERE failed_at IS NULL) AS unsent,
-       count(*) FILTER (WHERE failed_at IS NOT NULL) AS parked,
-       extract(epoch FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8 AS oldest_age
+       count(*) FILTER (WHERE ",
+    unsent!(),
+    ") AS unsent,
+       count(*) FILTER (WHERE ",
+    parked!(),
+    ") AS parked,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE ",
+    unsent!(),
+    "))::float8 AS oldest_age
 FROM outbox_events
-WHERE sent_at IS NULL AND skipped_at IS NULL
+WHERE ",
+    not_done!(),
+    "
 GROUP BY event_type
-ORDER BY event_type";
+ORDER BY event_type"
+);
 
 /// Unsent and parked events per type; types with neither are not listed.
 pub async fn status(client: &impl GenericClient) -> Result<Vec<TypeStatus>, StorageError> {
@@ -60,17 +71,36 @@ pub struct Totals {
 /// that grows with the backlog (bench/scale's database; BENCHMARKS.md).
 pub const GAUGE_COUNT_CAP: i64 = 100_000;
 
-/// Each part reads one partial index (outbox_events_due, outbox_events_parked) and stops
-/// after `$1` rows of it.
-const TOTALS: &str = "
-SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_events
-                              WHERE sent_at IS NULL AND failed_at IS NULL LIMIT $1) unsent),
-       (SELECT count(*) FROM (SELECT 1 FROM outbox_events
-                              WHERE sent_at IS NULL AND failed_at IS NOT NULL
-                                AND skipped_at IS NULL LIMIT $1) parked),
+/// The unsent and the parked events, each counted up to `$1`: two columns of a `SELECT`, each
+/// reading one partial index (outbox_events_due, outbox_events_parked) and stopping after `$1`
+/// rows of it. What the gauges and the console's history both count.
+macro_rules! capped_backlog {
+    () => {
+        concat!(
+            "(SELECT count(*) FROM (SELECT 1 FROM outbox_events WHERE ",
+            $crate::db::outbox_state::unsent!(),
+            " LIMIT $1) unsent),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox_events WHERE ",
+            $crate::db::outbox_state::parked!(),
+            " LIMIT $1) parked)"
+        )
+    };
+}
+pub(crate) use capped_backlog;
+
+/// The backlog ([`capped_backlog!`]) and the age of the oldest of the `$1` unsent events due
+/// first.
+const TOTALS: &str = concat!(
+    "
+SELECT ",
+    capped_backlog!(),
+    ",
        extract(epoch FROM now() - (SELECT min(created_at) FROM (
-           SELECT created_at FROM outbox_events WHERE sent_at IS NULL AND failed_at IS NULL
-           ORDER BY next_attempt_at, id LIMIT $1) due_first))::float8";
+           SELECT created_at FROM outbox_events WHERE ",
+    unsent!(),
+    "
+           ORDER BY next_attempt_at, id LIMIT $1) due_first))::float8"
+);
 
 pub async fn totals(client: &impl GenericClient) -> Result<Totals, StorageError> {
     let row = client.query_one(TOTALS, &[&GAUGE_COUNT_CAP]).await?;
@@ -94,14 +124,19 @@ pub struct Blocked {
 /// (outbox_events_ordered_unsent): as cheap as parked and blocked events are few.
 macro_rules! parked_and_what_they_block {
     () => {
-        "
+        concat!(
+            "
 FROM outbox_events parked
     JOIN outbox_events later
         ON later.client_id = parked.client_id AND later.ordering_key = parked.ordering_key
        AND later.sequence > parked.sequence
-       AND later.sent_at IS NULL AND later.skipped_at IS NULL AND later.ordering_key IS NOT NULL
-WHERE parked.sent_at IS NULL AND parked.failed_at IS NOT NULL AND parked.skipped_at IS NULL
-  AND parked.ordering_key IS NOT NULL"
+       AND ",
+            not_done!("later"),
+            " AND later.ordering_key IS NOT NULL
+WHERE ",
+            parked!("parked"),
+            " AND parked.ordering_key IS NOT NULL"
+        )
     };
 }
 

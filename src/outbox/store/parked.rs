@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+use crate::db::outbox_state::{held, not_done, parked, sent, skipped};
 use crate::db::{PgClient, StorageError};
 use crate::outbox::store::relaying::{on_keys, OrderingKeys, ADVANCE_KEYS, LOCK_KEYS};
 use crate::outbox::store::GAUGE_COUNT_CAP;
@@ -27,16 +28,20 @@ pub const PARKED_GROUPS_SHOWN: i64 = 20;
 /// Through the partial index of parked rows, over at most [`GAUGE_COUNT_CAP`] of them (the
 /// oldest), so that the cost is bounded however many are parked: past the cap the counts are
 /// lower bounds.
-const PARKED_GROUPS: &str = "
+const PARKED_GROUPS: &str = concat!(
+    "
 SELECT event_type, coalesce(last_error, ''), count(*), min(failed_at), max(failed_at)
 FROM (SELECT event_type, last_error, failed_at
       FROM outbox_events
-      WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+      WHERE ",
+    parked!(),
+    "
       ORDER BY id
       LIMIT $2) AS parked
 GROUP BY event_type, last_error
 ORDER BY count(*) DESC, event_type
-LIMIT $1";
+LIMIT $1"
+);
 
 pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGroup>, StorageError> {
     Ok(client
@@ -56,11 +61,17 @@ pub async fn parked_groups(client: &impl GenericClient) -> Result<Vec<ParkedGrou
 /// Requeues one unsent event (parked or not) for an attempt now, with a fresh attempt count;
 /// not a skipped one (given up on for good), nor one held behind earlier events of its
 /// ordering key (it is released when they are done).
-const REQUEUE_EVENTS: &str = "
+const REQUEUE_EVENTS: &str = concat!(
+    "
 UPDATE outbox_events
 SET failed_at = NULL, attempts = 0, nacks = 0, next_attempt_at = now()
-WHERE sent_at IS NULL AND skipped_at IS NULL AND next_attempt_at <> 'infinity'
-  AND event_id = ANY($1)";
+WHERE ",
+    not_done!(),
+    " AND NOT ",
+    held!(),
+    "
+  AND event_id = ANY($1)"
+);
 
 /// Requeues the unsent event with `event_id`; false when there is none.
 pub async fn requeue_event(
@@ -100,28 +111,35 @@ pub struct ParkedSelection {
 
 /// The parked rows a [`ParkedSelection`] picks, through the partial index of parked rows
 /// (outbox_events_parked).
-const PARKED_SELECTED: &str = "
+const PARKED_SELECTED: &str = concat!(
+    "
 SELECT id, event_type, event_id, client_id
 FROM outbox_events
-WHERE sent_at IS NULL AND failed_at IS NOT NULL AND skipped_at IS NULL
+WHERE ",
+    parked!(),
+    "
   AND (cardinality($1::text[]) = 0 OR event_type = ANY($1))
   AND (cardinality($2::text[]) = 0 OR client_id = ANY($2))
   AND ($3::text IS NULL OR strpos(last_error, $3) > 0)
   AND ($4::timestamptz IS NULL OR failed_at >= $4)
   AND ($5::text IS NULL OR coalesce(last_error, '') = $5)
   AND ($6::timestamptz IS NULL OR created_at > $6)
-  AND ($7::timestamptz IS NULL OR created_at < $7)";
+  AND ($7::timestamptz IS NULL OR created_at < $7)"
+);
 
 /// Requeues the picked parked events (`$1` their clients, `$2` their ids) with a fresh attempt
 /// count, each due at its time in `$3`. Rows that changed since they were picked (sent, or
 /// requeued by someone else) are left alone. The clients are named, so that on Citus the
 /// statement reads only their shards.
-const REQUEUE_PICKED: &str = "
+const REQUEUE_PICKED: &str = concat!(
+    "
 UPDATE outbox_events o
 SET failed_at = NULL, attempts = 0, nacks = 0, next_attempt_at = s.due
 FROM unnest($1::text[], $2::bigint[], $3::timestamptz[]) AS s(client_id, id, due)
 WHERE o.client_id = s.client_id AND o.id = s.id AND o.client_id = ANY($1)
-  AND o.sent_at IS NULL AND o.failed_at IS NOT NULL AND o.skipped_at IS NULL";
+  AND ",
+    parked!("o")
+);
 
 /// Parked events are requeued this many at a time (picked in id order, then updated by id).
 const REQUEUE_CHUNK: i64 = 5_000;
@@ -251,26 +269,36 @@ pub async fn database_now(client: &impl GenericClient) -> Result<DateTime<Utc>, 
 
 /// The event as `outbox skip` finds it, under its key's lock (when it has one) and its own.
 /// Its client is named, so that on Citus the lock is taken on its shard alone.
-const SKIP_CANDIDATE: &str = "
-SELECT event_type, client_id, ordering_key, sequence, sent_at IS NOT NULL, skipped_at IS NOT NULL
+const SKIP_CANDIDATE: &str = concat!(
+    "
+SELECT event_type, client_id, ordering_key, sequence, ",
+    sent!(),
+    ", ",
+    skipped!(),
+    "
 FROM outbox_events
 WHERE event_id = $1 AND client_id = $2
-FOR UPDATE NOWAIT";
+FOR UPDATE NOWAIT"
+);
 
 /// Gives up on the event: never published, out of the relays' reach (failed_at), recorded
 /// with who (the OS user id given, or the admin's id; the session's role) and why. `$6` is the
 /// database's time (Citus takes no `now()` beside a column in a distributed `UPDATE`).
-const SKIP: &str = "
+const SKIP: &str = concat!(
+    "
 WITH skipped AS (
     UPDATE outbox_events
     SET skipped_at = $6, failed_at = coalesce(failed_at, $6)
-    WHERE event_id = $1 AND client_id = $5 AND sent_at IS NULL AND skipped_at IS NULL
+    WHERE event_id = $1 AND client_id = $5 AND ",
+    not_done!(),
+    "
     RETURNING event_id, event_type, client_id, ordering_key, sequence
 )
 INSERT INTO outbox_skips (event_id, event_type, client_id, ordering_key, sequence,
                           requested_uid, requested_db_user, reason, admin_id)
 SELECT event_id, event_type, client_id, ordering_key, sequence, $2, current_user, $3, $4
-FROM skipped";
+FROM skipped"
+);
 
 /// What `outbox skip` did.
 #[derive(Debug, Clone, PartialEq, Eq)]

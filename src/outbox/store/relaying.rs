@@ -8,6 +8,7 @@ use rand::Rng;
 use tokio_postgres::{GenericClient, Row, Statement, ToStatement};
 use uuid::Uuid;
 
+use crate::db::outbox_state::{held, not_done, unsent};
 use crate::db::{PgClient, StorageError};
 
 /// An event claimed for publishing.
@@ -51,41 +52,32 @@ pub struct PendingEvent {
 /// outbox_events_ordered_unsent for an ordered one.
 ///
 /// The statement also returns the database's `now()`: the time failed attempts are scheduled
-/// from ([`mark_failed`]). Every event claimed on Citus is of one shard's clients
-/// ([`CLAIM_DUE_OF_CLIENTS`]): Citus takes row locks (`FOR UPDATE`) on one shard at a time.
-macro_rules! claim_due {
-    ($events_of_clients:literal, $earlier_of_clients:literal) => {
-        concat!(
-            "
+/// from ([`mark_failed`]). `$2` names the clients whose events a pass takes (NULL for every
+/// client's): every event claimed on Citus is of one shard's clients, since Citus takes row
+/// locks (`FOR UPDATE`) on one shard at a time. The filter is written on the events' table and
+/// again on the earlier events', so that Citus sees both read one shard; planned with the
+/// values (a pass's transaction on Citus, [`crate::db::topology::Pass::begin`]), a NULL `$2`
+/// folds away.
+const CLAIM_DUE: &str = concat!(
+    "
 SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
        ordering_key, sequence, traceparent, tracestate, nacks, now()
 FROM outbox_events e
-WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at <= now()",
-            $events_of_clients,
-            "
+WHERE ",
+    unsent!("e"),
+    " AND e.next_attempt_at <= now()
+  AND ($2::text[] IS NULL OR e.client_id = ANY($2))
   AND (e.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM outbox_events earlier
-        WHERE earlier.client_id = e.client_id AND earlier.ordering_key = e.ordering_key",
-            $earlier_of_clients,
-            "
+        WHERE earlier.client_id = e.client_id AND earlier.ordering_key = e.ordering_key
+          AND ($2::text[] IS NULL OR earlier.client_id = ANY($2))
           AND earlier.sequence < e.sequence
-          AND earlier.sent_at IS NULL AND earlier.skipped_at IS NULL
-          AND earlier.ordering_key IS NOT NULL))
+          AND ",
+    not_done!("earlier"),
+    " AND earlier.ordering_key IS NOT NULL))
 ORDER BY next_attempt_at, id
 LIMIT $1
 FOR UPDATE SKIP LOCKED"
-        )
-    };
-}
-
-/// Due events of every client (a single server).
-const CLAIM_DUE: &str = claim_due!("", "");
-
-/// Due events of the clients `$2`, of one shard (Citus). The filter is written on the events'
-/// table and again on the earlier events', so that Citus sees both read one shard.
-const CLAIM_DUE_OF_CLIENTS: &str = claim_due!(
-    "\n  AND e.client_id = ANY($2)",
-    "\n          AND earlier.client_id = ANY($2)"
 );
 
 /// `$1` the events, `$2` their clients (on Citus, what routes the statement to their shard).
@@ -93,15 +85,16 @@ const MARK_SENT: &str = "UPDATE outbox_events SET sent_at = now(), last_error = 
 WHERE client_id = ANY($2) AND id = ANY($1)";
 
 /// Failed attempts: count them, schedule the next one, and park the row after `max_attempts`.
-/// A row sent meanwhile is left alone: after a batch whose recording failed (the relay records
-/// its publishes as failed attempts in a transaction of its own), another relay may have
-/// claimed, published and marked it.
+/// A row done meanwhile (sent or skipped) is left alone: after a batch whose recording failed
+/// (the relay records its publishes as failed attempts in a transaction of its own), another
+/// relay may have claimed, published and marked it.
 ///
 /// The next attempt's time is computed by the daemon from the database's `now()` that the
 /// claim returned (`$6`) and the backoff: Citus refuses a distributed UPDATE that computes a
 /// time from a column with a function (`now() + make_interval(secs => ...)`). `$7`: the
 /// events' clients (what routes the statement to their shard on Citus).
-const MARK_FAILED: &str = "
+const MARK_FAILED: &str = concat!(
+    "
 UPDATE outbox_events AS o
 SET attempts = o.attempts + 1,
     nacks = o.nacks + f.nacked::int,
@@ -110,7 +103,10 @@ SET attempts = o.attempts + 1,
     failed_at = CASE WHEN o.attempts + 1 >= $4 THEN $6::timestamptz END
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $5::bool[])
     AS f(id, error, next_attempt_at, nacked)
-WHERE o.id = f.id AND o.sent_at IS NULL AND o.client_id = ANY($7)";
+WHERE o.id = f.id AND ",
+    not_done!("o"),
+    " AND o.client_id = ANY($7)"
+);
 
 /// Locks the `ordering_keys` rows of the given (client, ordering key) pairs, in key order: the
 /// order writers lock them in, so that a relay and a writer never wait for each other in a
@@ -132,14 +128,17 @@ FOR UPDATE OF k";
 /// `done_through` from the same locked row, so an event is held exactly when a relay will
 /// release it: the writer commits first and this statement sees its rows, or this commits
 /// first and the writer sees the new `done_through`.
-pub(super) const ADVANCE_KEYS: &str = "
+pub(super) const ADVANCE_KEYS: &str = concat!(
+    "
 WITH advanced AS (
     UPDATE ordering_keys k
     SET done_through = coalesce(
             (SELECT min(e.sequence) - 1
              FROM outbox_events e
              WHERE e.client_id = k.client_id AND e.ordering_key = k.ordering_key
-               AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL
+               AND ",
+    not_done!("e"),
+    " AND e.ordering_key IS NOT NULL
                AND e.client_id = ANY($1)),
             k.last_sequence)
     FROM unnest($1::text[], $2::text[]) AS u(client_id, ordering_key)
@@ -152,8 +151,13 @@ SET next_attempt_at = now()
 FROM advanced a
 WHERE e.client_id = a.client_id AND e.ordering_key = a.ordering_key
   AND e.sequence = a.done_through + 1
-  AND e.sent_at IS NULL AND e.skipped_at IS NULL AND e.ordering_key IS NOT NULL
-  AND e.next_attempt_at = 'infinity' AND e.client_id = ANY($1)";
+  AND ",
+    not_done!("e"),
+    " AND e.ordering_key IS NOT NULL
+  AND ",
+    held!("e"),
+    " AND e.client_id = ANY($1)"
+);
 
 /// The relay's statements, prepared once per connection.
 pub struct RelayStatements {
@@ -161,7 +165,6 @@ pub struct RelayStatements {
     /// ([`crate::db::barrier`]).
     pub replication_promised: Statement,
     claim_due: Statement,
-    claim_due_of_clients: Statement,
     mark_sent: Statement,
     mark_failed: Statement,
     lock_keys: Statement,
@@ -175,7 +178,6 @@ impl RelayStatements {
                 .prepare_cached(crate::db::REPLICATION_PROMISED)
                 .await?,
             claim_due: connection.prepare_cached(CLAIM_DUE).await?,
-            claim_due_of_clients: connection.prepare_cached(CLAIM_DUE_OF_CLIENTS).await?,
             mark_sent: connection.prepare_cached(MARK_SENT).await?,
             mark_failed: connection.prepare_cached(MARK_FAILED).await?,
             lock_keys: connection.prepare_cached(LOCK_KEYS).await?,
@@ -299,14 +301,9 @@ pub async fn claim_due(
     clients: Option<&[String]>,
 ) -> Result<Claim, StorageError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = match clients {
-        None => client.query(&statements.claim_due, &[&limit]).await?,
-        Some(clients) => {
-            client
-                .query(&statements.claim_due_of_clients, &[&limit, &clients])
-                .await?
-        }
-    };
+    let rows = client
+        .query(&statements.claim_due, &[&limit, &clients])
+        .await?;
     Ok(Claim {
         events: rows.iter().map(pending_event).collect(),
         database_now: rows.first().map(|row| row.get(13)),

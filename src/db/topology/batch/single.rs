@@ -2,17 +2,12 @@
 //! CONFLICT` and inserts the entries and outbox rows of the keys it claimed, all in one
 //! statement of CTEs, committed as it returns.
 
-use std::collections::{HashMap, HashSet};
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::{take_over_expired, BatchRows, Claimed};
+use crate::db::outbox_state::held_until;
 use crate::db::{PgClient, StorageError};
-use crate::entry::CREATED_STATUS;
-use crate::events::ENTRY_CREATED;
-use crate::write::batch::{Claimed, PreparedWrite};
-use crate::write::writer::WriterConfig;
 
 /// The claim statement around its `sequenced` CTE (the ordered writes' numbers).
 macro_rules! claim_and_insert {
@@ -31,20 +26,13 @@ claimed AS (
         (client_id, key, request_hash, status, response_status, response_json, entry_id,
          created_at, expires_at)
     SELECT client_id, key, request_hash, 'completed', $15::smallint, response_json::jsonb,
-           entry_id, created_at,
-           greatest(created_at, now()) + $16::bigint * interval '1 microsecond'
+           entry_id, now(), now() + $16::bigint * interval '1 microsecond'
     FROM input
     ORDER BY client_id, key
-    ON CONFLICT (client_id, key) DO UPDATE
-        SET request_hash = EXCLUDED.request_hash,
-            status = EXCLUDED.status,
-            response_status = EXCLUDED.response_status,
-            response_json = EXCLUDED.response_json,
-            entry_id = EXCLUDED.entry_id,
-            created_at = EXCLUDED.created_at,
-            expires_at = EXCLUDED.expires_at
-        WHERE r.expires_at <= now()
-    RETURNING client_id, key
+    "#,
+            take_over_expired!(),
+            r#"
+    RETURNING client_id, key, entry_id AS claimed_entry
 ),
 "#,
             $sequenced,
@@ -72,7 +60,9 @@ new_events AS (
                          ELSE e.payload::jsonb -> 'data' END)
            END,
            now(),
-           CASE WHEN s.held THEN 'infinity'::timestamptz ELSE now() END,
+           CASE WHEN s.held THEN "#,
+            held_until!(),
+            r#" ELSE now() END,
            s.ordering_key, s.sequence, e.traceparent, e.tracestate
     FROM unnest($9::uuid[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
                 $18::uuid[], $19::bool[], $20::text[], $21::text[])
@@ -84,7 +74,7 @@ new_events AS (
     -- (what a replay, which walks the outbox by id, sends them in).
     ORDER BY s.sequence
 )
-SELECT now(), array_agg(client_id), array_agg(key),
+SELECT now(), array_agg(claimed_entry),
        (SELECT array_agg(entry_id) FROM sequenced),
        (SELECT array_agg(sequence) FROM sequenced)
 FROM claimed
@@ -96,16 +86,11 @@ FROM claimed
 /// Claims the keys, inserts entries and outbox rows for the claimed ones, in one statement.
 ///
 /// Keys are inserted in `(client_id, key)` order so that two daemons' batches sharing keys wait
-/// for each other instead of deadlocking. A record past `expires_at` that the janitor has not
-/// deleted yet is taken over: after its retention a key is new again, whenever the janitor runs.
-///
-/// `expires_at` is the database's `now()` plus the retention ($16, in microseconds), never a
-/// time the daemon sends: a daemon whose clock is behind would otherwise write records that the
-/// database already sees as expired, and the next request for the key would take it over (a
-/// duplicate write). `created_at` is the daemon's estimate of the database's time (the answer
-/// and the events carry it, so it is known before the statement runs); `greatest` keeps a
-/// record's life at least the retention however far that estimate is off. The statement
-/// returns the database's `now()` with the claimed keys, for the next estimate.
+/// for each other instead of deadlocking; an expired record is taken over
+/// ([`take_over_expired!`]). A record lives from the database's `now()` for the retention ($16,
+/// in microseconds); the entries' `created_at` is the daemon's estimate of the database's time
+/// ($7, see [`super::WriteRow::created_at`]). The statement returns the database's `now()` with
+/// the claimed writes' entry ids, for the next estimate.
 ///
 /// Ordered writes (an ordering key, $17) are numbered here, once their keys are claimed (a
 /// replay or a conflict gets no number, so sequences have no gap): the upsert of
@@ -161,11 +146,11 @@ const CLAIM_AND_INSERT_UNORDERED: &str = claim_and_insert!(
 "#
 );
 
-/// The claim statement's parameters: one array per column, built from the prepared writes (the
+/// The claim statement's parameters: one array per column, built from the batch's writes (the
 /// first eight: one element per write) and their events (the next six: one per event), the
 /// response status and the retention, then the writes' ordering keys and four more arrays of
 /// the events.
-pub(super) struct Columns<'a> {
+struct Columns<'a> {
     client_ids: Vec<&'a str>,
     keys: Vec<&'a str>,
     hashes: Vec<&'a [u8]>,
@@ -175,7 +160,7 @@ pub(super) struct Columns<'a> {
     created: Vec<DateTime<Utc>>,
     responses: Vec<&'a str>,
     event_ids: Vec<Uuid>,
-    event_keys: Vec<String>,
+    event_keys: Vec<&'a str>,
     event_clients: Vec<&'a str>,
     event_idempotency_keys: Vec<&'a str>,
     event_types: Vec<&'a str>,
@@ -186,55 +171,40 @@ pub(super) struct Columns<'a> {
     event_entry_ids: Vec<Uuid>,
     event_traceparents: Vec<Option<&'a str>>,
     event_tracestates: Vec<Option<&'a str>>,
-    /// The event's data is the entry (`entry.created`): an ordered write's sequence goes in it.
     event_carries_entry: Vec<bool>,
 }
 
 impl<'a> Columns<'a> {
-    fn new(prepared: &'a [PreparedWrite<'a>], retention: Duration) -> Self {
-        let writes = || prepared.iter();
-        let events = || {
-            prepared
-                .iter()
-                .flat_map(|p| p.events.iter().map(move |event| (p, event)))
-        };
+    fn new(rows: &'a BatchRows<'a>) -> Self {
+        let writes = || rows.writes.iter();
+        let events = || rows.events();
         Self {
-            client_ids: writes().map(|p| &*p.write.key.client_id).collect(),
-            keys: writes().map(|p| p.write.key.key.as_str()).collect(),
-            hashes: writes().map(|p| &p.write.request.hash.0[..]).collect(),
-            entry_ids: writes().map(|p| p.entry_id).collect(),
-            kinds: writes().map(|p| p.write.request.kind.as_str()).collect(),
-            data: writes()
-                .map(|p| p.write.request.data_json.as_str())
-                .collect(),
-            created: writes().map(|p| p.created_at).collect(),
-            responses: writes().map(|p| p.response_body.as_str()).collect(),
+            client_ids: writes().map(|w| &*w.key.client_id).collect(),
+            keys: writes().map(|w| w.key.key.as_str()).collect(),
+            hashes: writes().map(|w| &w.request_hash.0[..]).collect(),
+            entry_ids: writes().map(|w| w.entry_id).collect(),
+            kinds: writes().map(|w| w.kind).collect(),
+            data: writes().map(|w| w.data).collect(),
+            created: writes().map(|w| w.created_at).collect(),
+            responses: writes().map(|w| w.response.as_str()).collect(),
             event_ids: events().map(|(_, e)| e.event_id).collect(),
-            event_keys: events().map(|(p, e)| e.event_key(p.entry_id)).collect(),
-            event_clients: events().map(|(p, _)| &*p.write.key.client_id).collect(),
-            event_idempotency_keys: events().map(|(p, _)| p.write.key.key.as_str()).collect(),
+            event_keys: events().map(|(_, e)| e.event_key.as_str()).collect(),
+            event_clients: events().map(|(w, _)| &*w.key.client_id).collect(),
+            event_idempotency_keys: events().map(|(w, _)| w.key.key.as_str()).collect(),
             event_types: events().map(|(_, e)| e.event_type).collect(),
             payloads: events().map(|(_, e)| e.payload.as_str()).collect(),
-            response_status: CREATED_STATUS as i16,
-            retention_micros: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
-            ordering_keys: writes()
-                .map(|p| p.write.request.ordering_key.as_deref())
-                .collect(),
-            event_entry_ids: events().map(|(p, _)| p.entry_id).collect(),
-            event_traceparents: events()
-                .map(|(p, _)| p.write.trace.as_ref().map(|t| t.traceparent.as_str()))
-                .collect(),
-            event_tracestates: events()
-                .map(|(p, _)| p.write.trace.as_ref().and_then(|t| t.tracestate.as_deref()))
-                .collect(),
-            event_carries_entry: events()
-                .map(|(_, e)| e.event_type == ENTRY_CREATED)
-                .collect(),
+            response_status: rows.response_status,
+            retention_micros: rows.retention_micros(),
+            ordering_keys: writes().map(|w| w.ordering_key).collect(),
+            event_entry_ids: events().map(|(w, _)| w.entry_id).collect(),
+            event_traceparents: events().map(|(_, e)| e.traceparent).collect(),
+            event_tracestates: events().map(|(_, e)| e.tracestate).collect(),
+            event_carries_entry: events().map(|(_, e)| e.carries_entry).collect(),
         }
     }
 
     /// In the order of `CLAIM_AND_INSERT`'s parameters.
-    pub(super) fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 21] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 21] {
         [
             &self.client_ids,
             &self.keys,
@@ -264,19 +234,15 @@ impl<'a> Columns<'a> {
 /// Claims and writes the batch in one statement ([`CLAIM_AND_INSERT`]), committed with it.
 pub(super) async fn claim(
     connection: &mut PgClient,
-    config: &WriterConfig,
-    prepared: &[PreparedWrite<'_>],
+    rows: &BatchRows<'_>,
 ) -> Result<Claimed, StorageError> {
-    let statement = if prepared
-        .iter()
-        .any(|p| p.write.request.ordering_key.is_some())
-    {
+    let statement = if rows.ordered() {
         CLAIM_AND_INSERT
     } else {
         CLAIM_AND_INSERT_UNORDERED
     };
     let claim_and_insert = connection.prepare_cached(statement).await?;
-    let columns = Columns::new(prepared, config.retention);
+    let columns = Columns::new(rows);
     let client: &tokio_postgres::Client = connection;
     let params = columns.params();
     let (begun, row, committed) = tokio::join!(
@@ -288,27 +254,33 @@ pub(super) async fn claim(
     let row = row?;
     committed?;
     // array_agg over no rows is NULL: nothing was claimed.
-    let claimed_clients: Vec<String> = row.get::<_, Option<Vec<String>>>(1).unwrap_or_default();
-    let claimed_keys: Vec<String> = row.get::<_, Option<Vec<String>>>(2).unwrap_or_default();
-    let sequenced_entries: Vec<Uuid> = row.get::<_, Option<Vec<Uuid>>>(3).unwrap_or_default();
-    let sequences: Vec<i64> = row.get::<_, Option<Vec<i64>>>(4).unwrap_or_default();
+    let entries: Vec<Uuid> = row.get::<_, Option<Vec<Uuid>>>(1).unwrap_or_default();
+    let sequenced_entries: Vec<Uuid> = row.get::<_, Option<Vec<Uuid>>>(2).unwrap_or_default();
+    let sequences: Vec<i64> = row.get::<_, Option<Vec<i64>>>(3).unwrap_or_default();
     Ok(Claimed {
         database_now: Some(row.get::<_, DateTime<Utc>>(0)),
-        keys: claimed_clients
-            .into_iter()
-            .zip(claimed_keys)
-            .collect::<HashSet<_>>(),
-        sequence_of: sequenced_entries
-            .into_iter()
-            .zip(sequences)
-            .collect::<HashMap<_, _>>(),
+        entries: entries.into_iter().collect(),
+        sequences: sequenced_entries.into_iter().zip(sequences).collect(),
     })
 }
 
-/// The one statement with no write in it, for the probe (`batch::probe`).
-pub(super) async fn prepare_probe(
-    connection: &mut PgClient,
-) -> Result<(tokio_postgres::Statement, Columns<'static>), StorageError> {
+/// Begins a transaction and runs the one statement with no write in it (see
+/// [`super::Route::begin_probe`]).
+pub(super) async fn begin_probe(connection: &mut PgClient) -> Result<(), StorageError> {
     let statement = connection.prepare_cached(CLAIM_AND_INSERT).await?;
-    Ok((statement, Columns::new(&[], Duration::ZERO)))
+    let rows = BatchRows {
+        writes: &[],
+        retention: std::time::Duration::ZERO,
+        response_status: 0,
+    };
+    let columns = Columns::new(&rows);
+    let params = columns.params();
+    let client: &tokio_postgres::Client = connection;
+    let (begun, claimed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query_one(&statement, &params),
+    );
+    begun?;
+    claimed?;
+    Ok(())
 }

@@ -8,9 +8,8 @@
 //! worker), and `now()` in its `ON CONFLICT ... WHERE` is refused. So, in one transaction:
 //!
 //! 1. the keys are claimed by `INSERT ... VALUES` (a row per write, [`ROWS_PER_STATEMENT`] at most
-//!    per statement), which Citus routes to the shard; a record that has expired is taken over
-//!    when its `expires_at` is at or before the new record's `created_at`, the database's `now()`
-//!    (evaluated once, on the coordinator);
+//!    per statement), which Citus routes to the shard (an expired record is taken over by the
+//!    one rule, [`take_over_expired!`]);
 //! 2. an ordered batch counts its claimed writes into `ordering_keys` (the key's row lock, in
 //!    `(client_id, ordering_key)` order, as on a single server), and the claimed writes' entries
 //!    are inserted, numbered from those counters: both `INSERT ... SELECT` from the claimed
@@ -27,7 +26,7 @@
 //! table a statement reads names the batch's clients in its own condition (an outer join's
 //! too): Citus prunes each table's shards by its own conditions only, and reads every shard of
 //! a table it cannot prune. And Citus plans each statement with its parameters' values
-//! ([`citus::BEGIN_WITH_VALUES`]).
+//! ([`BEGIN_WITH_VALUES`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -36,11 +35,10 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use crate::db::{citus, PgClient, StorageError};
-use crate::entry::CREATED_STATUS;
-use crate::events::ENTRY_CREATED;
-use crate::write::batch::{Claimed, PreparedWrite};
-use crate::write::writer::WriterConfig;
+use super::{take_over_expired, BatchRows, Claimed, WriteRow};
+use crate::db::outbox_state::held_until;
+use crate::db::topology::citus::BEGIN_WITH_VALUES;
+use crate::db::{PgClient, StorageError};
 
 /// Rows one `INSERT ... VALUES` takes at most: a batch of more is inserted by several
 /// statements in its transaction. Each row count has a statement of its own (prepared once per
@@ -97,16 +95,9 @@ fn claim_statement(rows: usize) -> &'static str {
     (client_id, key, request_hash, status, response_status, response_json, entry_id,
      created_at, expires_at)
 VALUES {values}
-ON CONFLICT (client_id, key) DO UPDATE
-    SET request_hash = EXCLUDED.request_hash,
-        status = EXCLUDED.status,
-        response_status = EXCLUDED.response_status,
-        response_json = EXCLUDED.response_json,
-        entry_id = EXCLUDED.entry_id,
-        created_at = EXCLUDED.created_at,
-        expires_at = EXCLUDED.expires_at
-    WHERE r.expires_at <= EXCLUDED.created_at
-RETURNING client_id, key, created_at"
+{}
+RETURNING entry_id, created_at",
+            take_over_expired!()
         )
     })
 }
@@ -116,11 +107,7 @@ RETURNING client_id, key, created_at"
 fn events_statement(rows: usize, held: bool) -> &'static str {
     let kind = if held { "held events" } else { "events" };
     statement_for(kind, rows, |rows| {
-        let due = if held {
-            "'infinity'::timestamptz"
-        } else {
-            "now()"
-        };
+        let due = if held { held_until!() } else { "now()" };
         let values = value_rows(rows, (1, EVENT_ROW_PARAMETERS), |p| {
             format!(
                 "(${}::uuid, ${}, ${}, ${}, ${}, ${}::text::jsonb, now(), {due}, ${}, ${}::bigint, ${}, ${})",
@@ -208,32 +195,27 @@ struct Arrays<'a> {
 }
 
 impl<'a> Arrays<'a> {
-    fn new(prepared: &'a [PreparedWrite<'a>]) -> Self {
-        let writes = || prepared.iter();
-        let mut batch_clients: Vec<&str> = writes().map(|p| &*p.write.key.client_id).collect();
+    fn new(writes: &'a [WriteRow<'a>]) -> Self {
+        let mut batch_clients: Vec<&str> = writes.iter().map(|w| &*w.key.client_id).collect();
         batch_clients.sort_unstable();
         batch_clients.dedup();
         Self {
-            clients: writes().map(|p| &*p.write.key.client_id).collect(),
-            keys: writes().map(|p| p.write.key.key.as_str()).collect(),
-            entry_ids: writes().map(|p| p.entry_id).collect(),
-            kinds: writes().map(|p| p.write.request.kind.as_str()).collect(),
-            data: writes()
-                .map(|p| p.write.request.data_json.as_str())
-                .collect(),
-            created: writes().map(|p| p.created_at).collect(),
-            ordering_keys: writes()
-                .map(|p| p.write.request.ordering_key.as_deref())
-                .collect(),
+            clients: writes.iter().map(|w| &*w.key.client_id).collect(),
+            keys: writes.iter().map(|w| w.key.key.as_str()).collect(),
+            entry_ids: writes.iter().map(|w| w.entry_id).collect(),
+            kinds: writes.iter().map(|w| w.kind).collect(),
+            data: writes.iter().map(|w| w.data).collect(),
+            created: writes.iter().map(|w| w.created_at).collect(),
+            ordering_keys: writes.iter().map(|w| w.ordering_key).collect(),
             batch_clients,
         }
     }
 }
 
 /// One event of a claimed write, as its row is inserted.
-struct EventRow<'a> {
+struct EventValues<'a> {
     event_id: Uuid,
-    event_key: String,
+    event_key: &'a str,
     client: &'a str,
     idempotency_key: &'a str,
     event_type: &'a str,
@@ -267,11 +249,10 @@ fn ordered_payload(payload: &str, carries_entry: bool, key: &str, sequence: i64)
 /// Claims and writes the batch (the writes of one shard), in a transaction of two round trips.
 pub(super) async fn claim(
     connection: &mut PgClient,
-    config: &WriterConfig,
-    prepared: &[PreparedWrite<'_>],
+    rows: &BatchRows<'_>,
 ) -> Result<Claimed, StorageError> {
-    let first = claim_and_number(connection, config, prepared).await;
-    let (keys, database_now, sequence_of, done_through) = match first {
+    let first = claim_and_number(connection, rows).await;
+    let (entries, database_now, sequences, done_through) = match first {
         Ok(found) => found,
         Err(error) => {
             // Nothing of the transaction stands: ended before the connection goes back.
@@ -279,109 +260,91 @@ pub(super) async fn claim(
             return Err(error);
         }
     };
-    let rows: Vec<(bool, EventRow)> = prepared
-        .iter()
-        .filter(|p| {
-            keys.contains(&(
-                p.write.key.client_id.to_string(),
-                p.write.key.key.as_str().to_owned(),
+    let values: Vec<(bool, EventValues)> = rows
+        .events()
+        .filter_map(|(write, event)| {
+            if !entries.contains(&write.entry_id) {
+                return None;
+            }
+            let client = &*write.key.client_id;
+            let sequence = sequences.get(&write.entry_id).copied();
+            let (held, payload) = match (write.ordering_key, sequence) {
+                (Some(key), Some(sequence)) => (
+                    // Held unless every earlier write of its key is done.
+                    done_through
+                        .get(&(client, key))
+                        .is_some_and(|done| sequence - 1 > *done),
+                    ordered_payload(&event.payload, event.carries_entry, key, sequence),
+                ),
+                _ => (false, event.payload.clone()),
+            };
+            Some((
+                held,
+                EventValues {
+                    event_id: event.event_id,
+                    event_key: &event.event_key,
+                    client,
+                    idempotency_key: write.key.key.as_str(),
+                    event_type: event.event_type,
+                    payload,
+                    ordering_key: write.ordering_key,
+                    sequence,
+                    traceparent: event.traceparent,
+                    tracestate: event.tracestate,
+                },
             ))
         })
-        .flat_map(|p| {
-            let ordering_key = p.write.request.ordering_key.as_deref();
-            let sequence = sequence_of.get(&p.entry_id).copied();
-            // Held unless every earlier write of its key is done.
-            let held = match (ordering_key, sequence) {
-                (Some(key), Some(sequence)) => done_through
-                    .get(&(p.write.key.client_id.to_string(), key.to_owned()))
-                    .is_some_and(|done| sequence - 1 > *done),
-                _ => false,
-            };
-            p.events.iter().map(move |event| {
-                let payload = match (ordering_key, sequence) {
-                    (Some(key), Some(sequence)) => ordered_payload(
-                        &event.payload,
-                        event.event_type == ENTRY_CREATED,
-                        key,
-                        sequence,
-                    ),
-                    _ => event.payload.clone(),
-                };
-                (
-                    held,
-                    EventRow {
-                        event_id: event.event_id,
-                        event_key: event.event_key(p.entry_id),
-                        client: &p.write.key.client_id,
-                        idempotency_key: p.write.key.key.as_str(),
-                        event_type: event.event_type,
-                        payload,
-                        ordering_key,
-                        sequence,
-                        traceparent: p.write.trace.as_ref().map(|t| t.traceparent.as_str()),
-                        tracestate: p.write.trace.as_ref().and_then(|t| t.tracestate.as_deref()),
-                    },
-                )
-            })
-        })
         .collect();
-    insert_events_and_commit(connection, rows).await?;
+    insert_events_and_commit(connection, values).await?;
     Ok(Claimed {
         database_now,
-        keys,
-        sequence_of,
+        entries,
+        sequences,
     })
 }
 
-/// What the first round trip found: the claimed keys, the database's time, the entries'
-/// sequences, and how far each counted ordering key's events are done.
-type Numbered = (
-    HashSet<(String, String)>,
+/// What the first round trip found: the entry ids of the claimed writes, the database's time,
+/// the entries' sequences, and how far each counted ordering key's events are done.
+type Numbered<'a> = (
+    HashSet<Uuid>,
     Option<DateTime<Utc>>,
     HashMap<Uuid, i64>,
-    HashMap<(String, String), i64>,
+    HashMap<(&'a str, &'a str), i64>,
 );
 
 /// Begins the transaction, claims the keys, counts the ordered writes and inserts the entries:
 /// one round trip.
-async fn claim_and_number(
+async fn claim_and_number<'a>(
     connection: &mut PgClient,
-    config: &WriterConfig,
-    prepared: &[PreparedWrite<'_>],
-) -> Result<Numbered, StorageError> {
+    rows: &'a BatchRows<'a>,
+) -> Result<Numbered<'a>, StorageError> {
     // Keys claimed in (client, key) order, as on a single server: two batches sharing keys
     // wait for each other rather than deadlock.
-    let mut order: Vec<&PreparedWrite> = prepared.iter().collect();
-    order.sort_by(|a, b| {
-        (&*a.write.key.client_id, a.write.key.key.as_str())
-            .cmp(&(&*b.write.key.client_id, b.write.key.key.as_str()))
-    });
-    let status = CREATED_STATUS as i16;
-    let retention = i64::try_from(config.retention.as_micros()).unwrap_or(i64::MAX);
-    let rows: Vec<ClaimRow> = order
-        .iter()
-        .map(|p| ClaimRow {
-            client: &p.write.key.client_id,
-            key: p.write.key.key.as_str(),
-            hash: &p.write.request.hash.0[..],
-            response: &p.response_body,
-            entry_id: p.entry_id,
+    let mut order: Vec<&WriteRow> = rows.writes.iter().collect();
+    order.sort_by(|a, b| a.key.cmp(b.key));
+    let order: Vec<ClaimRow> = order
+        .into_iter()
+        .map(|write| ClaimRow {
+            client: &write.key.client_id,
+            key: write.key.key.as_str(),
+            hash: &write.request_hash.0,
+            response: &write.response,
+            entry_id: write.entry_id,
         })
         .collect();
+    let status = rows.response_status;
+    let retention = rows.retention_micros();
     let mut claims = Vec::new();
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+    for chunk in order.chunks(ROWS_PER_STATEMENT) {
         let statement = connection
             .prepare_cached(claim_statement(chunk.len()))
             .await?;
         claims.push((statement, chunk));
     }
-    let ordered = prepared
-        .iter()
-        .any(|p| p.write.request.ordering_key.is_some());
     let count_ordered = connection.prepare_cached(COUNT_ORDERED).await?;
     let insert_entries = connection.prepare_cached(INSERT_ENTRIES).await?;
 
-    let a = Arrays::new(prepared);
+    let a = Arrays::new(rows.writes);
     let claim_params: Vec<Vec<&(dyn ToSql + Sync)>> = claims
         .iter()
         .map(|(_, chunk)| {
@@ -413,7 +376,7 @@ async fn claim_and_number(
         &a.batch_clients,
     ];
     let counted = async {
-        if !ordered {
+        if !rows.ordered() {
             return Ok(Vec::new());
         }
         client.query(&count_ordered, &counter_params).await
@@ -429,44 +392,56 @@ async fn claim_and_number(
         &a.batch_clients,
     ];
     let (begun, claimed_rows, counted, entries) = tokio::join!(
-        client.batch_execute(citus::BEGIN_WITH_VALUES),
+        client.batch_execute(BEGIN_WITH_VALUES),
         claimed_rows,
         counted,
         client.query(&insert_entries, &entry_params),
     );
     begun?;
-    let mut keys = HashSet::new();
+    let mut claimed = HashSet::new();
     let mut database_now = None;
-    for rows in claimed_rows {
-        for row in rows? {
-            keys.insert((row.get::<_, String>(0), row.get::<_, String>(1)));
-            database_now = Some(row.get::<_, DateTime<Utc>>(2));
+    for found in claimed_rows {
+        for row in found? {
+            claimed.insert(row.get::<_, Uuid>(0));
+            database_now = Some(row.get::<_, DateTime<Utc>>(1));
         }
     }
+    // The counters' keys, as the batch's own text (each pair of the batch once).
+    let keys_of: HashMap<(&str, &str), (&str, &str)> = rows
+        .writes
+        .iter()
+        .filter_map(|w| {
+            let pair = (&*w.key.client_id, w.ordering_key?);
+            Some((pair, pair))
+        })
+        .collect();
     let done_through = counted?
         .iter()
-        .map(|row| ((row.get(0), row.get(1)), row.get::<_, i64>(2)))
+        .filter_map(|row| {
+            let pair = keys_of.get(&(row.get::<_, &str>(0), row.get::<_, &str>(1)))?;
+            Some((*pair, row.get::<_, i64>(2)))
+        })
         .collect();
-    let sequence_of = entries?
+    let sequences = entries?
         .iter()
         .filter_map(|row| Some((row.get::<_, Uuid>(0), row.get::<_, Option<i64>>(1)?)))
         .collect();
-    Ok((keys, database_now, sequence_of, done_through))
+    Ok((claimed, database_now, sequences, done_through))
 }
 
 /// Inserts the claimed writes' events (those due now, and those held), in sequence order so
 /// that a key's events take ids in its order, and commits: the second round trip.
 async fn insert_events_and_commit(
     connection: &mut PgClient,
-    mut rows: Vec<(bool, EventRow<'_>)>,
+    mut values: Vec<(bool, EventValues<'_>)>,
 ) -> Result<(), StorageError> {
-    rows.sort_by_key(|(_, row)| row.sequence);
+    values.sort_by_key(|(_, event)| event.sequence);
     let mut statements = Vec::new();
     for held in [false, true] {
-        let of_kind: Vec<&EventRow> = rows
+        let of_kind: Vec<&EventValues> = values
             .iter()
             .filter(|(is_held, _)| *is_held == held)
-            .map(|(_, row)| row)
+            .map(|(_, event)| event)
             .collect();
         for chunk in of_kind.chunks(ROWS_PER_STATEMENT) {
             let statement = connection
@@ -474,18 +449,18 @@ async fn insert_events_and_commit(
                 .await?;
             let params: Vec<&(dyn ToSql + Sync)> = chunk
                 .iter()
-                .flat_map(|row| {
+                .flat_map(|event| {
                     [
-                        &row.event_id as &(dyn ToSql + Sync),
-                        &row.event_key,
-                        &row.client,
-                        &row.idempotency_key,
-                        &row.event_type,
-                        &row.payload,
-                        &row.ordering_key,
-                        &row.sequence,
-                        &row.traceparent,
-                        &row.tracestate,
+                        &event.event_id as &(dyn ToSql + Sync),
+                        &event.event_key,
+                        &event.client,
+                        &event.idempotency_key,
+                        &event.event_type,
+                        &event.payload,
+                        &event.ordering_key,
+                        &event.sequence,
+                        &event.traceparent,
+                        &event.tracestate,
                     ]
                 })
                 .collect();
@@ -506,22 +481,27 @@ async fn insert_events_and_commit(
     Ok(())
 }
 
-/// The entries' statement with no write in it, routed to `client`'s shard: what a probe runs
-/// on Citus (`batch::probe`), which fails as a write to that shard would.
-pub(super) async fn probe_on(connection: &mut PgClient, client: &str) -> Result<(), StorageError> {
+/// Begins a transaction and runs the entries' statement with no write in it, routed to
+/// `client`'s shard (see [`super::Route::begin_probe`]).
+pub(super) async fn begin_probe(
+    connection: &mut PgClient,
+    client: &str,
+) -> Result<(), StorageError> {
     let statement = connection.prepare_cached(INSERT_ENTRIES).await?;
     let none: Vec<&str> = Vec::new();
     let no_ids: Vec<Uuid> = Vec::new();
     let no_times: Vec<DateTime<Utc>> = Vec::new();
     let no_keys: Vec<Option<&str>> = Vec::new();
     let clients = vec![client];
-    connection
-        .query(
-            &statement,
-            &[
-                &none, &none, &no_ids, &none, &none, &no_times, &no_keys, &clients,
-            ],
-        )
-        .await?;
+    let params: [&(dyn ToSql + Sync); 8] = [
+        &none, &none, &no_ids, &none, &none, &no_times, &no_keys, &clients,
+    ];
+    let handle: &tokio_postgres::Client = connection;
+    let (begun, probed) = tokio::join!(
+        handle.batch_execute(BEGIN_WITH_VALUES),
+        handle.query(&statement, &params),
+    );
+    begun?;
+    probed?;
     Ok(())
 }

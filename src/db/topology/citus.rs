@@ -8,9 +8,6 @@
 //! read from Citus's metadata and read again every [`SHARD_MAP_REFRESH`], so that a shard
 //! moved or split is followed): a write batch takes the writes of one shard only, so that it
 //! is a single-shard transaction, and relays and the janitor work a shard at a time.
-//!
-//! On a single server the topology is [`Topology::Single`]: one "shard" holds everything, and
-//! nothing here costs a query.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -18,6 +15,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::db::outbox_state::not_done;
 use crate::db::{Database, StorageError};
 
 /// The tables distributed by `client_id`, co-located with the first: every write is a
@@ -43,17 +41,6 @@ pub const REFERENCE_TABLES: [&str; 1] = ["replays"];
 /// the values, each statement reads and writes its one shard.
 pub const BEGIN_WITH_VALUES: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
 
-/// The same, for statements run outside an explicit transaction (the janitor's), on Citus:
-/// for the rest of the session.
-pub const PLAN_WITH_VALUES: &str = "SET plan_cache_mode = force_custom_plan";
-
-/// For a transaction that modifies a reference table after rows of several shards (a replay's
-/// record of a batch): Citus refuses that when the shards were modified in parallel, over
-/// several connections per worker. Harmless elsewhere: PostgreSQL keeps an unknown setting of
-/// a dotted name for the transaction, unused.
-pub const ONE_CONNECTION_PER_WORKER: &str =
-    "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'";
-
 /// How often the daemon reads again which shard holds which client.
 pub const SHARD_MAP_REFRESH: Duration = Duration::from_secs(30);
 
@@ -68,7 +55,9 @@ pub async fn distribute(client: &mut Client) -> Result<Vec<&'static str>, Storag
     let transaction = client.transaction().await?;
     // Creating shards of tables that already hold rows in one transaction: Citus asks for the
     // sequential mode then (one connection per worker, which sees every shard it created).
-    transaction.batch_execute(ONE_CONNECTION_PER_WORKER).await?;
+    transaction
+        .batch_execute(super::ONE_CONNECTION_PER_WORKER)
+        .await?;
     let mut distributed = Vec::new();
     for table in REFERENCE_TABLES {
         if !is_reference(&transaction, table).await? {
@@ -172,103 +161,15 @@ async fn is_in_metadata(
 /// co-located table's shard of the same range goes with.
 pub type ShardId = i64;
 
-/// Where the write tables live.
-#[derive(Debug, Clone)]
-pub enum Topology {
-    /// One PostgreSQL server (or an HA formation of them).
-    Single,
-    /// A Citus coordinator, with the write tables distributed by `client_id`.
-    Citus(ShardMap),
-}
-
-impl Topology {
-    /// What the database at `db` is: Citus if its write tables are distributed. Its shard map
-    /// is read at once for `clients` (the configured ones; others are read when first seen).
-    pub async fn detect(db: &Database, clients: &[String]) -> Result<Self, StorageError> {
-        let distributed = db
-            .run(async |connection| {
-                if !has_citus(&**connection).await? {
-                    return Ok(false);
-                }
-                is_distributed(&**connection, DISTRIBUTED_TABLES[0]).await
-            })
-            .await?;
-        if !distributed {
-            return Ok(Topology::Single);
+/// Whether the database of `db` has its write tables distributed by Citus.
+pub async fn is_distributed_database(db: &Database) -> Result<bool, StorageError> {
+    db.run(async |connection| {
+        if !has_citus(&**connection).await? {
+            return Ok(false);
         }
-        let map = ShardMap::default();
-        map.refresh(db, clients).await?;
-        Ok(Topology::Citus(map))
-    }
-
-    /// The shard of `client`'s rows: always 0 on a single server; on Citus, as last read (None
-    /// for a client not read yet).
-    pub fn shard_of(&self, client: &str) -> Option<ShardId> {
-        match self {
-            Topology::Single => Some(0),
-            Topology::Citus(map) => map.shard_of(client),
-        }
-    }
-
-    /// The node (`host:port`) that holds `shard`, on Citus.
-    pub fn node_of(&self, shard: ShardId) -> Option<String> {
-        match self {
-            Topology::Single => None,
-            Topology::Citus(map) => map.node_of(shard),
-        }
-    }
-
-    /// The node (`host:port`) that holds `client`'s rows, on Citus, as last read.
-    pub fn node_of_client(&self, client: &str) -> Option<String> {
-        self.node_of(self.shard_of(client)?)
-    }
-
-    /// A client whose rows `node` holds, among those known; None on a single server, or if no
-    /// known client's shard is there (any more).
-    pub fn a_client_on(&self, node: &str) -> Option<String> {
-        match self {
-            Topology::Single => None,
-            Topology::Citus(map) => map.a_client_on(node),
-        }
-    }
-
-    pub fn is_citus(&self) -> bool {
-        matches!(self, Topology::Citus(_))
-    }
-
-    /// What a pass over the write tables takes, one after another: everything at once on a
-    /// single server; on Citus, the clients of each shard known (configured, or found with
-    /// work: [`ShardMap::discover`]), a shard at a time.
-    pub fn targets(&self) -> Vec<Target> {
-        match self {
-            Topology::Single => vec![Target::Everyone],
-            Topology::Citus(map) => map
-                .clients_by_shard()
-                .into_values()
-                .map(|clients| Target::Clients(clients.into()))
-                .collect(),
-        }
-    }
-}
-
-/// Which rows a relay's batch or a janitor's delete takes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// Every client's (a single server).
-    Everyone,
-    /// These clients', all of one shard (Citus): a statement that takes row locks, or deletes
-    /// with a limit, must read one shard there.
-    Clients(Arc<[String]>),
-}
-
-impl Target {
-    /// The clients to name in a statement; None for every one.
-    pub fn clients(&self) -> Option<&[String]> {
-        match self {
-            Target::Everyone => None,
-            Target::Clients(clients) => Some(clients),
-        }
-    }
+        is_distributed(&**connection, DISTRIBUTED_TABLES[0]).await
+    })
+    .await
 }
 
 /// Which shard holds each client's rows, and which node holds each shard, as Citus's metadata
@@ -276,6 +177,8 @@ impl Target {
 #[derive(Debug, Clone, Default)]
 pub struct ShardMap {
     inner: Arc<RwLock<Shards>>,
+    /// The clients always read (the configured ones), beside those found in the database.
+    configured: Arc<[String]>,
 }
 
 #[derive(Debug, Default)]
@@ -293,15 +196,27 @@ FROM unnest($1::text[]) AS c(client_id)
     ) s
     JOIN pg_dist_shard_placement p ON p.shardid = s.shardid";
 
-/// The clients with unsent events or expired records: each shard groups its own (Citus pushes
-/// a `GROUP BY` of the distribution column down to the shards), reading the partial index of
-/// unsent events and the index of expiry times.
-const CLIENTS_WITH_WORK: &str = "
-SELECT client_id FROM outbox_events WHERE sent_at IS NULL GROUP BY client_id
+/// The clients with events not done or expired records: each shard groups its own (Citus
+/// pushes a `GROUP BY` of the distribution column down to the shards), reading the partial
+/// index of such events and the index of expiry times.
+const CLIENTS_WITH_WORK: &str = concat!(
+    "
+SELECT client_id FROM outbox_events WHERE ",
+    not_done!(),
+    " GROUP BY client_id
 UNION
-SELECT client_id FROM idempotency_records WHERE expires_at <= now() GROUP BY client_id";
+SELECT client_id FROM idempotency_records WHERE expires_at <= now() GROUP BY client_id"
+);
 
 impl ShardMap {
+    /// A map that reads `configured` at every refresh, and nothing yet.
+    pub fn new(configured: &[String]) -> Self {
+        Self {
+            inner: Arc::default(),
+            configured: configured.into(),
+        }
+    }
+
     pub fn shard_of(&self, client: &str) -> Option<ShardId> {
         self.read().by_client.get(client).copied()
     }
@@ -334,10 +249,24 @@ impl ShardMap {
         grouped
     }
 
-    /// Reads the shards of `clients` and of every client known already, and their nodes.
-    pub async fn refresh(&self, db: &Database, clients: &[String]) -> Result<(), StorageError> {
+    /// Reads the shards, and their nodes, of the configured clients, of every client known
+    /// already, and of the clients found with work in the database (unsent events, expired
+    /// records): a client no longer configured may still have some, which relays and the
+    /// janitor must reach.
+    pub async fn refresh(&self, db: &Database) -> Result<(), StorageError> {
+        let found = db
+            .run(async |connection| {
+                Ok(connection
+                    .query(CLIENTS_WITH_WORK, &[])
+                    .await?
+                    .iter()
+                    .map(|row| row.get::<_, String>(0))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
         let mut all: Vec<String> = self.read().by_client.keys().cloned().collect();
-        all.extend(clients.iter().cloned());
+        all.extend(self.configured.iter().cloned());
+        all.extend(found);
         all.sort_unstable();
         all.dedup();
         let rows = db
@@ -354,23 +283,6 @@ impl ShardMap {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = shards;
         Ok(())
-    }
-
-    /// Reads the shards of the clients found with work in the database (unsent events,
-    /// expired records) besides those known: a client no longer configured may still have
-    /// some, which relays and the janitor must reach.
-    pub async fn discover(&self, db: &Database) -> Result<(), StorageError> {
-        let found = db
-            .run(async |connection| {
-                Ok(connection
-                    .query(CLIENTS_WITH_WORK, &[])
-                    .await?
-                    .iter()
-                    .map(|row| row.get::<_, String>(0))
-                    .collect::<Vec<_>>())
-            })
-            .await?;
-        self.refresh(db, &found).await
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Shards> {

@@ -1,0 +1,265 @@
+//! Where the write tables live, and where each statement on them goes: the one place that knows
+//! whether the database is a single server (or an HA formation of them) or a Citus cluster.
+//!
+//! The rest of the daemon asks three things, the same way whatever the topology:
+//!
+//! - [`Topology::route`]: where one client's rows are, for a write batch (its writes all go
+//!   to one [`Route`]: one transaction on one node) and its probe;
+//! - [`Topology::passes`]: the passes that together cover every row, one after another, for the
+//!   relays and the janitor (a [`Pass`] names the clients its statements must name, if any);
+//! - the statement shapes that differ: a write batch's transaction ([`Route::claim`],
+//!   [`batch`]) and how a pass's transaction begins ([`Pass::begin`]).
+//!
+//! On a single server there is one route and one pass, and nothing here costs a query. On
+//! Citus ([`citus`]) the write tables are distributed by `client_id`; a route is a shard's and
+//! a pass takes one shard's clients, so that every statement reads and writes one shard.
+
+pub mod batch;
+pub mod citus;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::db::{Database, StorageError};
+pub use batch::{BatchRows, Claimed, EventRow, WriteRow};
+use citus::{ShardId, ShardMap};
+
+/// For a transaction that modifies a reference table after rows of several shards (a replay's
+/// record of a batch): Citus refuses that when the shards were modified in parallel, over
+/// several connections per worker. Harmless elsewhere: PostgreSQL keeps an unknown setting of
+/// a dotted name for the transaction, unused.
+pub const ONE_CONNECTION_PER_WORKER: &str =
+    "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'";
+
+/// How often the daemon reads again where each client's rows are (on Citus; nothing to read on
+/// a single server).
+pub const REFRESH_INTERVAL: Duration = citus::SHARD_MAP_REFRESH;
+
+/// Where the write tables live. Cheap to clone: every clone sees the same readings.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    kind: Kind,
+    /// The pool every statement runs on.
+    db: Database,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// One PostgreSQL server (or an HA formation of them).
+    Single,
+    /// A Citus cluster, with the write tables distributed by `client_id`.
+    Citus(ShardMap),
+}
+
+impl Topology {
+    /// What the database of `db` is: Citus if its write tables are distributed. On Citus, where
+    /// the rows of `clients` (the configured ones) and of every client with work in the database
+    /// are is read at once; others are read at the next [`refresh`](Self::refresh).
+    pub async fn detect(db: &Database, clients: &[String]) -> Result<Self, StorageError> {
+        let kind = match citus::is_distributed_database(db).await? {
+            false => Kind::Single,
+            true => {
+                let map = ShardMap::new(clients);
+                map.refresh(db).await?;
+                Kind::Citus(map)
+            }
+        };
+        Ok(Self {
+            kind,
+            db: db.clone(),
+        })
+    }
+
+    /// Reads again where the rows are (on Citus; nothing on a single server): the shards of the
+    /// clients known and of those found with work in the database, and the nodes of the shards,
+    /// so that a shard moved or split is followed.
+    pub async fn refresh(&self) -> Result<(), StorageError> {
+        match &self.kind {
+            Kind::Single => Ok(()),
+            Kind::Citus(map) => map.refresh(&self.db).await,
+        }
+    }
+
+    /// In words, for the log at start.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Single => "a single server".into(),
+            Kind::Citus(map) => format!(
+                "citus: the write tables distributed by client_id, {} shards with known clients; batches, relays and the janitor work a shard at a time",
+                map.clients_by_shard().len()
+            ),
+        }
+    }
+
+    /// Where `client`'s rows are.
+    pub fn route(&self, client: &str) -> Route {
+        let group = self.group_of(client);
+        let node = match (&self.kind, &group.0) {
+            (Kind::Citus(map), GroupOf::Shard(shard)) => map.node_of(*shard),
+            _ => None,
+        };
+        Route {
+            db: self.db.clone(),
+            group,
+            node,
+            client: Arc::from(client),
+        }
+    }
+
+    /// The group of `client`'s rows (see [`Group`]): what batches writes together.
+    pub fn group_of(&self, client: &str) -> Group {
+        Group(match &self.kind {
+            Kind::Single => GroupOf::Everything,
+            Kind::Citus(map) => match map.shard_of(client) {
+                Some(shard) => GroupOf::Shard(shard),
+                // Not read yet: a group of its own, which Citus routes by the client.
+                None => GroupOf::Client(Arc::from(client)),
+            },
+        })
+    }
+
+    /// A route to `node` (`host:port`, as [`Route::node`] names it), through a known client
+    /// whose shard is there; None on a single server, or where no known client's shard is on
+    /// it (any more).
+    pub fn route_on_node(&self, node: &str) -> Option<Route> {
+        match &self.kind {
+            Kind::Single => None,
+            Kind::Citus(map) => Some(self.route(&map.a_client_on(node)?)),
+        }
+    }
+
+    /// The passes that cover every row, to take one after another: one on a single server; on
+    /// Citus, one per shard, naming the shard's clients.
+    pub fn passes(&self) -> Vec<Pass> {
+        match &self.kind {
+            Kind::Single => vec![self.pass(Scope::Everything)],
+            Kind::Citus(map) => map
+                .clients_by_shard()
+                .into_values()
+                .map(|clients| self.pass(Scope::Clients(clients.into())))
+                .collect(),
+        }
+    }
+
+    /// The pass over the rows of `group` (a route's), when there is one: the pass a relay takes
+    /// first after a write to that group.
+    pub fn pass_of(&self, group: &Group) -> Option<Pass> {
+        match (&self.kind, &group.0) {
+            (Kind::Single, _) => Some(self.pass(Scope::Everything)),
+            (Kind::Citus(map), GroupOf::Shard(shard)) => {
+                let clients = map.clients_by_shard().remove(shard)?;
+                Some(self.pass(Scope::Clients(clients.into())))
+            }
+            (Kind::Citus(_), _) => None,
+        }
+    }
+
+    fn pass(&self, scope: Scope) -> Pass {
+        Pass {
+            db: self.db.clone(),
+            scope,
+        }
+    }
+}
+
+/// Which rows go together in one transaction: everything on a single server, a shard's on
+/// Citus (or one client's, whose shard is not read yet). Writes of one group share a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Group(GroupOf);
+
+#[cfg(test)]
+impl Group {
+    /// A single server's one group.
+    pub(crate) fn everything() -> Self {
+        Group(GroupOf::Everything)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum GroupOf {
+    Everything,
+    Shard(ShardId),
+    Client(Arc<str>),
+}
+
+/// Where one client's rows are: the pool to run on, and on Citus the node that holds them.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub db: Database,
+    group: Group,
+    node: Option<String>,
+    /// The client the route was asked for: on Citus, what routes a statement with no row of
+    /// its own (a probe) to the shard.
+    client: Arc<str>,
+}
+
+impl Route {
+    /// The rows this route reaches go together with those of every route of the same group.
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// The node (`host:port`) that holds the rows, on Citus: what a failure is told against
+    /// ([`crate::db::WriteHealth`]).
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    fn is_citus(&self) -> bool {
+        self.group.0 != GroupOf::Everything
+    }
+
+    fn probe_client(&self) -> &str {
+        &self.client
+    }
+}
+
+/// A pass over some of the rows (see [`Topology::passes`]): the pool it runs on, and the
+/// clients whose rows it takes.
+#[derive(Debug, Clone)]
+pub struct Pass {
+    pub db: Database,
+    scope: Scope,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Scope {
+    /// Every client's rows (a single server).
+    Everything,
+    /// These clients', all of one shard (Citus): a statement that takes row locks, or deletes
+    /// with a limit, must read one shard there.
+    Clients(Arc<[String]>),
+}
+
+impl Pass {
+    /// The clients a pass's statements name (`client_id = ANY(...)`): None for every one.
+    pub fn clients(&self) -> Option<&[String]> {
+        match &self.scope {
+            Scope::Everything => None,
+            Scope::Clients(clients) => Some(clients),
+        }
+    }
+
+    /// How a transaction of this pass begins. On Citus, its statements are planned with their
+    /// parameters' values (see [`citus::BEGIN_WITH_VALUES`]), so that each reads its one shard.
+    pub fn begin(&self) -> &'static str {
+        match &self.scope {
+            Scope::Everything => "BEGIN",
+            Scope::Clients(_) => citus::BEGIN_WITH_VALUES,
+        }
+    }
+}
+
+impl PartialEq for Pass {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope == other.scope
+    }
+}
+
+impl Eq for Pass {}
+
+impl std::hash::Hash for Pass {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.scope.hash(state);
+    }
+}
