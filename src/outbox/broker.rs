@@ -507,7 +507,23 @@ fn abandon(tasks: &tokio_util::task::TaskTracker, connection: Connection, limit:
 /// declare closes its channel with 404) is declared, on a fresh channel.
 async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Channel, BrokerError> {
     let channel = connection.create_channel().await?;
-    let exists = channel
+    let channel = if exchange_exists(&channel, exchange).await? {
+        channel
+    } else {
+        let fresh = connection.create_channel().await?;
+        declare_exchange(&fresh, exchange).await?;
+        fresh
+    };
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Whether `exchange` exists, asked with a passive declare on `channel`, which only reads. When
+/// it does not, the broker closes `channel` (404 NOT_FOUND).
+pub async fn exchange_exists(channel: &Channel, exchange: &str) -> Result<bool, lapin::Error> {
+    let declared = channel
         .exchange_declare(
             exchange.into(),
             ExchangeKind::Topic,
@@ -518,19 +534,11 @@ async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Chan
             FieldTable::default(),
         )
         .await;
-    let channel = match exists {
-        Ok(()) => channel,
-        Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => {
-            let fresh = connection.create_channel().await?;
-            declare_exchange(&fresh, exchange).await?;
-            fresh
-        }
-        Err(error) => return Err(error.into()),
-    };
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    Ok(channel)
+    match declared {
+        Ok(()) => Ok(true),
+        Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// Declares the daemon's exchange: a durable topic exchange. Consumers that bind queues before
