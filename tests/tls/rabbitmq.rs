@@ -96,20 +96,22 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
 
     let database =
         TestDatabase::named(&format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()));
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", pg_url(&database.name)),
-        ("RETRYSAFE_AMQP__URL", by_name.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange.clone()),
-        ("RETRYSAFE_AMQP__TLS_CA_FILE", ca_file.display().to_string()),
-        (
-            "RETRYSAFE_AMQP__TLS_CERT_FILE",
-            client.0.display().to_string(),
-        ),
-        (
-            "RETRYSAFE_AMQP__TLS_KEY_FILE",
-            client.1.display().to_string(),
-        ),
-    ])
+    let daemon = DaemonProcess::start(
+        &pg_url(&database.name),
+        &exchange,
+        &[
+            ("RETRYSAFE_AMQP__URL", by_name.clone()),
+            ("RETRYSAFE_AMQP__TLS_CA_FILE", ca_file.display().to_string()),
+            (
+                "RETRYSAFE_AMQP__TLS_CERT_FILE",
+                client.0.display().to_string(),
+            ),
+            (
+                "RETRYSAFE_AMQP__TLS_KEY_FILE",
+                client.1.display().to_string(),
+            ),
+        ],
+    )
     .await;
     let response = awc::Client::default()
         .post(format!("{}/v1/entries", daemon.address))
