@@ -2,8 +2,10 @@
 //! parsed once: the two URLs (here), the status of a reused key, the clients' and admins' token
 //! digests and limits, the admin listener's host names ([`ListenerHost`]), the log filter
 //! ([`LogFilter`]), where spans go ([`TracesEndpoint`]). The database, the broker, the HTTP
-//! layer, the logs and the export of spans take what was parsed, never the text again; a
-//! section given as text holds no copy of it.
+//! layer, the logs and the export of spans take what was parsed, never the text again, and no
+//! validated section hands back its keys as given. Each section's keys are destructured where
+//! it is validated, so that a key added to a section does not compile until its validated type
+//! holds it.
 
 use std::fmt;
 use std::net::SocketAddr;
