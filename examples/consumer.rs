@@ -28,7 +28,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Connection;
-use retrysafe::config::{AmqpSettings, Settings};
+use retrysafe::config::{AmqpConfig, Settings};
 use retrysafe::inbox::Inbox;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use uuid::Uuid;
@@ -92,10 +92,10 @@ fn parse_args() -> anyhow::Result<Args> {
 
 /// The first broker of `amqp.url` (one URL, or a cluster's nodes) that answers, with the
 /// daemon's TLS settings for `amqps://` ones.
-async fn connect_to_any(settings: &AmqpSettings) -> anyhow::Result<Connection> {
+async fn connect_to_any(amqp: &AmqpConfig) -> anyhow::Result<Connection> {
     let mut failures = Vec::new();
-    for url in settings.url.iter() {
-        match retrysafe::outbox::broker::connect(url, settings).await {
+    for broker in &amqp.brokers {
+        match retrysafe::outbox::broker::connect(broker, amqp).await {
             Ok(connection) => return Ok(connection),
             Err(error) => failures.push(error.to_string()),
         }

@@ -406,7 +406,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         database = %config.database.url,
-        broker = %config.amqp.url.redacted(),
+        broker = %config.amqp.shown(),
         "starting"
     );
     let application = Application::build(config).await?;

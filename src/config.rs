@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 mod database_url;
 pub mod keys;
+mod listener_host;
 mod log_filter;
 mod redact;
 #[cfg(test)]
@@ -30,6 +31,7 @@ mod warnings;
 
 pub use database_url::{DatabaseHost, DatabaseUrl, HostName, PgTls, RootCertificates, SslMode};
 use keys::{Key, Section};
+pub use listener_host::{host_without_port, ListenerHost};
 pub use log_filter::LogFilter;
 pub use redact::{redact_url, UNPARSABLE};
 pub use sections::{
@@ -40,8 +42,9 @@ pub use sections::{
 pub use traces::{TracesEndpoint, TracesUrl};
 pub use validate::is_valid_client_id;
 pub use validated::{
-    AdminConfig, AmqpConfig, AuthConfig, BrokerEndpoint, ClientConfig, Config, DatabaseConfig,
-    IdempotencyConfig, Limits, LogConfig, MismatchStatus, TelemetryConfig, TokenDigest,
+    AdminConfig, AdminListenerConfig, AmqpConfig, AuthConfig, BrokerEndpoint, ClientConfig, Config,
+    DatabaseConfig, IdempotencyConfig, Limits, LogConfig, MismatchStatus, TelemetryConfig,
+    TokenDigest,
 };
 pub use warnings::{warnings, ConfigWarning};
 

@@ -204,13 +204,6 @@ section! {
     }
 }
 
-impl AmqpSettings {
-    /// Whether any broker of `amqp.url` is reached over TLS.
-    pub fn uses_tls(&self) -> bool {
-        self.url.iter().any(|url| url.starts_with("amqps://"))
-    }
-}
-
 /// A PostgreSQL connection string (a URL, or libpq's `key=value` pairs). It may hold a
 /// password: shown (`Display`, `Debug`) without it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -479,21 +472,14 @@ section! {
         /// listener on `0.0.0.0` or `[::]` has none of its own: list the names and addresses it is
         /// reached by), e.g. a name in its certificate, `["ops.example.com"]`; a request naming any
         /// other `Host` gets 421 `misdirected-request`, so that a page made to resolve to the
-        /// listener (DNS rebinding) cannot drive the console.
+        /// listener (DNS rebinding) cannot drive the console. Each is a name (letters, digits, `.`,
+        /// `-`, `_`), an IPv4 address or an IPv6 address in brackets, optionally with a port, which
+        /// is not compared (a request names the host with any port, in any case); any other entry
+        /// is refused at validation.
         hosts: Vec<String> = Vec::new(), Bound::Any;
         /// How long a console login lasts (sessions are kept in memory, at most 1,024: a restart
         /// logs every admin out).
         session_timeout: Duration = secs(8 * 3600), Bound::Duration(minutes(7 * 24 * 60));
-    }
-}
-
-impl AdminSettings {
-    /// The certificate and key files, when the admin listener is HTTPS.
-    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
-        Some((
-            self.tls_cert_file.as_deref()?,
-            self.tls_key_file.as_deref()?,
-        ))
     }
 }
 

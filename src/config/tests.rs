@@ -182,10 +182,12 @@ fn the_admin_listener_needs_tls_off_loopback_an_address_of_its_own_and_valid_adm
         &|settings| settings.admin.tls_cert_file = Some("/etc/retrysafe/admin.pem".into()),
         "admin.tls_key_file",
     );
-    refused(
-        &|settings| settings.admin.hosts = vec!["has space".into()],
-        "admin.hosts",
-    );
+    for host in ["has space", "name:abc", "[fd00::5", ""] {
+        refused(
+            &|settings| settings.admin.hosts = vec!["ops.example".into(), host.into()],
+            "admin.hosts",
+        );
+    }
     let mut settings = Settings::default();
     settings.auth.admins = vec![admin("ops", &digest)];
     settings.validate().unwrap();
@@ -193,6 +195,29 @@ fn the_admin_listener_needs_tls_off_loopback_an_address_of_its_own_and_valid_adm
     settings.admin.tls_cert_file = Some("/etc/retrysafe/admin.pem".into());
     settings.admin.tls_key_file = Some("/etc/retrysafe/admin.key".into());
     settings.validate().unwrap();
+}
+
+#[test]
+fn admin_hosts_are_parsed_into_host_names_once() {
+    let mut settings = Settings::default();
+    settings.admin.hosts = vec!["ops.example:443".into(), "[fd00::5]".into()];
+    let hosts: Vec<String> = settings
+        .validated()
+        .unwrap()
+        .admin
+        .hosts
+        .iter()
+        .map(|host| host.as_str().to_owned())
+        .collect();
+    assert_eq!(hosts, ["ops.example", "[fd00::5]"]);
+    // A port that is not digits would leave a name no request could match: refused, not
+    // dropped.
+    settings.admin.hosts.push("name:abc".into());
+    let error = settings.validate().unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "invalid configuration: admin.hosts: \"name:abc\" is not a host name (a name, an IPv4 address or an IPv6 address in brackets, each with an optional port of 1 to 5 digits)"
+    );
 }
 
 #[test]
@@ -212,11 +237,11 @@ fn amqp_url_is_one_url_or_a_list() {
         "[amqp]\nurl = \"amqp://a/%2f, amqp://b/%2f\"\n",
     ));
     let settings = checked(one).unwrap();
-    assert_eq!(settings.amqp.url.0, ["amqp://a/%2f", "amqp://b/%2f"]);
+    assert_eq!(settings.amqp.shown(), "amqp://a/%2f,amqp://b/%2f");
     let many = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
         "[amqp]\nurl = [\"amqp://a/%2f\", \"amqp://b/%2f\", \"amqp://c/%2f\"]\n",
     ));
-    assert_eq!(checked(many).unwrap().amqp.url.0.len(), 3);
+    assert_eq!(checked(many).unwrap().amqp.brokers.len(), 3);
     let bad = Figment::from(Serialized::defaults(Settings::default())).merge(Toml::string(
         "[amqp]\nurl = [\"amqp://a/%2f\", \"http://b\"]\n",
     ));

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::config::{
-    invalid, AdminConfig, AmqpConfig, AuthConfig, ClientConfig, Config, ConfigError,
-    DatabaseConfig, Environment, IdempotencyConfig, Limits, LogConfig, LogFilter, MismatchStatus,
+    invalid, AdminConfig, AdminListenerConfig, AmqpConfig, AuthConfig, ClientConfig, Config,
+    ConfigError, DatabaseConfig, Environment, IdempotencyConfig, Limits, LogConfig, LogFilter,
     Settings, TelemetryConfig, TokenDigest, TracesEndpoint, MAX_CLIENT_LIMIT,
 };
 
@@ -37,8 +37,7 @@ impl Settings {
                 ),
             ));
         }
-        let mismatch_status = MismatchStatus::of_code(self.idempotency.mismatch_status)
-            .ok_or_else(|| invalid("idempotency.mismatch_status", "must be 409 or 422"))?;
+        let idempotency = IdempotencyConfig::parse(&self.idempotency)?;
         let sample_ratio = self.telemetry.sample_ratio;
         if !sample_ratio.is_finite() || !(0.0..=1.0).contains(&sample_ratio) {
             return Err(invalid(
@@ -64,6 +63,7 @@ impl Settings {
             ("admin.tls_key_file", &self.admin.tls_key_file),
         )?;
         let admins = self.checked_admins()?;
+        let admin = AdminListenerConfig::parse(&self.admin)?;
         both_or_neither(
             ("amqp.tls_cert_file", &self.amqp.tls_cert_file),
             ("amqp.tls_key_file", &self.amqp.tls_key_file),
@@ -77,14 +77,11 @@ impl Settings {
             http: self.http.clone(),
             database: DatabaseConfig::parse(&self.database)?,
             amqp: AmqpConfig::parse(&self.amqp)?,
-            idempotency: IdempotencyConfig {
-                settings: self.idempotency.clone(),
-                mismatch_status,
-            },
+            idempotency,
             outbox: self.outbox.clone(),
             events: self.events.clone(),
             auth,
-            admin: self.admin.clone(),
+            admin,
             log,
             telemetry: TelemetryConfig {
                 traces,
@@ -181,7 +178,8 @@ impl Settings {
             });
         }
         let admin = &self.admin;
-        if !admin.listen.ip().is_loopback() && admin.tls_files().is_none() {
+        let https = admin.tls_cert_file.is_some() && admin.tls_key_file.is_some();
+        if !admin.listen.ip().is_loopback() && !https {
             return Err(invalid(
                 "admin.listen",
                 format!("{} is not a loopback address, so admin tokens and session cookies would travel in clear; set admin.tls_cert_file and admin.tls_key_file, or listen on loopback and reach it through an SSH tunnel", admin.listen),
@@ -193,14 +191,6 @@ impl Settings {
                 return Err(invalid(
                     "admin.listen",
                     format!("{} is already http.listen or http.operations_listen; give the admin listener an address of its own", admin.listen),
-                ));
-            }
-        }
-        for host in &admin.hosts {
-            if host.is_empty() || host.len() > 255 || !host.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(invalid(
-                    "admin.hosts",
-                    format!("{host:?} is not a host name (1 to 255 visible ASCII characters)"),
                 ));
             }
         }

@@ -1,18 +1,23 @@
 //! The configuration as the daemon runs with it: every key checked, and what was given as text
 //! parsed once: the two URLs (here), the status of a reused key, the clients' and admins' token
-//! digests and limits, the log filter ([`LogFilter`]), where spans go ([`TracesEndpoint`]). The
-//! database, the broker, the HTTP layer, the logs and the export of spans take what was parsed,
-//! never the text again.
+//! digests and limits, the admin listener's host names ([`ListenerHost`]), the log filter
+//! ([`LogFilter`]), where spans go ([`TracesEndpoint`]). The database, the broker, the HTTP
+//! layer, the logs and the export of spans take what was parsed, never the text again, and no
+//! validated section hands back its keys as given. Each section's keys are destructured where
+//! it is validated, so that a key added to a section does not compile until its validated type
+//! holds it.
 
 use std::fmt;
-use std::ops::Deref;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::config::{
     invalid, redact_url, AdminSettings, AmqpSettings, ConfigError, DatabaseSettings, DatabaseUrl,
-    EventSettings, HttpSettings, IdempotencySettings, LogFilter, LogFormat, OutboxSettings,
-    TracesEndpoint,
+    EventSettings, HttpSettings, IdempotencySettings, ListenerHost, LogFilter, LogFormat,
+    OutboxSettings, TracesEndpoint,
 };
 
 /// Heartbeat asked of a broker whose URL sets none: a silently dead peer is noticed within
@@ -29,7 +34,7 @@ pub struct Config {
     pub outbox: OutboxSettings,
     pub events: EventSettings,
     pub auth: AuthConfig,
-    pub admin: AdminSettings,
+    pub admin: AdminListenerConfig,
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
 }
@@ -39,17 +44,39 @@ pub struct Config {
 /// as logs show it.
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
-    pub settings: DatabaseSettings,
-    /// `database.url`, parsed. It stands in front of the text (`settings.url`, also reached
-    /// through `Deref`): every consumer takes this, so that nothing parses the text again.
+    /// `database.url`, parsed: every consumer takes this, so that nothing parses the text again.
     pub url: DatabaseUrl,
+    /// `database.pool_size`: the connections of both pools together.
+    pub pool_size: u32,
+    /// `database.writers`.
+    pub writers: usize,
+    /// `database.max_batch`.
+    pub max_batch: usize,
+    /// `database.connect_timeout`.
+    pub connect_timeout: Duration,
+    /// `database.start_timeout`.
+    pub start_timeout: Duration,
+    /// `database.statement_timeout`.
+    pub statement_timeout: Duration,
+    /// `database.max_pending_bytes`.
+    pub max_pending_bytes: usize,
 }
 
 /// `[amqp]`, with `amqp.url` parsed: the brokers, in the order they are tried.
 #[derive(Debug, Clone)]
 pub struct AmqpConfig {
-    pub settings: AmqpSettings,
+    /// `amqp.url`, parsed: at least one broker.
     pub brokers: Vec<BrokerEndpoint>,
+    /// `amqp.exchange`: 1 to 255 characters.
+    pub exchange: String,
+    /// `amqp.connect_timeout`.
+    pub connect_timeout: Duration,
+    /// `amqp.tls_ca_file`.
+    pub tls_ca_file: Option<PathBuf>,
+    /// `amqp.tls_cert_file`; set when `tls_key_file` is.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `amqp.tls_key_file`; set when `tls_cert_file` is.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// One broker of `amqp.url`: where to connect (a heartbeat asked for unless the URL sets one),
@@ -64,10 +91,16 @@ pub struct BrokerEndpoint {
 /// `[idempotency]`, with `idempotency.mismatch_status` as a status.
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
-    pub settings: IdempotencySettings,
-    /// `idempotency.mismatch_status`. It stands in front of the number (`settings`, also
-    /// reached through `Deref`).
+    /// `idempotency.retention`.
+    pub retention: Duration,
+    /// `idempotency.wait_timeout`.
+    pub wait_timeout: Duration,
+    /// `idempotency.mismatch_status`, 409 or 422.
     pub mismatch_status: MismatchStatus,
+    /// `idempotency.shards`.
+    pub shards: usize,
+    /// `idempotency.cache_entries`; 0 turns the cache off.
+    pub cache_entries: usize,
 }
 
 /// The status of a request that reuses a key with another request.
@@ -138,6 +171,21 @@ impl fmt::Debug for TokenDigest {
     }
 }
 
+/// `[admin]`, with `admin.hosts` parsed into host names.
+#[derive(Debug, Clone)]
+pub struct AdminListenerConfig {
+    /// `admin.listen`.
+    pub listen: SocketAddr,
+    /// `admin.tls_cert_file`; set when `tls_key_file` is.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `admin.tls_key_file`; set when `tls_cert_file` is.
+    pub tls_key_file: Option<PathBuf>,
+    /// `admin.hosts`: the hosts answered besides loopback ones and the listener's address.
+    pub hosts: Vec<ListenerHost>,
+    /// `admin.session_timeout`.
+    pub session_timeout: Duration,
+}
+
 /// `[log]`, with the filter parsed: `RUST_LOG` when it is set, else `log.level`.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
@@ -169,18 +217,26 @@ impl DatabaseConfig {
                 ),
             ));
         }
+        let DatabaseSettings {
+            url: _,
+            pool_size,
+            writers,
+            max_batch,
+            connect_timeout,
+            start_timeout,
+            statement_timeout,
+            max_pending_bytes,
+        } = *settings;
         Ok(Self {
-            settings: settings.clone(),
             url,
+            pool_size,
+            writers,
+            max_batch,
+            connect_timeout,
+            start_timeout,
+            statement_timeout,
+            max_pending_bytes,
         })
-    }
-}
-
-impl Deref for DatabaseConfig {
-    type Target = DatabaseSettings;
-
-    fn deref(&self) -> &DatabaseSettings {
-        &self.settings
     }
 }
 
@@ -197,26 +253,89 @@ impl AmqpConfig {
             .iter()
             .map(|url| BrokerEndpoint::parse(url).map_err(|error| invalid("amqp.url", error)))
             .collect::<Result<_, _>>()?;
+        let AmqpSettings {
+            url: _,
+            exchange,
+            connect_timeout,
+            tls_ca_file,
+            tls_cert_file,
+            tls_key_file,
+        } = settings.clone();
         Ok(Self {
-            settings: settings.clone(),
             brokers,
+            exchange,
+            connect_timeout,
+            tls_ca_file,
+            tls_cert_file,
+            tls_key_file,
+        })
+    }
+
+    /// Whether any broker is reached over TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.brokers.iter().any(BrokerEndpoint::uses_tls)
+    }
+
+    /// The brokers as logs show them: without their passwords, comma-separated.
+    pub fn shown(&self) -> String {
+        let shown: Vec<&str> = self
+            .brokers
+            .iter()
+            .map(|broker| broker.display.as_str())
+            .collect();
+        shown.join(",")
+    }
+}
+
+impl IdempotencyConfig {
+    pub(super) fn parse(settings: &IdempotencySettings) -> Result<Self, ConfigError> {
+        let IdempotencySettings {
+            retention,
+            wait_timeout,
+            mismatch_status,
+            shards,
+            cache_entries,
+        } = *settings;
+        let mismatch_status = MismatchStatus::of_code(mismatch_status)
+            .ok_or_else(|| invalid("idempotency.mismatch_status", "must be 409 or 422"))?;
+        Ok(Self {
+            retention,
+            wait_timeout,
+            mismatch_status,
+            shards,
+            cache_entries,
         })
     }
 }
 
-impl Deref for AmqpConfig {
-    type Target = AmqpSettings;
-
-    fn deref(&self) -> &AmqpSettings {
-        &self.settings
+impl AdminListenerConfig {
+    pub(super) fn parse(settings: &AdminSettings) -> Result<Self, ConfigError> {
+        let AdminSettings {
+            listen,
+            tls_cert_file,
+            tls_key_file,
+            hosts,
+            session_timeout,
+        } = settings.clone();
+        let hosts = hosts
+            .iter()
+            .map(|host| ListenerHost::parse(host).map_err(|error| invalid("admin.hosts", error)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            listen,
+            tls_cert_file,
+            tls_key_file,
+            hosts,
+            session_timeout,
+        })
     }
-}
 
-impl Deref for IdempotencyConfig {
-    type Target = IdempotencySettings;
-
-    fn deref(&self) -> &IdempotencySettings {
-        &self.settings
+    /// The certificate and key files, when the admin listener is HTTPS.
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        Some((
+            self.tls_cert_file.as_deref()?,
+            self.tls_key_file.as_deref()?,
+        ))
     }
 }
 

@@ -26,6 +26,7 @@ use actix_web::http::{header, Version};
 use actix_web::middleware::Next;
 use actix_web::Error;
 
+use crate::config::{host_without_port, ListenerHost};
 use crate::http::problem::ApiError;
 
 /// Whether a listener checks `Host`: set per listener, as app data.
@@ -33,8 +34,8 @@ use crate::http::problem::ApiError;
 pub struct HostPolicy {
     /// Only loopback hosts are answered (and, on the admin listener, [`Self::admin_hosts`]).
     pub loopback_only: bool,
-    /// The admin listener: the hosts it answers besides loopback ones, without their ports.
-    pub admin_hosts: Option<Arc<[String]>>,
+    /// The admin listener: the hosts it answers besides loopback ones.
+    pub admin_hosts: Option<Arc<[ListenerHost]>>,
 }
 
 impl HostPolicy {
@@ -49,17 +50,9 @@ impl HostPolicy {
     }
 
     /// The admin listener's: loopback hosts, its own address, and `admin.hosts`.
-    pub fn for_admin(address: SocketAddr, hosts: &[String]) -> Self {
-        let own = match address.ip() {
-            IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) => format!("[{v6}]"),
-        };
-        let hosts = hosts
-            .iter()
-            .filter_map(|host| without_port(host))
-            .chain((!address.ip().is_unspecified()).then_some(own.as_str()))
-            .map(str::to_owned)
-            .collect();
+    pub fn for_admin(address: SocketAddr, hosts: &[ListenerHost]) -> Self {
+        let own = (!address.ip().is_unspecified()).then(|| ListenerHost::of_address(address.ip()));
+        let hosts = hosts.iter().cloned().chain(own).collect();
         Self {
             loopback_only: true,
             admin_hosts: Some(hosts),
@@ -68,10 +61,10 @@ impl HostPolicy {
 
     fn answers(&self, host: &str) -> bool {
         is_loopback_host(host)
-            || self.admin_hosts.as_deref().is_some_and(|hosts| {
-                without_port(host)
-                    .is_some_and(|name| hosts.iter().any(|h| h.eq_ignore_ascii_case(name)))
-            })
+            || self
+                .admin_hosts
+                .as_deref()
+                .is_some_and(|hosts| hosts.iter().any(|answered| answered.is_named_by(host)))
     }
 
     fn refusal(&self) -> &'static str {
@@ -130,7 +123,7 @@ fn names_an_answered_host(request: &ServiceRequest, policy: &HostPolicy) -> Resu
 /// `localhost`, `localhost.`, an IPv4 address of 127.0.0.0/8 or `[::1]` (an IPv6 loopback in
 /// brackets), each with or without a port.
 pub fn is_loopback_host(value: &str) -> bool {
-    let Some(host) = without_port(value) else {
+    let Some(host) = host_without_port(value) else {
         return false;
     };
     if let Some(inside) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
@@ -143,28 +136,6 @@ pub fn is_loopback_host(value: &str) -> bool {
         || host
             .parse::<Ipv4Addr>()
             .is_ok_and(|address| address.is_loopback())
-}
-
-/// The host part of `host[:port]` (`[v6][:port]` for IPv6); None when the port is not digits.
-fn without_port(value: &str) -> Option<&str> {
-    let (host, port) = if value.starts_with('[') {
-        let end = value.find(']')? + 1;
-        let (host, rest) = value.split_at(end);
-        let port = match rest {
-            "" => None,
-            _ => Some(rest.strip_prefix(':')?),
-        };
-        (host, port)
-    } else {
-        match value.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (value, None),
-        }
-    };
-    let port_is_digits = port.is_none_or(|port| {
-        (1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit())
-    });
-    (!host.is_empty() && port_is_digits).then_some(host)
 }
 
 #[cfg(test)]
@@ -219,10 +190,10 @@ mod tests {
 
     #[test]
     fn the_admin_listener_answers_loopback_its_address_and_its_names() {
-        let admin = HostPolicy::for_admin(
-            "10.0.0.5:8081".parse().unwrap(),
-            &["ops.example:443".to_owned(), "console.internal".to_owned()],
-        );
+        let names = ["ops.example:443", "console.internal"].map(|name| {
+            ListenerHost::parse(name).expect("a host name, and one with a port, are valid")
+        });
+        let admin = HostPolicy::for_admin("10.0.0.5:8081".parse().unwrap(), &names);
         assert!(admin.loopback_only);
         for host in [
             "localhost:8081",
@@ -236,9 +207,25 @@ mod tests {
             "attacker.example",
             "10.0.0.6:8081",
             "ops.example.attacker",
+            "ops.example:https",
             "",
         ] {
             assert!(!admin.answers(host), "{host}");
         }
+    }
+
+    #[test]
+    fn an_admin_listener_on_every_address_answers_only_loopback_and_its_names() {
+        let names = [ListenerHost::parse("[fd00::5]").expect("an IPv6 address in brackets")];
+        let everywhere = HostPolicy::for_admin("[::]:8081".parse().unwrap(), &names);
+        for host in ["[::1]:8081", "[FD00::5]:8081"] {
+            assert!(everywhere.answers(host), "{host}");
+        }
+        for host in ["[::]:8081", "0.0.0.0:8081", "fd00::5", "10.0.0.5:8081"] {
+            assert!(!everywhere.answers(host), "{host}");
+        }
+        let v6 = HostPolicy::for_admin("[fd00::6]:8081".parse().unwrap(), &[]);
+        assert!(v6.answers("[fd00::6]:8081"));
+        assert!(!v6.answers("[fd00::5]:8081"));
     }
 }

@@ -30,7 +30,7 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Channel, Connection, ConnectionProperties, Event, ExchangeKind};
 use rustls::ClientConfig;
 
-use crate::config::{redact_url, AmqpConfig, AmqpSettings, BrokerEndpoint};
+use crate::config::{AmqpConfig, BrokerEndpoint};
 use crate::metric;
 use crate::tls::{self, ServerVerification, TlsError};
 
@@ -371,9 +371,9 @@ impl Broker {
 /// certificate of `amqp.tls_cert_file` presented to a broker that asks for one. `None` when no
 /// broker is `amqps://` and no TLS file is set; with files set, they are read and checked
 /// either way. Errors name the key and the file.
-pub fn tls_config(settings: &AmqpSettings) -> Result<Option<Arc<ClientConfig>>, BrokerError> {
-    let files_set = settings.tls_ca_file.is_some() || settings.tls_cert_file.is_some();
-    if !settings.uses_tls() && !files_set {
+pub fn tls_config(amqp: &AmqpConfig) -> Result<Option<Arc<ClientConfig>>, BrokerError> {
+    let files_set = amqp.tls_ca_file.is_some() || amqp.tls_cert_file.is_some();
+    if !amqp.uses_tls() && !files_set {
         return Ok(None);
     }
     let keyed = |key: &'static str| {
@@ -382,16 +382,16 @@ pub fn tls_config(settings: &AmqpSettings) -> Result<Option<Arc<ClientConfig>>, 
             message: error.to_string(),
         }
     };
-    let roots = match &settings.tls_ca_file {
+    let roots = match &amqp.tls_ca_file {
         Some(path) => tls::roots_from_file(path).map_err(keyed("amqp.tls_ca_file"))?,
         // Read only when a broker needs them: a machine without a CA store may still use
         // amqp:// with a client certificate configured for later.
-        None if settings.uses_tls() => tls::platform_roots().map_err(keyed("amqp.tls_ca_file"))?,
+        None if amqp.uses_tls() => tls::platform_roots().map_err(keyed("amqp.tls_ca_file"))?,
         None => rustls::RootCertStore::empty(),
     };
     let identity = tls::load_configured_identity(
-        ("amqp.tls_cert_file", settings.tls_cert_file.as_deref()),
-        ("amqp.tls_key_file", settings.tls_key_file.as_deref()),
+        ("amqp.tls_cert_file", amqp.tls_cert_file.as_deref()),
+        ("amqp.tls_key_file", amqp.tls_key_file.as_deref()),
     )
     .map_err(|error| BrokerError::Tls {
         key: error.key,
@@ -402,18 +402,19 @@ pub fn tls_config(settings: &AmqpSettings) -> Result<Option<Arc<ClientConfig>>, 
     Ok(Some(Arc::new(config)))
 }
 
-/// One connection to the broker of `url`, over TLS for `amqps://` with the daemon's TLS
-/// settings: for programs beside the daemon, such as consumers.
-pub async fn connect(url: &str, settings: &AmqpSettings) -> Result<Connection, BrokerError> {
-    let uri: AMQPUri = url.parse().map_err(|error| {
-        BrokerError::Connect(format!(
-            "{} is not a valid AMQP URL: {error}",
-            redact_url(url)
-        ))
-    })?;
-    open(uri, tls_config(settings)?, ConnectionProperties::default())
-        .await
-        .map_err(|error| BrokerError::Connect(format!("{}: {error}", redact_url(url))))
+/// One connection to `broker` (one of `amqp.brokers`), over TLS for `amqps://` with `amqp`'s
+/// TLS settings: for programs beside the daemon, such as consumers.
+pub async fn connect(
+    broker: &BrokerEndpoint,
+    amqp: &AmqpConfig,
+) -> Result<Connection, BrokerError> {
+    open(
+        broker.uri.clone(),
+        tls_config(amqp)?,
+        ConnectionProperties::default(),
+    )
+    .await
+    .map_err(|error| BrokerError::Connect(format!("{}: {error}", broker.display)))
 }
 
 /// Opens an AMQP connection to `uri`: TCP, then for `amqps://` a TLS handshake with `tls`
@@ -506,7 +507,23 @@ fn abandon(tasks: &tokio_util::task::TaskTracker, connection: Connection, limit:
 /// declare closes its channel with 404) is declared, on a fresh channel.
 async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Channel, BrokerError> {
     let channel = connection.create_channel().await?;
-    let exists = channel
+    let channel = if exchange_exists(&channel, exchange).await? {
+        channel
+    } else {
+        let fresh = connection.create_channel().await?;
+        declare_exchange(&fresh, exchange).await?;
+        fresh
+    };
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Whether `exchange` exists, asked with a passive declare on `channel`, which only reads. When
+/// it does not, the broker closes `channel` (404 NOT_FOUND).
+pub async fn exchange_exists(channel: &Channel, exchange: &str) -> Result<bool, lapin::Error> {
+    let declared = channel
         .exchange_declare(
             exchange.into(),
             ExchangeKind::Topic,
@@ -517,19 +534,11 @@ async fn confirm_channel(connection: &Connection, exchange: &str) -> Result<Chan
             FieldTable::default(),
         )
         .await;
-    let channel = match exists {
-        Ok(()) => channel,
-        Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => {
-            let fresh = connection.create_channel().await?;
-            declare_exchange(&fresh, exchange).await?;
-            fresh
-        }
-        Err(error) => return Err(error.into()),
-    };
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    Ok(channel)
+    match declared {
+        Ok(()) => Ok(true),
+        Err(error) if is_soft_error(&error, AMQPSoftError::NOTFOUND) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// Declares the daemon's exchange: a durable topic exchange. Consumers that bind queues before

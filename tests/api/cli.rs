@@ -298,18 +298,7 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
             .await,
         3
     );
-    let env = [
-        (
-            "RETRYSAFE_DATABASE__URL",
-            app.settings.database.url.as_str(),
-        ),
-        (
-            "RETRYSAFE_AMQP__EXCHANGE",
-            app.settings.amqp.exchange.as_str(),
-        ),
-    ];
-
-    let status = retrysafe(&["outbox", "status", "--json"], &env);
+    let status = app.retrysafe(&["outbox", "status", "--json"]);
     assert!(status.status.success(), "{}", stderr(&status));
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let rows = &status["backlog"];
@@ -326,7 +315,7 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
         groups[0]["last_error"].to_string().contains("NO_ROUTE"),
         "{groups}"
     );
-    let table = retrysafe(&["outbox", "status"], &env);
+    let table = app.retrysafe(&["outbox", "status"]);
     assert!(
         stdout(&table).contains("entry.created")
             && stdout(&table).contains("parked events by last error"),
@@ -343,31 +332,28 @@ async fn outbox_status_retry_and_purge_work_on_the_database() {
         .await
         .unwrap()
         .get(0);
-    let one = retrysafe(&["outbox", "retry", "--event", &event_id.to_string()], &env);
+    let one = app.retrysafe(&["outbox", "retry", "--event", &event_id.to_string()]);
     assert!(one.status.success(), "{}", stderr(&one));
     assert!(stdout(&one).contains("requeued 1 event"));
-    let unknown = retrysafe(
-        &[
-            "outbox",
-            "retry",
-            "--event",
-            &uuid::Uuid::now_v7().to_string(),
-        ],
-        &env,
-    );
+    let unknown = app.retrysafe(&[
+        "outbox",
+        "retry",
+        "--event",
+        &uuid::Uuid::now_v7().to_string(),
+    ]);
     assert_eq!(unknown.status.code(), Some(1));
-    let neither = retrysafe(&["outbox", "retry"], &env);
+    let neither = app.retrysafe(&["outbox", "retry"]);
     assert_eq!(
         neither.status.code(),
         Some(2),
         "--all or --event is required"
     );
     // The requeued event is unsent (no relay runs); the others are parked.
-    let all = retrysafe(&["outbox", "retry", "--all"], &env);
+    let all = app.retrysafe(&["outbox", "retry", "--all"]);
     assert!(all.status.success(), "{}", stderr(&all));
     assert!(stdout(&all).contains("requeued"), "{}", stdout(&all));
 
-    let purge = retrysafe(&["purge"], &env);
+    let purge = app.retrysafe(&["purge"]);
     assert!(purge.status.success(), "{}", stderr(&purge));
     assert!(
         stdout(&purge).contains("deleted 0 expired idempotency record(s)"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::common::cli::{retrysafe, stderr, stdout};
+use crate::common::cli::{stderr, stdout};
 use crate::common::consumer::{header, TestConsumer};
 use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
 
@@ -16,19 +16,6 @@ const QUIET: Duration = Duration::from_millis(500);
 
 fn ordered(n: i64, key: &str) -> Value {
     json!({"kind": "invoice.event", "data": {"n": n}, "ordering_key": key})
-}
-
-fn database_env(app: &TestDaemon) -> [(&'static str, &str); 2] {
-    [
-        (
-            "RETRYSAFE_DATABASE__URL",
-            app.settings.database.url.as_str(),
-        ),
-        (
-            "RETRYSAFE_AMQP__EXCHANGE",
-            app.settings.amqp.exchange.as_str(),
-        ),
-    ]
 }
 
 /// The event id of the `entry.created` event of the write with idempotency key `key`.
@@ -291,25 +278,24 @@ async fn a_parked_event_holds_back_its_key_alone_until_it_is_retried() {
     let key = app.get("/v1/idempotency-keys/a-3", None).await.json();
     assert_eq!(key["blocked_by"], head.to_string(), "{key}");
     assert_eq!(key["events"][0]["blocked_by"], head.to_string());
-    let env = database_env(&app);
-    let status = retrysafe(&["outbox", "status", "--json"], &env);
+    let status = app.retrysafe(&["outbox", "status", "--json"]);
     assert!(status.status.success(), "{}", stderr(&status));
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["blocked"]["events"], 2, "{status}");
     assert_eq!(status["blocked"]["keys"], 1);
     assert_eq!(status["blocked"]["by"][0]["event_id"], head.to_string());
     assert_eq!(status["blocked"]["by"][0]["blocked"], 2);
-    let table = stdout(&retrysafe(&["outbox", "status"], &env));
+    let table = stdout(&app.retrysafe(&["outbox", "status"]));
     assert!(table.contains("2 event(s) of 1 ordering key(s)"), "{table}");
     let blocked_metric = eventually_metric(&app, "retrysafe_outbox_blocked_events", 2.0).await;
     assert_eq!(blocked_metric, 2.0);
 
     // A held event cannot be requeued past its head.
     let held = event_of(&app, "a-2").await;
-    let refused = retrysafe(&["outbox", "retry", "--event", &held.to_string()], &env);
+    let refused = app.retrysafe(&["outbox", "retry", "--event", &held.to_string()]);
     assert_eq!(refused.status.code(), Some(1), "{}", stdout(&refused));
 
-    let retried = retrysafe(&["outbox", "retry", "--event", &head.to_string()], &env);
+    let retried = app.retrysafe(&["outbox", "retry", "--event", &head.to_string()]);
     assert!(retried.status.success(), "{}", stderr(&retried));
     assert_eq!(app.relay_until_empty().await, 3);
     assert_eq!(
@@ -320,7 +306,7 @@ async fn a_parked_event_holds_back_its_key_alone_until_it_is_retried() {
             (3, Some("3".into()))
         ]
     );
-    let status = retrysafe(&["outbox", "status", "--json"], &env);
+    let status = app.retrysafe(&["outbox", "status", "--json"]);
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["blocked"]["events"], 0);
     assert_eq!(
@@ -348,19 +334,15 @@ async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
     let head = event_of(&app, "s-1").await;
     park(&app, head).await;
     assert_eq!(app.relay_until_empty().await, 0, "the key waits");
-    let env = database_env(&app);
 
-    let skipped = retrysafe(
-        &[
-            "outbox",
-            "skip",
-            "--event",
-            &head.to_string(),
-            "--reason",
-            "the invoice was voided by hand",
-        ],
-        &env,
-    );
+    let skipped = app.retrysafe(&[
+        "outbox",
+        "skip",
+        "--event",
+        &head.to_string(),
+        "--reason",
+        "the invoice was voided by hand",
+    ]);
     assert!(skipped.status.success(), "{}", stderr(&skipped));
     assert!(
         stdout(&skipped).contains("1 event(s) released"),
@@ -393,7 +375,7 @@ async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
     assert!(key["events"][0]["skipped_at"].is_string(), "{key}");
     assert_eq!(key["events"][0]["sent_at"], Value::Null);
 
-    let again = retrysafe(&["outbox", "skip", "--event", &head.to_string()], &env);
+    let again = app.retrysafe(&["outbox", "skip", "--event", &head.to_string()]);
     assert_eq!(again.status.code(), Some(1));
     assert!(
         stderr(&again).contains("already skipped"),
@@ -401,16 +383,13 @@ async fn skipping_a_parked_event_lets_its_key_go_on_and_is_recorded() {
         stderr(&again)
     );
     let sent = event_of(&app, "s-2").await;
-    let published = retrysafe(&["outbox", "skip", "--event", &sent.to_string()], &env);
+    let published = app.retrysafe(&["outbox", "skip", "--event", &sent.to_string()]);
     assert_eq!(published.status.code(), Some(1));
     assert!(stderr(&published).contains("already published"));
-    let unknown = retrysafe(
-        &["outbox", "skip", "--event", &Uuid::now_v7().to_string()],
-        &env,
-    );
+    let unknown = app.retrysafe(&["outbox", "skip", "--event", &Uuid::now_v7().to_string()]);
     assert_eq!(unknown.status.code(), Some(1));
     // A skipped event is neither parked nor retried.
-    let all = retrysafe(&["outbox", "retry", "--all"], &env);
+    let all = app.retrysafe(&["outbox", "retry", "--all"]);
     assert!(
         stdout(&all).contains("requeued 0 event(s)"),
         "{}",
@@ -451,10 +430,7 @@ async fn a_replay_sends_each_keys_events_in_sequence_order_with_their_headers() 
     );
     let queue = format!("{exchange}.rebuild");
     let mut rebuilt = TestConsumer::declare(&exchange, &queue, None).await;
-    let replayed = retrysafe(
-        &["outbox", "replay", "--all", "--to-queue", &queue],
-        &database_env(&app),
-    );
+    let replayed = app.retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue]);
     assert!(replayed.status.success(), "{}", stderr(&replayed));
     let deliveries = rebuilt.take(12, WAIT).await;
     let mut checker = crate::common::ordering::OrderChecker::default();

@@ -12,7 +12,7 @@ use lapin::message::Delivery;
 use retrysafe::inbox::Inbox;
 use uuid::Uuid;
 
-use crate::common::cli::{retrysafe, stderr, stdout};
+use crate::common::cli::{stderr, stdout};
 use crate::common::consumer::{header, message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_without_relays, TestDaemon};
 use crate::common::helpers::eventually;
@@ -23,24 +23,10 @@ const WAIT: Duration = Duration::from_secs(30);
 /// How long a queue must stay silent to count as having received everything.
 const QUIET: Duration = Duration::from_millis(750);
 
-/// The environment that points the binary at the test's database and exchange.
-fn env(app: &TestDaemon) -> [(&str, &str); 2] {
-    [
-        (
-            "RETRYSAFE_DATABASE__URL",
-            app.settings.database.url.as_str(),
-        ),
-        (
-            "RETRYSAFE_AMQP__EXCHANGE",
-            app.settings.amqp.exchange.as_str(),
-        ),
-    ]
-}
-
 fn replay(app: &TestDaemon, args: &[&str]) -> Output {
     let mut all = vec!["outbox", "replay"];
     all.extend_from_slice(args);
-    retrysafe(&all, &env(app))
+    app.retrysafe(&all)
 }
 
 /// Asserts that the command succeeded and printed `text` on standard output; returns the output.
@@ -207,7 +193,7 @@ async fn a_queue_bound_after_the_fact_gets_a_time_range_once_per_replay_and_the_
     assert_eq!(untouched["events"][0]["replay_count"], 0);
     assert!(untouched["events"][0]["last_replayed_at"].is_null());
 
-    let status = retrysafe(&["outbox", "status", "--json"], &env(&app));
+    let status = app.retrysafe(&["outbox", "status", "--json"]);
     assert!(status.status.success(), "{}", stderr(&status));
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let replays = status["replays"].as_array().unwrap();
@@ -220,7 +206,7 @@ async fn a_queue_bound_after_the_fact_gets_a_time_range_once_per_replay_and_the_
         assert!(replay["selection"]["until"].is_string(), "{replay}");
         assert!(replay["requested_by"].as_str().unwrap().contains('@'));
     }
-    let table = retrysafe(&["outbox", "status"], &env(&app));
+    let table = app.retrysafe(&["outbox", "status"]);
     let table = stdout(&table);
     assert!(
         table.contains("completed") && table.contains(&format!("queue:{queue}")),
@@ -336,15 +322,12 @@ async fn a_replay_interrupted_half_way_resumes_with_the_same_command_and_sends_t
         "100",
     ];
 
-    let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
-    command
-        .args(arguments)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("RETRYSAFE_CONFIG")
-        .envs(env(&app))
+    let child = app
+        .command(&arguments)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = command.spawn().expect("the binary runs");
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
     let sent_before_signal = eventually(Duration::from_secs(30), || async {
         let sent = app
             .count("SELECT coalesce(max(events_sent), 0) FROM replays")
@@ -393,7 +376,7 @@ async fn a_replay_interrupted_half_way_resumes_with_the_same_command_and_sends_t
         "what was confirmed is what is recorded"
     );
 
-    assert_says(&retrysafe(&arguments, &env(&app)), "replay 1 resumed");
+    assert_says(&app.retrysafe(&arguments), "replay 1 resumed");
     assert_eq!(replay_row(&app, 1).await, ("completed".into(), 2000, 2000));
     let second: Vec<String> = ids(&consumer.drain(QUIET).await);
 
@@ -515,16 +498,15 @@ async fn a_replay_records_the_os_user_id_and_the_database_user_not_the_environme
     write_entries(&app, "who", 3).await;
     let queue = format!("{exchange}.who");
     let mut target = TestConsumer::declare(&exchange, &queue, None).await;
-    let mut environment = env(&app).to_vec();
-    environment.extend([
-        ("USER", "mallory"),
-        ("LOGNAME", "mallory"),
-        ("SUDO_USER", "mallory"),
-    ]);
-    let output = retrysafe(
-        &["outbox", "replay", "--all", "--to-queue", &queue],
-        &environment,
-    );
+    let output = app
+        .command(&["outbox", "replay", "--all", "--to-queue", &queue])
+        .envs([
+            ("USER", "mallory"),
+            ("LOGNAME", "mallory"),
+            ("SUDO_USER", "mallory"),
+        ])
+        .output()
+        .expect("the binary runs");
     assert_says(&output, "completed: 3 event(s) sent in this run, 3 of 3");
     assert_eq!(target.drain(QUIET).await.len(), 3);
 
@@ -546,7 +528,7 @@ async fn a_replay_records_the_os_user_id_and_the_database_user_not_the_environme
     let expected = retrysafe::operator::Operator::current().display;
     assert_eq!(requested_by, expected);
 
-    let status = retrysafe(&["outbox", "status", "--json"], &env(&app));
+    let status = app.retrysafe(&["outbox", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let replay = &status["replays"][0];
     assert_eq!(replay["requested_uid"], own_uid, "{replay}");

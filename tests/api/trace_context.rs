@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::cli::{retrysafe, stderr};
+use crate::common::cli::stderr;
 use crate::common::consumer::{header, TestConsumer};
 use crate::common::daemon::spawn_app_without_relays;
 use crate::common::helpers::entry_body;
@@ -47,14 +47,7 @@ async fn the_callers_trace_context_travels_with_the_events_and_their_replays() {
 
     let queue = format!("{exchange}.rebuild");
     let mut rebuilt = TestConsumer::declare(&exchange, &queue, None).await;
-    let env = [
-        (
-            "RETRYSAFE_DATABASE__URL",
-            app.settings.database.url.as_str(),
-        ),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange.as_str()),
-    ];
-    let replayed = retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue], &env);
+    let replayed = app.retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue]);
     assert!(replayed.status.success(), "{}", stderr(&replayed));
     for delivery in rebuilt.take(2, WAIT).await {
         let traceparent = header(&delivery, "traceparent").expect("replays carry it too");

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::acceptance::{body, clients_on_two_workers, token, with_clients};
 use crate::common::citus::CitusLab;
-use crate::common::cli::{retrysafe, stderr, stdout};
+use crate::common::cli::{stderr, stdout};
 use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::{spawn_app_on, TestDaemon};
 use crate::common::helpers::{admin, count, eventually, TestResponse};
@@ -86,25 +86,14 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
     assert_eq!(event_ids(&app, first, true).await.len(), 3);
     assert_eq!(event_ids(&app, first, false).await.len(), 1);
     assert_eq!(event_ids(&app, second, true).await.len(), 2);
-    let env = [
-        (
-            "RETRYSAFE_DATABASE__URL",
-            app.settings.database.url.as_str(),
-        ),
-        (
-            "RETRYSAFE_AMQP__EXCHANGE",
-            app.settings.amqp.exchange.as_str(),
-        ),
-    ];
-
     // Status: the parked events of both workers, and the one that holds its key back.
-    let status = retrysafe(&["outbox", "status", "--json"], &env);
+    let status = app.retrysafe(&["outbox", "status", "--json"]);
     assert!(status.status.success(), "{}", stderr(&status));
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["backlog"][0]["parked"], 5, "{status}");
     assert_eq!(status["backlog"][0]["unsent"], 1, "{status}");
     assert_eq!(status["parked"][0]["parked"], 5, "{status}");
-    let table = retrysafe(&["outbox", "status"], &env);
+    let table = app.retrysafe(&["outbox", "status"]);
     assert!(table.status.success(), "{}", stderr(&table));
 
     // The admin API: the overview, a listing, a key, and a dry run, over both workers.
@@ -172,10 +161,7 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
 
     // Skip the parked ordered event: the one it held goes on.
     let blocking = event_ids(&app, first, true).await[2].clone();
-    let skipped = retrysafe(
-        &["outbox", "skip", "--event", &blocking, "--reason", "test"],
-        &env,
-    );
+    let skipped = app.retrysafe(&["outbox", "skip", "--event", &blocking, "--reason", "test"]);
     assert!(skipped.status.success(), "{}", stderr(&skipped));
     assert!(
         stdout(&skipped).contains("1 event(s) released"),
@@ -185,7 +171,7 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
 
     // Retry: one event by id (second's), then by the admin API (first's), then everything.
     let one = event_ids(&app, second, true).await[0].clone();
-    let retried = retrysafe(&["outbox", "retry", "--event", &one], &env);
+    let retried = app.retrysafe(&["outbox", "retry", "--event", &one]);
     assert!(retried.status.success(), "{}", stderr(&retried));
     assert!(
         stdout(&retried).contains("requeued 1 event"),
@@ -202,7 +188,7 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
     .await;
     assert_eq!(by_admin.status, 200, "{}", by_admin.describe());
     assert_eq!(by_admin.json()["changed"], 2, "{}", by_admin.describe());
-    let all = retrysafe(&["outbox", "retry", "--all"], &env);
+    let all = app.retrysafe(&["outbox", "retry", "--all"]);
     assert!(all.status.success(), "{}", stderr(&all));
     assert!(stdout(&all).contains("requeued 1"), "{}", stdout(&all));
 
@@ -215,7 +201,7 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
     let replayed_to = TestConsumer::declare(&app.settings.amqp.exchange, "", None).await;
     let mut replayed_to = replayed_to;
     let queue = replayed_to.queue().to_owned();
-    let replay = retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue], &env);
+    let replay = app.retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue]);
     assert!(
         replay.status.success(),
         "{} {}",
@@ -225,14 +211,14 @@ async fn operator_commands_and_the_admin_api_work_on_a_distributed_outbox() {
     let copies = replayed_to.take(5, Duration::from_secs(30)).await;
     assert_eq!(copies.len(), 5, "{}", stdout(&replay));
     assert!(!copies.iter().any(|copy| message_id(copy) == blocking));
-    let again = retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue], &env);
+    let again = app.retrysafe(&["outbox", "replay", "--all", "--to-queue", &queue]);
     assert!(again.status.success(), "{}", stderr(&again));
 
     // Purge: records past their expiry go, on both workers.
     lab.sql(
         "UPDATE idempotency_records SET expires_at = now() - interval '1 day' WHERE key LIKE 'k-%'",
     );
-    let purge = retrysafe(&["purge"], &env);
+    let purge = app.retrysafe(&["purge"]);
     assert!(purge.status.success(), "{}", stderr(&purge));
     assert!(
         stdout(&purge).contains("deleted 4 expired idempotency record(s)"),

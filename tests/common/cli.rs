@@ -2,9 +2,9 @@
 
 use std::process::{Command, Output};
 
-/// The built binary with `args`, run from the repository (so `./config.toml` is its default
-/// configuration), with `env` on top.
-pub fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
+/// The built binary with `args`, to be run from the repository (so `./config.toml` is its
+/// default configuration), logging at `warn`; the caller adds its environment.
+pub fn command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retrysafe"));
     command
         .args(args)
@@ -12,10 +12,15 @@ pub fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("RETRYSAFE_CONFIG")
         .env_remove("RETRYSAFE_URL")
         .env("RETRYSAFE_LOG__LEVEL", "warn");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    command.output().expect("the binary runs")
+    command
+}
+
+/// [`command`] with `env` on top, run to its end.
+pub fn retrysafe(args: &[&str], env: &[(&str, &str)]) -> Output {
+    command(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the binary runs")
 }
 
 pub fn stdout(output: &Output) -> String {

@@ -6,7 +6,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use retrysafe::config::Settings;
 use retrysafe::startup::{Application, Options};
 use serde_json::Value;
 
+use crate::common::cli;
 use crate::common::helpers::{
     connect_to, count, eventually, http_client, metric_sample, test_settings, TestDatabase,
     TestExchange, TestResponse,
@@ -222,7 +223,7 @@ pub async fn spawn_binary(settings: Settings, env: &[(&str, String)]) -> TestDae
     let database = Arc::new(TestDatabase::new(&settings));
     let exchange = Arc::new(TestExchange::new(&settings));
     let port = free_port();
-    let env = binary_env(&settings, env);
+    let env = binary_env(settings.database.url.as_str(), &settings.amqp.exchange, env);
     let process = DaemonProcess::launch(port, "http", None, &env, move |log| {
         serve_command(port, log)
     })
@@ -263,14 +264,16 @@ async fn binary_daemon(
     }
 }
 
-/// The environment that points the binary at `settings`' database and exchange, and `env`.
-fn binary_env(settings: &Settings, env: &[(&str, String)]) -> Vec<(String, String)> {
+/// The environment that points the binary, the daemon or one of its commands, at the database
+/// of `database_url` and the exchange `exchange`, with `env` on top.
+pub fn binary_env(
+    database_url: &str,
+    exchange: &str,
+    env: &[(&str, String)],
+) -> Vec<(String, String)> {
     [
-        (
-            "RETRYSAFE_DATABASE__URL",
-            settings.database.url.as_str().to_owned(),
-        ),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
+        ("RETRYSAFE_DATABASE__URL", database_url.to_owned()),
+        ("RETRYSAFE_AMQP__EXCHANGE", exchange.to_owned()),
     ]
     .iter()
     .chain(env)
@@ -369,6 +372,23 @@ impl TestDaemon {
             .unwrap_or_else(|| panic!("{name_and_labels} is not in /metrics"))
     }
 
+    /// The binary's command `args` (`outbox status`, `purge`, ...) on this daemon's database and
+    /// exchange ([`cli::command`]), not yet run: to add to its environment, or to spawn.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = cli::command(args);
+        command.envs(binary_env(
+            self.settings.database.url.as_str(),
+            &self.settings.amqp.exchange,
+            &[],
+        ));
+        command
+    }
+
+    /// [`command`](Self::command), run to its end.
+    pub fn retrysafe(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("the binary runs")
+    }
+
     /// The daemon's settings, validated: what the library's functions take.
     pub fn config(&self) -> retrysafe::config::Config {
         self.settings
@@ -441,7 +461,11 @@ impl TestDaemon {
     /// [`restart`](Self::restart) with `env` instead of the environment it was started with
     /// (the database and exchange stay).
     pub async fn restart_with(&mut self, env: &[(&str, String)]) {
-        let env = binary_env(&self.settings, env);
+        let env = binary_env(
+            self.settings.database.url.as_str(),
+            &self.settings.amqp.exchange,
+            env,
+        );
         self.process_mut().env = env;
         self.restart().await;
     }
@@ -536,24 +560,29 @@ pub struct DaemonProcess {
 }
 
 impl DaemonProcess {
-    /// [`serve_command`] with `env`, on a free port, once it answers `/healthz`.
-    pub async fn start(env: &[(&str, String)]) -> Self {
-        Self::serve(env, "http", None).await
+    /// [`serve_command`] on the database of `database_url` and the exchange `exchange`
+    /// ([`binary_env`]) with `env` on top, on a free port, once it answers `/healthz`.
+    pub async fn start(database_url: &str, exchange: &str, env: &[(&str, String)]) -> Self {
+        let env = binary_env(database_url, exchange, env);
+        Self::serve(&env, "http", None).await
     }
 
     /// [`start`](Self::start) for a listener of `scheme` (`https` when `env` sets
     /// `http.tls_cert_file`), asking `/healthz` with `client` (one that trusts the certificate).
-    pub async fn start_with(env: &[(&str, String)], scheme: &str, client: awc::Client) -> Self {
-        Self::serve(env, scheme, Some(client)).await
+    pub async fn start_with(
+        database_url: &str,
+        exchange: &str,
+        env: &[(&str, String)],
+        scheme: &str,
+        client: awc::Client,
+    ) -> Self {
+        let env = binary_env(database_url, exchange, env);
+        Self::serve(&env, scheme, Some(client)).await
     }
 
-    async fn serve(env: &[(&str, String)], scheme: &str, health: Option<awc::Client>) -> Self {
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(name, value)| (name.to_string(), value.clone()))
-            .collect();
+    async fn serve(env: &[(String, String)], scheme: &str, health: Option<awc::Client>) -> Self {
         let port = free_port();
-        Self::launch(port, scheme, health, &env, move |log| {
+        Self::launch(port, scheme, health, env, move |log| {
             serve_command(port, log)
         })
         .await

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
 use rand::Rng;
 use uuid::Uuid;
 
@@ -411,25 +411,15 @@ async fn nacked_events_back_off_park_and_are_delivered_once_requeued() {
     assert_eq!(count(&app.db, UNSENT).await, 0);
 }
 
-/// Whether `exchange` exists, asked passively on a connection of the test's own.
+/// Whether `exchange` exists, asked as the daemon asks, on a connection of the test's own.
 async fn exchange_exists(exchange: &str) -> bool {
     let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
-    let exists = channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                passive: true,
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    let exists = retrysafe::outbox::broker::exchange_exists(&channel, exchange)
         .await
-        .is_ok();
+        .expect("the broker answers a passive declare");
     let _ = connection.close(200, "done".into()).await;
     exists
 }
@@ -461,6 +451,8 @@ async fn a_deleted_exchange_is_declared_again_and_events_still_arrive() {
         .await
         .unwrap();
     let _ = connection.close(200, "done".into()).await;
+    let never_declared = format!("{exchange}.never-declared");
+    assert!(!exchange_exists(&never_declared).await, "{never_declared}");
 
     app.post_entry("after-delete", &entry_body(2))
         .await

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use tokio_postgres::NoTls;
 
-use crate::common::daemon::{free_port, serve_command, spawn_app, DaemonProcess, TestDaemon};
+use crate::common::daemon::{
+    binary_env, free_port, serve_command, spawn_app, DaemonProcess, TestDaemon,
+};
 use crate::common::helpers::{
     connect_to, count, entry_body, eventually, http_client, test_settings, TestExchange,
     TestResponse,
@@ -174,11 +176,8 @@ struct FullDiskLab {
 async fn daemon_on(cluster: &PgCluster) -> (DaemonProcess, tokio_postgres::Client, TestExchange) {
     let settings = test_settings();
     let exchange = TestExchange::new(&settings);
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", cluster.url_of("retrysafe")),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-    ])
-    .await;
+    let daemon =
+        DaemonProcess::start(&cluster.url_of("retrysafe"), &settings.amqp.exchange, &[]).await;
     let (db, connection) = tokio_postgres::connect(&cluster.url_of("retrysafe"), NoTls)
         .await
         .unwrap();
@@ -344,10 +343,7 @@ async fn a_start_without_a_free_connection_waits_for_one_within_the_start_timeou
     cluster.psql("CREATE DATABASE retrysafe");
     let settings = test_settings();
     let _exchange = TestExchange::new(&settings);
-    let env = [
-        ("RETRYSAFE_DATABASE__URL", cluster.url_of("retrysafe")),
-        ("RETRYSAFE_AMQP__EXCHANGE", settings.amqp.exchange.clone()),
-    ];
+    let env = binary_env(&cluster.url_of("retrysafe"), &settings.amqp.exchange, &[]);
 
     // Every slot taken for longer than a short start timeout: the start gives up, and says why.
     let held = take_every_slot(&cluster).await;

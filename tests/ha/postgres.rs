@@ -53,21 +53,49 @@ async fn fault(
     recovery
 }
 
+/// The daemon (the built binary) on the formation's database (`HA_PG_URL`) and an exchange of
+/// the test's own, with a queue bound to it. Statements are bounded at 2 s and connection
+/// attempts at 1 s, below the defaults, so that a write to a primary that is gone or hung fails
+/// within seconds and its retry reaches the new one.
+pub struct FormationDaemon {
+    pub daemon: DaemonProcess,
+    pub consumer: TestConsumer,
+    /// Deleted when the test ends.
+    pub exchange: TestExchange,
+}
+
+impl FormationDaemon {
+    pub async fn start(lab: &Lab) -> Self {
+        let exchange = TestExchange {
+            name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
+        };
+        let consumer = TestConsumer::bind(&exchange.name, "#").await;
+        let daemon = DaemonProcess::start(
+            lab.var("HA_PG_URL"),
+            &exchange.name,
+            &[
+                ("RETRYSAFE_DATABASE__STATEMENT_TIMEOUT", "2s".into()),
+                ("RETRYSAFE_DATABASE__CONNECT_TIMEOUT", "1s".into()),
+            ],
+        )
+        .await;
+        Self {
+            daemon,
+            consumer,
+            exchange,
+        }
+    }
+}
+
 #[actix_web::test]
 async fn failovers_under_load_lose_no_acknowledged_write_duplicate_none_and_need_no_restart() {
     let lab = Lab::start("pg");
     let url = lab.var("HA_PG_URL").to_owned();
-    let exchange = TestExchange {
-        name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
-    };
-    let mut consumer = TestConsumer::bind(&exchange.name, "#").await;
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange.name.clone()),
-        ("RETRYSAFE_DATABASE__STATEMENT_TIMEOUT", "2s".into()),
-        ("RETRYSAFE_DATABASE__CONNECT_TIMEOUT", "1s".into()),
-    ])
-    .await;
+    let FormationDaemon {
+        daemon,
+        mut consumer,
+        exchange: _exchange,
+    } = FormationDaemon::start(&lab).await;
     let load = Load::start(&daemon.address, "pg", 6);
     tokio::time::sleep(Duration::from_secs(3)).await;
 

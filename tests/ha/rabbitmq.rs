@@ -166,15 +166,12 @@ async fn losing_cluster_nodes_under_load_loses_no_event_and_fails_no_write() {
     let database = TestDatabase::new(&settings);
     let exchange = settings.amqp.exchange.clone();
     declare_quorum_queue(&urls, &exchange).await;
-    let daemon = DaemonProcess::start(&[
-        (
-            "RETRYSAFE_DATABASE__URL",
-            settings.database.url.as_str().to_owned(),
-        ),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange.clone()),
+    let daemon = DaemonProcess::start(
+        settings.database.url.as_str(),
+        &exchange,
         // A list in an environment variable: comma-separated.
-        ("RETRYSAFE_AMQP__URL", urls.join(",")),
-    ])
+        &[("RETRYSAFE_AMQP__URL", urls.join(","))],
+    )
     .await;
     let db = connect(&database.name).await;
     let load = Load::start(&daemon.address, "rabbit", 4);

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use lapin::message::Delivery;
 use tokio_postgres::{Client, NoTls};
 
-use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::daemon::DaemonProcess;
-use crate::common::helpers::{count, eventually, post_bounded, TestExchange};
+use crate::common::consumer::message_id;
+use crate::common::helpers::{count, eventually, post_bounded};
 use crate::common::lab::Lab;
 use crate::common::postgres::SyncRepCanceller;
+use crate::postgres::FormationDaemon;
 
 /// How long the secondary's WAL receiver stays stopped: several relay polls, and far from what
 /// makes the monitor give up on the standby (pg_auto_failover then lets the primary go on alone,
@@ -153,18 +153,11 @@ fn body(n: u32) -> String {
 #[actix_web::test]
 async fn no_event_reaches_a_queue_for_a_write_the_promoted_standby_lacks() {
     let lab = Lab::start("pg");
-    let url = lab.var("HA_PG_URL").to_owned();
-    let exchange = TestExchange {
-        name: format!("retrysafe.test.{}", uuid::Uuid::new_v4().simple()),
-    };
-    let mut consumer = TestConsumer::bind(&exchange.name, "#").await;
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange.name.clone()),
-        ("RETRYSAFE_DATABASE__STATEMENT_TIMEOUT", "2s".into()),
-        ("RETRYSAFE_DATABASE__CONNECT_TIMEOUT", "1s".into()),
-    ])
-    .await;
+    let FormationDaemon {
+        daemon,
+        mut consumer,
+        exchange: _exchange,
+    } = FormationDaemon::start(&lab).await;
     let request_limit = Duration::from_secs(30);
     let mut delivered: HashSet<String> = HashSet::new();
 

@@ -292,9 +292,9 @@ async fn a_certificate_rotated_by_sighup_under_load_fails_no_request() {
     };
     let client = https_client(&ca_file);
     let daemon = DaemonProcess::start_with(
+        &pg_url(&database.name),
+        &exchange.name,
         &[
-            ("RETRYSAFE_DATABASE__URL", pg_url(&database.name)),
-            ("RETRYSAFE_AMQP__EXCHANGE", exchange.name.clone()),
             (
                 "RETRYSAFE_HTTP__TLS_CERT_FILE",
                 certificate_file.display().to_string(),

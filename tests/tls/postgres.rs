@@ -316,11 +316,7 @@ async fn the_daemon_writes_over_verify_full_and_authenticates_with_a_client_cert
     let _exchange = crate::common::helpers::TestExchange {
         name: exchange.clone(),
     };
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", url.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange),
-    ])
-    .await;
+    let daemon = DaemonProcess::start(&url, &exchange, &[]).await;
     let response = awc::Client::default()
         .post(format!("{}/v1/entries", daemon.address))
         .insert_header(("Idempotency-Key", "over-tls"))

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use retrysafe::config::{AmqpSettings, UrlList};
+use retrysafe::config::{AmqpConfig, Settings, UrlList};
 
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::DaemonProcess;
@@ -12,26 +12,29 @@ use crate::common::helpers::{entry_body, pg_url, TestDatabase};
 use crate::common::lab::Lab;
 use crate::pki::{Request, TestCa, TestDir};
 
-fn settings(url: &str, ca_file: &Path, client: Option<&(PathBuf, PathBuf)>) -> AmqpSettings {
-    AmqpSettings {
-        url: UrlList::one(url),
-        exchange: "unused".into(),
-        tls_ca_file: Some(ca_file.to_owned()),
-        tls_cert_file: client.map(|(certificate, _)| certificate.clone()),
-        tls_key_file: client.map(|(_, key)| key.clone()),
-        ..AmqpSettings::default()
-    }
+/// `[amqp]` with the one broker `url`, as the daemon would validate it.
+fn amqp(url: &str, ca_file: &Path, client: Option<&(PathBuf, PathBuf)>) -> AmqpConfig {
+    let mut settings = Settings::default();
+    settings.amqp.url = UrlList::one(url);
+    settings.amqp.tls_ca_file = Some(ca_file.to_owned());
+    settings.amqp.tls_cert_file = client.map(|(certificate, _)| certificate.clone());
+    settings.amqp.tls_key_file = client.map(|(_, key)| key.clone());
+    settings
+        .validated()
+        .expect("the test's [amqp] is valid")
+        .amqp
 }
 
-async fn refusal(url: &str, settings: &AmqpSettings) -> String {
+async fn refusal(amqp: &AmqpConfig) -> String {
+    let broker = &amqp.brokers[0];
     let attempt = tokio::time::timeout(
         Duration::from_secs(30),
-        retrysafe::outbox::broker::connect(url, settings),
+        retrysafe::outbox::broker::connect(broker, amqp),
     )
     .await
     .expect("the broker answers within 30 s");
     match attempt {
-        Ok(_) => panic!("{url} connected"),
+        Ok(_) => panic!("{broker:?} connected"),
         Err(error) => error.to_string(),
     }
 }
@@ -70,13 +73,13 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
     let by_name = format!("amqps://guest:guest@localhost:{tls_port}/%2f");
     let by_address = format!("amqps://guest:guest@127.0.0.1:{tls_port}/%2f");
 
-    let wrong_ca = refusal(&by_name, &settings(&by_name, &other_ca_file, Some(&client))).await;
+    let wrong_ca = refusal(&amqp(&by_name, &other_ca_file, Some(&client))).await;
     assert!(wrong_ca.contains("unknown CA"), "{wrong_ca}");
-    let wrong_name = refusal(&by_address, &settings(&by_address, &ca_file, Some(&client))).await;
+    let wrong_name = refusal(&amqp(&by_address, &ca_file, Some(&client))).await;
     assert!(wrong_name.contains("host name mismatch"), "{wrong_name}");
     // With TLS 1.3 the client finishes its side of the handshake before the broker checks for
     // a certificate, so the refusal may arrive as an alert or as a reset connection.
-    let no_client_certificate = refusal(&by_name, &settings(&by_name, &ca_file, None)).await;
+    let no_client_certificate = refusal(&amqp(&by_name, &ca_file, None)).await;
     assert!(
         no_client_certificate.contains("cannot connect to the broker"),
         "{no_client_certificate}"
@@ -93,20 +96,22 @@ async fn amqps_delivers_events_with_the_right_ca_and_client_certificate_and_refu
 
     let database =
         TestDatabase::named(&format!("retrysafe_test_{}", uuid::Uuid::new_v4().simple()));
-    let daemon = DaemonProcess::start(&[
-        ("RETRYSAFE_DATABASE__URL", pg_url(&database.name)),
-        ("RETRYSAFE_AMQP__URL", by_name.clone()),
-        ("RETRYSAFE_AMQP__EXCHANGE", exchange.clone()),
-        ("RETRYSAFE_AMQP__TLS_CA_FILE", ca_file.display().to_string()),
-        (
-            "RETRYSAFE_AMQP__TLS_CERT_FILE",
-            client.0.display().to_string(),
-        ),
-        (
-            "RETRYSAFE_AMQP__TLS_KEY_FILE",
-            client.1.display().to_string(),
-        ),
-    ])
+    let daemon = DaemonProcess::start(
+        &pg_url(&database.name),
+        &exchange,
+        &[
+            ("RETRYSAFE_AMQP__URL", by_name.clone()),
+            ("RETRYSAFE_AMQP__TLS_CA_FILE", ca_file.display().to_string()),
+            (
+                "RETRYSAFE_AMQP__TLS_CERT_FILE",
+                client.0.display().to_string(),
+            ),
+            (
+                "RETRYSAFE_AMQP__TLS_KEY_FILE",
+                client.1.display().to_string(),
+            ),
+        ],
+    )
     .await;
     let response = awc::Client::default()
         .post(format!("{}/v1/entries", daemon.address))
