@@ -43,8 +43,8 @@ pub use traces::{TracesEndpoint, TracesUrl};
 pub use validate::is_valid_client_id;
 pub use validated::{
     AdminConfig, AdminListenerConfig, AmqpConfig, AuthConfig, BrokerEndpoint, ClientConfig, Config,
-    DatabaseConfig, IdempotencyConfig, Limits, LogConfig, MismatchStatus, TelemetryConfig,
-    TokenDigest,
+    DatabaseConfig, IdempotencyConfig, Limits, LogConfig, MismatchStatus, NodeAddress,
+    TelemetryConfig, TokenDigest,
 };
 pub use warnings::{warnings, ConfigWarning};
 

@@ -174,6 +174,22 @@ section! {
         /// `http.max_body_bytes` + 1 KiB, at most 16 GiB. `retrysafe_pending_write_bytes` shows the
         /// sum.
         max_pending_bytes: usize = 64 * 1024 * 1024, Bound::Count(64 + 1024, 16 << 30);
+        /// On Citus, each shard's statements (a write batch, a relay's batch with its
+        /// ordered-delivery statements, the janitor's deletes) go to the node that holds the shard,
+        /// found in Citus's metadata (`pg_dist_node`, read again every 30 s), so that the
+        /// coordinator is off the write path and the write rate grows with the nodes. Each node is
+        /// reached with `database.url`'s user, password, database and TLS settings, in a pool of
+        /// its own as large as the write pool. A node the daemon cannot reach directly is reached
+        /// through the coordinator until it can. `false` sends every statement through the
+        /// coordinator of `database.url`. Nothing changes on a single server.
+        citus_direct: bool = true, Bound::Any;
+        /// On Citus, where to reach nodes whose address in Citus's metadata is not the one the
+        /// daemon reaches them at (a managed offering's internal names, a proxy): entries
+        /// `name:port=host:port`, the node as `pg_dist_node` names it, then where to connect,
+        /// e.g. `["10.0.0.5:5432=w1.example.com:6432"]` (in the environment, comma-separated).
+        /// With `sslmode=verify-full` the certificate is checked against the host connected to.
+        /// A node not listed is reached at its address in the metadata.
+        citus_node_addresses: Vec<String> = Vec::new(), Bound::Any;
     }
 }
 

@@ -60,6 +60,57 @@ pub struct DatabaseConfig {
     pub statement_timeout: Duration,
     /// `database.max_pending_bytes`.
     pub max_pending_bytes: usize,
+    /// `database.citus_direct`.
+    pub citus_direct: bool,
+    /// `database.citus_node_addresses`, parsed.
+    pub citus_node_addresses: Vec<NodeAddress>,
+}
+
+/// Where to reach a Citus node: as Citus's metadata names it (`name`, `port`), and the host and
+/// port to connect to instead (`database.citus_node_addresses`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAddress {
+    pub name: String,
+    pub port: u16,
+    pub reach_host: String,
+    pub reach_port: u16,
+}
+
+impl NodeAddress {
+    /// One entry, `name:port=host:port`; each host a name, an IPv4 address or an IPv6 address in
+    /// brackets. The error quotes the entry (it holds no secret).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let host_and_port = |part: &str| -> Option<(String, u16)> {
+            let (host, port) = part.trim().rsplit_once(':')?;
+            let port: u16 = port.parse().ok().filter(|port| *port > 0)?;
+            let host = match host.strip_prefix('[') {
+                Some(inside) => inside
+                    .strip_suffix(']')
+                    .filter(|address| address.parse::<std::net::Ipv6Addr>().is_ok())?,
+                None => Some(host).filter(|host| {
+                    !host.is_empty()
+                        && host
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+                })?,
+            };
+            Some((host.to_owned(), port))
+        };
+        let parsed = text
+            .split_once('=')
+            .and_then(|(named, reached)| Some((host_and_port(named)?, host_and_port(reached)?)));
+        match parsed {
+            Some(((name, port), (reach_host, reach_port))) => Ok(Self {
+                name,
+                port,
+                reach_host,
+                reach_port,
+            }),
+            None => Err(format!(
+                "{text:?} is not name:port=host:port (each host a name, an IPv4 address or an IPv6 address in brackets, each port 1 to 65535)"
+            )),
+        }
+    }
 }
 
 /// `[amqp]`, with `amqp.url` parsed: the brokers, in the order they are tried.
@@ -226,7 +277,16 @@ impl DatabaseConfig {
             start_timeout,
             statement_timeout,
             max_pending_bytes,
+            citus_direct,
+            ref citus_node_addresses,
         } = *settings;
+        let citus_node_addresses = citus_node_addresses
+            .iter()
+            .map(|entry| {
+                NodeAddress::parse(entry)
+                    .map_err(|error| invalid("database.citus_node_addresses", error))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             url,
             pool_size,
@@ -236,6 +296,8 @@ impl DatabaseConfig {
             start_timeout,
             statement_timeout,
             max_pending_bytes,
+            citus_direct,
+            citus_node_addresses,
         })
     }
 }

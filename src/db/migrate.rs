@@ -43,7 +43,7 @@ async fn create_database(connector: &Connector) -> Result<(), StorageError> {
 /// migration, may take longer (systemd's start timeout bounds a start that hangs here).
 /// Connecting is bounded as everywhere: each host within `database.connect_timeout`.
 pub async fn migrate(settings: &DatabaseConfig) -> Result<Migrated, StorageError> {
-    let connector = connector(settings, base_pg_config(settings))?;
+    let connector = connector(settings, base_pg_config(settings), settings.url.hosts())?;
     let deadline = tokio::time::Instant::now() + settings.start_timeout;
     let mut connection = match connect_at_start(&connector, deadline).await {
         Ok(connection) => connection,

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Statement};
 
-use crate::config::DatabaseConfig;
+use crate::config::{self, DatabaseConfig};
 pub use blocked::{Blocker, FailingWrites, WriteHealth};
 pub use clock::DatabaseClock;
 use connect::{ConnectError, Connection, Connector};
@@ -259,6 +259,9 @@ pub struct Database {
     connect_timeout: Duration,
     last_connect_error: LastConnectError,
     generation: Generation,
+    /// What the pool was built from: what a pool to another node of a Citus cluster is built
+    /// from too ([`for_node`](Self::for_node)).
+    settings: Arc<DatabaseConfig>,
 }
 
 impl std::fmt::Debug for Database {
@@ -289,12 +292,41 @@ impl Database {
         ))
     }
 
+    /// A pool as large as the writes' of [`split`](Self::split), to one node of a Citus cluster
+    /// at `host` (a name or an address) and `port`, with every other setting of the
+    /// configuration this pool was built from.
+    pub fn for_node(&self, host: &str, port: u16) -> Result<Self, StorageError> {
+        let node = config::DatabaseHost {
+            host: Some(config::HostName::Tcp(host.to_owned())),
+            address: None,
+            port,
+        };
+        let settings = &self.settings;
+        let reads = (settings.pool_size / 4).max(1);
+        Self::build_to(settings, settings.pool_size - reads, None, &[node])
+    }
+
+    /// The configuration the pool was built from.
+    pub fn settings(&self) -> &DatabaseConfig {
+        &self.settings
+    }
+
     /// Builds the pool without connecting: connections are opened on demand, so a database that
     /// is down at this moment makes requests fail with 503 until it is back, not the daemon exit.
     fn build(
         settings: &DatabaseConfig,
         size: u32,
         name_suffix: Option<&str>,
+    ) -> Result<Self, StorageError> {
+        Self::build_to(settings, size, name_suffix, settings.url.hosts())
+    }
+
+    /// [`build`](Self::build), to `hosts` instead of `database.url`'s.
+    fn build_to(
+        settings: &DatabaseConfig,
+        size: u32,
+        name_suffix: Option<&str>,
+        hosts: &[config::DatabaseHost],
     ) -> Result<Self, StorageError> {
         let mut config = pg_config(settings);
         if let Some(suffix) = name_suffix {
@@ -304,7 +336,7 @@ impl Database {
             );
             config.application_name(name);
         }
-        let connector = connector(settings, config)?;
+        let connector = connector(settings, config, hosts)?;
         let last_connect_error = LastConnectError::default();
         let generation = Generation::default();
         let pool = bb8::Pool::builder()
@@ -325,6 +357,7 @@ impl Database {
             connect_timeout: settings.connect_timeout,
             last_connect_error,
             generation,
+            settings: Arc::new(settings.clone()),
         })
     }
 
@@ -374,6 +407,37 @@ impl Database {
             Err(error) => !error.leaves_connection_usable(),
         };
         result
+    }
+
+    /// Waits while the server answers, and returns why it stopped: a connection of its own
+    /// (not the pool's, which may all be held by operations that wait on locks of a server that
+    /// is merely busy), opened and asked `SELECT 1` every `database.connect_timeout`, within that
+    /// time each. A hung server (stopped, paused, cut off with no reset) accepts TCP but answers
+    /// nothing; one that is only slow answers at once. Raced against an operation, this tells a
+    /// hung server from a slow one sooner than the operation's deadline.
+    pub async fn unresponsive(&self) -> StorageError {
+        loop {
+            tokio::time::sleep(self.connect_timeout).await;
+            let asked = tokio::time::timeout(self.connect_timeout, async {
+                let connection = self.pool.dedicated_connection().await?;
+                connection
+                    .simple_query("SELECT 1")
+                    .await
+                    .map_err(|error| StorageError::Unavailable(error.to_string()))?;
+                Ok::<(), StorageError>(())
+            })
+            .await;
+            match asked {
+                Ok(Ok(())) => continue,
+                Ok(Err(error)) => return error,
+                Err(_elapsed) => {
+                    return StorageError::Unavailable(format!(
+                        "the database did not answer a new connection's SELECT 1 within {}",
+                        humantime::format_duration(self.connect_timeout)
+                    ));
+                }
+            }
+        }
     }
 
     /// A pooled connection of the current [`Generation`]: idle connections opened before the
@@ -437,17 +501,19 @@ pub(super) fn base_pg_config(settings: &DatabaseConfig) -> tokio_postgres::Confi
     config
 }
 
-/// A connector for `config`, to the hosts of `database.url` with the TLS it asks for. Fails when
-/// a TLS file cannot be used, naming the parameter and the file.
+/// A connector for `config`, to `hosts` (those of `database.url`, or a Citus node) with the TLS
+/// `database.url` asks for. Fails when a TLS file cannot be used, naming the parameter and the
+/// file.
 pub(super) fn connector(
     settings: &DatabaseConfig,
     config: tokio_postgres::Config,
+    hosts: &[config::DatabaseHost],
 ) -> Result<Connector, StorageError> {
     let tls = tls::connector(settings.url.tls())
         .map_err(|error| StorageError::from(anyhow::anyhow!("database.url: {error}")))?;
     Ok(Connector::new(
         &config,
-        settings.url.hosts(),
+        hosts,
         tls,
         settings.connect_timeout,
     ))
@@ -457,9 +523,11 @@ pub(super) fn connector(
 /// turn, TLS as the URL says), without the pool's statement bounds: for programs beside the
 /// daemon, such as consumers using [`crate::inbox`].
 pub async fn connect(settings: &DatabaseConfig) -> Result<Connection, StorageError> {
-    Ok(connector(settings, base_pg_config(settings))?
-        .connect()
-        .await?)
+    Ok(
+        connector(settings, base_pg_config(settings), settings.url.hosts())?
+            .connect()
+            .await?,
+    )
 }
 
 /// A transaction left open this long (a stuck relay, say) is ended by the server, so that it

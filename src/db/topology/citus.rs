@@ -11,11 +11,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use crate::db::outbox_state::not_done;
+use crate::config::NodeAddress;
 use crate::db::{Database, StorageError};
 
 /// The tables distributed by `client_id`, co-located with the first: every write is a
@@ -172,48 +172,82 @@ pub async fn is_distributed_database(db: &Database) -> Result<bool, StorageError
     .await
 }
 
-/// Which shard holds each client's rows, and which node holds each shard, as Citus's metadata
-/// said at the last reading.
-#[derive(Debug, Clone, Default)]
-pub struct ShardMap {
-    inner: Arc<RwLock<Shards>>,
+/// What the daemon knows of a Citus cluster, as its metadata said at the last reading: which
+/// shard holds each client's rows and which node holds each shard, the clients each shard has
+/// rows of, a pool to each node, and the outbox ids reserved for the writers
+/// ([`IdBlocks`]).
+#[derive(Debug)]
+pub struct Cluster {
+    /// `database.url`'s pool: the coordinator. The metadata is read there, ids are reserved
+    /// there, and a node the daemon cannot reach directly is reached through it.
+    coordinator: Database,
+    /// `database.citus_direct`: statements go to the node that holds their shard.
+    direct: bool,
+    /// `database.citus_node_addresses`.
+    addresses: Vec<NodeAddress>,
     /// The clients always read (the configured ones), beside those found in the database.
     configured: Arc<[String]>,
+    state: RwLock<State>,
+    pub ids: IdBlocks,
 }
 
 #[derive(Debug, Default)]
-struct Shards {
+struct State {
     by_client: HashMap<String, ShardId>,
-    nodes: HashMap<ShardId, String>,
+    /// The node (`host:port`, as Citus's metadata names it) of each shard with known clients.
+    node_of: HashMap<ShardId, String>,
+    nodes: HashMap<String, Node>,
+}
+
+/// A node of the cluster: a pool to it, and whether it answered there at the last reading.
+#[derive(Debug, Clone)]
+struct Node {
+    db: Database,
+    reachable: bool,
 }
 
 /// The shard of each client, and the node of each shard.
 const SHARDS_OF: &str = "
-SELECT c.client_id, s.shardid, p.nodename || ':' || p.nodeport
+SELECT c.client_id, s.shardid, p.nodename, p.nodeport
 FROM unnest($1::text[]) AS c(client_id)
     CROSS JOIN LATERAL (
         SELECT get_shard_id_for_distribution_column('idempotency_records', c.client_id) AS shardid
     ) s
     JOIN pg_dist_shard_placement p ON p.shardid = s.shardid";
 
-/// The clients with events not done or expired records: each shard groups its own (Citus
-/// pushes a `GROUP BY` of the distribution column down to the shards), reading the partial
-/// index of such events and the index of expiry times.
-const CLIENTS_WITH_WORK: &str = concat!(
-    "
-SELECT client_id FROM outbox_events WHERE ",
-    not_done!(),
-    " GROUP BY client_id
-UNION
-SELECT client_id FROM idempotency_records WHERE expires_at <= now() GROUP BY client_id"
-);
+/// Every client with rows in `$1` (a table distributed by `client_id`), shard by shard: on each
+/// shard a walk of its primary key's first column, one index probe per client (a loose index
+/// scan, by a recursive CTE), however many rows the client has. Each shard answers with a
+/// JSON array (`run_command_on_shards` gives text).
+const CLIENTS_OF_SHARDS: &str = "
+SELECT success, result
+FROM run_command_on_shards($1::text::regclass, $cmd$
+WITH RECURSIVE c(client_id) AS (
+    (SELECT client_id FROM %1$s ORDER BY client_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.client_id FROM %1$s t WHERE t.client_id > c.client_id
+            ORDER BY t.client_id LIMIT 1)
+    FROM c WHERE c.client_id IS NOT NULL
+)
+SELECT coalesce(json_agg(client_id), '[]') FROM c WHERE client_id IS NOT NULL
+$cmd$)";
 
-impl ShardMap {
-    /// A map that reads `configured` at every refresh, and nothing yet.
-    pub fn new(configured: &[String]) -> Self {
+/// The tables whose rows a pass must reach: the janitor deletes expired records and old sent
+/// events, and relays take unsent events.
+const TABLES_WITH_PASSES: [&str; 2] = ["idempotency_records", "outbox_events"];
+
+impl Cluster {
+    /// A cluster reached through `coordinator`, that reads `configured` (besides the clients it
+    /// finds) at every refresh, and nothing yet.
+    pub fn new(coordinator: &Database, configured: &[String]) -> Self {
+        let settings = coordinator.settings();
         Self {
-            inner: Arc::default(),
+            coordinator: coordinator.clone(),
+            direct: settings.citus_direct,
+            addresses: settings.citus_node_addresses.clone(),
             configured: configured.into(),
+            state: RwLock::default(),
+            ids: IdBlocks::new(coordinator.clone()),
         }
     }
 
@@ -222,16 +256,25 @@ impl ShardMap {
     }
 
     pub fn node_of(&self, shard: ShardId) -> Option<String> {
-        self.read().nodes.get(&shard).cloned()
+        self.read().node_of.get(&shard).cloned()
+    }
+
+    /// The pool a statement on `node`'s rows runs on: the node's own, where the daemon reaches
+    /// it (and `database.citus_direct`); the coordinator's otherwise.
+    pub fn pool_of(&self, node: Option<&str>) -> Database {
+        let state = self.read();
+        node.and_then(|node| state.nodes.get(node))
+            .filter(|node| self.direct && node.reachable)
+            .map_or_else(|| self.coordinator.clone(), |node| node.db.clone())
     }
 
     /// The first (by name) of the known clients whose shard `node` holds.
     pub fn a_client_on(&self, node: &str) -> Option<String> {
-        let shards = self.read();
-        shards
+        let state = self.read();
+        state
             .by_client
             .iter()
-            .filter(|(_, shard)| shards.nodes.get(shard).is_some_and(|at| at == node))
+            .filter(|(_, shard)| state.node_of.get(shard).is_some_and(|at| at == node))
             .map(|(client, _)| client)
             .min()
             .cloned()
@@ -249,46 +292,222 @@ impl ShardMap {
         grouped
     }
 
-    /// Reads the shards, and their nodes, of the configured clients, of every client known
-    /// already, and of the clients found with work in the database (unsent events, expired
-    /// records): a client no longer configured may still have some, which relays and the
-    /// janitor must reach.
-    pub async fn refresh(&self, db: &Database) -> Result<(), StorageError> {
-        let found = db
-            .run(async |connection| {
-                Ok(connection
-                    .query(CLIENTS_WITH_WORK, &[])
-                    .await?
-                    .iter()
-                    .map(|row| row.get::<_, String>(0))
-                    .collect::<Vec<_>>())
-            })
-            .await?;
-        let mut all: Vec<String> = self.read().by_client.keys().cloned().collect();
-        all.extend(self.configured.iter().cloned());
-        all.extend(found);
-        all.sort_unstable();
-        all.dedup();
-        let rows = db
-            .run(async |connection| Ok(connection.query(SHARDS_OF, &[&all]).await?))
-            .await?;
-        let mut shards = Shards::default();
-        for row in rows {
-            let shard: ShardId = row.get(1);
-            shards.by_client.insert(row.get(0), shard);
-            shards.nodes.insert(shard, row.get(2));
+    /// Reads again which clients have rows, which shard holds each and which node each shard,
+    /// and whether each node answers the daemon directly. The clients are the configured ones
+    /// and every client with rows in the tables passes reach, found on every shard (so that a
+    /// client no longer configured, or one with nothing but old sent events, is reached by the
+    /// relays and the janitor); while a shard cannot be read, the clients known before stay.
+    pub async fn refresh(&self) -> Result<(), StorageError> {
+        let (found, complete) = self.clients_with_rows().await.unwrap_or_else(|error| {
+            tracing::warn!(error = %error, "cannot read which clients have rows; keeping those known");
+            (Vec::new(), false)
+        });
+        let mut clients: Vec<String> = self.configured.to_vec();
+        clients.extend(found);
+        if !complete {
+            clients.extend(self.read().by_client.keys().cloned());
         }
-        *self
-            .inner
+        clients.sort_unstable();
+        clients.dedup();
+        let rows = self
+            .coordinator
+            .run(async |connection| Ok(connection.query(SHARDS_OF, &[&clients]).await?))
+            .await?;
+        let mut by_client = HashMap::new();
+        let mut node_of = HashMap::new();
+        for row in &rows {
+            let shard: ShardId = row.get(1);
+            let (name, port): (String, i32) = (row.get(2), row.get(3));
+            by_client.insert(row.get::<_, String>(0), shard);
+            node_of.insert(shard, format!("{name}:{port}"));
+        }
+        let nodes = self.reach_nodes(&rows).await;
+        let mut state = self
+            .state
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = shards;
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *state = State {
+            by_client,
+            node_of,
+            nodes,
+        };
         Ok(())
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Shards> {
+    /// Every client with rows in the tables passes reach, and whether every shard answered.
+    async fn clients_with_rows(&self) -> Result<(Vec<String>, bool), StorageError> {
+        let mut found = Vec::new();
+        let mut complete = true;
+        for table in TABLES_WITH_PASSES {
+            let rows = self
+                .coordinator
+                .run(async |connection| Ok(connection.query(CLIENTS_OF_SHARDS, &[&table]).await?))
+                .await?;
+            for row in rows {
+                let (answered, result): (bool, String) = (row.get(0), row.get(1));
+                match answered.then(|| serde_json::from_str::<Vec<String>>(&result)) {
+                    Some(Ok(clients)) => found.extend(clients),
+                    _ => {
+                        tracing::warn!(table, error = %result, "cannot read which clients have rows on a shard; keeping those known");
+                        complete = false;
+                    }
+                }
+            }
+        }
+        Ok((found, complete))
+    }
+
+    /// The nodes of `placements` (rows of [`SHARDS_OF`]), each with a pool (the one it had, or
+    /// a new one), and whether it answers at the address the daemon reaches it at.
+    async fn reach_nodes(&self, placements: &[tokio_postgres::Row]) -> HashMap<String, Node> {
+        let mut named: Vec<(String, i32)> = placements
+            .iter()
+            .map(|row| (row.get(2), row.get(3)))
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        let known = self.read().nodes.clone();
+        let nodes = named.into_iter().filter_map(|(name, port)| {
+            let key = format!("{name}:{port}");
+            if let Some(node) = known.get(&key) {
+                return Some((key, node.db.clone()));
+            }
+            let port = u16::try_from(port).ok()?;
+            let (host, port) = self
+                .addresses
+                .iter()
+                .find(|address| address.name == name && address.port == port)
+                .map_or((name.as_str(), port), |address| {
+                    (address.reach_host.as_str(), address.reach_port)
+                });
+            match self.coordinator.for_node(host, port) {
+                Ok(db) => Some((key, db)),
+                Err(error) => {
+                    tracing::warn!(node = %key, error = %error, "cannot make a pool to a node; it is reached through the coordinator");
+                    None
+                }
+            }
+        });
+        let checked = nodes.map(|(key, db)| async move {
+            let limit = db.settings().connect_timeout;
+            let answered = db
+                .run_within(limit, async |connection| {
+                    Ok(connection.simple_query("SELECT 1").await?)
+                })
+                .await;
+            if let Err(error) = &answered {
+                tracing::warn!(node = %key, error = %error, "a node does not answer the daemon directly; its shards are reached through the coordinator meanwhile");
+            }
+            let reachable = answered.is_ok();
+            (key, Node { db, reachable })
+        });
+        futures_util::future::join_all(checked)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         // Replaced whole by `refresh`: a panic elsewhere cannot leave it half-written.
-        self.inner
+        self.state
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Outbox ids reserved on the coordinator, for the rows a write batch inserts on a node. An
+/// event's id comes from `outbox_events`' sequence on the coordinator, as it does when the row is
+/// written there, so that ids follow the order events are written in (a node's own copy of the
+/// sequence hands out ids of a range of its own, 2^48 apart from the coordinator's). Taken a
+/// block at a time, a block costs the coordinator one statement per [`ID_BLOCK`] events; a block
+/// older than [`ID_BLOCK_LIFE`] is not used, so ids follow the writes' order to within that.
+/// While the coordinator cannot be reached (asked within `database.connect_timeout`, and not
+/// asked again for [`COORDINATOR_RETRY`] after it failed), the node at hand reserves the block
+/// from its own copy: writes on the nodes go on without the coordinator, and their events are
+/// replayed after the others (a replay walks the outbox by id, stepping over the gap).
+#[derive(Debug, Clone)]
+pub struct IdBlocks {
+    coordinator: Database,
+    reserved: Arc<tokio::sync::Mutex<Reserved>>,
+}
+
+#[derive(Debug, Default)]
+struct Reserved {
+    /// In decreasing order: the lowest are taken first, from the end.
+    ids: Vec<i64>,
+    since: Option<Instant>,
+    /// When the coordinator last failed to reserve a block.
+    coordinator_failed: Option<Instant>,
+}
+
+/// Ids reserved at a time.
+pub const ID_BLOCK: i64 = 1000;
+
+/// How long reserved ids are used.
+pub const ID_BLOCK_LIFE: Duration = Duration::from_secs(1);
+
+/// How long the node at hand reserves the blocks after the coordinator failed to.
+pub const COORDINATOR_RETRY: Duration = Duration::from_secs(10);
+
+const RESERVE_IDS: &str =
+    "SELECT nextval('outbox_events_id_seq') FROM generate_series(1, $1::bigint)";
+
+impl IdBlocks {
+    fn new(coordinator: Database) -> Self {
+        Self {
+            coordinator,
+            reserved: Arc::default(),
+        }
+    }
+
+    /// `count` ids, in increasing order; `at_hand` is the connection to the node the batch
+    /// writes on, which reserves them while the coordinator cannot.
+    pub async fn take(
+        &self,
+        count: usize,
+        at_hand: &tokio_postgres::Client,
+    ) -> Result<Vec<i64>, StorageError> {
+        let mut reserved = self.reserved.lock().await;
+        if reserved
+            .since
+            .is_none_or(|since| since.elapsed() > ID_BLOCK_LIFE)
+        {
+            reserved.ids.clear();
+        }
+        if reserved.ids.len() < count {
+            let wanted = ID_BLOCK.max(i64::try_from(count).unwrap_or(i64::MAX));
+            let from_coordinator = match reserved.coordinator_failed {
+                Some(failed) if failed.elapsed() < COORDINATOR_RETRY => None,
+                _ => {
+                    let limit = self.coordinator.settings().connect_timeout;
+                    let asked = self
+                        .coordinator
+                        .run_within(limit, async |connection| {
+                            Ok(connection.query(RESERVE_IDS, &[&wanted]).await?)
+                        })
+                        .await;
+                    match asked {
+                        Ok(rows) => Some(rows),
+                        Err(error) => {
+                            tracing::warn!(error = %error, "the coordinator cannot reserve outbox ids; the nodes reserve them from their own ranges meanwhile");
+                            reserved.coordinator_failed = Some(Instant::now());
+                            None
+                        }
+                    }
+                }
+            };
+            let rows = match from_coordinator {
+                Some(rows) => rows,
+                None => at_hand.query(RESERVE_IDS, &[&wanted]).await?,
+            };
+            let mut block: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+            block.sort_unstable_by(|a, b| b.cmp(a));
+            reserved.ids = block;
+            reserved.since = Some(Instant::now());
+        }
+        let from = reserved.ids.len() - count;
+        let mut taken = reserved.ids.split_off(from);
+        taken.reverse();
+        Ok(taken)
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::db::{Database, StorageError};
 pub use batch::{BatchRows, Claimed, EventRow, WriteRow};
-use citus::{ShardId, ShardMap};
+use citus::{Cluster, ShardId};
 
 /// For a transaction that modifies a reference table after rows of several shards (a replay's
 /// record of a batch): Citus refuses that when the shards were modified in parallel, over
@@ -39,7 +39,8 @@ pub const REFRESH_INTERVAL: Duration = citus::SHARD_MAP_REFRESH;
 #[derive(Debug, Clone)]
 pub struct Topology {
     kind: Kind,
-    /// The pool every statement runs on.
+    /// `database.url`'s pool: every statement runs on it on a single server; on Citus, where a
+    /// statement's node is not reached directly.
     db: Database,
 }
 
@@ -48,20 +49,20 @@ enum Kind {
     /// One PostgreSQL server (or an HA formation of them).
     Single,
     /// A Citus cluster, with the write tables distributed by `client_id`.
-    Citus(ShardMap),
+    Citus(Arc<Cluster>),
 }
 
 impl Topology {
     /// What the database of `db` is: Citus if its write tables are distributed. On Citus, where
-    /// the rows of `clients` (the configured ones) and of every client with work in the database
-    /// are is read at once; others are read at the next [`refresh`](Self::refresh).
+    /// the rows of `clients` (the configured ones) and of every client with rows in the database
+    /// are, and the nodes, are read at once (see [`refresh`](Self::refresh)).
     pub async fn detect(db: &Database, clients: &[String]) -> Result<Self, StorageError> {
         let kind = match citus::is_distributed_database(db).await? {
             false => Kind::Single,
             true => {
-                let map = ShardMap::new(clients);
-                map.refresh(db).await?;
-                Kind::Citus(map)
+                let cluster = Cluster::new(db, clients);
+                cluster.refresh().await?;
+                Kind::Citus(Arc::new(cluster))
             }
         };
         Ok(Self {
@@ -70,13 +71,13 @@ impl Topology {
         })
     }
 
-    /// Reads again where the rows are (on Citus; nothing on a single server): the shards of the
-    /// clients known and of those found with work in the database, and the nodes of the shards,
-    /// so that a shard moved or split is followed.
+    /// Reads again where the rows are (on Citus; nothing on a single server): the clients with
+    /// rows, their shards, the shards' nodes and whether the daemon reaches each node directly,
+    /// so that a shard moved or split, or a node replaced, is followed.
     pub async fn refresh(&self) -> Result<(), StorageError> {
         match &self.kind {
             Kind::Single => Ok(()),
-            Kind::Citus(map) => map.refresh(&self.db).await,
+            Kind::Citus(cluster) => cluster.refresh().await,
         }
     }
 
@@ -84,9 +85,14 @@ impl Topology {
     pub fn describe(&self) -> String {
         match &self.kind {
             Kind::Single => "a single server".into(),
-            Kind::Citus(map) => format!(
-                "citus: the write tables distributed by client_id, {} shards with known clients; batches, relays and the janitor work a shard at a time",
-                map.clients_by_shard().len()
+            Kind::Citus(cluster) => format!(
+                "citus: the write tables distributed by client_id, {} shards with known clients; batches, relays and the janitor work a shard at a time, {}",
+                cluster.clients_by_shard().len(),
+                if self.db.settings().citus_direct {
+                    "on the node that holds it"
+                } else {
+                    "through the coordinator (database.citus_direct = false)"
+                }
             ),
         }
     }
@@ -94,15 +100,26 @@ impl Topology {
     /// Where `client`'s rows are.
     pub fn route(&self, client: &str) -> Route {
         let group = self.group_of(client);
-        let node = match (&self.kind, &group.0) {
-            (Kind::Citus(map), GroupOf::Shard(shard)) => map.node_of(*shard),
-            _ => None,
+        let (db, node, cluster) = match (&self.kind, &group.0) {
+            (Kind::Single, _) => (self.db.clone(), None, None),
+            (Kind::Citus(cluster), group) => {
+                let node = match group {
+                    GroupOf::Shard(shard) => cluster.node_of(*shard),
+                    _ => None,
+                };
+                (
+                    cluster.pool_of(node.as_deref()),
+                    node,
+                    Some(cluster.clone()),
+                )
+            }
         };
         Route {
-            db: self.db.clone(),
+            db,
             group,
             node,
             client: Arc::from(client),
+            cluster,
         }
     }
 
@@ -110,7 +127,7 @@ impl Topology {
     pub fn group_of(&self, client: &str) -> Group {
         Group(match &self.kind {
             Kind::Single => GroupOf::Everything,
-            Kind::Citus(map) => match map.shard_of(client) {
+            Kind::Citus(cluster) => match cluster.shard_of(client) {
                 Some(shard) => GroupOf::Shard(shard),
                 // Not read yet: a group of its own, which Citus routes by the client.
                 None => GroupOf::Client(Arc::from(client)),
@@ -124,7 +141,7 @@ impl Topology {
     pub fn route_on_node(&self, node: &str) -> Option<Route> {
         match &self.kind {
             Kind::Single => None,
-            Kind::Citus(map) => Some(self.route(&map.a_client_on(node)?)),
+            Kind::Citus(cluster) => Some(self.route(&cluster.a_client_on(node)?)),
         }
     }
 
@@ -132,11 +149,11 @@ impl Topology {
     /// Citus, one per shard, naming the shard's clients.
     pub fn passes(&self) -> Vec<Pass> {
         match &self.kind {
-            Kind::Single => vec![self.pass(Scope::Everything)],
-            Kind::Citus(map) => map
+            Kind::Single => vec![self.single_pass()],
+            Kind::Citus(cluster) => cluster
                 .clients_by_shard()
-                .into_values()
-                .map(|clients| self.pass(Scope::Clients(clients.into())))
+                .into_iter()
+                .map(|(shard, clients)| shard_pass(cluster, shard, clients))
                 .collect(),
         }
     }
@@ -145,20 +162,31 @@ impl Topology {
     /// first after a write to that group.
     pub fn pass_of(&self, group: &Group) -> Option<Pass> {
         match (&self.kind, &group.0) {
-            (Kind::Single, _) => Some(self.pass(Scope::Everything)),
-            (Kind::Citus(map), GroupOf::Shard(shard)) => {
-                let clients = map.clients_by_shard().remove(shard)?;
-                Some(self.pass(Scope::Clients(clients.into())))
+            (Kind::Single, _) => Some(self.single_pass()),
+            (Kind::Citus(cluster), GroupOf::Shard(shard)) => {
+                let clients = cluster.clients_by_shard().remove(shard)?;
+                Some(shard_pass(cluster, *shard, clients))
             }
             (Kind::Citus(_), _) => None,
         }
     }
 
-    fn pass(&self, scope: Scope) -> Pass {
+    fn single_pass(&self) -> Pass {
         Pass {
             db: self.db.clone(),
-            scope,
+            scope: Scope::Everything,
+            node: None,
         }
+    }
+}
+
+/// The pass over one shard's rows, on the pool of the node that holds it.
+fn shard_pass(cluster: &Cluster, shard: ShardId, clients: Vec<String>) -> Pass {
+    let node = cluster.node_of(shard);
+    Pass {
+        db: cluster.pool_of(node.as_deref()),
+        scope: Scope::Clients(clients.into()),
+        node,
     }
 }
 
@@ -191,6 +219,8 @@ pub struct Route {
     /// The client the route was asked for: on Citus, what routes a statement with no row of
     /// its own (a probe) to the shard.
     client: Arc<str>,
+    /// On Citus, the cluster (its reserved outbox ids).
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl Route {
@@ -205,10 +235,6 @@ impl Route {
         self.node.as_deref()
     }
 
-    fn is_citus(&self) -> bool {
-        self.group.0 != GroupOf::Everything
-    }
-
     fn probe_client(&self) -> &str {
         &self.client
     }
@@ -220,6 +246,8 @@ impl Route {
 pub struct Pass {
     pub db: Database,
     scope: Scope,
+    /// On Citus, the node that holds the pass's shard.
+    node: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -238,6 +266,11 @@ impl Pass {
             Scope::Everything => None,
             Scope::Clients(clients) => Some(clients),
         }
+    }
+
+    /// The node (`host:port`) that holds the pass's rows, on Citus.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
     }
 
     /// How a transaction of this pass begins. On Citus, its statements are planned with their

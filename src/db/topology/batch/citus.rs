@@ -1,96 +1,78 @@
 //! The batch on Citus: the writes of one shard (every client of the batch has its rows on the
-//! same shard of each co-located table, see `write::queue`), in statements that Citus routes to
-//! that shard's worker alone, so that the transaction is a single-shard one, committed on one
-//! worker without a two-phase commit.
+//! same shard of each co-located table, see `write::queue`), in statements that each read and
+//! write that shard alone, so that the transaction is a single-shard one, committed on one node
+//! without a two-phase commit; sent together with `BEGIN` and `COMMIT`, so that the batch costs
+//! one round trip, as on a single server. Sent to the node that holds the shard, each statement
+//! is planned and run there (Citus 11 and later let any node run single-shard statements).
 //!
-//! Citus cannot route the single statement of [`super::one_statement`]: an `INSERT ... SELECT`
-//! from a function of the daemon's arrays goes "via the coordinator" (several round trips to the
-//! worker), and `now()` in its `ON CONFLICT ... WHERE` is refused. So, in one transaction:
+//! Citus cannot plan the single statement of [`super::single`] as one shard's: its CTEs read
+//! what their siblings inserted, which Citus runs one after another, each through the node
+//! that plans it. So, in one transaction:
 //!
 //! 1. the keys are claimed by `INSERT ... VALUES` (a row per write, [`ROWS_PER_STATEMENT`] at most
 //!    per statement), which Citus routes to the shard (an expired record is taken over by the
 //!    one rule, [`take_over_expired!`]);
 //! 2. an ordered batch counts its claimed writes into `ordering_keys` (the key's row lock, in
-//!    `(client_id, ordering_key)` order, as on a single server), and the claimed writes' entries
-//!    are inserted, numbered from those counters: both `INSERT ... SELECT` from the claimed
-//!    records joined with the daemon's arrays, which Citus pushes down to the shard since they
-//!    read a co-located table by its distribution column (a write whose key another request
-//!    holds finds no record with its entry id, and inserts nothing);
-//! 3. once their answers are back (the claimed keys, the sequences, each key's `done_through`),
-//!    the claimed writes' events are inserted by `INSERT ... VALUES`, held (due at `infinity`)
-//!    where an earlier write of their key is not done. They cannot be pushed down as the entries
-//!    are: their table's ids come from a sequence on the coordinator, so Citus would take the
-//!    rows through the coordinator, which it cannot do with a prepared statement's parameters.
+//!    `(client_id, ordering_key)` order, as on a single server);
+//! 3. the claimed writes' entries are inserted, numbered from those counters;
+//! 4. their events are inserted, held (due [`held_until!`]) where an earlier write of their key
+//!    is not done.
 //!
-//! Steps 1 and 2 go in one round trip with `BEGIN`, step 3 in a second one with `COMMIT`. Every
-//! table a statement reads names the batch's clients in its own condition (an outer join's
-//! too): Citus prunes each table's shards by its own conditions only, and reads every shard of
-//! a table it cannot prune. And Citus plans each statement with its parameters' values
-//! ([`BEGIN_WITH_VALUES`]).
+//! Steps 2 to 4 are `INSERT ... SELECT`s from the shard's rows of a co-located table (the
+//! records claimed, the entries inserted: a statement sees what the earlier ones of its
+//! transaction wrote), by the distribution column, with the batch's values taken from its
+//! arrays by position: Citus pushes such a statement down to the shard whole. An event's id is
+//! one the daemon reserved on the coordinator ([`IdBlocks`]), given as a value: a sequence's
+//! `nextval` in the statement would make Citus take the rows through the node that plans it.
+//! Every table a statement reads names the batch's clients in its own condition (an outer
+//! join's too): Citus prunes each table's shards by its own conditions only. And Citus plans
+//! each statement with its parameters' values ([`BEGIN_WITH_VALUES`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{take_over_expired, BatchRows, Claimed, WriteRow};
+use super::{event_payload, take_over_expired, BatchRows, Claimed, WriteRow};
 use crate::db::outbox_state::held_until;
-use crate::db::topology::citus::BEGIN_WITH_VALUES;
+use crate::db::topology::citus::{IdBlocks, BEGIN_WITH_VALUES};
 use crate::db::{PgClient, StorageError};
 
-/// Rows one `INSERT ... VALUES` takes at most: a batch of more is inserted by several
-/// statements in its transaction. Each row count has a statement of its own (prepared once per
+/// Rows one `INSERT ... VALUES` takes at most: a batch of more is claimed by several statements
+/// in its transaction. Each row count has a statement of its own (prepared once per
 /// connection), so this also bounds how many the daemon makes.
 const ROWS_PER_STATEMENT: usize = 64;
 
 /// Parameters of a claim row: client, key, request hash, response, entry id.
 const CLAIM_ROW_PARAMETERS: usize = 5;
 
-/// Parameters of an event row: event id, event key, client, idempotency key, type, payload,
-/// ordering key, sequence, traceparent, tracestate.
-const EVENT_ROW_PARAMETERS: usize = 10;
-
-/// The statement `make` writes for `rows` rows, made once per kind and row count and kept for
-/// the process's life: a prepared statement's text must outlive the connections that cache it.
-fn statement_for(kind: &'static str, rows: usize, make: impl Fn(usize) -> String) -> &'static str {
-    static MADE: OnceLock<Mutex<HashMap<(&'static str, usize), &'static str>>> = OnceLock::new();
+/// The claim statement for `rows` writes, made once per row count and kept for the process's
+/// life (a prepared statement's text must outlive the connections that cache it): `$1` the
+/// response status, `$2` the retention in microseconds, then five parameters per write.
+fn claim_statement(rows: usize) -> &'static str {
+    static MADE: OnceLock<Mutex<HashMap<usize, &'static str>>> = OnceLock::new();
     let mut made = MADE
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    made.entry((kind, rows))
-        .or_insert_with(|| Box::leak(make(rows).into_boxed_str()))
-}
-
-/// `rows` rows of `parameters` parameters each, from `$first`, as `make` writes one row.
-fn value_rows(
-    rows: usize,
-    (first, parameters): (usize, usize),
-    make: impl Fn(usize) -> String,
-) -> String {
-    (0..rows)
-        .map(|row| make(first + row * parameters))
-        .collect::<Vec<_>>()
-        .join(",\n       ")
-}
-
-/// The claim statement for `rows` writes: `$1` the response status, `$2` the retention in
-/// microseconds, then five parameters per write.
-fn claim_statement(rows: usize) -> &'static str {
-    statement_for("claim", rows, |rows| {
-        let values = value_rows(rows, (3, CLAIM_ROW_PARAMETERS), |p| {
-            format!(
-                "(${}, ${}, ${}::bytea, 'completed', $1::smallint, ${}::text::jsonb, ${}::uuid, now(), now() + $2::bigint * interval '1 microsecond')",
-                p,
-                p + 1,
-                p + 2,
-                p + 3,
-                p + 4
-            )
-        });
-        format!(
+    made.entry(rows).or_insert_with(|| {
+        let values = (0..rows)
+            .map(|row| {
+                let p = 3 + row * CLAIM_ROW_PARAMETERS;
+                format!(
+                    "(${}, ${}, ${}::bytea, 'completed', $1::smallint, ${}::text::jsonb, ${}::uuid, now(), now() + $2::bigint * interval '1 microsecond')",
+                    p,
+                    p + 1,
+                    p + 2,
+                    p + 3,
+                    p + 4
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",\n       ");
+        let statement = format!(
             "INSERT INTO idempotency_records AS r
     (client_id, key, request_hash, status, response_status, response_json, entry_id,
      created_at, expires_at)
@@ -98,79 +80,99 @@ VALUES {values}
 {}
 RETURNING entry_id, created_at",
             take_over_expired!()
-        )
+        );
+        Box::leak(statement.into_boxed_str())
     })
 }
 
-/// The events statement for `rows` events of claimed writes, due now or held (`held`: due at
-/// `infinity`, released by a relay once their key's earlier writes are done).
-fn events_statement(rows: usize, held: bool) -> &'static str {
-    let kind = if held { "held events" } else { "events" };
-    statement_for(kind, rows, |rows| {
-        let due = if held { held_until!() } else { "now()" };
-        let values = value_rows(rows, (1, EVENT_ROW_PARAMETERS), |p| {
-            format!(
-                "(${}::uuid, ${}, ${}, ${}, ${}, ${}::text::jsonb, now(), {due}, ${}, ${}::bigint, ${}, ${})",
-                p,
-                p + 1,
-                p + 2,
-                p + 3,
-                p + 4,
-                p + 5,
-                p + 6,
-                p + 7,
-                p + 8,
-                p + 9
-            )
-        });
-        format!(
-            "INSERT INTO outbox_events
-    (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
-     next_attempt_at, ordering_key, sequence, traceparent, tracestate)
-VALUES {values}"
-        )
-    })
+/// The batch's claimed writes, each joined to its position `i` in the batch's arrays: `$1` the
+/// writes' entry ids, `$2` their clients, `$3` their keys (the record's primary key), `$4` the
+/// batch's clients (each once: what prunes the shards). A write whose key another request
+/// holds finds no record with its entry id.
+macro_rules! claimed_writes {
+    () => {
+        "FROM idempotency_records r
+    JOIN generate_subscripts($1::uuid[], 1) AS i
+        ON r.client_id = ($2::text[])[i] AND r.key = ($3::text[])[i]
+       AND r.entry_id = ($1::uuid[])[i]"
+    };
 }
 
 /// Counts the claimed ordered writes of each (client, ordering key) into its counter, taking
 /// the counter's row lock in key order (see the single server's `CLAIM_AND_INSERT`), and
-/// returns how far each key's events are done (what decides whether the new ones are held).
-/// `$1..$4`: the writes' clients, keys, entry ids and ordering keys; `$5` the batch's clients.
-const COUNT_ORDERED: &str = "
+/// returns how far each key's events are done. `$1..$4` as [`claimed_writes!`], `$5` the
+/// writes' ordering keys.
+const COUNT_ORDERED: &str = concat!(
+    "
 INSERT INTO ordering_keys AS k (client_id, ordering_key, last_sequence, done_through)
-SELECT r.client_id, w.ordering_key, count(*), 0
-FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[])
-        AS w(client_id, key, entry_id, ordering_key)
-    JOIN idempotency_records r
-        ON r.client_id = w.client_id AND r.key = w.key AND r.entry_id = w.entry_id
-WHERE r.client_id = ANY($5) AND w.ordering_key IS NOT NULL
-GROUP BY r.client_id, w.ordering_key
-ORDER BY r.client_id, w.ordering_key
+SELECT r.client_id, ($5::text[])[i], count(*), 0
+",
+    claimed_writes!(),
+    "
+WHERE r.client_id = ANY($4) AND ($5::text[])[i] IS NOT NULL
+GROUP BY r.client_id, ($5::text[])[i]
+ORDER BY r.client_id, ($5::text[])[i]
 ON CONFLICT (client_id, ordering_key) DO UPDATE
     SET last_sequence = k.last_sequence + EXCLUDED.last_sequence
-RETURNING client_id, ordering_key, done_through";
+RETURNING client_id, ordering_key, done_through"
+);
 
 /// The claimed writes' entries; an ordered one is numbered after its key's counter, which
 /// [`COUNT_ORDERED`] has moved on by the batch's writes of the key: the key's writes in the
-/// batch take the numbers up to it, in batch order. `$1..$8`: the writes' clients, keys, entry
-/// ids, kinds, data, times and ordering keys (in batch order); `$8` the batch's clients.
-const INSERT_ENTRIES: &str = "
+/// batch take the numbers up to it, in batch order. `$1..$5` as in [`COUNT_ORDERED`], then the
+/// writes' kinds, data and times.
+const INSERT_ENTRIES: &str = concat!(
+    "
 INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at, ordering_key,
                      sequence)
-SELECT w.entry_id, r.client_id, r.key, w.kind, w.data::jsonb, w.created_at, w.ordering_key,
+SELECT r.entry_id, r.client_id, r.key, ($6::text[])[i], ($7::text[])[i]::jsonb,
+       ($8::timestamptz[])[i], ($5::text[])[i],
        k.last_sequence
-           - count(*) OVER (PARTITION BY r.client_id, w.ordering_key)
-           + row_number() OVER (PARTITION BY r.client_id, w.ordering_key ORDER BY w.position)
-FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::timestamptz[],
-            $7::text[]) WITH ORDINALITY
-        AS w(client_id, key, entry_id, kind, data, created_at, ordering_key, position)
-    JOIN idempotency_records r
-        ON r.client_id = w.client_id AND r.key = w.key AND r.entry_id = w.entry_id
+           - count(*) OVER (PARTITION BY r.client_id, ($5::text[])[i])
+           + row_number() OVER (PARTITION BY r.client_id, ($5::text[])[i] ORDER BY i)
+",
+    claimed_writes!(),
+    "
     LEFT JOIN ordering_keys k
-        ON k.client_id = r.client_id AND k.ordering_key = w.ordering_key
-           AND k.client_id = ANY($8)
-WHERE r.client_id = ANY($8)
-RETURNING id, sequence";
+        ON k.client_id = r.client_id AND k.ordering_key = ($5::text[])[i]
+           AND k.client_id = ANY($4)
+WHERE r.client_id = ANY($4)
+RETURNING id, sequence"
+);
+
+/// The events of the claimed writes, each joined to its write's entry (inserted by
+/// [`INSERT_ENTRIES`] in this transaction) by position `i` in the events' arrays: `$1` their
+/// ids, `$2` event ids, `$3` event keys, `$4` their entries' ids, `$5` types, `$6` payloads,
+/// `$7` whether each carries the entry, `$8` and `$9` the trace context, `$10` the batch's
+/// clients. An event is held (due [`held_until!`]) when an earlier write of its key is not
+/// done: the key's `done_through`, on the row [`COUNT_ORDERED`] locked, is behind.
+const INSERT_EVENTS: &str = concat!(
+    "
+INSERT INTO outbox_events
+    (id, event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
+     next_attempt_at, ordering_key, sequence, traceparent, tracestate)
+SELECT ($1::bigint[])[i], ($2::uuid[])[i], ($3::text[])[i], en.client_id, en.idempotency_key,
+       ($5::text[])[i],
+       ",
+    event_payload!(
+        "($6::text[])[i]::jsonb",
+        "($7::bool[])[i]",
+        "en.ordering_key",
+        "en.sequence"
+    ),
+    ",
+       now(),
+       CASE WHEN en.sequence - 1 > k.done_through THEN ",
+    held_until!(),
+    " ELSE now() END,
+       en.ordering_key, en.sequence, ($8::text[])[i], ($9::text[])[i]
+FROM entries en
+    JOIN generate_subscripts($4::uuid[], 1) AS i ON en.id = ($4::uuid[])[i]
+    LEFT JOIN ordering_keys k
+        ON k.client_id = en.client_id AND k.ordering_key = en.ordering_key
+           AND k.client_id = ANY($10)
+WHERE en.client_id = ANY($10)"
+);
 
 /// One write's parameters of the claim statement.
 struct ClaimRow<'a> {
@@ -181,143 +183,78 @@ struct ClaimRow<'a> {
     entry_id: Uuid,
 }
 
-/// The batch's writes as the entries' and the counters' arrays.
-struct Arrays<'a> {
+/// The batch's writes as the arrays of [`COUNT_ORDERED`] and [`INSERT_ENTRIES`].
+struct Writes<'a> {
+    entry_ids: Vec<Uuid>,
     clients: Vec<&'a str>,
     keys: Vec<&'a str>,
-    entry_ids: Vec<Uuid>,
+    /// Each client of the batch once.
+    batch_clients: Vec<&'a str>,
+    ordering_keys: Vec<Option<&'a str>>,
     kinds: Vec<&'a str>,
     data: Vec<&'a str>,
     created: Vec<DateTime<Utc>>,
-    ordering_keys: Vec<Option<&'a str>>,
-    /// Each client of the batch once.
-    batch_clients: Vec<&'a str>,
 }
 
-impl<'a> Arrays<'a> {
+impl<'a> Writes<'a> {
     fn new(writes: &'a [WriteRow<'a>]) -> Self {
         let mut batch_clients: Vec<&str> = writes.iter().map(|w| &*w.key.client_id).collect();
         batch_clients.sort_unstable();
         batch_clients.dedup();
         Self {
+            entry_ids: writes.iter().map(|w| w.entry_id).collect(),
             clients: writes.iter().map(|w| &*w.key.client_id).collect(),
             keys: writes.iter().map(|w| w.key.key.as_str()).collect(),
-            entry_ids: writes.iter().map(|w| w.entry_id).collect(),
+            batch_clients,
+            ordering_keys: writes.iter().map(|w| w.ordering_key).collect(),
             kinds: writes.iter().map(|w| w.kind).collect(),
             data: writes.iter().map(|w| w.data).collect(),
             created: writes.iter().map(|w| w.created_at).collect(),
-            ordering_keys: writes.iter().map(|w| w.ordering_key).collect(),
-            batch_clients,
         }
     }
 }
 
-/// One event of a claimed write, as its row is inserted.
-struct EventValues<'a> {
-    event_id: Uuid,
-    event_key: &'a str,
-    client: &'a str,
-    idempotency_key: &'a str,
-    event_type: &'a str,
-    /// The CloudEvent; an ordered write's carries its ordering key and sequence.
-    payload: String,
-    ordering_key: Option<&'a str>,
-    sequence: Option<i64>,
-    traceparent: Option<&'a str>,
-    tracestate: Option<&'a str>,
+/// The batch's events as the arrays of [`INSERT_EVENTS`], with their ids.
+struct Events<'a> {
+    ids: Vec<i64>,
+    event_ids: Vec<Uuid>,
+    event_keys: Vec<&'a str>,
+    entry_ids: Vec<Uuid>,
+    types: Vec<&'a str>,
+    payloads: Vec<&'a str>,
+    carries_entry: Vec<bool>,
+    traceparents: Vec<Option<&'a str>>,
+    tracestates: Vec<Option<&'a str>>,
 }
 
-/// An ordered write's event as the single server's statement makes it: the CloudEvent
-/// extension attributes `partitionkey` and `sequence` (a string), and, in `entry.created`'s data
-/// (the entry), `ordering_key` and `sequence`.
-fn ordered_payload(payload: &str, carries_entry: bool, key: &str, sequence: i64) -> String {
-    let Ok(serde_json::Value::Object(mut event)) = serde_json::from_str(payload) else {
-        // Made by the daemon from an object: not reached.
-        return payload.to_owned();
-    };
-    event.insert("partitionkey".into(), key.into());
-    event.insert("sequence".into(), sequence.to_string().into());
-    if carries_entry {
-        if let Some(serde_json::Value::Object(data)) = event.get_mut("data") {
-            data.insert("ordering_key".into(), key.into());
-            data.insert("sequence".into(), sequence.into());
+impl<'a> Events<'a> {
+    /// `ids` go to the events in the batch's order, so that the events of one ordering key take
+    /// ids in its sequences' order (the batch numbers its writes of a key in that order).
+    fn new(rows: &'a BatchRows<'a>, ids: Vec<i64>) -> Self {
+        let events = || rows.events();
+        Self {
+            ids,
+            event_ids: events().map(|(_, e)| e.event_id).collect(),
+            event_keys: events().map(|(_, e)| e.event_key.as_str()).collect(),
+            entry_ids: events().map(|(w, _)| w.entry_id).collect(),
+            types: events().map(|(_, e)| e.event_type).collect(),
+            payloads: events().map(|(_, e)| e.payload.as_str()).collect(),
+            carries_entry: events().map(|(_, e)| e.carries_entry).collect(),
+            traceparents: events().map(|(_, e)| e.traceparent).collect(),
+            tracestates: events().map(|(_, e)| e.tracestate).collect(),
         }
     }
-    serde_json::Value::Object(event).to_string()
 }
 
-/// Claims and writes the batch (the writes of one shard), in a transaction of two round trips.
+/// Claims and writes the batch (the writes of one shard), in one transaction of one round trip.
+/// The first statement to fail is the batch's error: those after it only find the transaction
+/// aborted.
 pub(super) async fn claim(
     connection: &mut PgClient,
     rows: &BatchRows<'_>,
+    ids: &IdBlocks,
 ) -> Result<Claimed, StorageError> {
-    let first = claim_and_number(connection, rows).await;
-    let (entries, database_now, sequences, done_through) = match first {
-        Ok(found) => found,
-        Err(error) => {
-            // Nothing of the transaction stands: ended before the connection goes back.
-            let _ = connection.batch_execute("ROLLBACK").await;
-            return Err(error);
-        }
-    };
-    let values: Vec<(bool, EventValues)> = rows
-        .events()
-        .filter_map(|(write, event)| {
-            if !entries.contains(&write.entry_id) {
-                return None;
-            }
-            let client = &*write.key.client_id;
-            let sequence = sequences.get(&write.entry_id).copied();
-            let (held, payload) = match (write.ordering_key, sequence) {
-                (Some(key), Some(sequence)) => (
-                    // Held unless every earlier write of its key is done.
-                    done_through
-                        .get(&(client, key))
-                        .is_some_and(|done| sequence - 1 > *done),
-                    ordered_payload(&event.payload, event.carries_entry, key, sequence),
-                ),
-                _ => (false, event.payload.clone()),
-            };
-            Some((
-                held,
-                EventValues {
-                    event_id: event.event_id,
-                    event_key: &event.event_key,
-                    client,
-                    idempotency_key: write.key.key.as_str(),
-                    event_type: event.event_type,
-                    payload,
-                    ordering_key: write.ordering_key,
-                    sequence,
-                    traceparent: event.traceparent,
-                    tracestate: event.tracestate,
-                },
-            ))
-        })
-        .collect();
-    insert_events_and_commit(connection, values).await?;
-    Ok(Claimed {
-        database_now,
-        entries,
-        sequences,
-    })
-}
-
-/// What the first round trip found: the entry ids of the claimed writes, the database's time,
-/// the entries' sequences, and how far each counted ordering key's events are done.
-type Numbered<'a> = (
-    HashSet<Uuid>,
-    Option<DateTime<Utc>>,
-    HashMap<Uuid, i64>,
-    HashMap<(&'a str, &'a str), i64>,
-);
-
-/// Begins the transaction, claims the keys, counts the ordered writes and inserts the entries:
-/// one round trip.
-async fn claim_and_number<'a>(
-    connection: &mut PgClient,
-    rows: &'a BatchRows<'a>,
-) -> Result<Numbered<'a>, StorageError> {
+    let event_ids = ids.take(rows.events().count(), connection).await?;
     // Keys claimed in (client, key) order, as on a single server: two batches sharing keys
     // wait for each other rather than deadlock.
     let mut order: Vec<&WriteRow> = rows.writes.iter().collect();
@@ -332,8 +269,6 @@ async fn claim_and_number<'a>(
             entry_id: write.entry_id,
         })
         .collect();
-    let status = rows.response_status;
-    let retention = rows.retention_micros();
     let mut claims = Vec::new();
     for chunk in order.chunks(ROWS_PER_STATEMENT) {
         let statement = connection
@@ -343,8 +278,9 @@ async fn claim_and_number<'a>(
     }
     let count_ordered = connection.prepare_cached(COUNT_ORDERED).await?;
     let insert_entries = connection.prepare_cached(INSERT_ENTRIES).await?;
+    let insert_events = connection.prepare_cached(INSERT_EVENTS).await?;
 
-    let a = Arrays::new(rows.writes);
+    let (status, retention) = (rows.response_status, rows.retention_micros());
     let claim_params: Vec<Vec<&(dyn ToSql + Sync)>> = claims
         .iter()
         .map(|(_, chunk)| {
@@ -361,6 +297,31 @@ async fn claim_and_number<'a>(
             params
         })
         .collect();
+    let w = Writes::new(rows.writes);
+    let writes_params: [&(dyn ToSql + Sync); 8] = [
+        &w.entry_ids,
+        &w.clients,
+        &w.keys,
+        &w.batch_clients,
+        &w.ordering_keys,
+        &w.kinds,
+        &w.data,
+        &w.created,
+    ];
+    let e = Events::new(rows, event_ids);
+    let events_params: [&(dyn ToSql + Sync); 10] = [
+        &e.ids,
+        &e.event_ids,
+        &e.event_keys,
+        &e.entry_ids,
+        &e.types,
+        &e.payloads,
+        &e.carries_entry,
+        &e.traceparents,
+        &e.tracestates,
+        &w.batch_clients,
+    ];
+
     let client: &tokio_postgres::Client = connection;
     let claimed_rows = futures_util::future::join_all(
         claims
@@ -368,117 +329,40 @@ async fn claim_and_number<'a>(
             .zip(&claim_params)
             .map(|((statement, _), params)| client.query(statement, params)),
     );
-    let counter_params: [&(dyn ToSql + Sync); 5] = [
-        &a.clients,
-        &a.keys,
-        &a.entry_ids,
-        &a.ordering_keys,
-        &a.batch_clients,
-    ];
     let counted = async {
         if !rows.ordered() {
             return Ok(Vec::new());
         }
-        client.query(&count_ordered, &counter_params).await
+        client.query(&count_ordered, &writes_params[..5]).await
     };
-    let entry_params: [&(dyn ToSql + Sync); 8] = [
-        &a.clients,
-        &a.keys,
-        &a.entry_ids,
-        &a.kinds,
-        &a.data,
-        &a.created,
-        &a.ordering_keys,
-        &a.batch_clients,
-    ];
-    let (begun, claimed_rows, counted, entries) = tokio::join!(
+    let (begun, claimed_rows, counted, entries, events, committed) = tokio::join!(
         client.batch_execute(BEGIN_WITH_VALUES),
         claimed_rows,
         counted,
-        client.query(&insert_entries, &entry_params),
+        client.query(&insert_entries, &writes_params),
+        client.execute(&insert_events, &events_params),
+        client.batch_execute("COMMIT"),
     );
     begun?;
-    let mut claimed = HashSet::new();
-    let mut database_now = None;
+    let mut claimed = Claimed {
+        database_now: None,
+        entries: Default::default(),
+        sequences: HashMap::new(),
+    };
     for found in claimed_rows {
         for row in found? {
-            claimed.insert(row.get::<_, Uuid>(0));
-            database_now = Some(row.get::<_, DateTime<Utc>>(1));
+            claimed.entries.insert(row.get::<_, Uuid>(0));
+            claimed.database_now = Some(row.get::<_, DateTime<Utc>>(1));
         }
     }
-    // The counters' keys, as the batch's own text (each pair of the batch once).
-    let keys_of: HashMap<(&str, &str), (&str, &str)> = rows
-        .writes
-        .iter()
-        .filter_map(|w| {
-            let pair = (&*w.key.client_id, w.ordering_key?);
-            Some((pair, pair))
-        })
-        .collect();
-    let done_through = counted?
-        .iter()
-        .filter_map(|row| {
-            let pair = keys_of.get(&(row.get::<_, &str>(0), row.get::<_, &str>(1)))?;
-            Some((*pair, row.get::<_, i64>(2)))
-        })
-        .collect();
-    let sequences = entries?
+    counted?;
+    claimed.sequences = entries?
         .iter()
         .filter_map(|row| Some((row.get::<_, Uuid>(0), row.get::<_, Option<i64>>(1)?)))
         .collect();
-    Ok((claimed, database_now, sequences, done_through))
-}
-
-/// Inserts the claimed writes' events (those due now, and those held), in sequence order so
-/// that a key's events take ids in its order, and commits: the second round trip.
-async fn insert_events_and_commit(
-    connection: &mut PgClient,
-    mut values: Vec<(bool, EventValues<'_>)>,
-) -> Result<(), StorageError> {
-    values.sort_by_key(|(_, event)| event.sequence);
-    let mut statements = Vec::new();
-    for held in [false, true] {
-        let of_kind: Vec<&EventValues> = values
-            .iter()
-            .filter(|(is_held, _)| *is_held == held)
-            .map(|(_, event)| event)
-            .collect();
-        for chunk in of_kind.chunks(ROWS_PER_STATEMENT) {
-            let statement = connection
-                .prepare_cached(events_statement(chunk.len(), held))
-                .await?;
-            let params: Vec<&(dyn ToSql + Sync)> = chunk
-                .iter()
-                .flat_map(|event| {
-                    [
-                        &event.event_id as &(dyn ToSql + Sync),
-                        &event.event_key,
-                        &event.client,
-                        &event.idempotency_key,
-                        &event.event_type,
-                        &event.payload,
-                        &event.ordering_key,
-                        &event.sequence,
-                        &event.traceparent,
-                        &event.tracestate,
-                    ]
-                })
-                .collect();
-            statements.push((statement, params));
-        }
-    }
-    let client: &tokio_postgres::Client = connection;
-    let inserted = futures_util::future::join_all(
-        statements
-            .iter()
-            .map(|(statement, params)| client.execute(statement, params)),
-    );
-    let (inserted, committed) = tokio::join!(inserted, client.batch_execute("COMMIT"));
-    for result in inserted {
-        result?;
-    }
+    events?;
     committed?;
-    Ok(())
+    Ok(claimed)
 }
 
 /// Begins a transaction and runs the entries' statement with no write in it, routed to
@@ -494,7 +378,7 @@ pub(super) async fn begin_probe(
     let no_keys: Vec<Option<&str>> = Vec::new();
     let clients = vec![client];
     let params: [&(dyn ToSql + Sync); 8] = [
-        &none, &none, &no_ids, &none, &none, &no_times, &no_keys, &clients,
+        &no_ids, &none, &none, &clients, &no_keys, &none, &none, &no_times,
     ];
     let handle: &tokio_postgres::Client = connection;
     let (begun, probed) = tokio::join!(

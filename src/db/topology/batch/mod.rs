@@ -40,6 +40,51 @@ macro_rules! take_over_expired {
 }
 use take_over_expired;
 
+/// An event's payload as its row holds it, from the SQL expressions given: `$payload` (the
+/// CloudEvent, jsonb), `$carries_entry` (whether its data is the entry), and the write's
+/// `$key` and `$sequence` (NULL when unordered). An ordered write's event gets the CloudEvents
+/// extension attributes `partitionkey` and `sequence` (a string), and `entry.created`'s data
+/// (the entry) its `ordering_key` and `sequence`: known only once the statement has numbered
+/// the write.
+macro_rules! event_payload {
+    ($payload:literal, $carries_entry:literal, $key:literal, $sequence:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $sequence,
+            " IS NULL THEN ",
+            $payload,
+            "
+                ELSE jsonb_set(
+                    ",
+            $payload,
+            " || jsonb_build_object('partitionkey', ",
+            $key,
+            ",
+                                                         'sequence', ",
+            $sequence,
+            "::text),
+                    '{data}',
+                    CASE WHEN ",
+            $carries_entry,
+            "
+                         THEN (",
+            $payload,
+            " -> 'data')
+                              || jsonb_build_object('ordering_key', ",
+            $key,
+            ",
+                                                    'sequence', ",
+            $sequence,
+            ")
+                         ELSE ",
+            $payload,
+            " -> 'data' END)
+           END"
+        )
+    };
+}
+use event_payload;
+
 /// A batch's writes and their events, as its statements take them. A record's `created_at` and
 /// `expires_at` are not among them: the statements set them from the database's own clock
 /// (`now()`, and `now()` plus [`retention`](Self::retention)), never from a time the daemon
@@ -124,10 +169,9 @@ impl Route {
         connection: &mut PgClient,
         rows: &BatchRows<'_>,
     ) -> Result<Claimed, StorageError> {
-        if self.is_citus() {
-            citus::claim(connection, rows).await
-        } else {
-            single::claim(connection, rows).await
+        match &self.cluster {
+            Some(cluster) => citus::claim(connection, rows, &cluster.ids).await,
+            None => single::claim(connection, rows).await,
         }
     }
 
@@ -136,10 +180,9 @@ impl Route {
     /// (`write::batch::probe`). Fails as a write there would: a schema the statements do not
     /// fit, a read-only database, a lost connection or, on Citus, the shard's node down.
     pub async fn begin_probe(&self, connection: &mut PgClient) -> Result<(), StorageError> {
-        if self.is_citus() {
-            citus::begin_probe(connection, self.probe_client()).await
-        } else {
-            single::begin_probe(connection).await
+        match &self.cluster {
+            Some(_) => citus::begin_probe(connection, self.probe_client()).await,
+            None => single::begin_probe(connection).await,
         }
     }
 }

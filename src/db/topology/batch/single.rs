@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{take_over_expired, BatchRows, Claimed};
+use super::{event_payload, take_over_expired, BatchRows, Claimed};
 use crate::db::outbox_state::held_until;
 use crate::db::{PgClient, StorageError};
 
@@ -48,17 +48,14 @@ new_events AS (
         (event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
          next_attempt_at, ordering_key, sequence, traceparent, tracestate)
     SELECT e.event_id, e.event_key, e.client_id, e.key, e.event_type,
-           CASE WHEN s.sequence IS NULL THEN e.payload::jsonb
-                ELSE jsonb_set(
-                    e.payload::jsonb || jsonb_build_object('partitionkey', s.ordering_key,
-                                                           'sequence', s.sequence::text),
-                    '{data}',
-                    CASE WHEN e.carries_entry
-                         THEN (e.payload::jsonb -> 'data')
-                              || jsonb_build_object('ordering_key', s.ordering_key,
-                                                    'sequence', s.sequence)
-                         ELSE e.payload::jsonb -> 'data' END)
-           END,
+           "#,
+            event_payload!(
+                "e.payload::jsonb",
+                "e.carries_entry",
+                "s.ordering_key",
+                "s.sequence"
+            ),
+            r#",
            now(),
            CASE WHEN s.held THEN "#,
             held_until!(),
