@@ -12,11 +12,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use serde_json::{Map, Value};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
 use crate::clients::{self, Names};
-use crate::report::Settings;
+use crate::report::{self, Machine, Settings};
 use crate::stats::Num;
 
 /// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
@@ -99,29 +98,6 @@ pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     let (client, connection) = connected.with_context(|| format!("cannot connect to {url}"))?;
     tokio::spawn(connection);
     Ok(client)
-}
-
-/// The last line starting with `tag `, parsed as a JSON object (wrk's scripts print one).
-pub fn result_line(text: &str, tag: &str) -> anyhow::Result<Map<String, Value>> {
-    let prefix = format!("{tag} ");
-    let line = text
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(&prefix));
-    let line = line.ok_or_else(|| anyhow!("no {tag} line"))?;
-    match serde_json::from_str(line).with_context(|| format!("{tag} line: {line}"))? {
-        Value::Object(map) => Ok(map),
-        other => bail!("{tag} line is not an object: {other}"),
-    }
-}
-
-/// A figure of a result line, with the text the tool printed.
-pub fn field(map: &Map<String, Value>, key: &str) -> Option<Num> {
-    match map.get(key)? {
-        Value::Number(number) => Num::parse(&number.to_string()),
-        Value::String(text) => Num::parse(text),
-        _ => None,
-    }
 }
 
 /// What a command printed (standard output, else standard error), trimmed; "" on failure.
@@ -555,6 +531,42 @@ impl Daemon {
     }
 }
 
+/// Runs a command line, `NAME=value` words then a program and its arguments, its output in
+/// `out`, calling `poll` every `every` while it runs; its exit status and what it printed.
+pub fn run_program(
+    line: &str,
+    out: &Path,
+    every: Duration,
+    mut poll: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<(ExitStatus, String)> {
+    let mut words = line.split_whitespace().peekable();
+    let mut env = Vec::new();
+    while let Some(pair) = words.peek().and_then(|word| word.split_once('=')) {
+        env.push(pair);
+        words.next();
+    }
+    let program = words.next().context("no program")?;
+    let file = File::create(out)?;
+    let mut command = Command::new(program);
+    command.args(words).envs(env).stdin(Stdio::null());
+    command.stdout(file.try_clone()?).stderr(file);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    let mut next_poll = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= next_poll {
+            poll()?;
+            next_poll += every;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok((status, fs::read_to_string(out)?))
+}
+
 /// What must go away on every exit, also on failure or a signal: the daemon, the databases
 /// with a prefix, the exchanges and queues that were bound.
 pub struct Cleanup {
@@ -755,34 +767,52 @@ pub fn commit() -> String {
     }
 }
 
-/// The CPU model and the memory in GiB (one decimal), from /proc.
-pub fn cpu_and_memory() -> (String, String) {
+/// The machine and the software a run measures, as the report names them; RabbitMQ's version
+/// from rabbitmqctl if `ask_rabbit` (it may take seconds), else from the Debian package.
+pub fn machine(pg: &Pg, config: &str, ask_rabbit: bool) -> Machine {
     let line = |file: &str, prefix: &str| {
         let text = fs::read_to_string(file).unwrap_or_default();
-        text.lines()
+        let line = text
+            .lines()
             .find(|l| l.starts_with(prefix))
-            .unwrap_or("")
-            .to_owned()
+            .map(str::to_owned);
+        line.unwrap_or_default()
     };
-    let cpu = line("/proc/cpuinfo", "model name");
-    let cpu = cpu
-        .split_once(": ")
-        .map_or("", |(_, model)| model)
-        .to_owned();
-    let mem = line("/proc/meminfo", "MemTotal:");
-    let kb = mem
+    let cpu_model = line("/proc/cpuinfo", "model name");
+    let cpu_model = cpu_model.split_once(": ").map_or("", |(_, model)| model);
+    let kb = line("/proc/meminfo", "MemTotal:");
+    let kb = kb
         .split_whitespace()
         .nth(1)
         .and_then(|kb| kb.parse::<f64>().ok());
-    (
-        cpu,
-        kb.map_or(String::new(), |kb| format!("{:.1}", kb / 1_048_576.0)),
-    )
+    let show = |setting: &str| pg.query("postgres", &format!("SHOW {setting}"));
+    let show = |setting| show(setting).unwrap_or_else(|_| "unknown".into());
+    let word = |text: String, index| text.split_whitespace().nth(index).map(str::to_owned);
+    let wrk = command_line("wrk", &["-v"])
+        .lines()
+        .next()
+        .map(str::to_owned);
+    let rustc = Some(command_line("rustc", &["--version"])).filter(|v| !v.is_empty());
+    let settings = fs::read_to_string(config).map(|text| report::quoted_settings(&text));
+    Machine {
+        cpu_model: cpu_model.to_owned(),
+        nproc: command_line("nproc", &[]),
+        mem_gib: kb.map_or(String::new(), |kb| format!("{:.1}", kb / 1_048_576.0)),
+        kernel: command_line("uname", &["-sr"]),
+        pg_version: show("server_version"),
+        autovacuum: show("autovacuum"),
+        rabbit_version: rabbit_version(ask_rabbit),
+        wrk_version: wrk.and_then(|line| word(line, 1)).unwrap_or_default(),
+        pgbench_version: word(command_line("pgbench", &["--version"]), 2).unwrap_or_default(),
+        rustc_version: rustc.unwrap_or_else(|| "rustc unknown".into()),
+        commit: commit(),
+        daemon_settings: settings.unwrap_or_default(),
+    }
 }
 
 /// RabbitMQ's version from rabbitmqctl (if `ask`), else from the Debian package; "unknown"
 /// without either.
-pub fn rabbit_version(ask: bool) -> String {
+fn rabbit_version(ask: bool) -> String {
     let ctl = ask.then(|| command_line("timeout", &["20", "rabbitmqctl", "version"]));
     let ctl = ctl.and_then(|text| text.lines().last().map(str::to_owned));
     let ctl = ctl.filter(|v| !v.trim().is_empty() && !v.contains("rror"));
@@ -792,13 +822,6 @@ pub fn rabbit_version(ask: bool) -> String {
         true => "unknown".into(),
         false => version,
     }
-}
-
-/// wrk's version: the second word of `wrk -v`'s first line.
-pub fn wrk_version() -> String {
-    let text = command_line("wrk", &["-v"]);
-    let first = text.lines().next().unwrap_or("");
-    first.split_whitespace().nth(1).unwrap_or("").to_owned()
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `bench soak`: the scenario `soak` (a steady mixed load against the release daemon for minutes
-//! or hours) run once, its slices measured by the step `Slices`, its end checks (`CHECKS`) and
-//! memory verdict rendered into the template bench/soak.md.
+//! or hours) run once, its load measured slice by slice (`slices`), its end checks (`CHECKS`)
+//! and memory verdict rendered into the template bench/soak.md.
 //!
 //! Each slice is one wrk run of `scripts/soak.lua` (70 % writes with fresh keys, 20 % replays,
 //! 5 % conflicts, 5 % GETs). The rate is held by a fixed-rate schedule: each wrk thread sends
@@ -9,18 +9,21 @@
 //! answer did. While a slice runs, the daemon's VmRSS is sampled every second; the memory
 //! verdict is the least-squares slope of those samples after the warm-up, in MiB per hour.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::harness::{self, field, result_line, MachineTicks};
+use crate::harness::{self, MachineTicks};
+use crate::outputs::{field, result_line};
 use crate::report::{fill, Settings};
-use crate::scenarios::{self, Bench, Scene};
+use crate::scenarios;
+use crate::scene::{Bench, Scene};
 use crate::stats::{least_squares, Line};
+use crate::SoakArgs;
 
 const THREADS: u32 = 2;
 /// Fewer samples after the warm-up than this, or spanning less time, give no memory verdict.
@@ -31,49 +34,6 @@ const TEMPLATE: &str = include_str!("soak.md");
 /// Records without their entry, and entries without their event.
 pub const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
     + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
-
-#[derive(clap::Args, Clone, Debug)]
-pub struct SoakArgs {
-    /// Length of the load, in minutes.
-    #[arg(long, env = "SOAK_MINUTES", default_value_t = 10)]
-    pub minutes: u32,
-    /// Seconds per slice (one wrk run, one row of the table).
-    #[arg(long, env = "SOAK_SLICE_SECONDS", default_value_t = 30)]
-    pub slice_seconds: u32,
-    /// Offered requests per second, held by a fixed-rate schedule.
-    #[arg(long, env = "SOAK_RATE", default_value_t = 1000)]
-    pub rate: u32,
-    /// wrk's connections (at least 2: one per wrk thread).
-    #[arg(long, env = "SOAK_CONNECTIONS", default_value_t = 8)]
-    pub connections: u32,
-    /// The daemon's port (default: a free one).
-    #[arg(long, env = "SOAK_PORT")]
-    pub port: Option<u16>,
-    #[arg(long, env = "SOAK_CONFIG", default_value = "config.toml")]
-    pub config: String,
-    /// VACUUM the daemon's tables after every slice (standing in for autovacuum where it is off).
-    #[arg(long, env = "SOAK_VACUUM", value_parser = clap::builder::BoolishValueParser::new())]
-    pub vacuum: bool,
-    /// Minutes at the start whose RSS samples the memory verdict leaves out (the replay cache
-    /// fills then). Default: the first half of the run.
-    #[arg(long, env = "SOAK_WARMUP_MINUTES")]
-    pub warmup_minutes: Option<f64>,
-    /// The RSS slope after the warm-up, in MiB per hour, above which the memory check fails.
-    #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 1.0)]
-    pub rss_slope_limit: f64,
-    /// The daemon to soak (default: the release build beside this program), e.g. one built
-    /// with another allocator, to run two soaks side by side.
-    #[arg(long, env = "SOAK_DAEMON")]
-    pub daemon: Option<PathBuf>,
-    #[arg(long, env = "SOAK_AMQP_URL", default_value = crate::clients::AMQP)]
-    pub amqp: String,
-}
-
-impl SoakArgs {
-    fn slices(&self) -> u32 {
-        self.minutes * 60 / self.slice_seconds.max(1)
-    }
-}
 
 /// Where a slice's figure comes from: the sum of figures of wrk's `SOAK_RESULT`, or a reading
 /// of the daemon, the machine or the database after the slice.
@@ -437,14 +397,13 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     }
     harness::ensure_tools(&[("wrk", "wrk")])?;
     let port = args.port.map_or_else(harness::free_port, Ok)?;
-    let config = args.config.clone();
-    let (duration, connections) = (args.slice_seconds, args.connections);
     let s = Settings {
         runs: 1,
-        duration,
-        connections,
+        duration: args.slice_seconds,
+        connections: args.connections,
+        wrk_threads: THREADS,
         port,
-        config,
+        config: args.config.clone(),
         ..Settings::default()
     };
     let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
@@ -458,15 +417,19 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
 /// Runs the soak and writes its report; whether every check passed.
 fn soak(bench: &Bench) -> anyhow::Result<bool> {
     let a = bench.soak.as_ref().context("not a soak")?;
-    let scene = bench.measure(scenarios::list("soak")?[0], 1)?;
-    let (load, mut facts) = (&scene.soak, scene.figures.clone());
+    let scene = scenarios::measure(bench, scenarios::list("soak")?[0], 1)?;
+    let load = &scene.soak;
+    let recorded = scene.record.0.iter();
+    let recorded =
+        recorded.filter_map(|(name, value)| Some((name.clone(), value.as_ref()?.text.clone())));
+    let mut facts: HashMap<String, String> = recorded.collect();
     let cut = |line: &str| line.chars().take(160).collect::<String>();
     let example = load
         .unexpected
         .first()
         .map(|line| format!("; e.g. {}", cut(line)));
     let problems = facts.get("log_problems").is_some_and(|n| n != "0");
-    let first = facts.get("first_problem").filter(|_| problems);
+    let first = scene.first_problem.as_deref().filter(|_| problems);
     let first = first.map(|line| format!("; first: {}", cut(line)));
     for column in ["created", "unexpected", "socket errors"] {
         facts.insert(column.replace(' ', "_"), total(&load.rows, column));
@@ -475,22 +438,18 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     facts.insert("slices".into(), a.slices().to_string());
     facts.insert("example".into(), example.unwrap_or_default());
     facts.insert("first".into(), first.unwrap_or_default());
-    facts
-        .entry("exit_code".into())
-        .or_insert_with(|| "by signal".into());
+    let exit = facts.entry("exit_code".into());
+    exit.or_insert_with(|| "by signal".into());
     let value = |name: &str| {
         facts
             .get(name)
             .and_then(|v| v.parse().ok())
             .unwrap_or(f64::NAN)
     };
-    let check = |(name, passed, detail): &(&str, Condition, &str)| {
-        let detail = fill(detail, |name| facts.get(name).cloned());
-        Check {
-            name: name.to_string(),
-            passed: Some(passed(&value)),
-            detail,
-        }
+    let check = |(name, passed, detail): &(&str, Condition, &str)| Check {
+        name: name.to_string(),
+        passed: Some(passed(&value)),
+        detail: fill(detail, |name| facts.get(name).cloned()),
     };
     let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
     let load_s = f64::from(a.slices() * a.slice_seconds);
@@ -499,17 +458,32 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     checks.push(memory.check());
     // The daemon's path, with the glibc malloc setting it inherits when one is set.
     let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
+    let m = harness::machine(&bench.pg, &a.config, false);
+    let vacuum = match a.vacuum {
+        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
+        false => "",
+    };
     let report = SoakReport {
         id: bench.run_id.clone(),
         written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
-        commit: harness::commit(),
+        commit: m.commit.clone(),
         daemon: format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default()),
         config: a.config.clone(),
         slices: a.slices(),
         slice_seconds: a.slice_seconds,
         rate: a.rate,
         connections: a.connections,
-        machine: machine(bench, a.vacuum),
+        machine: format!(
+            "{}, {} cores, {} GiB, {}; PostgreSQL {} (autovacuum {}{vacuum}), RabbitMQ {}, wrk {}",
+            m.cpu_model,
+            m.nproc,
+            m.mem_gib,
+            m.kernel,
+            m.pg_version,
+            m.autovacuum,
+            m.rabbit_version,
+            m.wrk_version
+        ),
         rows: load.rows.clone(),
         hwm_mib: facts.get("hwm_mib").cloned().unwrap_or_else(|| "?".into()),
         memory,
@@ -529,26 +503,10 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     Ok(!report.failed())
 }
 
-/// The machine and the servers, as the report names them.
-fn machine(bench: &Bench, vacuum: bool) -> String {
-    let (cpu, mem) = harness::cpu_and_memory();
-    let nproc = harness::command_line("nproc", &[]);
-    let kernel = harness::command_line("uname", &["-sr"]);
-    let show = |setting: &str| bench.pg.query("postgres", &format!("SHOW {setting}"));
-    let (pg, autovacuum) = (show("server_version"), show("autovacuum"));
-    let (pg, autovacuum) = (pg.unwrap_or_default(), autovacuum.unwrap_or_default());
-    let vacuum = match vacuum {
-        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
-        false => "",
-    };
-    let (rabbit, wrk) = (harness::rabbit_version(false), harness::wrk_version());
-    format!("{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}")
-}
-
-/// The step `Slices`: the load, slice after slice, into the scene's `soak`; the samples also
-/// to rss.tsv and the unexpected answers to unexpected.txt.
+/// The load, slice after slice, into the scene's `soak`; the samples also to rss.tsv and the
+/// unexpected answers to unexpected.txt.
 pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
-    let (bench, db) = (scene.bench(), scene.db()?.to_owned());
+    let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let a = bench.soak.as_ref().context("not a soak")?;
     fs::write(bench.work.join("keys.txt"), "")?;
     if bench.pg.query("postgres", "SHOW autovacuum")? != "on" && !a.vacuum {
@@ -560,11 +518,10 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
     say!("soak {id}: {slices} slices of {seconds}s, {rate} requests/s offered over {} connections on a fixed-rate schedule ({interval_us} µs per wrk thread), daemon pid {pid}", a.connections);
     let started = Instant::now();
     for slice in 1..=slices {
-        let (row, text) = one_slice(scene, a, slice, started, interval_us)?;
+        let (row, text) = one_slice(scene, slice, started, interval_us)?;
         if a.vacuum {
-            bench
-                .pg
-                .query(&db, "VACUUM outbox_events, idempotency_records, entries")?;
+            let vacuum = "VACUUM outbox_events, idempotency_records, entries";
+            bench.pg.query(&db, vacuum)?;
         }
         let unexpected = text
             .lines()
@@ -574,11 +531,8 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
         let figures = COLUMNS[..SHOWN].iter().zip(&row.2);
         let figures =
             figures.map(|((name, decimals, _), value)| format!("{name} {value:.*}", decimals));
-        say!(
-            "slice {slice} ({}): {}",
-            clock(row.1),
-            figures.collect::<Vec<_>>().join(", ")
-        );
+        let figures = figures.collect::<Vec<_>>().join(", ");
+        say!("slice {slice} ({}): {figures}", clock(row.1));
         scene.soak.rows.push(row);
     }
     let rss = scene
@@ -598,51 +552,31 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
 /// and what wrk printed.
 fn one_slice(
     scene: &mut Scene,
-    a: &SoakArgs,
     slice: u32,
     started: Instant,
     interval_us: u64,
 ) -> anyhow::Result<(SliceRow, String)> {
-    let (bench, db) = (scene.bench(), scene.db()?.to_owned());
-    let daemon = scene.daemon.as_mut().context("no daemon")?;
-    let out = bench.work.join(format!("slice-{slice}.txt"));
-    let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
-    let file = fs::File::create(&out)?;
-    let url = format!("http://127.0.0.1:{}/", bench.s.port);
-    let load = format!("-t{THREADS} -c{} -d{}s", a.connections, a.slice_seconds);
-    let mut wrk = Command::new("wrk");
-    wrk.args(load.split_whitespace())
-        .args(["--timeout", "10s", "--latency"]);
-    wrk.args(["-s", "scripts/soak.lua", &url])
-        .env("SOAK_NONCE", &bench.run_id);
-    wrk.env("SOAK_SLICE", slice.to_string())
-        .env("SOAK_STATE", bench.work.join("keys.txt"));
-    wrk.env("SOAK_INTERVAL_US", interval_us.to_string())
-        .stdin(Stdio::null());
-    let mut wrk = wrk
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .context("starting wrk")?;
-    let mut next_sample = Instant::now();
-    let status = loop {
-        if let Some(status) = wrk.try_wait()? {
-            break status;
-        }
-        if Instant::now() >= next_sample {
-            let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
-            let at = started.elapsed().as_secs_f64();
-            scene.soak.samples.extend(rss.ok().map(|mib| (at, mib)));
-            next_sample += Duration::from_secs(1);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (t1, wall_s, machine) = (
-        daemon.cpu_ticks()?,
-        n0.elapsed().as_secs_f64(),
-        MachineTicks::now()?.since(m0),
+    let (bench, db) = (scene.bench, scene.db()?.to_owned());
+    let state = bench.work.join("keys.txt");
+    let env = format!(
+        "SOAK_NONCE={} SOAK_SLICE={slice} SOAK_STATE={} SOAK_INTERVAL_US={interval_us}",
+        bench.run_id,
+        state.display()
     );
-    let text = fs::read_to_string(&out).unwrap_or_default();
+    let line = scene.fill(&format!("{env} {{wrk}} -s scripts/soak.lua {{url}}/"));
+    let out = bench.work.join(format!("slice-{slice}.txt"));
+    let (daemon, samples) = (
+        scene.daemon.as_mut().context("no daemon")?,
+        &mut scene.soak.samples,
+    );
+    let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
+    let (status, text) = harness::run_program(&line, &out, Duration::from_secs(1), || {
+        let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
+        samples.extend(rss.ok().map(|mib| (started.elapsed().as_secs_f64(), mib)));
+        Ok(())
+    })?;
+    let (t1, wall_s) = (daemon.cpu_ticks()?, n0.elapsed().as_secs_f64());
+    let machine = MachineTicks::now()?.since(m0);
     if !status.success() {
         bail!("wrk failed ({status}); see {}", out.display());
     }
