@@ -342,7 +342,7 @@ impl<'a> Scene<'a> {
     fn fresh_db(&self, name: &str) -> anyhow::Result<String> {
         let b = self.bench;
         let db = format!("retrysafe_bench_{}_{name}", b.run_id);
-        b.cleanup.guard(|| {
+        b.cleanup.guard(|_| {
             b.pg.drop_db(&db)?;
             self.migrate(&b.pg, &db)?;
             Ok(db)

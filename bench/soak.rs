@@ -395,7 +395,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     if args.rate == 0 {
         bail!("SOAK_RATE must be positive");
     }
-    harness::ensure_tools(&[("wrk", "wrk")])?;
+    harness::ensure_tools(&[("wrk", "wrk"), ("curl", "curl")])?;
     let port = args.port.map_or_else(harness::free_port, Ok)?;
     let s = Settings {
         runs: 1,
