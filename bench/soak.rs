@@ -159,17 +159,8 @@ pub fn summary_table(rows: &[SliceRow]) -> String {
     out
 }
 
-/// What the RSS samples after the warm-up say.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MemoryVerdict {
-    /// Slope within the limit.
-    Flat,
-    /// Slope above the limit.
-    Growing,
-    /// Too few samples, or too short a span, after the warm-up.
-    Inconclusive,
-}
-
+/// What the RSS samples after the warm-up say: the line fitted to them, and whether its slope
+/// is within the limit (`flat`; none with too few samples, or too short a span).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Memory {
     pub warmup_s: f64,
@@ -178,7 +169,7 @@ pub struct Memory {
     pub samples: usize,
     pub span_s: f64,
     pub line: Option<Line>,
-    pub verdict: MemoryVerdict,
+    pub flat: Option<bool>,
 }
 
 impl Memory {
@@ -187,29 +178,25 @@ impl Memory {
         let after: Vec<(f64, f64)> = samples
             .iter()
             .copied()
-            .filter(|(t, _)| *t >= warmup_s)
+            .filter(|s| s.0 >= warmup_s)
             .collect();
         let span_s = after
             .first()
             .zip(after.last())
             .map_or(0.0, |(a, b)| b.0 - a.0);
         let line = least_squares(&after);
-        let verdict = match line {
-            Some(line) if after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S => {
-                match line.slope * 3600.0 <= limit_mib_per_h {
-                    true => MemoryVerdict::Flat,
-                    false => MemoryVerdict::Growing,
-                }
-            }
-            _ => MemoryVerdict::Inconclusive,
-        };
+        let enough = after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S;
+        let flat = line
+            .filter(|_| enough)
+            .map(|line| line.slope * 3600.0 <= limit_mib_per_h);
+        let samples = after.len();
         Memory {
             warmup_s,
             limit_mib_per_h,
-            samples: after.len(),
+            samples,
             span_s,
             line,
-            verdict,
+            flat,
         }
     }
 
@@ -220,63 +207,47 @@ impl Memory {
             self.samples,
             self.warmup_s / 60.0
         );
-        let detail = match self.slope_mib_per_h() {
-            Some(slope) if self.verdict != MemoryVerdict::Inconclusive => {
-                format!("{slope:+.2} MiB/h over {after}")
-            }
+        let detail = match (self.line, self.flat) {
+            (Some(line), Some(_)) => format!("{:+.2} MiB/h over {after}", line.slope * 3600.0),
             _ => format!("no verdict: {after}"),
         };
+        let name = format!(
+            "RSS slope after the warm-up ≤ {} MiB/h",
+            self.limit_mib_per_h
+        );
         Check {
-            name: format!(
-                "RSS slope after the warm-up ≤ {} MiB/h",
-                self.limit_mib_per_h
-            ),
-            passed: self.passed(),
+            name,
+            passed: self.flat,
             detail,
         }
     }
 
-    pub fn slope_mib_per_h(&self) -> Option<f64> {
-        self.line.map(|line| line.slope * 3600.0)
-    }
-
-    /// A check row's outcome: `Some(true)` ok, `Some(false)` failed, `None` no verdict.
-    pub fn passed(&self) -> Option<bool> {
-        match self.verdict {
-            MemoryVerdict::Flat => Some(true),
-            MemoryVerdict::Growing => Some(false),
-            MemoryVerdict::Inconclusive => None,
-        }
-    }
-
     pub fn sentence(&self) -> String {
-        let warmup = format!("{:.1} min", self.warmup_s / 60.0);
-        match (self.line, self.verdict) {
-            (Some(line), verdict) if verdict != MemoryVerdict::Inconclusive => format!(
-                "RSS slope {:+.2} MiB/h by least squares over {} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
+        let (warmup, samples) = (format!("{:.1} min", self.warmup_s / 60.0), self.samples);
+        let slope = self.line.map(|line| line.slope * 3600.0);
+        match (self.line, self.flat) {
+            (Some(line), Some(flat)) => format!(
+                "RSS slope {:+.2} MiB/h by least squares over {samples} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
                 line.slope * 3600.0,
-                self.samples,
                 clock(self.span_s.round() as u64),
                 line.intercept + line.slope * self.warmup_s,
                 line.residual_rms,
                 self.limit_mib_per_h,
-                if verdict == MemoryVerdict::Flat { "flat" } else { "GROWING" }
+                if flat { "flat" } else { "GROWING" }
             ),
-            (line, _) => format!(
-                "no verdict: {} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
-                self.samples,
+            _ => format!(
+                "no verdict: {samples} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
                 self.span_s,
-                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.slope * 3600.0)).unwrap_or_default()
+                slope.map(|slope| format!("; slope so far {slope:+.2} MiB/h")).unwrap_or_default()
             ),
         }
     }
 }
 
-/// An end check.
+/// An end check; `passed` none: no verdict (it does not fail the run).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Check {
     pub name: String,
-    /// `None`: no verdict (does not fail the run).
     pub passed: Option<bool>,
     pub detail: String,
 }
@@ -307,37 +278,26 @@ const CHECKS: [(&str, Condition, &str); 10] = [
 
 pub fn check_table(checks: &[Check]) -> String {
     let mut out = String::from("| check | result | detail |\n|---|---|---|");
-    for check in checks {
-        let result = match check.passed {
-            Some(true) => "ok",
-            Some(false) => "FAILED",
-            None => "n/a",
-        };
+    for Check {
+        name,
+        passed,
+        detail,
+    } in checks
+    {
+        let result = passed.map_or("n/a", |ok| if ok { "ok" } else { "FAILED" });
         let _ = write!(
             out,
-            "\n| {} | {result} | {} |",
-            check.name,
-            check.detail.replace('|', "/")
+            "\n| {name} | {result} | {} |",
+            detail.replace('|', "/")
         );
     }
     out
 }
 
-/// Everything the soak report says.
+/// The soak's report: the facts the template names, the slices, the memory verdict, the checks.
 pub struct SoakReport {
-    pub id: String,
-    pub written_at: String,
-    pub commit: String,
-    /// The daemon's binary, and the allocator settings in its environment if any.
-    pub daemon: String,
-    pub config: String,
-    pub slices: u32,
-    pub slice_seconds: u32,
-    pub rate: u32,
-    pub connections: u32,
-    pub machine: String,
+    pub facts: HashMap<String, String>,
     pub rows: Vec<SliceRow>,
-    pub hwm_mib: String,
     pub memory: Memory,
     pub checks: Vec<Check>,
 }
@@ -348,31 +308,13 @@ impl SoakReport {
     }
 
     pub fn render(&self) -> String {
-        let total = |column| total(&self.rows, column);
-        let interval = f64::from(THREADS) * 1000.0 / f64::from(self.rate.max(1));
-        fill(TEMPLATE, |name| {
-            Some(match name {
-                "id" => self.id.clone(),
-                "at" => self.written_at.clone(),
-                "commit" => self.commit.clone(),
-                "daemon" => self.daemon.clone(),
-                "config" => self.config.clone(),
-                "slices" => self.slices.to_string(),
-                "slice" => self.slice_seconds.to_string(),
-                "rate" => self.rate.to_string(),
-                "conn" => self.connections.to_string(),
-                "threads" => THREADS.to_string(),
-                "interval" => format!("{interval:.2}"),
-                "machine" => self.machine.clone(),
-                "table" => slice_table(&self.rows),
-                "requests" => total("requests"),
-                "created" => total("created"),
-                "hwm" => self.hwm_mib.clone(),
-                "memory" => self.memory.sentence(),
-                "summary" => summary_table(&self.rows),
-                "checks" => check_table(&self.checks),
-                _ => return None,
-            })
+        fill(TEMPLATE, |name| match name {
+            "table" => Some(slice_table(&self.rows)),
+            "requests" | "created" => Some(total(&self.rows, name)),
+            "memory" => Some(self.memory.sentence()),
+            "summary" => Some(summary_table(&self.rows)),
+            "checks" => Some(check_table(&self.checks)),
+            name => self.facts.get(name).cloned(),
         })
     }
 }
@@ -458,34 +400,44 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     checks.push(memory.check());
     // The daemon's path, with the glibc malloc setting it inherits when one is set.
     let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
+    let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
     let m = harness::machine(&bench.pg, &a.config, false);
     let vacuum = match a.vacuum {
         true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
         false => "",
     };
+    let machine = format!(
+        "{}, {} cores, {} GiB, {}; PostgreSQL {} (autovacuum {}{vacuum}), RabbitMQ {}, wrk {}",
+        m.cpu_model,
+        m.nproc,
+        m.mem_gib,
+        m.kernel,
+        m.pg_version,
+        m.autovacuum,
+        m.rabbit_version,
+        m.wrk_version
+    );
+    let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
+    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    facts.entry("hwm_mib".into()).or_insert_with(|| "?".into());
+    for (name, value) in [
+        ("id", bench.run_id.clone()),
+        ("written_at", written_at),
+        ("commit", m.commit),
+        ("daemon", daemon),
+        ("config", a.config.clone()),
+        ("slice_seconds", a.slice_seconds.to_string()),
+        ("rate", a.rate.to_string()),
+        ("threads", THREADS.to_string()),
+        ("interval", format!("{interval:.2}")),
+        ("machine", machine),
+    ] {
+        facts.insert(name.into(), value);
+    }
+    let rows = load.rows.clone();
     let report = SoakReport {
-        id: bench.run_id.clone(),
-        written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
-        commit: m.commit.clone(),
-        daemon: format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default()),
-        config: a.config.clone(),
-        slices: a.slices(),
-        slice_seconds: a.slice_seconds,
-        rate: a.rate,
-        connections: a.connections,
-        machine: format!(
-            "{}, {} cores, {} GiB, {}; PostgreSQL {} (autovacuum {}{vacuum}), RabbitMQ {}, wrk {}",
-            m.cpu_model,
-            m.nproc,
-            m.mem_gib,
-            m.kernel,
-            m.pg_version,
-            m.autovacuum,
-            m.rabbit_version,
-            m.wrk_version
-        ),
-        rows: load.rows.clone(),
-        hwm_mib: facts.get("hwm_mib").cloned().unwrap_or_else(|| "?".into()),
+        facts,
+        rows,
         memory,
         checks,
     };
@@ -612,21 +564,16 @@ mod tests {
     use super::*;
 
     fn row(slice: u32, rss: f64) -> SliceRow {
-        let figures = [
-            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371, 63.4, 0.0,
-            34.0,
+        let shown = [
+            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371,
         ];
-        SliceRow(
-            slice,
-            u64::from(slice) * 30,
-            [&figures[..], &[20000.0, 30000.0]].concat(),
-        )
+        let figures = [&shown[..], &[63.4, 0.0, 34.0, 20000.0, 30000.0]].concat();
+        SliceRow(slice, u64::from(slice) * 30, figures)
     }
 
     #[test]
-    fn slice_rows_render_as_before() {
-        assert_eq!(clock(0), "0:00");
-        assert_eq!(clock(605), "10:05");
+    fn slices_render_as_before() {
+        assert_eq!((clock(0), clock(605)), ("0:00".into(), "10:05".into()));
         let table = slice_table(&[row(1, 33.44), row(2, 40.0)]);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
@@ -638,17 +585,10 @@ mod tests {
             ]
         );
         assert_eq!(lines.len(), 4);
-    }
-
-    #[test]
-    fn summary_has_min_max_first_last() {
+        // min, max, first and last slice of each shown column.
         let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
         assert!(
             summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"),
-            "{summary}"
-        );
-        assert!(
-            summary.contains("| req/s | 1000 | 1000 | 1000 | 1000 |"),
             "{summary}"
         );
         assert!(
@@ -660,100 +600,78 @@ mod tests {
 
     /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
     fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
-        let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
-        (0..seconds)
-            .map(|s| {
-                (
-                    f64::from(s),
-                    base + mib_per_h * f64::from(s) / 3600.0 + wobble(s),
-                )
-            })
-            .collect()
+        let wobble = |s: u32| if s % 2 == 0 { 0.3 } else { -0.3 };
+        let at = |s: u32| base + mib_per_h * f64::from(s) / 3600.0 + wobble(s);
+        (0..seconds).map(|s| (f64::from(s), at(s))).collect()
     }
 
     #[test]
-    fn memory_flat_after_the_warm_up() {
+    fn memory_verdicts() {
         // Steep growth during the warm-up (the cache fills), flat after it.
-        let mut points: Vec<(f64, f64)> = (0..300)
-            .map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2))
-            .collect();
-        points.extend(
-            samples(600, 90.0, 0.0)
-                .into_iter()
-                .map(|(t, v)| (t + 300.0, v)),
-        );
+        let warm_up = (0..300).map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2));
+        let flat = samples(600, 90.0, 0.0)
+            .into_iter()
+            .map(|(t, v)| (t + 300.0, v));
+        let points: Vec<(f64, f64)> = warm_up.chain(flat).collect();
         let memory = Memory::judge(&points, 300.0, 10.0);
-        assert_eq!(memory.verdict, MemoryVerdict::Flat);
-        assert_eq!(memory.samples, 600);
-        assert!(memory.slope_mib_per_h().unwrap().abs() < 1.0);
-        assert_eq!(memory.passed(), Some(true));
+        assert_eq!((memory.flat, memory.samples), (Some(true), 600));
+        assert!(memory.line.unwrap().slope.abs() * 3600.0 < 1.0);
         assert!(memory.sentence().contains("flat"), "{}", memory.sentence());
         // Over the whole run, the warm-up would dominate.
-        assert_eq!(
-            Memory::judge(&points, 0.0, 10.0).verdict,
-            MemoryVerdict::Growing
-        );
-    }
-
-    #[test]
-    fn memory_growing() {
-        let memory = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
-        assert_eq!(memory.verdict, MemoryVerdict::Growing);
-        let slope = memory.slope_mib_per_h().unwrap();
+        assert_eq!(Memory::judge(&points, 0.0, 10.0).flat, Some(false));
+        let growing = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
+        let slope = growing.line.unwrap().slope * 3600.0;
         assert!((slope - 36.0).abs() < 2.0, "{slope}");
-        assert_eq!(memory.passed(), Some(false));
-        assert!(memory.sentence().contains("GROWING"));
-    }
-
-    #[test]
-    fn memory_needs_enough_samples() {
-        let memory = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
-        assert_eq!(memory.verdict, MemoryVerdict::Inconclusive);
-        assert_eq!(memory.passed(), None);
-        assert!(memory.sentence().starts_with("no verdict"));
+        assert_eq!(growing.check().passed, Some(false));
+        assert!(growing.sentence().contains("GROWING"));
+        // Too few samples after the warm-up give no verdict.
+        let short = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
         assert_eq!(
-            Memory::judge(&[], 0.0, 10.0).verdict,
-            MemoryVerdict::Inconclusive
+            (short.flat, Memory::judge(&[], 0.0, 10.0).flat),
+            (None, None)
         );
+        assert!(short.sentence().starts_with("no verdict"));
     }
 
     #[test]
     fn report_and_checks() {
-        let check = |name: &str, passed, detail: &str| Check {
-            name: name.into(),
-            passed,
-            detail: detail.into(),
+        let check = |name: &str, passed, detail: &str| {
+            let (name, detail) = (name.into(), detail.into());
+            Check {
+                name,
+                passed,
+                detail,
+            }
         };
         let checks = vec![
             check("no socket error", Some(true), "0"),
-            check("RSS slope", None, "a | b"),
+            check("RSS", None, "a | b"),
         ];
         let table = check_table(&checks);
         assert!(table.contains("| no socket error | ok | 0 |"));
-        assert!(table.contains("| RSS slope | n/a | a / b |"));
+        assert!(table.contains("| RSS | n/a | a / b |"));
+        let facts = [
+            ("id", "12021307abcd"),
+            ("interval", "2.00"),
+            ("hwm_mib", "41.0"),
+        ];
+        let facts = facts
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .into();
+        let rows = vec![row(1, 33.4), row(2, 40.0)];
+        let memory = Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0);
         let mut report = SoakReport {
-            id: "12021307abcd".into(),
-            written_at: "2026-12-02 13:17 UTC".into(),
-            commit: "2e7982c".into(),
-            daemon: "target/release/retrysafe".into(),
-            config: "config.toml".into(),
-            slices: 2,
-            slice_seconds: 30,
-            rate: 1000,
-            connections: 8,
-            machine: "AMD EPYC, 2 cores".into(),
-            rows: vec![row(1, 33.4), row(2, 40.0)],
-            hwm_mib: "41.0".into(),
-            memory: Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0),
+            facts,
+            rows,
+            memory,
             checks,
         };
         assert!(!report.failed());
         let text = report.render();
         assert!(text.starts_with("# Soak run 12021307abcd\n"));
         assert!(text.contains("every 2.00 ms of its own schedule"));
-        assert!(text.contains(
-            "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB."
-        ));
+        let total = "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB.";
+        assert!(text.contains(total));
         assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
         report.checks[0].passed = Some(false);
         assert!(report.failed());
@@ -763,9 +681,8 @@ mod tests {
     fn end_checks_of_the_figures() {
         let figures = |text: &'static str| {
             move |name: &str| {
-                text.split_whitespace()
-                    .find_map(|pair| pair.strip_prefix(&format!("{name}="))?.parse().ok())
-                    .unwrap_or(f64::NAN)
+                let pair = |pair: &str| pair.strip_prefix(&format!("{name}="))?.parse().ok();
+                text.split_whitespace().find_map(pair).unwrap_or(f64::NAN)
             }
         };
         let good = figures("unsent=0 records=5 entries=5 events=5 orphans=0 queued=6 created=3 connections=2 slices=1 exit_code=0 shutdown_log_problems=0");
