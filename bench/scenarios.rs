@@ -17,55 +17,32 @@ use crate::{soak, RunArgs};
 
 /// A scenario: the metrics of its per-run table, and the function that measures one run. A
 /// scenario of sides (variants measured in turn, set side by side in a table of their own) has,
-/// after `metrics`, each of `per_side` as `<side>_<metric>` for each side, then `closing`.
+/// after `metrics`, each of `per_side` as `<side>_<metric>` for each side.
 pub struct Scenario {
     pub name: &'static str,
     metrics: &'static str,
     /// Each side's name and its column's label (`{name}` in it a setting).
     pub sides: &'static [(&'static str, &'static str)],
     per_side: &'static str,
-    closing: &'static str,
     measure: fn(&mut Scene) -> Outcome,
 }
 
 impl Scenario {
-    const fn new(
-        name: &'static str,
-        metrics: &'static str,
-        measure: fn(&mut Scene) -> Outcome,
-    ) -> Scenario {
-        let (sides, per_side, closing) = (&[] as &[_], "", "");
-        Scenario {
-            name,
-            metrics,
-            sides,
-            per_side,
-            closing,
-            measure,
-        }
-    }
-
     /// The metrics of the per-run table, in order.
     pub fn metrics(&self) -> Vec<String> {
         let mut names: Vec<String> = self.metrics.split_whitespace().map(Into::into).collect();
         for (side, _) in self.sides {
-            names.extend(
-                self.per_side
-                    .split_whitespace()
-                    .map(|m| format!("{side}_{m}")),
-            );
+            let per_side = self.per_side.split_whitespace();
+            names.extend(per_side.map(|metric| format!("{side}_{metric}")));
         }
-        names.extend(self.closing.split_whitespace().map(Into::into));
         names
     }
 }
 
 /// The scale scenario's sides: a database of {scale_small} rows per table, then one of
 /// {scale_large}.
-const SCALE: &[(&str, &str)] = &[
-    ("small", "{scale_small} rows"),
-    ("large", "{scale_large} rows"),
-];
+#[rustfmt::skip]
+const SCALE: &[(&str, &str)] = &[("small", "{scale_small} rows"), ("large", "{scale_large} rows")];
 /// The citus scenario's sides: each on servers of its own with the same settings.
 const CITUS: &[(&str, &str)] = &[("plain", "plain PostgreSQL"), ("citus", "Citus, 2 workers")];
 
@@ -74,49 +51,81 @@ const CITUS: &[(&str, &str)] = &[("plain", "plain PostgreSQL"), ("citus", "Citus
 /// `scripts/soak`'s.
 #[rustfmt::skip]
 pub const SCENARIOS: [Scenario; 10] = [
-    Scenario::new("writes", "cpu_cores rss_mb rps p50_ms p99_ms requests errors status_errors \
-        backlog_at_end entries entries_minus_2xx rows_consistent payload_bytes log_problems \
-        shutdown_log_problems pg_tps pg_latency_ms pg_failed cost_daemon cost_postgres \
-        cost_rabbitmq pg_cost machine_cost machine_busy_pct pg_machine_cost pg_machine_busy_pct \
-        alone_rps alone_p99_ms alone_cost_daemon alone_cost_postgres alone_cost_rabbitmq \
-        delivery_cost_daemon delivery_cost_postgres delivery_cost_rabbitmq", writes),
-    Scenario::new("replays", "cpu_cores rss_mb rps p50_ms p99_ms requests errors status_errors \
-        healthz_rps healthz_p50_ms healthz_p99_ms healthz_requests healthz_errors \
-        healthz_status_errors pg_tps pg_latency_ms rss_mb_after_all entries log_problems \
-        shutdown_log_problems same_bytes_rps same_bytes_p50_ms same_bytes_p99_ms \
-        same_bytes_requests same_bytes_errors same_bytes_status_errors answer_bytes", replays),
-    Scenario::new("storm", "cpu_cores rss_mb rps p50_ms p99_ms requests errors status_errors \
-        entries records events count_ok log_problems shutdown_log_problems", storm),
-    Scenario::new("drain", "payload_bytes cpu_cores rss_mb seconds events_per_s queued queued_ok \
-        log_problems shutdown_log_problems pub_events_per_s pub_queued rabbitmq_cost \
-        pub_rabbitmq_cost", drain),
-    Scenario::new("e2e", "cpu_cores rss_mb p50_ms p99_ms max_ms matched created errors sent \
-        achieved_rate http_p50_ms http_p99_ms negative duplicate_deliveries log_problems \
-        shutdown_log_problems", e2e),
-    Scenario::new("ordered", "cpu_cores rss_mb rps p50_ms p99_ms requests errors status_errors \
-        entries entries_minus_2xx order_ok drain_seconds drain_events_per_s drain_queued \
-        drain_order_ok e2e_p50_ms e2e_p99_ms e2e_max_ms e2e_sent e2e_created e2e_errors \
-        e2e_matched e2e_duplicate_deliveries log_problems shutdown_log_problems", ordered),
-    Scenario::new("latency", "cpu_cores rss_mb \
+    Scenario { name: "writes", measure: writes, sides: &[], per_side: "", metrics: "cpu_cores \
+        rss_mb rps p50_ms p99_ms requests errors status_errors backlog_at_end entries \
+        entries_minus_2xx rows_consistent payload_bytes log_problems shutdown_log_problems pg_tps \
+        pg_latency_ms pg_failed cost_daemon cost_postgres cost_rabbitmq pg_cost machine_cost \
+        machine_busy_pct pg_machine_cost pg_machine_busy_pct alone_rps alone_p99_ms \
+        alone_cost_daemon alone_cost_postgres alone_cost_rabbitmq delivery_cost_daemon \
+        delivery_cost_postgres delivery_cost_rabbitmq" },
+    Scenario { name: "replays", measure: replays, sides: &[], per_side: "", metrics: "cpu_cores \
+        rss_mb rps p50_ms p99_ms requests errors status_errors healthz_rps healthz_p50_ms \
+        healthz_p99_ms healthz_requests healthz_errors healthz_status_errors pg_tps pg_latency_ms \
+        rss_mb_after_all entries log_problems shutdown_log_problems same_bytes_rps \
+        same_bytes_p50_ms same_bytes_p99_ms same_bytes_requests same_bytes_errors \
+        same_bytes_status_errors answer_bytes" },
+    Scenario { name: "storm", measure: storm, sides: &[], per_side: "", metrics: "cpu_cores rss_mb \
+        rps p50_ms p99_ms requests errors status_errors entries records events count_ok \
+        log_problems shutdown_log_problems" },
+    Scenario { name: "drain", measure: drain, sides: &[], per_side: "", metrics: "payload_bytes \
+        cpu_cores rss_mb seconds events_per_s queued queued_ok log_problems shutdown_log_problems \
+        pub_events_per_s pub_queued rabbitmq_cost pub_rabbitmq_cost" },
+    Scenario { name: "e2e", measure: e2e, sides: &[], per_side: "", metrics: "cpu_cores rss_mb \
+        p50_ms p99_ms max_ms matched created errors sent achieved_rate http_p50_ms http_p99_ms \
+        negative duplicate_deliveries log_problems shutdown_log_problems" },
+    Scenario { name: "ordered", measure: ordered, sides: &[], per_side: "", metrics: "cpu_cores \
+        rss_mb rps p50_ms p99_ms requests errors status_errors entries entries_minus_2xx order_ok \
+        drain_seconds drain_events_per_s drain_queued drain_order_ok e2e_p50_ms e2e_p99_ms \
+        e2e_max_ms e2e_sent e2e_created e2e_errors e2e_matched e2e_duplicate_deliveries \
+        log_problems shutdown_log_problems" },
+    Scenario { name: "latency", measure: latency, sides: &[], per_side: "", metrics: "cpu_cores \
+        rss_mb \
         d0_round_trip_ms d0_rps d0_p50_ms d0_p99_ms d0_errors d0_p50_round_trips \
         d0_writes_per_batch d0_ms_per_batch d0_sends_per_write d0_pg_tps d0_pg_latency_ms d0_pg_sends_per_transaction \
         d2_round_trip_ms d2_rps d2_p50_ms d2_p99_ms d2_errors d2_p50_round_trips \
         d2_writes_per_batch d2_ms_per_batch d2_sends_per_write d2_pg_tps d2_pg_latency_ms d2_pg_sends_per_transaction \
         d20_round_trip_ms d20_rps d20_p50_ms d20_p99_ms d20_errors d20_p50_round_trips \
         d20_writes_per_batch d20_ms_per_batch d20_sends_per_write d20_pg_tps d20_pg_latency_ms d20_pg_sends_per_transaction \
-        log_problems shutdown_log_problems", latency),
-    Scenario { sides: SCALE, per_side: "rps p99_ms wal_per_write fpi_per_write newest_rps \
-        newest_p50_ms oldest_rps oldest_p50_ms rare_rps rare_p50_ms absent_rps absent_p50_ms \
-        before_rps before_p50_ms cursor_rps cursor_p50_ms lookup_rps lookup_p50_ms \
-        janitor_records_per_s janitor_events_per_s janitor_rps janitor_p99_ms",
-        ..Scenario::new("scale", "", scale) },
-    Scenario { sides: CITUS, per_side: "rps p50_ms p99_ms errors status_errors entries_minus_2xx \
-        writes_per_batch ms_per_batch cost_daemon cost_postgres cost_coordinator machine_busy_pct \
-        two_phase_commits", closing: "log_problems shutdown_log_problems",
-        ..Scenario::new("citus", "", citus) },
-    Scenario::new("soak", "unsent records entries events parked not_201 orphans queued hwm_mib \
-        log_problems shutdown_log_problems exit_code stop_ms", soak),
+        log_problems shutdown_log_problems" },
+    Scenario { name: "scale", measure: scale, sides: SCALE, metrics: "", per_side: "rps p99_ms \
+        wal_per_write fpi_per_write newest_rps newest_p50_ms oldest_rps oldest_p50_ms rare_rps \
+        rare_p50_ms absent_rps absent_p50_ms before_rps before_p50_ms cursor_rps cursor_p50_ms \
+        lookup_rps lookup_p50_ms janitor_records_per_s janitor_events_per_s janitor_rps \
+        janitor_p99_ms" },
+    Scenario { name: "citus", measure: citus, sides: CITUS, metrics: "log_problems \
+        shutdown_log_problems", per_side: "rps p50_ms p99_ms errors status_errors \
+        entries_minus_2xx writes_per_batch ms_per_batch cost_daemon cost_postgres \
+        cost_coordinator machine_busy_pct two_phase_commits" },
+    Scenario { name: "soak", measure: soak, sides: &[], per_side: "", metrics: "unsent records \
+        entries events parked not_201 orphans queued hwm_mib log_problems shutdown_log_problems \
+        exit_code stop_ms" },
 ];
+
+/// The loads that are programs of their own (see `Scene::load`).
+const UNIQUE_KEYS: &str = "BENCH_NONCE={nonce} {wrk} -s bench/unique_keys.lua {url}/";
+const UNIQUE_KEYS_ALONE: &str = "BENCH_NONCE={nonce}alone {wrk} -s bench/unique_keys.lua {url}/";
+const CONVENTIONAL: &str = "{pgbench} -f bench/conventional.sql {db}";
+const REPLAYS: &str = "BENCH_REPLAY_KEYS={replay_keys} {wrk} -s bench/replay.lua {url}/";
+const HEALTHZ: &str = "{wrk} -s bench/healthz.lua {url}/healthz";
+/// The same requests to POST /bench/same-bytes (feature `bench-routes`): read as a write is,
+/// answered with a replay's bytes and header fields, nothing else.
+const SAME_BYTES: &str =
+    "BENCH_REPLAY_KEYS={replay_keys} BENCH_SAME_BYTES={bytes} {wrk} -s bench/replay.lua {url}/";
+const REPLAY_SELECT: &str = "{pgbench} -D keys={replay_keys} -f bench/replay_select.sql {db}";
+const STORM: &str = "BENCH_STORM_KEYS={storm_keys} {wrk} -s bench/storm.lua {url}/";
+const ORDERED_KEYS: &str = "BENCH_NONCE={nonce}ordered BENCH_ORDERING_KEYS={ordering_keys} \
+    {wrk} -s bench/unique_keys.lua {url}/";
+/// The link's round trip: one client's SELECT 1 through the delay proxy for 3 s.
+const LINK: &str =
+    "pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p {proxy_port} -f {work}/select-1.sql {db}";
+const LATENCY_KEYS: &str = "BENCH_NONCE={nonce}l{delay} {wrk} -s bench/unique_keys.lua {url}/";
+const CONVENTIONAL_LINKED: &str =
+    "{pgbench_link} -h 127.0.0.1 -p {proxy_port} -f bench/conventional.sql {db}";
+const RANDOM_KEYS: &str = "BENCH_KEYS=random {wrk} -s bench/unique_keys.lua {url}/";
+const LISTING: &str = "{reads} -s bench/healthz.lua {url}/v1/entries?{query}";
+const LOOKUPS: &str = "BENCH_KEYS_FILE={keys} {reads} -s bench/scale_keys.lua {url}/";
+const CLIENT_KEYS: &str =
+    "BENCH_NONCE={nonce}{side} BENCH_TOKENS={tokens} {wrk} -s bench/unique_keys.lua {url}/";
 
 const ENTRIES: &str = "SELECT count(*) FROM entries";
 const RECORDS: &str = "SELECT count(*) FROM idempotency_records";
@@ -173,10 +182,7 @@ fn writes(s: &mut Scene) -> Outcome {
     s.stage("writes")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
-    let wrk = s.load(
-        "",
-        "BENCH_NONCE={nonce} {wrk} -s bench/unique_keys.lua {url}/",
-    )?;
+    let wrk = s.load("", UNIQUE_KEYS)?;
     s.put_daemon_use(&window)?;
     s.put("machine_busy_pct", s.busy(&window)?);
     s.put("backlog_at_end", s.sql(UNSENT)?);
@@ -200,10 +206,7 @@ fn writes(s: &mut Scene) -> Outcome {
     s.replace_db("writes_alone")?;
     s.start(Up::NoBroker)?;
     let window = s.open()?;
-    s.load(
-        "alone_",
-        "BENCH_NONCE={nonce}alone {wrk} -s bench/unique_keys.lua {url}/",
-    )?;
+    s.load("alone_", UNIQUE_KEYS_ALONE)?;
     s.stop(false)?;
     let costs = [
         "alone_cost_daemon",
@@ -227,9 +230,8 @@ fn writes(s: &mut Scene) -> Outcome {
     // The baseline: a conventional implementation's transaction per request.
     s.replace_db("pgwrites")?;
     let window = s.open()?;
-    let pgbench = s.load("pg_", "{pgbench} -f bench/conventional.sql {db}")?;
+    let transactions = s.load("pg_", CONVENTIONAL)?.get("transactions");
     s.put("pg_machine_busy_pct", s.busy(&window)?);
-    let transactions = pgbench.get("transactions");
     s.put_costs(
         &window,
         transactions,
@@ -246,36 +248,26 @@ fn replays(s: &mut Scene) -> Outcome {
     let bytes = crate::clients::answer_bytes(&s.url())?;
     s.put("answer_bytes", Some(Num::int(bytes as i64)));
     let window = s.open()?;
-    s.load(
-        "",
-        "BENCH_REPLAY_KEYS={replay_keys} {wrk} -s bench/replay.lua {url}/",
-    )?;
+    s.load("", REPLAYS)?;
     s.put_daemon_use(&window)?;
-    s.load("healthz_", "{wrk} -s bench/healthz.lua {url}/healthz")?;
-    // The same requests to POST /bench/same-bytes (feature `bench-routes`): read as a write is,
-    // answered with a replay's bytes and header fields, nothing else.
-    let same =
-        "BENCH_REPLAY_KEYS={replay_keys} BENCH_SAME_BYTES={bytes} {wrk} -s bench/replay.lua {url}/";
-    s.load("same_bytes_", &same.replace("{bytes}", &bytes.to_string()))?;
+    s.load("healthz_", HEALTHZ)?;
     s.load(
-        "pg_",
-        "{pgbench} -D keys={replay_keys} -f bench/replay_select.sql {db}",
+        "same_bytes_",
+        &SAME_BYTES.replace("{bytes}", &bytes.to_string()),
     )?;
+    s.load("pg_", REPLAY_SELECT)?;
     s.put("rss_mb_after_all", s.hwm()?);
     s.stop(true)?;
     s.put("entries", s.sql(ENTRIES)?);
     Ok(())
 }
 
-/// Ten keys hammered: exactly as many entries, records and events after.
+/// {storm_keys} keys hammered: exactly as many entries, records and events after.
 fn storm(s: &mut Scene) -> Outcome {
     s.stage("storm")?;
     s.start(Up::Healthy)?;
     let window = s.open()?;
-    s.load(
-        "",
-        "BENCH_STORM_KEYS={storm_keys} {wrk} -s bench/storm.lua {url}/",
-    )?;
+    s.load("", STORM)?;
     s.put_daemon_use(&window)?;
     s.stop(true)?;
     let keys = Some(f64::from(s.settings().storm_keys));
@@ -329,8 +321,7 @@ fn ordered(s: &mut Scene) -> Outcome {
     s.stage("ordered")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
-    let wrk = "BENCH_NONCE={nonce}ordered BENCH_ORDERING_KEYS={ordering_keys} {wrk} -s bench/unique_keys.lua {url}/";
-    let wrk = s.load("", wrk)?;
+    let wrk = s.load("", ORDERED_KEYS)?;
     s.put_daemon_use(&window)?;
     s.empty(&mut window, 120)?;
     s.stop(true)?;
@@ -365,33 +356,34 @@ fn ordered(s: &mut Scene) -> Outcome {
 /// as `d<delay>_<figure>`.
 fn latency(s: &mut Scene) -> Outcome {
     for delay in [0, 2, 20] {
-        let d = format!("d{delay}_");
+        let d = |figure: &str| format!("d{delay}_{figure}");
         s.stage(&format!("latency{delay}"))?;
         s.proxy(delay)?;
-        // The link's round trip: one client's SELECT 1 through the proxy for 3 s.
-        let link = "pgbench -n -M prepared -c 1 -T 3 -h 127.0.0.1 -p {proxy_port} -f {work}/select-1.sql {db}";
-        let link = s.load("link_", link)?;
-        let round_trip = over(link.get("latency_ms"), Some(1.0), 3);
-        let round_trip = s.put(&format!("{d}round_trip_ms"), round_trip);
+        let link = s.load("link_", LINK)?;
+        let round_trip = s.put(
+            &d("round_trip_ms"),
+            over(link.get("latency_ms"), Some(1.0), 3),
+        );
         s.start(Up::Healthy)?;
         let window = s.open()?;
-        let wrk =
-            format!("BENCH_NONCE={{nonce}}l{delay} {{wrk}} -s bench/unique_keys.lua {{url}}/");
-        let wrk = s.load(&d, &wrk)?;
+        let wrk = s.load(&d(""), &LATENCY_KEYS.replace("{delay}", &delay.to_string()))?;
         s.put_daemon_use(&window)?;
-        s.batches(&d)?;
+        s.batches(&d(""))?;
         s.stop(true)?;
-        let round_trips = over(wrk.get("p50_ms"), round_trip, 2);
-        s.put(&format!("{d}p50_round_trips"), round_trips);
-        let sends = over(wrk.get("sends"), wrk.get("requests"), 2);
-        s.put(&format!("{d}sends_per_write"), sends);
+        s.put(
+            &d("p50_round_trips"),
+            over(wrk.get("p50_ms"), round_trip, 2),
+        );
+        s.put(
+            &d("sends_per_write"),
+            over(wrk.get("sends"), wrk.get("requests"), 2),
+        );
         // pgbench opens its connections, then prepares each client's statements, one client
         // after another: seconds at 20 ms, all in its -T. It runs 6 s longer, judged by -P 1.
         s.replace_db(&format!("pglatency{delay}"))?;
-        let pgbench = "{pgbench_link} -h 127.0.0.1 -p {proxy_port} -f bench/conventional.sql {db}";
-        let pgbench = s.load(&format!("{d}pg_"), pgbench)?;
+        let pgbench = s.load(&d("pg_"), CONVENTIONAL_LINKED)?;
         let sends = over(pgbench.get("sends"), pgbench.get("transactions"), 2);
-        s.put(&format!("{d}pg_sends_per_transaction"), sends);
+        s.put(&d("pg_sends_per_transaction"), sends);
     }
     Ok(())
 }
@@ -401,26 +393,21 @@ fn latency(s: &mut Scene) -> Outcome {
 /// each), and the janitor's pass over {scale_expired} expired records and as many old events.
 fn scale(s: &mut Scene) -> Outcome {
     for &(side, _) in SCALE {
+        let p = |figure: &str| format!("{side}_{figure}");
         let rows = match side {
             "small" => s.settings().scale_small,
             _ => s.settings().scale_large,
         };
-        let p = format!("{side}_");
         s.filled_stage(&format!("scale_{side}"), rows)?;
         s.start(Up::Healthy)?;
         s.text("CHECKPOINT")?;
         let (wal, fpi) = (s.value(WAL)?, s.value(FPI)?);
-        let wrk = s.load(
-            &p,
-            "BENCH_KEYS=random {wrk} -s bench/unique_keys.lua {url}/",
-        )?;
-        let requests = wrk.get("requests");
+        let requests = s.load(&p(""), RANDOM_KEYS)?.get("requests");
         let wal = sub(s.value(WAL)?, wal);
-        s.put(&format!("{p}wal_per_write"), over(wal, requests, 0));
+        s.put(&p("wal_per_write"), over(wal, requests, 0));
         let fpi = sub(s.value(FPI)?, fpi);
-        s.put(&format!("{p}fpi_per_write"), over(fpi, requests, 2));
-        let middle = s.text(MIDDLE)?;
-        let before = format!("created_before={middle}&limit=100");
+        s.put(&p("fpi_per_write"), over(fpi, requests, 2));
+        let before = format!("created_before={}&limit=100", s.text(MIDDLE)?);
         let cursor = s.get(&format!("/v1/entries?{before}"), "next")?;
         let listings = [
             ("newest", "limit=100".to_owned()),
@@ -431,18 +418,16 @@ fn scale(s: &mut Scene) -> Outcome {
             ("cursor", format!("{before}&cursor={cursor}")),
         ];
         for (shape, query) in listings {
-            let load = format!("{{reads}} -s bench/healthz.lua {{url}}/v1/entries?{query}");
-            s.load(&format!("{p}{shape}_"), &load)?;
+            s.load(
+                &p(&format!("{shape}_")),
+                &LISTING.replace("{query}", &query),
+            )?;
         }
-        let keys = s.file(SOME_KEYS)?;
-        let lookups = format!(
-            "BENCH_KEYS_FILE={} {{reads}} -s bench/scale_keys.lua {{url}}/",
-            keys.display()
-        );
-        s.load(&format!("{p}lookup_"), &lookups)?;
+        let keys = s.file(SOME_KEYS)?.display().to_string();
+        s.load(&p("lookup_"), &LOOKUPS.replace("{keys}", &keys))?;
         s.stop(false)?;
         s.text(include_str!("scale_expired.sql"))?;
-        s.janitor(&format!("{p}janitor_"))?;
+        s.janitor(&p("janitor_"))?;
         s.stop(false)?;
     }
     Ok(())
@@ -455,40 +440,27 @@ fn scale(s: &mut Scene) -> Outcome {
 /// coordinator; on plain, the whole server).
 fn citus(s: &mut Scene) -> Outcome {
     for &(side, _) in CITUS {
-        let citus = side != "plain";
+        let (p, citus) = (|figure: &str| format!("{side}_{figure}"), side != "plain");
         s.lab_stage(side, citus)?;
-        let two_phase = |s: &Scene| {
-            if citus {
-                s.value(TWO_PHASE_COMMITS)
-            } else {
-                Ok(None)
-            }
+        let two_phase = |s: &Scene| match citus {
+            true => s.value(TWO_PHASE_COMMITS),
+            false => Ok(None),
         };
         let commits = two_phase(s)?;
         s.start(Up::Clients)?;
         let mut window = s.open()?;
-        let wrk = format!("BENCH_NONCE={{nonce}}{side} BENCH_TOKENS={{tokens}} {{wrk}} -s bench/unique_keys.lua {{url}}/");
-        let wrk = s.load(&format!("{side}_"), &wrk)?;
-        s.put(&format!("{side}_machine_busy_pct"), s.busy(&window)?);
-        s.batches(&format!("{side}_"))?;
+        let wrk = s.load(&p(""), &CLIENT_KEYS.replace("{side}", side))?;
+        s.put(&p("machine_busy_pct"), s.busy(&window)?);
+        s.batches(&p(""))?;
         s.empty(&mut window, 120)?;
         let entries = s.value(ENTRIES)?;
-        let (daemon, postgres) = (
-            format!("{side}_cost_daemon"),
-            format!("{side}_cost_postgres"),
-        );
+        let (daemon, postgres) = (p("cost_daemon"), p("cost_postgres"));
         s.put_costs(&window, entries, [&daemon, &postgres, "", ""])?;
-        s.put(
-            &format!("{side}_cost_coordinator"),
-            s.lab_cost(&window, entries)?,
-        );
+        s.put(&p("cost_coordinator"), s.lab_cost(&window, entries)?);
         s.stop(true)?;
-        s.put(
-            &format!("{side}_entries_minus_2xx"),
-            int(sub(entries, answered(&wrk))),
-        );
+        s.put(&p("entries_minus_2xx"), int(sub(entries, answered(&wrk))));
         let commits = sub(two_phase(s)?, commits);
-        s.put(&format!("{side}_two_phase_commits"), int(commits));
+        s.put(&p("two_phase_commits"), int(commits));
     }
     Ok(())
 }
@@ -500,25 +472,23 @@ fn soak(s: &mut Scene) -> Outcome {
     let mut window = s.open()?;
     soak::slices(s)?;
     s.empty(&mut window, 60)?;
-    let counts = [
+    let parked = "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL";
+    let not_201 = "SELECT count(*) FROM idempotency_records WHERE response_status <> 201";
+    for (name, sql) in [
         ("unsent", UNSENT),
         ("records", RECORDS),
         ("entries", ENTRIES),
-        ("events", EVENTS),
-        (
-            "parked",
-            "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL",
-        ),
-        (
-            "not_201",
-            "SELECT count(*) FROM idempotency_records WHERE response_status <> 201",
-        ),
-        ("orphans", soak::ORPHANS),
-    ];
-    for (name, sql) in counts {
+    ] {
         s.put(name, s.sql(sql)?);
     }
-    let events = s.record.get("events").map(|num| num.value);
+    let events = s.put("events", s.sql(EVENTS)?);
+    for (name, sql) in [
+        ("parked", parked),
+        ("not_201", not_201),
+        ("orphans", soak::ORPHANS),
+    ] {
+        s.put(name, s.sql(sql)?);
+    }
     s.queued("queued", events)?;
     s.put("hwm_mib", s.hwm()?);
     s.stop(true)
@@ -636,14 +606,11 @@ mod tests {
     fn sides_give_their_metrics_in_turn() {
         let citus = SCENARIOS[8].metrics();
         assert_eq!(
-            (citus.len(), &citus[0][..], &citus[13][..]),
-            (28, "plain_rps", "citus_rps")
+            citus[..3],
+            ["log_problems", "shutdown_log_problems", "plain_rps"]
         );
-        assert_eq!(citus[26..], ["log_problems", "shutdown_log_problems"]);
+        assert_eq!((citus.len(), &citus[15][..]), (28, "citus_rps"));
         let scale = SCENARIOS[7].metrics();
-        assert_eq!(
-            (scale.len(), &scale[21][..], &scale[22][..]),
-            (44, "small_janitor_p99_ms", "large_rps")
-        );
+        assert_eq!(scale[21..23], ["small_janitor_p99_ms", "large_rps"]);
     }
 }

@@ -247,10 +247,8 @@ impl<'a> Scene<'a> {
     }
 
     fn queue(&self) -> anyhow::Result<String> {
-        Ok(format!(
-            "{}.q",
-            self.stage.as_ref().context("no stage")?.exchange
-        ))
+        let stage = self.stage.as_ref().context("no stage")?;
+        Ok(format!("{}.q", stage.exchange))
     }
 
     pub fn url(&self) -> String {
@@ -263,14 +261,8 @@ impl<'a> Scene<'a> {
     /// for '#'.
     pub fn stage(&mut self, name: &str) -> Outcome {
         self.unstage()?;
-        let name = format!("{name}_{}", self.run);
-        let (db, exchange) = (self.fresh_db(&name)?, self.exchange(&name)?);
-        self.stage = Some(Stage {
-            db,
-            kept: false,
-            exchange,
-        });
-        Ok(())
+        let db = self.fresh_db(&format!("{name}_{}", self.run))?;
+        self.enter(name, db, false)
     }
 
     /// A fresh database in place of the stage's, as `stage` makes one; the exchange stays.
@@ -284,19 +276,14 @@ impl<'a> Scene<'a> {
     /// use and kept for the later runs; a fresh exchange.
     pub fn filled_stage(&mut self, name: &str, rows: u64) -> Outcome {
         self.unstage()?;
-        let exchange = self.exchange(&format!("{name}_{}", self.run))?;
         let db = format!("retrysafe_bench_{}_{name}", self.bench.run_id);
         let filled = self.bench.pg.databases_like(&db)?.contains(&db);
         let db = if filled { db } else { self.fresh_db(name)? };
-        self.stage = Some(Stage {
-            db,
-            kept: true,
-            exchange,
-        });
-        if !filled {
-            self.fill_db(rows)?;
+        self.enter(name, db, true)?;
+        match filled {
+            true => Ok(()),
+            false => self.fill_db(rows),
         }
-        Ok(())
     }
 
     /// A stage on servers of its own (bench/lab.rs): a Citus coordinator and two workers if
@@ -308,14 +295,14 @@ impl<'a> Scene<'a> {
         let dir = std::env::temp_dir().join(format!("retrysafe-bench-{}", b.run_id));
         let lab = lab::start(&b.cleanup, &dir, citus)?;
         self.migrate(&lab.pg, "retrysafe")?;
-        let exchange = self.exchange(&format!("{name}_{}", self.run))?;
         self.lab = Some(lab);
-        let db = "retrysafe".to_owned();
-        self.stage = Some(Stage {
-            db,
-            kept: true,
-            exchange,
-        });
+        self.enter(name, "retrysafe".into(), true)
+    }
+
+    /// The stage `name` on `db`, with a fresh exchange.
+    fn enter(&mut self, name: &str, db: String, kept: bool) -> Outcome {
+        let exchange = self.exchange(&format!("{name}_{}", self.run))?;
+        self.stage = Some(Stage { db, kept, exchange });
         Ok(())
     }
 
@@ -332,10 +319,8 @@ impl<'a> Scene<'a> {
         if self.lab.take().is_some() {
             self.bench.cleanup.stop_servers();
         }
-        block_on(clients::delete(&Names::of(
-            &stage.exchange,
-            &self.bench.amqp,
-        )))
+        let names = Names::of(&stage.exchange, &self.bench.amqp);
+        block_on(clients::delete(&names))
     }
 
     /// A fresh database of the machine's PostgreSQL, migrated; not once the clean-up has begun.
@@ -369,11 +354,8 @@ impl<'a> Scene<'a> {
 
     /// A fresh exchange, with its queue bound.
     fn exchange(&self, name: &str) -> anyhow::Result<String> {
-        let exchange = format!(
-            "retrysafe.bench.{}.{}",
-            self.bench.run_id,
-            name.replace('_', ".")
-        );
+        let name = name.replace('_', ".");
+        let exchange = format!("retrysafe.bench.{}.{name}", self.bench.run_id);
         self.bench.cleanup.bind(&exchange)?;
         Ok(exchange)
     }
@@ -385,14 +367,9 @@ impl<'a> Scene<'a> {
         self.start(Up::Healthy)?;
         let body = r#"{"kind":"bench.write","data":{"seq":1,"amount":1250,"currency":"EUR","note":"retrysafe benchmark payload"}}"#;
         let mut post = Command::new("curl");
-        post.args([
-            "-sf",
-            "-o",
-            "/dev/null",
-            "-H",
-            "Content-Type: application/json",
-        ]);
-        post.args(["-H", "Idempotency-Key: scale-template", "-d", body]);
+        post.args(["-sf", "-o", "/dev/null", "-d", body]);
+        post.args(["-H", "Content-Type: application/json"]);
+        post.args(["-H", "Idempotency-Key: scale-template"]);
         post.arg(format!("{}/v1/entries", self.url())).status()?;
         let pg = &self.bench.pg;
         block_on(clients::drained(&pg.url(&db), Duration::from_secs(30)))?;
@@ -439,9 +416,8 @@ impl<'a> Scene<'a> {
             _ => b.s.clone(),
         };
         let log = self.out("log");
-        let daemon = self
-            .daemon
-            .insert(Daemon::start(&b.daemon, &settings, &env, log, &b.cleanup)?);
+        let daemon = Daemon::start(&b.daemon, &settings, &env, log, &b.cleanup)?;
+        let daemon = self.daemon.insert(daemon);
         match up {
             Up::Spawned => Ok(()),
             _ => daemon.wait_healthy(),
@@ -508,14 +484,10 @@ impl<'a> Scene<'a> {
 
     /// GET of a path of the daemon: the JSON string field `key` of its answer.
     pub fn get(&self, path: &str, key: &str) -> anyhow::Result<String> {
-        let url = format!("{}{path}", self.url());
-        let answer = Command::new("curl")
-            .args(["-sf", "--max-time", "30", &url])
-            .output()?;
-        let answer: serde_json::Value = serde_json::from_slice(&answer.stdout)?;
+        let answer: serde_json::Value = serde_json::from_str(&get(&self.url(), path, "30")?)?;
         let value = answer[key]
             .as_str()
-            .with_context(|| format!("GET {url}: no {key}"))?;
+            .with_context(|| format!("GET {path}: no {key}"))?;
         Ok(value.to_owned())
     }
 
@@ -558,11 +530,8 @@ impl<'a> Scene<'a> {
 
     /// The daemon's peak RSS (VmHWM), MiB.
     pub fn hwm(&self) -> anyhow::Result<Option<Num>> {
-        Ok(mib(self
-            .daemon
-            .as_ref()
-            .context("no daemon")?
-            .status_kb("VmHWM")?))
+        let daemon = self.daemon.as_ref().context("no daemon")?;
+        Ok(mib(daemon.status_kb("VmHWM")?))
     }
 
     /// The daemon's cores since the window opened, as `cpu_cores` (the run's first window: in
@@ -643,7 +612,7 @@ impl<'a> Scene<'a> {
         let (status, text) = harness::run_program(&line, &out, every, poll)?;
         let sends = sends()
             .zip(before)
-            .map(|(now, before)| Num::int((now - before) as i64));
+            .map(|(now, was)| Num::int((now - was) as i64));
         let mut figures = if program == "pgbench" {
             if !status.success() {
                 say!("pgbench exited with {status}; see {}", out.display());
@@ -660,9 +629,8 @@ impl<'a> Scene<'a> {
                 bail!("{program} failed ({status}); see {}", out.display());
             }
             let result = outputs::result_line(&text, "BENCH_RESULT");
-            outputs::wrk_figures(
-                &result.with_context(|| format!("no result; see {}", out.display()))?,
-            )
+            let result = result.with_context(|| format!("no result; see {}", out.display()))?;
+            outputs::wrk_figures(&result)
         };
         figures.0.push(("sends", sends));
         Ok(figures)
@@ -688,12 +656,9 @@ impl<'a> Scene<'a> {
         self.start(Up::Healthy)?;
         let url = self.url();
         let deleted = |table: &str| {
-            let text = metrics(&url)?;
-            anyhow::Ok(outputs::metric(
-                &text,
-                "retrysafe_janitor_deleted_rows_total",
-                table,
-            ))
+            let metrics = get(&url, "/metrics", "10")?;
+            let name = "retrysafe_janitor_deleted_rows_total";
+            anyhow::Ok(outputs::metric(&metrics, name, table))
         };
         let (tables, mut done) = (["idempotency_records", "outbox_events"], [None, None]);
         let load = "BENCH_KEYS=random {wrk_janitor} -s bench/unique_keys.lua {url}/";
@@ -708,13 +673,11 @@ impl<'a> Scene<'a> {
         // Records from the pass's start until the last was deleted; events from then (the pass
         // deletes records first) until theirs were.
         let rate = |table, seconds: Option<f64>| Num::fixed(deleted(table).ok()? / seconds?, 0);
-        let events_took = done[1]
-            .zip(done[0])
-            .map(|(events, records)| (events - records).max(0.5));
-        figures.0.push(("records_per_s", rate(tables[0], done[0])));
+        let events_took = done[1].zip(done[0]).map(|(e, r)| (e - r).max(0.5));
+        let rates = [rate(tables[0], done[0]), rate(tables[1], events_took)];
         figures
             .0
-            .push(("events_per_s", rate(tables[1], events_took)));
+            .extend(["records_per_s", "events_per_s"].into_iter().zip(rates));
         self.put_figures(prefix, &figures);
         Ok(())
     }
@@ -722,7 +685,7 @@ impl<'a> Scene<'a> {
     /// The writers' batches so far, from /metrics: writes_per_batch and ms_per_batch (per batch
     /// transaction), as `<prefix><figure>`.
     pub fn batches(&mut self, prefix: &str) -> Outcome {
-        let text = metrics(&self.url())?;
+        let text = get(&self.url(), "/metrics", "10")?;
         let per = |name: &str, scale: f64| {
             let count = outputs::metric(&text, &format!("{name}_count"), "");
             let sum = outputs::metric(&text, &format!("{name}_sum"), "");
@@ -754,24 +717,18 @@ impl<'a> Scene<'a> {
     pub fn publish(&mut self, prefix: &str, payload: Option<f64>) -> Outcome {
         let (b, events) = (self.bench, self.bench.s.drain_events);
         let exchange = self.exchange(&format!("publisher_{}", self.run))?;
-        let (payload, window) = (
-            payload.unwrap_or(400.0) as usize,
-            b.s.publish_window as usize,
-        );
+        let (payload, window) = (payload.unwrap_or(400.0) as usize, b.s.publish_window);
         let services = ServiceTicks::now();
-        let rate = block_on(clients::publish(
-            &b.amqp, &exchange, events, payload, window,
-        ))?;
+        let publish = clients::publish(&b.amqp, &exchange, events, payload, window as usize);
+        let rate = block_on(publish)?;
         let spent = ServiceTicks::now().since(services);
         let cost = self.service_costs(spent, events as f64)[1].clone();
         let queued = block_on(clients::count(&b.amqp, &format!("{exchange}.q"), events))?;
         block_on(clients::delete(&Names::of(&exchange, &b.amqp)))?;
         let rate = ("events_per_s", Num::parse(&rate.to_string()));
         let queued = ("queued", Some(Num::int(queued as i64)));
-        self.put_figures(
-            prefix,
-            &Figures(vec![rate, queued, ("rabbitmq_cost", cost)]),
-        );
+        let figures = Figures(vec![rate, queued, ("rabbitmq_cost", cost)]);
+        self.put_figures(prefix, &figures);
         Ok(())
     }
 
@@ -783,14 +740,14 @@ impl<'a> Scene<'a> {
     }
 }
 
-/// The daemon's /metrics, as text.
-fn metrics(url: &str) -> anyhow::Result<String> {
-    let url = format!("{url}/metrics");
+/// GET of a path of the daemon at `url` (a 2xx answer within `seconds`): its body.
+fn get(url: &str, path: &str, seconds: &str) -> anyhow::Result<String> {
+    let url = format!("{url}{path}");
     let output = Command::new("curl")
-        .args(["-sf", "--max-time", "10", &url])
+        .args(["-sf", "-m", seconds, &url])
         .output()?;
     if !output.status.success() {
-        bail!("cannot read {url}");
+        bail!("cannot GET {url}");
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
