@@ -600,7 +600,7 @@ mod tests {
 
     /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
     fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
-        let wobble = |s: u32| if s % 2 == 0 { 0.3 } else { -0.3 };
+        let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
         let at = |s: u32| base + mib_per_h * f64::from(s) / 3600.0 + wobble(s);
         (0..seconds).map(|s| (f64::from(s), at(s))).collect()
     }
