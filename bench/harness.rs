@@ -1,10 +1,9 @@
-//! What every scenario stands on: PostgreSQL, the daemon as a child process, the clean-up that
-//! runs on every exit (a signal's included), /proc readings, and the facts a report names.
+//! What every scenario stands on: PostgreSQL, the daemon and the load programs as child
+//! processes, the clean-up that runs on every exit (a signal's included), /proc readings, and
+//! the machine a report names.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -12,11 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use serde_json::{Map, Value};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
 use crate::clients::{self, Names};
-use crate::report::Settings;
+use crate::report::{self, Machine, Settings};
 use crate::stats::Num;
 
 /// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
@@ -37,18 +35,17 @@ pub struct Pg {
 
 impl Pg {
     pub fn from_env() -> Pg {
-        let defaults = [
-            ("PGHOST", "127.0.0.1"),
-            ("PGPORT", "5432"),
-            ("PGUSER", "postgres"),
-        ];
-        let [host, port, user] = defaults.map(|(name, default)| {
+        let variable = |name: &str, default: &str| {
             let value = std::env::var(name).ok().filter(|v| !v.is_empty());
             let value = value.unwrap_or_else(|| default.to_owned());
             std::env::set_var(name, &value);
             value
-        });
-        let base = format!("postgres://{user}@{host}:{port}");
+        };
+        let (host, port) = (variable("PGHOST", "127.0.0.1"), variable("PGPORT", "5432"));
+        let base = format!(
+            "postgres://{}@{host}:{port}",
+            variable("PGUSER", "postgres")
+        );
         Pg { base }
     }
 
@@ -101,29 +98,6 @@ pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// The last line starting with `tag `, parsed as a JSON object (wrk's scripts print one).
-pub fn result_line(text: &str, tag: &str) -> anyhow::Result<Map<String, Value>> {
-    let prefix = format!("{tag} ");
-    let line = text
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(&prefix));
-    let line = line.ok_or_else(|| anyhow!("no {tag} line"))?;
-    match serde_json::from_str(line).with_context(|| format!("{tag} line: {line}"))? {
-        Value::Object(map) => Ok(map),
-        other => bail!("{tag} line is not an object: {other}"),
-    }
-}
-
-/// A figure of a result line, with the text the tool printed.
-pub fn field(map: &Map<String, Value>, key: &str) -> Option<Num> {
-    match map.get(key)? {
-        Value::Number(number) => Num::parse(&number.to_string()),
-        Value::String(text) => Num::parse(text),
-        _ => None,
-    }
-}
-
 /// What a command printed (standard output, else standard error), trimmed; "" on failure.
 pub fn command_line(program: &str, args: &[&str]) -> String {
     let Ok(out) = Command::new(program).args(args).output() else {
@@ -137,16 +111,10 @@ pub fn command_line(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&text).trim().to_owned()
 }
 
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output();
-    found.is_ok_and(|out| out.status.success())
-}
-
 /// Installs the Debian package of each (tool, package) whose tool is missing, as root or
 /// through sudo.
 pub fn ensure_tools(tools: &[(&str, &str)]) -> anyhow::Result<()> {
+    let have = |tool: &str| !command_line("sh", &["-c", &format!("command -v {tool}")]).is_empty();
     let missing: Vec<&str> = tools
         .iter()
         .filter(|(tool, _)| !have(tool))
@@ -193,17 +161,16 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     let (head, rest) = stat.rsplit_once(") ")?;
     let fields: Vec<u64> = rest
         .split_whitespace()
-        .skip(1)
         .map(|v| v.parse().unwrap_or(0))
         .collect();
-    // After "pid (comm) state ": ppid is 0, utime 10, stime 11, cutime 12, cstime 13.
+    // After "pid (comm) ": state is 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14.
     let at = |i: usize| fields.get(i).copied().unwrap_or(0);
     let comm = head.split_once(" (")?.1.to_owned();
     Some(ProcStat(
-        at(0) as u32,
+        at(1) as u32,
         comm,
-        at(10) + at(11),
-        at(12) + at(13),
+        at(11) + at(12),
+        at(13) + at(14),
     ))
 }
 
@@ -212,6 +179,18 @@ fn all_processes() -> HashMap<u32, ProcStat> {
     let pids = pids.filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok());
     pids.filter_map(|pid| Some((pid, proc_stat(pid)?)))
         .collect()
+}
+
+/// A process and its ancestors, nearest first (at most 64).
+fn lineage(processes: &HashMap<u32, ProcStat>, pid: u32) -> Vec<u32> {
+    let mut line = vec![pid];
+    while let Some(process) = processes.get(line.last().expect("never empty")) {
+        if line.len() == 64 || line.contains(&process.0) {
+            break;
+        }
+        line.push(process.0);
+    }
+    line
 }
 
 /// CPU time, in clock ticks, of the machine's PostgreSQL and RabbitMQ servers, for the cost of a
@@ -234,25 +213,20 @@ impl ServiceTicks {
         let mut processes = all_processes();
         for _ in 0..10 {
             let reaped = |pid: &u32, p: &ProcStat| proc_stat(*pid).is_some_and(|now| now.3 == p.3);
-            let root = |p: &ProcStat| Self::root(p, processes.get(&p.0)).is_some();
-            if processes.iter().all(|(pid, p)| !root(p) || reaped(pid, p)) {
+            let root = |pid: &u32| Self::root(&processes, *pid).is_some();
+            if processes
+                .iter()
+                .all(|(pid, p)| !root(pid) || reaped(pid, p))
+            {
                 break;
             }
             processes = all_processes();
         }
         let mut ticks = ServiceTicks::default();
         for (pid, process) in &processes {
-            // The service whose tree the process is in: walk up to a root.
-            let (mut at, mut service) = ((*pid, process), None);
-            for _ in 0..64 {
-                let parent = processes.get(&at.1 .0);
-                service = Self::root(at.1, parent);
-                match parent {
-                    Some(parent) if service.is_none() && at.1 .0 != at.0 => at = (at.1 .0, parent),
-                    _ => break,
-                }
-            }
-            match service {
+            // The service whose tree the process is in: its nearest ancestor that is a root.
+            let mut line = lineage(&processes, *pid).into_iter();
+            match line.find_map(|pid| Self::root(&processes, pid)) {
                 Some(true) => ticks.postgres += process.2 + process.3,
                 Some(false) => ticks.rabbitmq += process.2 + process.3,
                 None => {}
@@ -261,9 +235,11 @@ impl ServiceTicks {
         ticks
     }
 
-    /// Whether `process` is the root of PostgreSQL's tree (true) or RabbitMQ's (false).
-    fn root(process: &ProcStat, parent: Option<&ProcStat>) -> Option<bool> {
-        match (process.1.as_str(), parent.map(|p| p.1.as_str())) {
+    /// Whether `pid` is the root of PostgreSQL's tree (true) or RabbitMQ's (false).
+    fn root(processes: &HashMap<u32, ProcStat>, pid: u32) -> Option<bool> {
+        let process = processes.get(&pid)?;
+        let parent = processes.get(&process.0).map(|p| p.1.as_str());
+        match (process.1.as_str(), parent) {
             ("postgres", Some("postgres")) => None,
             ("postgres", _) => Some(true),
             ("beam.smp", _) => Some(false),
@@ -283,19 +259,9 @@ impl ServiceTicks {
 /// counted as [`ServiceTicks::now`] counts them.
 pub fn tree_ticks(root: u32) -> u64 {
     let processes = all_processes();
-    let under_root = |mut pid: u32| {
-        for _ in 0..64 {
-            if pid == root {
-                return true;
-            }
-            match processes.get(&pid) {
-                Some(process) if process.0 != pid => pid = process.0,
-                _ => return false,
-            }
-        }
-        false
-    };
-    let tree = processes.iter().filter(|(pid, _)| under_root(**pid));
+    let tree = processes
+        .iter()
+        .filter(|(pid, _)| lineage(&processes, **pid).contains(&root));
     tree.map(|(_, process)| process.2 + process.3).sum()
 }
 
@@ -310,14 +276,13 @@ pub fn mib(kb: u64) -> Option<Num> {
     Num::fixed(kb as f64 / 1024.0, 1)
 }
 
-/// The whole machine's jiffies, every process and the kernel (/proc/stat's first line).
+/// The whole machine's jiffies, every process and the kernel (/proc/stat's first line): work
+/// done on these CPUs (user, nice, system, irq and softirq), the time the hypervisor gave
+/// another guest while this one wanted a CPU (steal), and everything (idle and iowait included).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MachineTicks {
-    /// user, nice, system, irq and softirq: work done on these CPUs.
     pub work: u64,
-    /// Time the hypervisor gave another guest while this one wanted a CPU.
     pub steal: u64,
-    /// Everything, idle and iowait included.
     pub total: u64,
 }
 
@@ -331,18 +296,14 @@ impl MachineTicks {
     /// `cpu  user nice system idle iowait irq softirq steal ...` (guest time is already in
     /// user and nice).
     fn parse(line: &str) -> MachineTicks {
-        let values = line
-            .split_whitespace()
-            .skip(1)
-            .take(8)
-            .map(|v| v.parse().unwrap_or(0));
-        let values: Vec<u64> = values.collect();
+        let values = line.split_whitespace().skip(1).take(8);
+        let values: Vec<u64> = values.map(|v| v.parse().unwrap_or(0)).collect();
         let at = |i: usize| values.get(i).copied().unwrap_or(0);
-        let (work, total) = (at(0) + at(1) + at(2) + at(5) + at(6), values.iter().sum());
+        let (work, steal) = (at(0) + at(1) + at(2) + at(5) + at(6), at(7));
         MachineTicks {
             work,
-            steal: at(7),
-            total,
+            steal,
+            total: values.iter().sum(),
         }
     }
 
@@ -364,12 +325,9 @@ impl MachineTicks {
     }
 }
 
-fn local(port: u16, timeout: Duration) -> std::io::Result<TcpStream> {
-    TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), timeout)
-}
-
 pub fn port_in_use(port: u16) -> bool {
-    local(port, Duration::from_millis(200)).is_ok()
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok()
 }
 
 /// A free port of 127.0.0.1, as the kernel hands one out.
@@ -377,23 +335,6 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-/// Whether GET /healthz on 127.0.0.1:port answers 2xx.
-fn healthy(port: u16) -> bool {
-    let check = || -> std::io::Result<bool> {
-        let mut stream = local(port, Duration::from_secs(1))?;
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
-        let mut status = String::new();
-        BufReader::new(stream).read_line(&mut status)?;
-        Ok(status
-            .split_whitespace()
-            .nth(1)
-            .is_some_and(|code| code.starts_with('2')))
-    };
-    check().unwrap_or(false)
 }
 
 fn send_signal(pid: u32, signal: libc::c_int) {
@@ -438,11 +379,10 @@ impl Daemon {
                 .map(|(key, value)| (format!("RETRYSAFE_{key}"), value)),
         );
         command.stdout(out.try_clone()?).stderr(out);
-        let child = cleanup.guard(|| {
-            let child = command
-                .spawn()
-                .with_context(|| format!("starting {}", binary.display()))?;
-            cleanup.state().daemon_pid = Some(child.id());
+        let child = cleanup.guard(|state| {
+            let child = command.spawn();
+            let child = child.with_context(|| format!("starting {}", binary.display()))?;
+            state.daemon_pid = Some(child.id());
             Ok(child)
         })?;
         let (pid, port, cleanup) = (child.id(), s.port, cleanup.clone());
@@ -458,24 +398,22 @@ impl Daemon {
         })
     }
 
-    /// Waits until /healthz answers (at most 30 s).
+    /// Waits until /healthz answers 2xx (at most 30 s).
     pub fn wait_healthy(&mut self) -> anyhow::Result<()> {
+        let url = format!("http://127.0.0.1:{}/healthz", self.port);
+        let log = self.log.display();
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "the daemon exited at start ({status}); see {}",
-                    self.log.display()
-                );
+                bail!("the daemon exited at start ({status}); see {log}");
             }
-            if healthy(self.port) {
+            let mut curl = Command::new("curl");
+            curl.args(["-sf", "-o", "/dev/null", "-m", "2", &url]);
+            if curl.status().is_ok_and(|status| status.success()) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        bail!(
-            "the daemon did not answer /healthz within 30 s; see {}",
-            self.log.display()
-        )
+        bail!("the daemon did not answer /healthz within 30 s; see {log}")
     }
 
     pub fn alive(&mut self) -> bool {
@@ -540,10 +478,8 @@ impl Daemon {
         let lines = self.log_lines();
         let listening = lines.iter().position(|line| line.contains("listening"));
         let listening = listening.map_or(0, |i| i + 1);
-        let at_stop = self
-            .lines_at_stop
-            .unwrap_or(lines.len())
-            .clamp(listening, lines.len());
+        let at_stop = self.lines_at_stop.unwrap_or(lines.len());
+        let at_stop = at_stop.clamp(listening, lines.len());
         let problem = |line: &&String| line.contains("WARN") || line.contains("ERROR");
         let first = lines[listening..].iter().find(problem).cloned();
         let count = |lines: &[String]| lines.iter().filter(problem).count();
@@ -555,14 +491,50 @@ impl Daemon {
     }
 }
 
+/// Runs a command line, `NAME=value` words then a program and its arguments, its output in
+/// `out`, calling `poll` every `every` while it runs; its exit status and what it printed.
+pub fn run_program(
+    line: &str,
+    out: &Path,
+    every: Duration,
+    mut poll: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<(ExitStatus, String)> {
+    let mut words = line.split_whitespace().peekable();
+    let mut env = Vec::new();
+    while let Some(pair) = words.peek().and_then(|word| word.split_once('=')) {
+        env.push(pair);
+        words.next();
+    }
+    let program = words.next().context("no program")?;
+    let file = File::create(out)?;
+    let mut command = Command::new(program);
+    command.args(words).envs(env).stdin(Stdio::null());
+    command.stdout(file.try_clone()?).stderr(file);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    let mut next_poll = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= next_poll {
+            poll()?;
+            next_poll += every;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok((status, fs::read_to_string(out)?))
+}
+
 /// What must go away on every exit, also on failure or a signal: the daemon, the databases
-/// with a prefix, the exchanges and queues that were bound.
+/// with a prefix, the exchanges and queues that were bound, the bench's own servers.
 pub struct Cleanup {
     pg: Pg,
     db_prefix: String,
+    /// Held while something is made and for the whole clean-up, so that nothing is made during
+    /// or after it, and a second caller waits for the first to finish.
     state: Mutex<CleanupState>,
-    /// Held for the whole clean-up, so that a second caller waits for the first to finish.
-    running: Mutex<()>,
     /// The exit code of the signal that started the clean-up (0: none).
     interrupted: AtomicI32,
 }
@@ -583,18 +555,18 @@ impl Cleanup {
             amqp: amqp.into(),
             ..Names::default()
         };
+        let (daemon_pid, servers, done) = (None, Vec::new(), false);
         let state = Mutex::new(CleanupState {
-            daemon_pid: None,
+            daemon_pid,
             bound,
-            servers: Vec::new(),
-            done: false,
+            servers,
+            done,
         });
-        let (running, interrupted) = (Mutex::new(()), AtomicI32::new(0));
+        let interrupted = AtomicI32::new(0);
         let cleanup = Arc::new(Cleanup {
             pg,
             db_prefix,
             state,
-            running,
             interrupted,
         });
         let on_signal = cleanup.clone();
@@ -628,26 +600,27 @@ impl Cleanup {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `create` (what makes a database, an exchange or a daemon) unless the clean-up has
-    /// begun, and never while it runs: after a signal the work goes on until it fails, and what
-    /// it made after the clean-up would be left behind.
-    pub fn guard<T>(&self, create: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        if self.state().done {
+    /// Runs `create` (what makes a database, an exchange, a server or a daemon, noting it in
+    /// the state) unless the clean-up has begun, and never while it runs: after a signal the
+    /// work goes on until it fails, and what it made after the clean-up would be left behind.
+    pub fn guard<T>(
+        &self,
+        create: impl FnOnce(&mut CleanupState) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let mut state = self.state();
+        if state.done {
             bail!("interrupted");
         }
-        create()
+        create(&mut state)
     }
 
     /// A durable topic exchange and its queue `<exchange>.q` bound for '#', deleted by the
     /// clean-up.
     pub fn bind(&self, exchange: &str) -> anyhow::Result<()> {
-        self.guard(|| {
-            let mut state = self.state();
+        self.guard(|state| {
             state.bound.exchange.push(exchange.into());
             state.bound.queue.push(format!("{exchange}.q"));
             let names = Names::of(exchange, &state.bound.amqp);
-            drop(state);
             block_on(clients::bind(&names)).context("cannot bind an exchange")
         })
     }
@@ -655,8 +628,8 @@ impl Cleanup {
     /// A server of the bench's own (bench/lab.rs) in `data`, stopped and removed by the
     /// clean-up or by [`Cleanup::stop_servers`].
     pub fn add_server(&self, data: PathBuf) -> anyhow::Result<()> {
-        self.guard(|| {
-            self.state().servers.push(data);
+        self.guard(|state| {
+            state.servers.push(data);
             Ok(())
         })
     }
@@ -664,41 +637,17 @@ impl Cleanup {
     /// Stops the bench's own servers (immediately: their data is thrown away) and removes
     /// their directories.
     pub fn stop_servers(&self) {
-        let servers = std::mem::take(&mut self.state().servers);
-        for data in servers {
-            let stop = [
-                "pg_ctl",
-                "-D",
-                &data.to_string_lossy(),
-                "-m",
-                "immediate",
-                "stop",
-            ];
-            if let Err(error) = crate::lab::run(&stop) {
-                say!("could not stop the server in {}: {error:#}", data.display());
-            }
-            if let Some(dir) = data.parent() {
-                let _ = fs::remove_dir_all(dir);
-                // The labs' directory, once its last server is gone (it fails while others stay).
-                if let Some(labs) = dir.parent() {
-                    let _ = fs::remove_dir(labs);
-                }
-            }
-        }
+        stop_servers(std::mem::take(&mut self.state().servers));
     }
 
     /// Stops the daemon and the bench's own servers, drops the databases, deletes the
     /// exchanges and queues; once.
     fn run(&self) {
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let (pid, bound) = {
-            let mut state = self.state();
-            if std::mem::replace(&mut state.done, true) {
-                return;
-            }
-            (state.daemon_pid.take(), std::mem::take(&mut state.bound))
-        };
-        if let Some(pid) = pid {
+        let mut state = self.state();
+        if std::mem::replace(&mut state.done, true) {
+            return;
+        }
+        if let Some(pid) = state.daemon_pid.take() {
             send_signal(pid, libc::SIGTERM);
             // Gone, or a zombie: it has exited.
             let stat = || fs::read_to_string(format!("/proc/{pid}/stat"));
@@ -709,7 +658,7 @@ impl Cleanup {
             }
             send_signal(pid, libc::SIGKILL);
         }
-        self.stop_servers();
+        stop_servers(std::mem::take(&mut state.servers));
         let databases = self.pg.databases_like(&self.db_prefix);
         let databases = databases.inspect_err(|e| say!("could not list the databases: {e:#}"));
         for db in databases.unwrap_or_default() {
@@ -717,7 +666,7 @@ impl Cleanup {
                 say!("could not drop database {db}: {error:#}");
             }
         }
-        if let Err(error) = block_on(clients::delete(&bound)) {
+        if let Err(error) = block_on(clients::delete(&state.bound)) {
             say!("could not delete the exchanges and queues: {error:#}");
         }
     }
@@ -733,6 +682,27 @@ impl Cleanup {
     }
 }
 
+fn stop_servers(servers: Vec<PathBuf>) {
+    for data in servers {
+        let stop = [
+            "pg_ctl",
+            "-D",
+            &data.to_string_lossy(),
+            "-m",
+            "immediate",
+            "stop",
+        ];
+        if let Err(error) = crate::lab::run(&stop) {
+            say!("could not stop the server in {}: {error:#}", data.display());
+        }
+        if let Some(dir) = data.parent() {
+            let _ = fs::remove_dir_all(dir);
+            // The labs' directory, once its last server is gone (it fails while others stay).
+            let _ = dir.parent().map(fs::remove_dir);
+        }
+    }
+}
+
 /// Appends to a log file (the migrations' output).
 pub fn append(path: &Path) -> anyhow::Result<File> {
     Ok(OpenOptions::new().create(true).append(true).open(path)?)
@@ -743,46 +713,60 @@ pub fn commit() -> String {
     let short = command_line("git", &["rev-parse", "--short", "HEAD"]);
     let unknown = short.is_empty() || short.contains("fatal");
     let short = if unknown { "unknown".to_owned() } else { short };
-    let paths = ["--", "src", "Cargo.toml", "Cargo.lock", "migrations"];
-    let status = [
-        ["status", "--porcelain", "--untracked-files=no"].as_slice(),
-        &paths,
-    ]
-    .concat();
-    match command_line("git", &status).is_empty() {
+    let status = ["status", "--porcelain", "--untracked-files=no", "--", "src"];
+    let paths = ["Cargo.toml", "Cargo.lock", "migrations"];
+    match command_line("git", &[&status[..], &paths].concat()).is_empty() {
         true => short,
         false => format!("{short} (with uncommitted changes in src/)"),
     }
 }
 
-/// The CPU model and the memory in GiB (one decimal), from /proc.
-pub fn cpu_and_memory() -> (String, String) {
+/// The machine and the software a run measures, as the report names them; RabbitMQ's version
+/// from rabbitmqctl if `ask_rabbit` (it may take seconds), else from the Debian package.
+pub fn machine(pg: &Pg, config: &str, ask_rabbit: bool) -> Machine {
     let line = |file: &str, prefix: &str| {
         let text = fs::read_to_string(file).unwrap_or_default();
-        text.lines()
+        let line = text
+            .lines()
             .find(|l| l.starts_with(prefix))
-            .unwrap_or("")
-            .to_owned()
+            .map(str::to_owned);
+        line.unwrap_or_default()
     };
-    let cpu = line("/proc/cpuinfo", "model name");
-    let cpu = cpu
-        .split_once(": ")
-        .map_or("", |(_, model)| model)
-        .to_owned();
-    let mem = line("/proc/meminfo", "MemTotal:");
-    let kb = mem
+    let cpu_model = line("/proc/cpuinfo", "model name");
+    let cpu_model = cpu_model.split_once(": ").map_or("", |(_, model)| model);
+    let kb = line("/proc/meminfo", "MemTotal:");
+    let kb = kb
         .split_whitespace()
         .nth(1)
         .and_then(|kb| kb.parse::<f64>().ok());
-    (
-        cpu,
-        kb.map_or(String::new(), |kb| format!("{:.1}", kb / 1_048_576.0)),
-    )
+    let show = |setting: &str| pg.query("postgres", &format!("SHOW {setting}"));
+    let show = |setting| show(setting).unwrap_or_else(|_| "unknown".into());
+    let word = |text: String, index| text.split_whitespace().nth(index).map(str::to_owned);
+    let wrk = command_line("wrk", &["-v"])
+        .lines()
+        .next()
+        .map(str::to_owned);
+    let rustc = Some(command_line("rustc", &["--version"])).filter(|v| !v.is_empty());
+    let settings = fs::read_to_string(config).map(|text| report::quoted_settings(&text));
+    Machine {
+        cpu_model: cpu_model.to_owned(),
+        nproc: command_line("nproc", &[]),
+        mem_gib: kb.map_or(String::new(), |kb| format!("{:.1}", kb / 1_048_576.0)),
+        kernel: command_line("uname", &["-sr"]),
+        pg_version: show("server_version"),
+        autovacuum: show("autovacuum"),
+        rabbit_version: rabbit_version(ask_rabbit),
+        wrk_version: wrk.and_then(|line| word(line, 1)).unwrap_or_default(),
+        pgbench_version: word(command_line("pgbench", &["--version"]), 2).unwrap_or_default(),
+        rustc_version: rustc.unwrap_or_else(|| "rustc unknown".into()),
+        commit: commit(),
+        daemon_settings: settings.unwrap_or_default(),
+    }
 }
 
 /// RabbitMQ's version from rabbitmqctl (if `ask`), else from the Debian package; "unknown"
 /// without either.
-pub fn rabbit_version(ask: bool) -> String {
+fn rabbit_version(ask: bool) -> String {
     let ctl = ask.then(|| command_line("timeout", &["20", "rabbitmqctl", "version"]));
     let ctl = ctl.and_then(|text| text.lines().last().map(str::to_owned));
     let ctl = ctl.filter(|v| !v.trim().is_empty() && !v.contains("rror"));
@@ -794,13 +778,6 @@ pub fn rabbit_version(ask: bool) -> String {
     }
 }
 
-/// wrk's version: the second word of `wrk -v`'s first line.
-pub fn wrk_version() -> String {
-    let text = command_line("wrk", &["-v"]);
-    let first = text.lines().next().unwrap_or("");
-    first.split_whitespace().nth(1).unwrap_or("").to_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -809,14 +786,15 @@ mod tests {
     fn the_machine_line_splits_work_steal_and_idle() {
         // user nice system idle iowait irq softirq steal guest guest_nice
         let before = MachineTicks::parse("cpu  100 5 40 800 20 3 2 10 7 0");
-        let expected = MachineTicks {
-            work: 150,
-            steal: 10,
-            total: 980,
-        };
-        assert_eq!(before, expected);
-        let after = MachineTicks::parse("cpu  250 5 90 850 20 3 2 30 9 0");
-        let spent = after.since(before);
+        assert_eq!(
+            before,
+            MachineTicks {
+                work: 150,
+                steal: 10,
+                total: 980
+            }
+        );
+        let spent = MachineTicks::parse("cpu  250 5 90 850 20 3 2 30 9 0").since(before);
         assert_eq!((spent.work, spent.steal, spent.total), (200, 20, 270));
         assert_eq!(spent.busy_pct().unwrap().text, "74.1");
         assert!(MachineTicks::default().busy_pct().is_none());
@@ -836,14 +814,17 @@ mod tests {
             x = std::hint::black_box(x.wrapping_add(1));
         }
         assert!(proc_stat(std::process::id()).unwrap().2 >= me.2);
+        let processes = all_processes();
+        let line = lineage(&processes, std::process::id());
+        assert_eq!(line[..2], [std::process::id(), me.0]);
+        assert!(tree_ticks(me.0) >= me.2);
     }
 
     #[test]
     fn the_machines_services_have_used_some_cpu() {
         // PostgreSQL and RabbitMQ run on every machine the benchmark runs on.
         let before = ServiceTicks::now();
-        assert!(before.postgres > 0, "{before:?}");
-        assert!(before.rabbitmq > 0, "{before:?}");
+        assert!(before.postgres > 0 && before.rabbitmq > 0, "{before:?}");
         let later = ServiceTicks::now();
         assert!(later.postgres >= before.postgres && later.rabbitmq >= before.rabbitmq);
         assert!(later.since(before).is_some());
@@ -853,10 +834,6 @@ mod tests {
             ..later
         };
         assert_eq!(restarted.since(before), None);
-    }
-
-    #[test]
-    fn cost_per_1000() {
         let ticks = (clock_ticks() * 3.0) as u64;
         assert_eq!(seconds_per_1000(ticks, 10_000.0).unwrap().text, "0.300");
         assert!(seconds_per_1000(ticks, 0.0).is_none());

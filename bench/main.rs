@@ -10,11 +10,16 @@
 //!
 //! # Layout
 //!
-//! - `scenarios`: every scenario, the soak's included, as data (steps), and the one harness
-//!   that interprets them: a fresh database and exchange per stage, the daemon, the loads.
+//! - this file: the command line, every subcommand's arguments.
+//! - `scenarios`: every scenario, the soak's included: the metrics of its per-run table as data,
+//!   and a function that measures one run; `bench run`.
+//! - `scene`: what a scenario does its steps with: a fresh database and exchange per stage, the
+//!   daemon, the loads, the readings, the figures recorded.
+//! - `outputs`: what wrk, pgbench and the daemon's /metrics print, read into figures.
 //! - `clients`: the loads and probes that run inside this program: the broker's exchanges and
 //!   queues, the plain lapin publisher, the end-to-end client, the delay proxy.
-//! - `harness`: PostgreSQL, the daemon as a child process, the clean-up on every exit, /proc.
+//! - `harness`: PostgreSQL, the daemon and the load programs as child processes, the clean-up
+//!   on every exit, /proc, the machine the report names.
 //! - `lab`: the citus scenario's own servers: a plain PostgreSQL, or a Citus coordinator and two
 //!   workers.
 //! - `report` (template bench/report.md): BENCHMARKS.md's tables, described as data.
@@ -31,12 +36,18 @@ macro_rules! say {
 mod clients;
 mod harness;
 mod lab;
+mod outputs;
 mod report;
 mod scenarios;
+mod scene;
 mod soak;
 mod stats;
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
+
+use crate::report::Settings;
 
 #[derive(Parser)]
 #[command(
@@ -51,15 +62,149 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The benchmark: every scenario beside its baseline; prints a table, writes BENCHMARKS.md.
-    Run(scenarios::RunArgs),
+    Run(RunArgs),
     /// A steady mixed load at a held rate; per-slice figures, end checks, memory verdict.
-    Soak(soak::SoakArgs),
+    Soak(SoakArgs),
     /// Declares a durable topic exchange and a durable queue bound to it for '#'.
     Bind(clients::Names),
     /// Deletes exchanges and queues; a missing one is not an error.
     Delete(clients::Names),
     /// A TCP proxy that adds --delay-ms to every round trip to --target, until stopped.
     DelayProxy(clients::ProxyArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Quick check: 5 s per measurement, 1 run, a 10,000-event drain; NOT reference figures.
+    #[arg(long, env = "BENCH_QUICK", value_parser = clap::builder::BoolishValueParser::new())]
+    pub quick: bool,
+    /// Runs of every scenario (default 3; quick: 1).
+    #[arg(long, env = "BENCH_RUNS")]
+    pub runs: Option<u32>,
+    /// Seconds per measurement (default 15; quick: 5).
+    #[arg(long, env = "BENCH_DURATION")]
+    pub duration: Option<u32>,
+    /// Events of the drain's backlog (default 100000; quick: 10000).
+    #[arg(long, env = "BENCH_DRAIN_EVENTS")]
+    pub drain_events: Option<u64>,
+    /// Seconds of end-to-end load (default 20; quick: 5).
+    #[arg(long, env = "BENCH_E2E_SECONDS")]
+    pub e2e_seconds: Option<u32>,
+    /// Requests/s of the end-to-end load.
+    #[arg(long, env = "BENCH_E2E_RATE", default_value_t = 1000)]
+    pub e2e_rate: u32,
+    /// Rows per table of the scale scenario's large database.
+    #[arg(long, env = "BENCH_SCALE_ROWS", default_value_t = 5_000_000)]
+    pub scale_rows: u64,
+    /// Rows per table of the scale scenario's small database.
+    #[arg(long, env = "BENCH_SCALE_SMALL", default_value_t = 10_000)]
+    pub scale_small: u64,
+    /// Expired records, and old events, that the scale scenario's janitor deletes.
+    #[arg(long, env = "BENCH_SCALE_EXPIRED", default_value_t = 500_000)]
+    pub scale_expired: u64,
+    #[arg(long, env = "BENCH_PORT", default_value_t = 18437)]
+    pub port: u16,
+    /// The daemon's configuration file.
+    #[arg(long, env = "BENCH_CONFIG", default_value = "config.toml")]
+    pub config: String,
+    /// The report; what it has after the hand-written marker is kept.
+    #[arg(long, env = "BENCH_OUTPUT", default_value = "BENCHMARKS.md")]
+    pub output: PathBuf,
+    /// Every run's values, written with the report.
+    #[arg(
+        long,
+        env = "BENCH_RUNS_OUTPUT",
+        default_value = "docs/benchmark-runs.md"
+    )]
+    pub runs_output: PathBuf,
+    /// Some of "writes replays storm drain e2e ordered latency scale citus" (spaces or commas); the
+    /// report shows n/a for those of BENCHMARKS.md not run.
+    #[arg(
+        long,
+        env = "BENCH_SCENARIOS",
+        default_value = "writes replays storm drain e2e ordered latency"
+    )]
+    pub scenarios: String,
+    /// SQL run on every fresh database after its migrations, e.g. "DROP INDEX
+    /// entries_client_created" to measure a write without it.
+    #[arg(long, env = "BENCH_SETUP_SQL")]
+    pub setup_sql: Option<String>,
+    /// The daemon to measure instead of the one built beside this program (e.g. an earlier
+    /// build, to compare two commits in one run of each).
+    #[arg(long, env = "BENCH_DAEMON")]
+    pub daemon: Option<PathBuf>,
+    #[arg(long, env = "BENCH_AMQP_URL", default_value = clients::AMQP)]
+    pub amqp: String,
+}
+
+impl RunArgs {
+    pub fn settings(&self, pg: &harness::Pg) -> Settings {
+        let quick = self.quick;
+        let pick =
+            |value: Option<u32>, full, fast| value.unwrap_or(if quick { fast } else { full });
+        let drain_events = if quick { 10_000 } else { 100_000 };
+        let duration = pick(self.duration, 15, 5);
+        Settings {
+            quick,
+            runs: pick(self.runs, 3, 1),
+            duration,
+            drain_events: self.drain_events.unwrap_or(drain_events),
+            e2e_seconds: pick(self.e2e_seconds, 20, 5),
+            e2e_rate: self.e2e_rate,
+            scale_large: self.scale_rows,
+            scale_small: self.scale_small,
+            scale_expired: self.scale_expired,
+            // The janitor's pass has writes beside it for 4 measurements' time (60 s in full).
+            janitor_seconds: 4 * duration,
+            port: self.port,
+            config: self.config.clone(),
+            pg_base: pg.base.clone(),
+            ..Settings::default()
+        }
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SoakArgs {
+    /// Length of the load, in minutes.
+    #[arg(long, env = "SOAK_MINUTES", default_value_t = 10)]
+    pub minutes: u32,
+    /// Seconds per slice (one wrk run, one row of the table).
+    #[arg(long, env = "SOAK_SLICE_SECONDS", default_value_t = 30)]
+    pub slice_seconds: u32,
+    /// Offered requests per second, held by a fixed-rate schedule.
+    #[arg(long, env = "SOAK_RATE", default_value_t = 1000)]
+    pub rate: u32,
+    /// wrk's connections (at least 2: one per wrk thread).
+    #[arg(long, env = "SOAK_CONNECTIONS", default_value_t = 8)]
+    pub connections: u32,
+    /// The daemon's port (default: a free one).
+    #[arg(long, env = "SOAK_PORT")]
+    pub port: Option<u16>,
+    #[arg(long, env = "SOAK_CONFIG", default_value = "config.toml")]
+    pub config: String,
+    /// VACUUM the daemon's tables after every slice (standing in for autovacuum where it is off).
+    #[arg(long, env = "SOAK_VACUUM", value_parser = clap::builder::BoolishValueParser::new())]
+    pub vacuum: bool,
+    /// Minutes at the start whose RSS samples the memory verdict leaves out (the replay cache
+    /// fills then). Default: the first half of the run.
+    #[arg(long, env = "SOAK_WARMUP_MINUTES")]
+    pub warmup_minutes: Option<f64>,
+    /// The RSS slope after the warm-up, in MiB per hour, above which the memory check fails.
+    #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 1.0)]
+    pub rss_slope_limit: f64,
+    /// The daemon to soak (default: the release build beside this program), e.g. one built
+    /// with another allocator, to run two soaks side by side.
+    #[arg(long, env = "SOAK_DAEMON")]
+    pub daemon: Option<PathBuf>,
+    #[arg(long, env = "SOAK_AMQP_URL", default_value = clients::AMQP)]
+    pub amqp: String,
+}
+
+impl SoakArgs {
+    pub fn slices(&self) -> u32 {
+        self.minutes * 60 / self.slice_seconds.max(1)
+    }
 }
 
 fn main() {
@@ -100,20 +245,24 @@ mod tests {
         for name in names {
             std::env::remove_var(name);
         }
-        let Command::Run(run) = run.command else {
-            panic!("not run")
+        let full = Cli::try_parse_from(["bench", "run"]).unwrap();
+        let (Command::Run(run), Command::Soak(soak), Command::Run(explicit), Command::Run(full)) =
+            (run.command, soak.command, explicit.command, full.command)
+        else {
+            panic!("not run, soak, run, run")
         };
         assert!(run.quick);
         assert_eq!(run.runs, Some(2));
         assert_eq!(run.scenarios, "writes e2e");
-        let Command::Soak(soak) = soak.command else {
-            panic!("not soak")
-        };
         assert!(!soak.vacuum);
         assert_eq!(soak.minutes, 2);
-        let Command::Run(explicit) = explicit.command else {
-            panic!("not run")
-        };
         assert_eq!(explicit.runs, Some(5));
+        // Full mode's figures, and quick mode's where no flag sets them.
+        let pg = harness::Pg {
+            base: "postgres://postgres@127.0.0.1:5432".into(),
+        };
+        let figures = |s: Settings| (s.runs, s.duration, s.drain_events, s.e2e_seconds);
+        assert_eq!(figures(full.settings(&pg)), (3, 15, 100_000, 20));
+        assert_eq!(figures(run.settings(&pg)), (2, 5, 10_000, 5));
     }
 }

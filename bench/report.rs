@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::stats::{fmt, maximum, median, minimum, per_run, ratio, Num, Target, Verdict};
+use crate::stats::{fmt, maximum, median, minimum, per_run, ratio, verdict, Num, Target};
 
 /// The line after which BENCHMARKS.md is written by hand: `bench/run` keeps everything below it
 /// when it rewrites the file.
@@ -58,12 +58,9 @@ pub fn fill(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
 pub struct Run(pub Vec<(String, Option<Num>)>);
 
 impl Run {
-    /// A run without figures yet of these metrics (separated by whitespace).
-    pub fn of(metrics: &str) -> Run {
-        Run(metrics
-            .split_whitespace()
-            .map(|name| (name.to_owned(), None))
-            .collect())
+    /// A run without figures yet of these metrics.
+    pub fn of(metrics: Vec<String>) -> Run {
+        Run(metrics.into_iter().map(|name| (name, None)).collect())
     }
 
     pub fn get(&self, metric: &str) -> Option<&Num> {
@@ -433,36 +430,35 @@ impl Figure {
 
 impl Row {
     fn cells(&self, report: &Report) -> [String; 7] {
-        let Row(scenario, measure, value_figure, baseline_figure, shows_ratio, target, judge) =
-            self;
+        let Row(scenario, measure, figure, baseline, shows_ratio, target, judge) = self;
         let fill = |text: &str| fill(text, |name| report.settings.var(name));
-        let (value, baseline) = (value_figure.number(report), baseline_figure.number(report));
-        let ratio_value = ratio(value, baseline);
-        let verdict = match judge {
+        let (value, bound) = (figure.number(report), baseline.number(report));
+        let ratio = ratio(value, bound);
+        let met = match judge {
             Nothing => None,
-            Ratio(target) => Some(target.judge(ratio_value)),
+            Ratio(target) => Some(target.judge(ratio)),
             Value(target) => Some(target.judge(value)),
-            Baseline(make) => Some(Target::judge_against(value, baseline, *make)),
+            Baseline(make) => Some(bound.and_then(|bound| make(bound).judge(value))),
             EveryRun(scenario, flag) => {
                 let flags = report.column(scenario, flag);
-                Some(match flags.is_empty() {
-                    true => Verdict::NotAvailable,
-                    false => Verdict::of(Some(minimum(&flags) == Some(1.0))),
-                })
+                Some((!flags.is_empty()).then(|| minimum(&flags) == Some(1.0)))
             }
         };
+        let ratio = if *shows_ratio {
+            format!("{}×", fmt(ratio, 2))
+        } else {
+            "–".into()
+        };
+        let (figure, baseline) = (figure.cell(report), baseline.cell(report));
+        let met = met.map_or("–", verdict).to_owned();
         [
             fill(scenario),
             fill(measure),
-            value_figure.cell(report),
-            baseline_figure.cell(report),
-            if *shows_ratio {
-                format!("{}×", fmt(ratio_value, 2))
-            } else {
-                "–".into()
-            },
+            figure,
+            baseline,
+            ratio,
             fill(target),
-            verdict.map_or("–".into(), |verdict| verdict.to_string()),
+            met,
         ]
     }
 }
@@ -510,10 +506,13 @@ impl Report {
         for scenario in REPORTED {
             let peak = maximum(&self.column(scenario, "rss_mb"));
             let cores = fmt(self.median(scenario, "cpu_cores"), 2);
-            let (nproc, verdict) = (&self.machine.nproc, Target::Below(200.0).judge(peak));
+            let (nproc, met) = (
+                &self.machine.nproc,
+                verdict(Target::Below(200.0).judge(peak)),
+            );
             let _ = write!(
                 out,
-                "\n| {scenario} | {} | {cores} of {nproc} | RSS < 200 MiB | {verdict} |",
+                "\n| {scenario} | {} | {cores} of {nproc} | RSS < 200 MiB | {met} |",
                 fmt(peak, 1)
             );
         }
@@ -582,38 +581,32 @@ impl Report {
         out
     }
 
-    /// A scenario that measures twice, side by side, if it ran: each measure's medians, the
-    /// second beside the first (`scale`: a database of {scale_small} rows per table and one of
-    /// {scale_large}; `citus`: a plain PostgreSQL and Citus).
-    pub fn side_by_side_table(&self, scenario: &str) -> Option<String> {
-        let first = self.runs(scenario).first()?;
-        let s = &self.settings;
-        let ([a, b], [label_a, label_b]) = match scenario {
-            "scale" => (
-                ["small_", "large_"],
-                [
-                    format!("{} rows", s.scale_small),
-                    format!("{} rows", s.scale_large),
-                ],
-            ),
-            _ => (
-                ["plain_", "citus_"],
-                ["plain PostgreSQL".into(), "Citus, 2 workers".into()],
-            ),
-        };
+    /// A scenario of sides, if it ran: each measure's medians on each side (`sides`: each one's
+    /// prefix and column label), and each later side's ratio to the first.
+    pub fn side_by_side_table(&self, scenario: &str, sides: &[(&str, &str)]) -> Option<String> {
+        let (first, (side, _)) = (self.runs(scenario).first()?, sides.first()?);
+        let labels = sides
+            .iter()
+            .map(|(_, label)| fill(label, |name| self.settings.var(name)));
+        let labels: Vec<String> = labels.collect();
         let runs = self.runs(scenario).len();
-        let mut out = format!("| measure (medians of {runs} runs) | {label_a} | {label_b} | ratio |\n|---|---:|---:|---:|");
-        for (metric, _) in first.0.iter().filter(|(name, _)| name.starts_with(a)) {
-            let measure = &metric[a.len()..];
-            let [first, second] =
-                [metric.clone(), format!("{b}{measure}")].map(|m| self.median(scenario, &m));
-            let ratio = fmt(ratio(second, first), 2);
-            let _ = write!(
-                out,
-                "\n| {measure} | {} | {} | {ratio}x |",
-                fmt(first, 2),
-                fmt(second, 2)
-            );
+        let (labels, ratios) = (labels.join(" | "), " ratio |".repeat(sides.len() - 1));
+        let mut out = format!("| measure (medians of {runs} runs) | {labels} |{ratios}\n|---|");
+        out += &"---:|".repeat(2 * sides.len() - 1);
+        let prefix = format!("{side}_");
+        for (metric, _) in first.0.iter().filter(|(name, _)| name.starts_with(&prefix)) {
+            let measure = &metric[prefix.len()..];
+            let medians = sides
+                .iter()
+                .map(|(side, _)| self.median(scenario, &format!("{side}_{measure}")));
+            let medians: Vec<Option<f64>> = medians.collect();
+            let _ = write!(out, "\n| {measure} |");
+            for median in &medians {
+                let _ = write!(out, " {} |", fmt(*median, 2));
+            }
+            for median in &medians[1..] {
+                let _ = write!(out, " {}x |", fmt(ratio(*median, medians[0]), 2));
+            }
         }
         Some(out)
     }
@@ -802,13 +795,13 @@ mod tests {
                     .collect::<Vec<_>>()
             };
             assert_eq!(
-                names(&Run::of(scenario.metrics)),
+                names(&Run::of(scenario.metrics())),
                 names(&committed.runs(name)[0]),
                 "{name}"
             );
         }
         // A run's metric has its place; a figure of another name has none.
-        let mut run = Run::of(SCENARIOS[4].metrics); // e2e
+        let mut run = Run::of(SCENARIOS[4].metrics()); // e2e
         *run.slot("cpu_cores").unwrap() = Num::parse("0.4");
         assert!(run.slot("p90_ms").is_none());
         assert_eq!(run.get("cpu_cores"), Num::parse("0.4").as_ref());
@@ -857,17 +850,19 @@ mod tests {
             .unwrap();
         assert!(per_run.contains(writes_rps));
         assert!(!per_run.contains("| storm |"));
-        assert!(report.side_by_side_table("scale").is_none());
+        let scale = crate::scenarios::list("scale").unwrap()[0].sides;
+        assert!(report.side_by_side_table("scale", scale).is_none());
     }
 
     #[test]
     fn the_scale_table_sets_the_large_database_beside_the_small() {
         let mut report = committed_report();
-        let mut run = Run::of(crate::scenarios::list("scale").unwrap()[0].metrics);
+        let scale = &crate::scenarios::list("scale").unwrap()[0];
+        let mut run = Run::of(scale.metrics());
         *run.slot("small_rps").unwrap() = Num::parse("2092");
         *run.slot("large_rps").unwrap() = Num::parse("1634");
         report.runs.insert("scale".into(), vec![run]);
-        let table = report.side_by_side_table("scale").unwrap();
+        let table = report.side_by_side_table("scale", scale.sides).unwrap();
         assert!(
             table.starts_with("| measure (medians of 1 runs) | 10000 rows | 5000000 rows |"),
             "{table}"

@@ -1,6 +1,6 @@
 //! `bench soak`: the scenario `soak` (a steady mixed load against the release daemon for minutes
-//! or hours) run once, its slices measured by the step `Slices`, its end checks (`CHECKS`) and
-//! memory verdict rendered into the template bench/soak.md.
+//! or hours) run once, its load measured slice by slice (`slices`), its end checks (`CHECKS`)
+//! and memory verdict rendered into the template bench/soak.md.
 //!
 //! Each slice is one wrk run of `scripts/soak.lua` (70 % writes with fresh keys, 20 % replays,
 //! 5 % conflicts, 5 % GETs). The rate is held by a fixed-rate schedule: each wrk thread sends
@@ -9,18 +9,21 @@
 //! answer did. While a slice runs, the daemon's VmRSS is sampled every second; the memory
 //! verdict is the least-squares slope of those samples after the warm-up, in MiB per hour.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::harness::{self, field, result_line, MachineTicks};
+use crate::harness::{self, MachineTicks};
+use crate::outputs::{field, result_line};
 use crate::report::{fill, Settings};
-use crate::scenarios::{self, Bench, Scene};
+use crate::scenarios;
+use crate::scene::{Bench, Scene};
 use crate::stats::{least_squares, Line};
+use crate::SoakArgs;
 
 const THREADS: u32 = 2;
 /// Fewer samples after the warm-up than this, or spanning less time, give no memory verdict.
@@ -31,49 +34,6 @@ const TEMPLATE: &str = include_str!("soak.md");
 /// Records without their entry, and entries without their event.
 pub const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
     + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
-
-#[derive(clap::Args, Clone, Debug)]
-pub struct SoakArgs {
-    /// Length of the load, in minutes.
-    #[arg(long, env = "SOAK_MINUTES", default_value_t = 10)]
-    pub minutes: u32,
-    /// Seconds per slice (one wrk run, one row of the table).
-    #[arg(long, env = "SOAK_SLICE_SECONDS", default_value_t = 30)]
-    pub slice_seconds: u32,
-    /// Offered requests per second, held by a fixed-rate schedule.
-    #[arg(long, env = "SOAK_RATE", default_value_t = 1000)]
-    pub rate: u32,
-    /// wrk's connections (at least 2: one per wrk thread).
-    #[arg(long, env = "SOAK_CONNECTIONS", default_value_t = 8)]
-    pub connections: u32,
-    /// The daemon's port (default: a free one).
-    #[arg(long, env = "SOAK_PORT")]
-    pub port: Option<u16>,
-    #[arg(long, env = "SOAK_CONFIG", default_value = "config.toml")]
-    pub config: String,
-    /// VACUUM the daemon's tables after every slice (standing in for autovacuum where it is off).
-    #[arg(long, env = "SOAK_VACUUM", value_parser = clap::builder::BoolishValueParser::new())]
-    pub vacuum: bool,
-    /// Minutes at the start whose RSS samples the memory verdict leaves out (the replay cache
-    /// fills then). Default: the first half of the run.
-    #[arg(long, env = "SOAK_WARMUP_MINUTES")]
-    pub warmup_minutes: Option<f64>,
-    /// The RSS slope after the warm-up, in MiB per hour, above which the memory check fails.
-    #[arg(long, env = "SOAK_RSS_SLOPE_LIMIT", default_value_t = 1.0)]
-    pub rss_slope_limit: f64,
-    /// The daemon to soak (default: the release build beside this program), e.g. one built
-    /// with another allocator, to run two soaks side by side.
-    #[arg(long, env = "SOAK_DAEMON")]
-    pub daemon: Option<PathBuf>,
-    #[arg(long, env = "SOAK_AMQP_URL", default_value = crate::clients::AMQP)]
-    pub amqp: String,
-}
-
-impl SoakArgs {
-    fn slices(&self) -> u32 {
-        self.minutes * 60 / self.slice_seconds.max(1)
-    }
-}
 
 /// Where a slice's figure comes from: the sum of figures of wrk's `SOAK_RESULT`, or a reading
 /// of the daemon, the machine or the database after the slice.
@@ -199,17 +159,8 @@ pub fn summary_table(rows: &[SliceRow]) -> String {
     out
 }
 
-/// What the RSS samples after the warm-up say.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MemoryVerdict {
-    /// Slope within the limit.
-    Flat,
-    /// Slope above the limit.
-    Growing,
-    /// Too few samples, or too short a span, after the warm-up.
-    Inconclusive,
-}
-
+/// What the RSS samples after the warm-up say: the line fitted to them, and whether its slope
+/// is within the limit (`flat`; none with too few samples, or too short a span).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Memory {
     pub warmup_s: f64,
@@ -218,7 +169,7 @@ pub struct Memory {
     pub samples: usize,
     pub span_s: f64,
     pub line: Option<Line>,
-    pub verdict: MemoryVerdict,
+    pub flat: Option<bool>,
 }
 
 impl Memory {
@@ -227,29 +178,25 @@ impl Memory {
         let after: Vec<(f64, f64)> = samples
             .iter()
             .copied()
-            .filter(|(t, _)| *t >= warmup_s)
+            .filter(|s| s.0 >= warmup_s)
             .collect();
         let span_s = after
             .first()
             .zip(after.last())
             .map_or(0.0, |(a, b)| b.0 - a.0);
         let line = least_squares(&after);
-        let verdict = match line {
-            Some(line) if after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S => {
-                match line.slope * 3600.0 <= limit_mib_per_h {
-                    true => MemoryVerdict::Flat,
-                    false => MemoryVerdict::Growing,
-                }
-            }
-            _ => MemoryVerdict::Inconclusive,
-        };
+        let enough = after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S;
+        let flat = line
+            .filter(|_| enough)
+            .map(|line| line.slope * 3600.0 <= limit_mib_per_h);
+        let samples = after.len();
         Memory {
             warmup_s,
             limit_mib_per_h,
-            samples: after.len(),
+            samples,
             span_s,
             line,
-            verdict,
+            flat,
         }
     }
 
@@ -260,63 +207,47 @@ impl Memory {
             self.samples,
             self.warmup_s / 60.0
         );
-        let detail = match self.slope_mib_per_h() {
-            Some(slope) if self.verdict != MemoryVerdict::Inconclusive => {
-                format!("{slope:+.2} MiB/h over {after}")
-            }
+        let detail = match (self.line, self.flat) {
+            (Some(line), Some(_)) => format!("{:+.2} MiB/h over {after}", line.slope * 3600.0),
             _ => format!("no verdict: {after}"),
         };
+        let name = format!(
+            "RSS slope after the warm-up ≤ {} MiB/h",
+            self.limit_mib_per_h
+        );
         Check {
-            name: format!(
-                "RSS slope after the warm-up ≤ {} MiB/h",
-                self.limit_mib_per_h
-            ),
-            passed: self.passed(),
+            name,
+            passed: self.flat,
             detail,
         }
     }
 
-    pub fn slope_mib_per_h(&self) -> Option<f64> {
-        self.line.map(|line| line.slope * 3600.0)
-    }
-
-    /// A check row's outcome: `Some(true)` ok, `Some(false)` failed, `None` no verdict.
-    pub fn passed(&self) -> Option<bool> {
-        match self.verdict {
-            MemoryVerdict::Flat => Some(true),
-            MemoryVerdict::Growing => Some(false),
-            MemoryVerdict::Inconclusive => None,
-        }
-    }
-
     pub fn sentence(&self) -> String {
-        let warmup = format!("{:.1} min", self.warmup_s / 60.0);
-        match (self.line, self.verdict) {
-            (Some(line), verdict) if verdict != MemoryVerdict::Inconclusive => format!(
-                "RSS slope {:+.2} MiB/h by least squares over {} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
+        let (warmup, samples) = (format!("{:.1} min", self.warmup_s / 60.0), self.samples);
+        let slope = self.line.map(|line| line.slope * 3600.0);
+        match (self.line, self.flat) {
+            (Some(line), Some(flat)) => format!(
+                "RSS slope {:+.2} MiB/h by least squares over {samples} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
                 line.slope * 3600.0,
-                self.samples,
                 clock(self.span_s.round() as u64),
                 line.intercept + line.slope * self.warmup_s,
                 line.residual_rms,
                 self.limit_mib_per_h,
-                if verdict == MemoryVerdict::Flat { "flat" } else { "GROWING" }
+                if flat { "flat" } else { "GROWING" }
             ),
-            (line, _) => format!(
-                "no verdict: {} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
-                self.samples,
+            _ => format!(
+                "no verdict: {samples} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
                 self.span_s,
-                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.slope * 3600.0)).unwrap_or_default()
+                slope.map(|slope| format!("; slope so far {slope:+.2} MiB/h")).unwrap_or_default()
             ),
         }
     }
 }
 
-/// An end check.
+/// An end check; `passed` none: no verdict (it does not fail the run).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Check {
     pub name: String,
-    /// `None`: no verdict (does not fail the run).
     pub passed: Option<bool>,
     pub detail: String,
 }
@@ -347,37 +278,26 @@ const CHECKS: [(&str, Condition, &str); 10] = [
 
 pub fn check_table(checks: &[Check]) -> String {
     let mut out = String::from("| check | result | detail |\n|---|---|---|");
-    for check in checks {
-        let result = match check.passed {
-            Some(true) => "ok",
-            Some(false) => "FAILED",
-            None => "n/a",
-        };
+    for Check {
+        name,
+        passed,
+        detail,
+    } in checks
+    {
+        let result = passed.map_or("n/a", |ok| if ok { "ok" } else { "FAILED" });
         let _ = write!(
             out,
-            "\n| {} | {result} | {} |",
-            check.name,
-            check.detail.replace('|', "/")
+            "\n| {name} | {result} | {} |",
+            detail.replace('|', "/")
         );
     }
     out
 }
 
-/// Everything the soak report says.
+/// The soak's report: the facts the template names, the slices, the memory verdict, the checks.
 pub struct SoakReport {
-    pub id: String,
-    pub written_at: String,
-    pub commit: String,
-    /// The daemon's binary, and the allocator settings in its environment if any.
-    pub daemon: String,
-    pub config: String,
-    pub slices: u32,
-    pub slice_seconds: u32,
-    pub rate: u32,
-    pub connections: u32,
-    pub machine: String,
+    pub facts: HashMap<String, String>,
     pub rows: Vec<SliceRow>,
-    pub hwm_mib: String,
     pub memory: Memory,
     pub checks: Vec<Check>,
 }
@@ -388,31 +308,13 @@ impl SoakReport {
     }
 
     pub fn render(&self) -> String {
-        let total = |column| total(&self.rows, column);
-        let interval = f64::from(THREADS) * 1000.0 / f64::from(self.rate.max(1));
-        fill(TEMPLATE, |name| {
-            Some(match name {
-                "id" => self.id.clone(),
-                "at" => self.written_at.clone(),
-                "commit" => self.commit.clone(),
-                "daemon" => self.daemon.clone(),
-                "config" => self.config.clone(),
-                "slices" => self.slices.to_string(),
-                "slice" => self.slice_seconds.to_string(),
-                "rate" => self.rate.to_string(),
-                "conn" => self.connections.to_string(),
-                "threads" => THREADS.to_string(),
-                "interval" => format!("{interval:.2}"),
-                "machine" => self.machine.clone(),
-                "table" => slice_table(&self.rows),
-                "requests" => total("requests"),
-                "created" => total("created"),
-                "hwm" => self.hwm_mib.clone(),
-                "memory" => self.memory.sentence(),
-                "summary" => summary_table(&self.rows),
-                "checks" => check_table(&self.checks),
-                _ => return None,
-            })
+        fill(TEMPLATE, |name| match name {
+            "table" => Some(slice_table(&self.rows)),
+            "requests" | "created" => Some(total(&self.rows, name)),
+            "memory" => Some(self.memory.sentence()),
+            "summary" => Some(summary_table(&self.rows)),
+            "checks" => Some(check_table(&self.checks)),
+            name => self.facts.get(name).cloned(),
         })
     }
 }
@@ -435,16 +337,15 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     if args.rate == 0 {
         bail!("SOAK_RATE must be positive");
     }
-    harness::ensure_tools(&[("wrk", "wrk")])?;
+    harness::ensure_tools(&[("wrk", "wrk"), ("curl", "curl")])?;
     let port = args.port.map_or_else(harness::free_port, Ok)?;
-    let config = args.config.clone();
-    let (duration, connections) = (args.slice_seconds, args.connections);
     let s = Settings {
         runs: 1,
-        duration,
-        connections,
+        duration: args.slice_seconds,
+        connections: args.connections,
+        wrk_threads: THREADS,
         port,
-        config,
+        config: args.config.clone(),
         ..Settings::default()
     };
     let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
@@ -458,15 +359,19 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
 /// Runs the soak and writes its report; whether every check passed.
 fn soak(bench: &Bench) -> anyhow::Result<bool> {
     let a = bench.soak.as_ref().context("not a soak")?;
-    let scene = bench.measure(scenarios::list("soak")?[0], 1)?;
-    let (load, mut facts) = (&scene.soak, scene.figures.clone());
+    let scene = scenarios::measure(bench, scenarios::list("soak")?[0], 1)?;
+    let load = &scene.soak;
+    let recorded = scene.record.0.iter();
+    let recorded =
+        recorded.filter_map(|(name, value)| Some((name.clone(), value.as_ref()?.text.clone())));
+    let mut facts: HashMap<String, String> = recorded.collect();
     let cut = |line: &str| line.chars().take(160).collect::<String>();
     let example = load
         .unexpected
         .first()
         .map(|line| format!("; e.g. {}", cut(line)));
     let problems = facts.get("log_problems").is_some_and(|n| n != "0");
-    let first = facts.get("first_problem").filter(|_| problems);
+    let first = scene.first_problem.as_deref().filter(|_| problems);
     let first = first.map(|line| format!("; first: {}", cut(line)));
     for column in ["created", "unexpected", "socket errors"] {
         facts.insert(column.replace(' ', "_"), total(&load.rows, column));
@@ -475,22 +380,18 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     facts.insert("slices".into(), a.slices().to_string());
     facts.insert("example".into(), example.unwrap_or_default());
     facts.insert("first".into(), first.unwrap_or_default());
-    facts
-        .entry("exit_code".into())
-        .or_insert_with(|| "by signal".into());
+    let exit = facts.entry("exit_code".into());
+    exit.or_insert_with(|| "by signal".into());
     let value = |name: &str| {
         facts
             .get(name)
             .and_then(|v| v.parse().ok())
             .unwrap_or(f64::NAN)
     };
-    let check = |(name, passed, detail): &(&str, Condition, &str)| {
-        let detail = fill(detail, |name| facts.get(name).cloned());
-        Check {
-            name: name.to_string(),
-            passed: Some(passed(&value)),
-            detail,
-        }
+    let check = |(name, passed, detail): &(&str, Condition, &str)| Check {
+        name: name.to_string(),
+        passed: Some(passed(&value)),
+        detail: fill(detail, |name| facts.get(name).cloned()),
     };
     let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
     let load_s = f64::from(a.slices() * a.slice_seconds);
@@ -499,19 +400,44 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     checks.push(memory.check());
     // The daemon's path, with the glibc malloc setting it inherits when one is set.
     let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
+    let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
+    let m = harness::machine(&bench.pg, &a.config, false);
+    let vacuum = match a.vacuum {
+        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
+        false => "",
+    };
+    let machine = format!(
+        "{}, {} cores, {} GiB, {}; PostgreSQL {} (autovacuum {}{vacuum}), RabbitMQ {}, wrk {}",
+        m.cpu_model,
+        m.nproc,
+        m.mem_gib,
+        m.kernel,
+        m.pg_version,
+        m.autovacuum,
+        m.rabbit_version,
+        m.wrk_version
+    );
+    let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
+    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    facts.entry("hwm_mib".into()).or_insert_with(|| "?".into());
+    for (name, value) in [
+        ("id", bench.run_id.clone()),
+        ("written_at", written_at),
+        ("commit", m.commit),
+        ("daemon", daemon),
+        ("config", a.config.clone()),
+        ("slice_seconds", a.slice_seconds.to_string()),
+        ("rate", a.rate.to_string()),
+        ("threads", THREADS.to_string()),
+        ("interval", format!("{interval:.2}")),
+        ("machine", machine),
+    ] {
+        facts.insert(name.into(), value);
+    }
+    let rows = load.rows.clone();
     let report = SoakReport {
-        id: bench.run_id.clone(),
-        written_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
-        commit: harness::commit(),
-        daemon: format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default()),
-        config: a.config.clone(),
-        slices: a.slices(),
-        slice_seconds: a.slice_seconds,
-        rate: a.rate,
-        connections: a.connections,
-        machine: machine(bench, a.vacuum),
-        rows: load.rows.clone(),
-        hwm_mib: facts.get("hwm_mib").cloned().unwrap_or_else(|| "?".into()),
+        facts,
+        rows,
         memory,
         checks,
     };
@@ -529,26 +455,10 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     Ok(!report.failed())
 }
 
-/// The machine and the servers, as the report names them.
-fn machine(bench: &Bench, vacuum: bool) -> String {
-    let (cpu, mem) = harness::cpu_and_memory();
-    let nproc = harness::command_line("nproc", &[]);
-    let kernel = harness::command_line("uname", &["-sr"]);
-    let show = |setting: &str| bench.pg.query("postgres", &format!("SHOW {setting}"));
-    let (pg, autovacuum) = (show("server_version"), show("autovacuum"));
-    let (pg, autovacuum) = (pg.unwrap_or_default(), autovacuum.unwrap_or_default());
-    let vacuum = match vacuum {
-        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
-        false => "",
-    };
-    let (rabbit, wrk) = (harness::rabbit_version(false), harness::wrk_version());
-    format!("{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}")
-}
-
-/// The step `Slices`: the load, slice after slice, into the scene's `soak`; the samples also
-/// to rss.tsv and the unexpected answers to unexpected.txt.
+/// The load, slice after slice, into the scene's `soak`; the samples also to rss.tsv and the
+/// unexpected answers to unexpected.txt.
 pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
-    let (bench, db) = (scene.bench(), scene.db()?.to_owned());
+    let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let a = bench.soak.as_ref().context("not a soak")?;
     fs::write(bench.work.join("keys.txt"), "")?;
     if bench.pg.query("postgres", "SHOW autovacuum")? != "on" && !a.vacuum {
@@ -560,11 +470,10 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
     say!("soak {id}: {slices} slices of {seconds}s, {rate} requests/s offered over {} connections on a fixed-rate schedule ({interval_us} µs per wrk thread), daemon pid {pid}", a.connections);
     let started = Instant::now();
     for slice in 1..=slices {
-        let (row, text) = one_slice(scene, a, slice, started, interval_us)?;
+        let (row, text) = one_slice(scene, slice, started, interval_us)?;
         if a.vacuum {
-            bench
-                .pg
-                .query(&db, "VACUUM outbox_events, idempotency_records, entries")?;
+            let vacuum = "VACUUM outbox_events, idempotency_records, entries";
+            bench.pg.query(&db, vacuum)?;
         }
         let unexpected = text
             .lines()
@@ -574,11 +483,8 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
         let figures = COLUMNS[..SHOWN].iter().zip(&row.2);
         let figures =
             figures.map(|((name, decimals, _), value)| format!("{name} {value:.*}", decimals));
-        say!(
-            "slice {slice} ({}): {}",
-            clock(row.1),
-            figures.collect::<Vec<_>>().join(", ")
-        );
+        let figures = figures.collect::<Vec<_>>().join(", ");
+        say!("slice {slice} ({}): {figures}", clock(row.1));
         scene.soak.rows.push(row);
     }
     let rss = scene
@@ -598,51 +504,31 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
 /// and what wrk printed.
 fn one_slice(
     scene: &mut Scene,
-    a: &SoakArgs,
     slice: u32,
     started: Instant,
     interval_us: u64,
 ) -> anyhow::Result<(SliceRow, String)> {
-    let (bench, db) = (scene.bench(), scene.db()?.to_owned());
-    let daemon = scene.daemon.as_mut().context("no daemon")?;
-    let out = bench.work.join(format!("slice-{slice}.txt"));
-    let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
-    let file = fs::File::create(&out)?;
-    let url = format!("http://127.0.0.1:{}/", bench.s.port);
-    let load = format!("-t{THREADS} -c{} -d{}s", a.connections, a.slice_seconds);
-    let mut wrk = Command::new("wrk");
-    wrk.args(load.split_whitespace())
-        .args(["--timeout", "10s", "--latency"]);
-    wrk.args(["-s", "scripts/soak.lua", &url])
-        .env("SOAK_NONCE", &bench.run_id);
-    wrk.env("SOAK_SLICE", slice.to_string())
-        .env("SOAK_STATE", bench.work.join("keys.txt"));
-    wrk.env("SOAK_INTERVAL_US", interval_us.to_string())
-        .stdin(Stdio::null());
-    let mut wrk = wrk
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .context("starting wrk")?;
-    let mut next_sample = Instant::now();
-    let status = loop {
-        if let Some(status) = wrk.try_wait()? {
-            break status;
-        }
-        if Instant::now() >= next_sample {
-            let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
-            let at = started.elapsed().as_secs_f64();
-            scene.soak.samples.extend(rss.ok().map(|mib| (at, mib)));
-            next_sample += Duration::from_secs(1);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (t1, wall_s, machine) = (
-        daemon.cpu_ticks()?,
-        n0.elapsed().as_secs_f64(),
-        MachineTicks::now()?.since(m0),
+    let (bench, db) = (scene.bench, scene.db()?.to_owned());
+    let state = bench.work.join("keys.txt");
+    let env = format!(
+        "SOAK_NONCE={} SOAK_SLICE={slice} SOAK_STATE={} SOAK_INTERVAL_US={interval_us}",
+        bench.run_id,
+        state.display()
     );
-    let text = fs::read_to_string(&out).unwrap_or_default();
+    let line = scene.fill(&format!("{env} {{wrk}} -s scripts/soak.lua {{url}}/"));
+    let out = bench.work.join(format!("slice-{slice}.txt"));
+    let (daemon, samples) = (
+        scene.daemon.as_mut().context("no daemon")?,
+        &mut scene.soak.samples,
+    );
+    let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
+    let (status, text) = harness::run_program(&line, &out, Duration::from_secs(1), || {
+        let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
+        samples.extend(rss.ok().map(|mib| (started.elapsed().as_secs_f64(), mib)));
+        Ok(())
+    })?;
+    let (t1, wall_s) = (daemon.cpu_ticks()?, n0.elapsed().as_secs_f64());
+    let machine = MachineTicks::now()?.since(m0);
     if !status.success() {
         bail!("wrk failed ({status}); see {}", out.display());
     }
@@ -678,21 +564,16 @@ mod tests {
     use super::*;
 
     fn row(slice: u32, rss: f64) -> SliceRow {
-        let figures = [
-            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371, 63.4, 0.0,
-            34.0,
+        let shown = [
+            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371,
         ];
-        SliceRow(
-            slice,
-            u64::from(slice) * 30,
-            [&figures[..], &[20000.0, 30000.0]].concat(),
-        )
+        let figures = [&shown[..], &[63.4, 0.0, 34.0, 20000.0, 30000.0]].concat();
+        SliceRow(slice, u64::from(slice) * 30, figures)
     }
 
     #[test]
-    fn slice_rows_render_as_before() {
-        assert_eq!(clock(0), "0:00");
-        assert_eq!(clock(605), "10:05");
+    fn slices_render_as_before() {
+        assert_eq!((clock(0), clock(605)), ("0:00".into(), "10:05".into()));
         let table = slice_table(&[row(1, 33.44), row(2, 40.0)]);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
@@ -704,17 +585,10 @@ mod tests {
             ]
         );
         assert_eq!(lines.len(), 4);
-    }
-
-    #[test]
-    fn summary_has_min_max_first_last() {
+        // min, max, first and last slice of each shown column.
         let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
         assert!(
             summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"),
-            "{summary}"
-        );
-        assert!(
-            summary.contains("| req/s | 1000 | 1000 | 1000 | 1000 |"),
             "{summary}"
         );
         assert!(
@@ -727,99 +601,77 @@ mod tests {
     /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
     fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
         let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
-        (0..seconds)
-            .map(|s| {
-                (
-                    f64::from(s),
-                    base + mib_per_h * f64::from(s) / 3600.0 + wobble(s),
-                )
-            })
-            .collect()
+        let at = |s: u32| base + mib_per_h * f64::from(s) / 3600.0 + wobble(s);
+        (0..seconds).map(|s| (f64::from(s), at(s))).collect()
     }
 
     #[test]
-    fn memory_flat_after_the_warm_up() {
+    fn memory_verdicts() {
         // Steep growth during the warm-up (the cache fills), flat after it.
-        let mut points: Vec<(f64, f64)> = (0..300)
-            .map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2))
-            .collect();
-        points.extend(
-            samples(600, 90.0, 0.0)
-                .into_iter()
-                .map(|(t, v)| (t + 300.0, v)),
-        );
+        let warm_up = (0..300).map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2));
+        let flat = samples(600, 90.0, 0.0)
+            .into_iter()
+            .map(|(t, v)| (t + 300.0, v));
+        let points: Vec<(f64, f64)> = warm_up.chain(flat).collect();
         let memory = Memory::judge(&points, 300.0, 10.0);
-        assert_eq!(memory.verdict, MemoryVerdict::Flat);
-        assert_eq!(memory.samples, 600);
-        assert!(memory.slope_mib_per_h().unwrap().abs() < 1.0);
-        assert_eq!(memory.passed(), Some(true));
+        assert_eq!((memory.flat, memory.samples), (Some(true), 600));
+        assert!(memory.line.unwrap().slope.abs() * 3600.0 < 1.0);
         assert!(memory.sentence().contains("flat"), "{}", memory.sentence());
         // Over the whole run, the warm-up would dominate.
-        assert_eq!(
-            Memory::judge(&points, 0.0, 10.0).verdict,
-            MemoryVerdict::Growing
-        );
-    }
-
-    #[test]
-    fn memory_growing() {
-        let memory = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
-        assert_eq!(memory.verdict, MemoryVerdict::Growing);
-        let slope = memory.slope_mib_per_h().unwrap();
+        assert_eq!(Memory::judge(&points, 0.0, 10.0).flat, Some(false));
+        let growing = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
+        let slope = growing.line.unwrap().slope * 3600.0;
         assert!((slope - 36.0).abs() < 2.0, "{slope}");
-        assert_eq!(memory.passed(), Some(false));
-        assert!(memory.sentence().contains("GROWING"));
-    }
-
-    #[test]
-    fn memory_needs_enough_samples() {
-        let memory = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
-        assert_eq!(memory.verdict, MemoryVerdict::Inconclusive);
-        assert_eq!(memory.passed(), None);
-        assert!(memory.sentence().starts_with("no verdict"));
+        assert_eq!(growing.check().passed, Some(false));
+        assert!(growing.sentence().contains("GROWING"));
+        // Too few samples after the warm-up give no verdict.
+        let short = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
         assert_eq!(
-            Memory::judge(&[], 0.0, 10.0).verdict,
-            MemoryVerdict::Inconclusive
+            (short.flat, Memory::judge(&[], 0.0, 10.0).flat),
+            (None, None)
         );
+        assert!(short.sentence().starts_with("no verdict"));
     }
 
     #[test]
     fn report_and_checks() {
-        let check = |name: &str, passed, detail: &str| Check {
-            name: name.into(),
-            passed,
-            detail: detail.into(),
+        let check = |name: &str, passed, detail: &str| {
+            let (name, detail) = (name.into(), detail.into());
+            Check {
+                name,
+                passed,
+                detail,
+            }
         };
         let checks = vec![
             check("no socket error", Some(true), "0"),
-            check("RSS slope", None, "a | b"),
+            check("RSS", None, "a | b"),
         ];
         let table = check_table(&checks);
         assert!(table.contains("| no socket error | ok | 0 |"));
-        assert!(table.contains("| RSS slope | n/a | a / b |"));
+        assert!(table.contains("| RSS | n/a | a / b |"));
+        let facts = [
+            ("id", "12021307abcd"),
+            ("interval", "2.00"),
+            ("hwm_mib", "41.0"),
+        ];
+        let facts = facts
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .into();
+        let rows = vec![row(1, 33.4), row(2, 40.0)];
+        let memory = Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0);
         let mut report = SoakReport {
-            id: "12021307abcd".into(),
-            written_at: "2026-12-02 13:17 UTC".into(),
-            commit: "2e7982c".into(),
-            daemon: "target/release/retrysafe".into(),
-            config: "config.toml".into(),
-            slices: 2,
-            slice_seconds: 30,
-            rate: 1000,
-            connections: 8,
-            machine: "AMD EPYC, 2 cores".into(),
-            rows: vec![row(1, 33.4), row(2, 40.0)],
-            hwm_mib: "41.0".into(),
-            memory: Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0),
+            facts,
+            rows,
+            memory,
             checks,
         };
         assert!(!report.failed());
         let text = report.render();
         assert!(text.starts_with("# Soak run 12021307abcd\n"));
         assert!(text.contains("every 2.00 ms of its own schedule"));
-        assert!(text.contains(
-            "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB."
-        ));
+        let total = "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB.";
+        assert!(text.contains(total));
         assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
         report.checks[0].passed = Some(false);
         assert!(report.failed());
@@ -829,9 +681,8 @@ mod tests {
     fn end_checks_of_the_figures() {
         let figures = |text: &'static str| {
             move |name: &str| {
-                text.split_whitespace()
-                    .find_map(|pair| pair.strip_prefix(&format!("{name}="))?.parse().ok())
-                    .unwrap_or(f64::NAN)
+                let pair = |pair: &str| pair.strip_prefix(&format!("{name}="))?.parse().ok();
+                text.split_whitespace().find_map(pair).unwrap_or(f64::NAN)
             }
         };
         let good = figures("unsent=0 records=5 entries=5 events=5 orphans=0 queued=6 created=3 connections=2 slices=1 exit_code=0 shutdown_log_problems=0");

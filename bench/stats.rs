@@ -1,6 +1,6 @@
 //! The statistics of the benchmark and the soak: per-run figures as typed numbers that keep the
-//! text they are shown with, medians and extremes over runs, ratios, the judgement of targets,
-//! and a least-squares slope. (Latency percentiles come from wrk and `bench-e2e`.)
+//! text they are shown with, medians and extremes over runs, ratios, targets, and a
+//! least-squares slope. (Latency percentiles come from wrk and the end-to-end client.)
 
 use std::fmt;
 
@@ -16,18 +16,16 @@ pub struct Num {
 impl Num {
     /// A figure as a tool printed it; `None` when it is empty or not a number.
     pub fn parse(text: &str) -> Option<Num> {
-        let text = text.trim();
+        let text = text.trim().to_owned();
         let value: f64 = text.parse().ok()?;
-        value.is_finite().then(|| Num {
-            value,
-            text: text.to_owned(),
-        })
+        value.is_finite().then_some(Num { value, text })
     }
 
     pub fn int(value: i64) -> Num {
+        let text = value.to_string();
         Num {
             value: value as f64,
-            text: value.to_string(),
+            text,
         }
     }
 
@@ -35,13 +33,7 @@ impl Num {
     /// is the one its text shows, so that a report rebuilt from the per-run table (which holds
     /// the text) comes out the same.
     pub fn fixed(value: f64, decimals: usize) -> Option<Num> {
-        value.is_finite().then(|| {
-            let text = format!("{value:.decimals$}");
-            Num {
-                value: text.parse().unwrap_or(value),
-                text,
-            }
-        })
+        Num::parse(&format!("{value:.decimals$}"))
     }
 
     pub fn flag(yes: bool) -> Num {
@@ -63,16 +55,13 @@ fn present<'a>(values: impl IntoIterator<Item = &'a Option<Num>>) -> Vec<f64> {
 /// The median: the middle value, or the mean of the two middle values; `None` without values.
 pub fn median<'a>(values: impl IntoIterator<Item = &'a Option<Num>>) -> Option<f64> {
     let mut values = present(values);
-    if values.is_empty() {
-        return None;
-    }
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    Some(if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    })
+    match n % 2 {
+        _ if n == 0 => None,
+        1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 pub fn maximum<'a>(values: impl IntoIterator<Item = &'a Option<Num>>) -> Option<f64> {
@@ -85,68 +74,40 @@ pub fn minimum<'a>(values: impl IntoIterator<Item = &'a Option<Num>>) -> Option<
 
 /// `value` with `decimals` digits after the point, or `n/a`.
 pub fn fmt(value: Option<f64>, decimals: usize) -> String {
-    match value {
-        Some(value) => format!("{value:.decimals$}"),
-        None => "n/a".to_owned(),
-    }
+    value.map_or("n/a".to_owned(), |value| format!("{value:.decimals$}"))
 }
 
-/// Every run's value joined with `/` (`n/a` for a run without one), as recorded or with
-/// `decimals` digits; `n/a` when there is no run.
+/// Every run's value joined with `/`, as recorded or with `decimals` digits; `n/a` when there is
+/// no value.
 pub fn per_run<'a>(
     values: impl IntoIterator<Item = &'a Option<Num>>,
     decimals: Option<usize>,
 ) -> String {
-    let shown: Vec<String> = values
-        .into_iter()
-        .flatten()
-        .map(|num| match decimals {
-            Some(d) => format!("{:.d$}", num.value),
-            None => num.text.clone(),
-        })
-        .collect();
-    if shown.is_empty() {
-        "n/a".to_owned()
-    } else {
-        shown.join("/")
+    let shown = values.into_iter().flatten().map(|num| match decimals {
+        Some(d) => format!("{:.d$}", num.value),
+        None => num.text.clone(),
+    });
+    let shown: Vec<String> = shown.collect();
+    match shown.is_empty() {
+        true => "n/a".to_owned(),
+        false => shown.join("/"),
     }
 }
 
 /// `a / b` rounded to two decimals (as shown, and as judged); `None` when either is missing or
 /// `b` is 0.
 pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b != 0.0 => Some(((a / b) * 100.0).round() / 100.0),
-        _ => None,
-    }
+    let (a, b) = (a?, b?);
+    (b != 0.0).then(|| ((a / b) * 100.0).round() / 100.0)
 }
 
-/// Whether a target was met.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    Met,
-    NotMet,
-    /// A figure is missing (the scenario did not run).
-    NotAvailable,
-}
-
-impl Verdict {
-    pub fn of(met: Option<bool>) -> Verdict {
-        match met {
-            Some(true) => Verdict::Met,
-            Some(false) => Verdict::NotMet,
-            None => Verdict::NotAvailable,
-        }
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Verdict::Met => "met",
-            Verdict::NotMet => "NOT met",
-            Verdict::NotAvailable => "n/a",
-        })
+/// Whether a target was met, as the tables say it: `None` when a figure is missing (the
+/// scenario did not run).
+pub fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "NOT met",
+        None => "n/a",
     }
 }
 
@@ -160,66 +121,43 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn judge(self, value: Option<f64>) -> Verdict {
-        Verdict::of(value.map(|v| match self {
+    pub fn judge(self, value: Option<f64>) -> Option<bool> {
+        value.map(|v| match self {
             Target::AtLeast(bound) => v >= bound,
             Target::AtMost(bound) => v <= bound,
             Target::Below(bound) => v < bound,
             Target::Above(bound) => v > bound,
-        }))
-    }
-
-    /// The same target with a bound that is itself a figure (e.g. "p99 below pgbench's average").
-    pub fn judge_against(
-        value: Option<f64>,
-        bound: Option<f64>,
-        make: fn(f64) -> Target,
-    ) -> Verdict {
-        match bound {
-            Some(bound) => make(bound).judge(value),
-            None => Verdict::NotAvailable,
-        }
+        })
     }
 }
 
-/// A least-squares line through points (x, y).
+/// A least-squares line through points (x, y), and the root mean square of its residuals.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Line {
     pub slope: f64,
     pub intercept: f64,
-    /// The points it was fitted to.
-    pub points: usize,
-    /// The root mean square of the residuals.
     pub residual_rms: f64,
 }
 
 /// The least-squares line through `points`; `None` with fewer than two points or when every x
 /// is the same.
 pub fn least_squares(points: &[(f64, f64)]) -> Option<Line> {
-    let n = points.len();
-    if n < 2 {
-        return None;
-    }
-    let count = n as f64;
-    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / count;
-    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / count;
+    let n = points.len() as f64;
+    let mean = |pick: fn(&(f64, f64)) -> f64| points.iter().map(pick).sum::<f64>() / n;
+    let (mean_x, mean_y) = (mean(|p| p.0), mean(|p| p.1));
     let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    if sxx == 0.0 {
+    if points.len() < 2 || sxx == 0.0 {
         return None;
     }
     let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-    let slope = sxy / sxx;
-    let intercept = mean_y - slope * mean_x;
-    let residual_rms = (points
+    let (slope, intercept) = (sxy / sxx, mean_y - sxy / sxx * mean_x);
+    let squares = points
         .iter()
-        .map(|p| (p.1 - (intercept + slope * p.0)).powi(2))
-        .sum::<f64>()
-        / count)
-        .sqrt();
+        .map(|p| (p.1 - (intercept + slope * p.0)).powi(2));
+    let residual_rms = (squares.sum::<f64>() / n).sqrt();
     Some(Line {
         slope,
         intercept,
-        points: n,
         residual_rms,
     })
 }
@@ -233,92 +171,72 @@ mod tests {
     }
 
     #[test]
-    fn parse_keeps_the_text() {
+    fn figures_keep_their_text() {
         let num = Num::parse("1.9173689999999999").unwrap();
         assert_eq!(num.text, "1.9173689999999999");
         assert!((num.value - 1.917369).abs() < 1e-9);
-        assert_eq!(Num::parse(""), None);
-        assert_eq!(Num::parse("n/a"), None);
-        assert_eq!(Num::parse("null"), None);
-        assert_eq!(Num::fixed(0.52249, 3).unwrap().text, "0.522");
+        assert!(["", "n/a", "null", "inf"]
+            .iter()
+            .all(|text| Num::parse(text).is_none()));
+        assert_eq!(
+            Num::fixed(0.52249, 3).unwrap(),
+            Num {
+                value: 0.522,
+                text: "0.522".into()
+            }
+        );
         assert_eq!(Num::flag(true).text, "1");
     }
 
     #[test]
-    fn median_of_odd_and_even_counts() {
+    fn medians_extremes_and_runs() {
         assert_eq!(median(&nums(&["3", "1", "2"])), Some(2.0));
         assert_eq!(median(&nums(&["4", "1", "3", "2"])), Some(2.5));
-        assert_eq!(
-            median(&nums(&["6461.60", "6345.19", "6996.96"])),
-            Some(6461.60)
-        );
         assert_eq!(median(&nums(&[])), None);
         // A run without the figure does not count.
         assert_eq!(median(&nums(&["5", "", "7"])), Some(6.0));
-    }
-
-    #[test]
-    fn extremes() {
         let values = nums(&["81.0", "79.9", "82.4"]);
-        assert_eq!(maximum(&values), Some(82.4));
-        assert_eq!(minimum(&values), Some(79.9));
-        assert_eq!(maximum(&nums(&[])), None);
-    }
-
-    #[test]
-    fn per_run_values() {
-        assert_eq!(per_run(&nums(&["0", "0", "0"]), None), "0/0/0");
         assert_eq!(
-            per_run(
-                &nums(&["10.571798177", "10.675597435", "11.196098298"]),
-                Some(2)
-            ),
-            "10.57/10.68/11.20"
+            (maximum(&values), minimum(&values)),
+            (Some(82.4), Some(79.9))
         );
+        assert_eq!(maximum(&nums(&[])), None);
+        assert_eq!(per_run(&nums(&["0", "", "0"]), None), "0/0");
+        let texts = nums(&["10.571798177", "10.675597435", "11.196098298"]);
+        assert_eq!(per_run(&texts, Some(2)), "10.57/10.68/11.20");
         assert_eq!(per_run(&nums(&[]), None), "n/a");
+        assert_eq!(
+            (fmt(Some(6461.6), 0), fmt(Some(32.506), 2)),
+            ("6462".into(), "32.51".into())
+        );
+        assert_eq!(fmt(None, 1), "n/a");
     }
 
     #[test]
     fn ratios_are_rounded_as_shown_and_judged_so() {
         assert_eq!(ratio(Some(6462.0), Some(3026.4)), Some(2.14));
-        assert_eq!(ratio(Some(1.0), Some(0.0)), None);
-        assert_eq!(ratio(None, Some(1.0)), None);
+        assert_eq!(
+            (ratio(Some(1.0), Some(0.0)), ratio(None, Some(1.0))),
+            (None, None)
+        );
         // 1.996 shows as 2.00, and 2.00 meets "at least 2.0".
         let shown = ratio(Some(1.996), Some(1.0));
         assert_eq!(fmt(shown, 2), "2.00");
-        assert_eq!(Target::AtLeast(2.0).judge(shown), Verdict::Met);
-        assert_eq!(
-            Target::AtLeast(0.8).judge(ratio(Some(9367.2), Some(11679.1))),
-            Verdict::Met
-        );
+        assert_eq!(Target::AtLeast(2.0).judge(shown), Some(true));
     }
 
     #[test]
     fn targets() {
-        assert_eq!(Target::Below(5.0).judge(Some(2.38)), Verdict::Met);
-        assert_eq!(Target::Below(5.0).judge(Some(5.0)), Verdict::NotMet);
-        assert_eq!(Target::Above(1.0).judge(Some(1.0)), Verdict::NotMet);
-        assert_eq!(Target::AtLeast(1.0).judge(Some(1.0)), Verdict::Met);
-        assert_eq!(Target::AtMost(1.5).judge(Some(1.5)), Verdict::Met);
-        assert_eq!(Target::AtMost(1.5).judge(Some(1.51)), Verdict::NotMet);
-        assert_eq!(Target::Below(5.0).judge(None), Verdict::NotAvailable);
+        assert_eq!(Target::Below(5.0).judge(Some(2.38)), Some(true));
+        assert_eq!(Target::Below(5.0).judge(Some(5.0)), Some(false));
+        assert_eq!(Target::Above(1.0).judge(Some(1.0)), Some(false));
+        assert_eq!(Target::AtLeast(1.0).judge(Some(1.0)), Some(true));
+        assert_eq!(Target::AtMost(1.5).judge(Some(1.51)), Some(false));
+        assert_eq!(Target::Below(5.0).judge(None), None);
         assert_eq!(
-            Target::judge_against(Some(32.5), Some(21.15), Target::Below),
-            Verdict::NotMet
+            [Some(true), Some(false), None].map(verdict),
+            ["met", "NOT met", "n/a"]
         );
-        assert_eq!(
-            Target::judge_against(Some(32.5), None, Target::Below),
-            Verdict::NotAvailable
-        );
-        assert_eq!(Verdict::NotMet.to_string(), "NOT met");
-        assert_eq!(Verdict::NotAvailable.to_string(), "n/a");
-    }
-
-    #[test]
-    fn fmt_rounds_or_says_na() {
-        assert_eq!(fmt(Some(6461.6), 0), "6462");
-        assert_eq!(fmt(Some(32.506), 2), "32.51");
-        assert_eq!(fmt(None, 1), "n/a");
     }
 
     #[test]
@@ -328,23 +246,14 @@ mod tests {
             .map(|x| (f64::from(x), 2.0 * f64::from(x) + 1.0))
             .collect();
         let line = least_squares(&points).unwrap();
-        assert!((line.slope - 2.0).abs() < 1e-12);
-        assert!((line.intercept - 1.0).abs() < 1e-12);
+        assert!((line.slope - 2.0).abs() < 1e-12 && (line.intercept - 1.0).abs() < 1e-12);
         assert!(line.residual_rms < 1e-12);
-        assert_eq!(line.points, 10);
         // Symmetric noise around a flat line: slope 0.
-        let flat = [
-            (0.0, 1.0),
-            (1.0, -1.0),
-            (2.0, 1.0),
-            (3.0, -1.0),
-            (4.0, 1.0),
-            (5.0, -1.0),
-            (6.0, 1.0),
-        ];
+        let flat: Vec<(f64, f64)> = (0..7)
+            .map(|x| (f64::from(x), [1.0, -1.0][x as usize % 2]))
+            .collect();
         let line = least_squares(&flat).unwrap();
-        assert!(line.slope.abs() < 0.2);
-        assert!((line.residual_rms - 1.0).abs() < 0.05);
+        assert!(line.slope.abs() < 0.2 && (line.residual_rms - 1.0).abs() < 0.05);
         assert_eq!(least_squares(&[(1.0, 1.0)]), None);
         assert_eq!(least_squares(&[(1.0, 1.0), (1.0, 2.0)]), None);
     }
