@@ -28,22 +28,29 @@ citus.recover_2pc_interval = -1
 ";
 
 /// The server the daemon is given (a Citus coordinator, or the plain server), where the
-/// database `retrysafe` exists.
+/// database `retrysafe` exists, and the servers beside it (a Citus cluster's workers).
 pub struct Lab {
     pub pg: Pg,
-    /// Its data directory, whose `postmaster.pid` names its process.
-    data: PathBuf,
+    /// Every server's data directory, the one the daemon is given first; each one's
+    /// `postmaster.pid` names its process.
+    data: Vec<PathBuf>,
 }
 
 impl Lab {
-    /// The server's process (its postmaster), whose tree is all the server's CPU.
-    pub fn postmaster(&self) -> anyhow::Result<u32> {
-        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))?;
-        let first = pid.lines().next().unwrap_or_default();
-        first
-            .trim()
-            .parse()
-            .context("postmaster.pid names no process")
+    /// Each server's process (its postmaster), whose tree is all that server's CPU: the one the
+    /// daemon is given first.
+    pub fn postmasters(&self) -> anyhow::Result<Vec<u32>> {
+        self.data
+            .iter()
+            .map(|data| {
+                let pid = std::fs::read_to_string(data.join("postmaster.pid"))?;
+                let first = pid.lines().next().unwrap_or_default();
+                first
+                    .trim()
+                    .parse()
+                    .context("postmaster.pid names no process")
+            })
+            .collect()
     }
 }
 
@@ -72,7 +79,8 @@ pub fn start(cleanup: &Cleanup, work: &Path, citus: bool) -> anyhow::Result<Lab>
             server.query("retrysafe", "CREATE EXTENSION citus")?;
         }
     }
-    let (coordinator, data) = servers.remove(0);
+    let data = servers.iter().map(|(_, data)| data.clone()).collect();
+    let (coordinator, _) = servers.remove(0);
     if citus {
         let port = |pg: &Pg| pg.base.rsplit(':').next().unwrap_or_default().to_owned();
         let sql = format!(

@@ -44,7 +44,11 @@ impl Scenario {
 #[rustfmt::skip]
 const SCALE: &[(&str, &str)] = &[("small", "{scale_small} rows"), ("large", "{scale_large} rows")];
 /// The citus scenario's sides: each on servers of its own with the same settings.
-const CITUS: &[(&str, &str)] = &[("plain", "plain PostgreSQL"), ("citus", "Citus, 2 workers")];
+const CITUS: &[(&str, &str)] = &[
+    ("plain", "plain PostgreSQL"),
+    ("citus", "Citus, 2 workers, through the workers"),
+    ("coordinator", "Citus, 2 workers, through the coordinator"),
+];
 
 /// The scenarios. The first seven are BENCHMARKS.md's (`bench/run` runs them by default);
 /// `scale` and `citus` print a table of their own (`BENCH_SCENARIOS=scale`); `soak` is
@@ -95,7 +99,7 @@ pub const SCENARIOS: [Scenario; 10] = [
     Scenario { name: "citus", measure: citus, sides: CITUS, metrics: "log_problems \
         shutdown_log_problems", per_side: "rps p50_ms p99_ms errors status_errors \
         entries_minus_2xx writes_per_batch ms_per_batch cost_daemon cost_postgres \
-        cost_coordinator machine_busy_pct two_phase_commits" },
+        cost_coordinator cost_worker_1 cost_worker_2 machine_busy_pct two_phase_commits" },
     Scenario { name: "soak", measure: soak, sides: &[], per_side: "", metrics: "unsent records \
         entries events parked not_201 orphans queued hwm_mib log_problems shutdown_log_problems \
         exit_code stop_ms" },
@@ -434,10 +438,13 @@ fn scale(s: &mut Scene) -> Outcome {
 }
 
 /// Unique-key writes of {clients} clients on each side, on servers of its own with the same
-/// settings, and the two-phase commits Citus made meanwhile (0: every write a single-shard
-/// transaction; distributing the tables, before, makes some). CPU per 1,000 writes, events
-/// delivered: the daemon's, every PostgreSQL server's, and the server the daemon is given (the
-/// coordinator; on plain, the whole server).
+/// settings: plain PostgreSQL; Citus with the daemon writing through the workers that hold each
+/// shard (the default); Citus with every statement through the coordinator
+/// (`database.citus_direct = false`). And the two-phase commits Citus made meanwhile (0: every
+/// write a single-shard transaction; distributing the tables, before, makes some). CPU per
+/// 1,000 writes, events delivered: the daemon's, every PostgreSQL server's, and each server's
+/// (the one the daemon is given, the coordinator; on plain, the whole server; then each
+/// worker).
 fn citus(s: &mut Scene) -> Outcome {
     for &(side, _) in CITUS {
         let (p, citus) = (|figure: &str| format!("{side}_{figure}"), side != "plain");
@@ -447,7 +454,12 @@ fn citus(s: &mut Scene) -> Outcome {
             false => Ok(None),
         };
         let commits = two_phase(s)?;
-        s.start(Up::Clients)?;
+        let direct = if side == "coordinator" {
+            "false"
+        } else {
+            "true"
+        };
+        s.start_with(Up::Clients, &[("DATABASE__CITUS_DIRECT", direct)])?;
         let mut window = s.open()?;
         let wrk = s.load(&p(""), &CLIENT_KEYS.replace("{side}", side))?;
         s.put(&p("machine_busy_pct"), s.busy(&window)?);
@@ -456,7 +468,10 @@ fn citus(s: &mut Scene) -> Outcome {
         let entries = s.value(ENTRIES)?;
         let (daemon, postgres) = (p("cost_daemon"), p("cost_postgres"));
         s.put_costs(&window, entries, [&daemon, &postgres, "", ""])?;
-        s.put(&p("cost_coordinator"), s.lab_cost(&window, entries)?);
+        let nodes = ["cost_coordinator", "cost_worker_1", "cost_worker_2"];
+        for (node, cost) in nodes.iter().zip(s.lab_costs(&window, entries)?) {
+            s.put(&p(node), cost);
+        }
         s.stop(true)?;
         s.put(&p("entries_minus_2xx"), int(sub(entries, answered(&wrk))));
         let commits = sub(two_phase(s)?, commits);
@@ -609,7 +624,8 @@ mod tests {
             citus[..3],
             ["log_problems", "shutdown_log_problems", "plain_rps"]
         );
-        assert_eq!((citus.len(), &citus[15][..]), (28, "citus_rps"));
+        assert_eq!((citus.len(), &citus[17][..]), (47, "citus_rps"));
+        assert_eq!(&citus[32][..], "coordinator_rps");
         let scale = SCENARIOS[7].metrics();
         assert_eq!(scale[21..23], ["small_janitor_p99_ms", "large_rps"]);
     }

@@ -155,7 +155,8 @@ pub struct Window {
     daemon: u64,
     services: ServiceTicks,
     machine: MachineTicks,
-    lab: u64,
+    /// Each lab server's (see [`Lab::postmasters`]).
+    lab: Vec<u64>,
     emptied: bool,
 }
 
@@ -393,6 +394,11 @@ impl<'a> Scene<'a> {
 
     /// The daemon on the stage.
     pub fn start(&mut self, up: Up) -> Outcome {
+        self.start_with(up, &[])
+    }
+
+    /// [`start`](Self::start), with `settings` (`SECTION__KEY`, value) besides the stage's.
+    pub fn start_with(&mut self, up: Up, settings: &[(&str, &str)]) -> Outcome {
         let (b, db) = (self.bench, self.db()?);
         let db_url = match &self.proxy {
             Some(proxy) => {
@@ -406,11 +412,12 @@ impl<'a> Scene<'a> {
             _ => &b.amqp,
         };
         let exchange = self.stage.as_ref().context("no stage")?.exchange.clone();
-        let env = [
+        let mut env = vec![
             ("DATABASE__URL", db_url.as_str()),
             ("AMQP__URL", amqp),
             ("AMQP__EXCHANGE", &exchange),
         ];
+        env.extend_from_slice(settings);
         let settings = match up {
             Up::Clients => self.with_clients()?,
             _ => b.s.clone(),
@@ -496,8 +503,14 @@ impl<'a> Scene<'a> {
         let running = self.daemon.as_ref().filter(|d| d.ticks_at_stop.is_none());
         let daemon = running.map_or(Ok(0), Daemon::cpu_ticks)?;
         let (services, machine) = (ServiceTicks::now(), MachineTicks::now()?);
-        let lab = self.lab.as_ref().map(Lab::postmaster).transpose()?;
-        let (lab, emptied) = (lab.map_or(0, harness::tree_ticks), true);
+        let lab = self.lab.as_ref().map(Lab::postmasters).transpose()?;
+        let (lab, emptied) = (
+            lab.unwrap_or_default()
+                .into_iter()
+                .map(harness::tree_ticks)
+                .collect(),
+            true,
+        );
         let at = Instant::now();
         Ok(Window {
             at,
@@ -571,12 +584,23 @@ impl<'a> Scene<'a> {
         Ok(())
     }
 
-    /// CPU seconds per 1,000 of `count` since the window opened of the lab's server the daemon
-    /// is given (a Citus coordinator, or the plain server).
-    pub fn lab_cost(&self, window: &Window, count: Option<f64>) -> anyhow::Result<Option<Num>> {
+    /// CPU seconds per 1,000 of `count` since the window opened of each of the lab's servers:
+    /// the one the daemon is given (a Citus coordinator, or the plain server) first.
+    pub fn lab_costs(
+        &self,
+        window: &Window,
+        count: Option<f64>,
+    ) -> anyhow::Result<Vec<Option<Num>>> {
         let lab = self.lab.as_ref().context("no lab")?;
-        let spent = harness::tree_ticks(lab.postmaster()?).saturating_sub(window.lab);
-        Ok(seconds_per_1000(spent, count.unwrap_or(0.0)))
+        Ok(lab
+            .postmasters()?
+            .into_iter()
+            .zip(&window.lab)
+            .map(|(postmaster, before)| {
+                let spent = harness::tree_ticks(postmaster).saturating_sub(*before);
+                seconds_per_1000(spent, count.unwrap_or(0.0))
+            })
+            .collect())
     }
 
     /// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `operations`; none if a reading went

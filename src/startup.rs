@@ -132,12 +132,12 @@ impl Application {
         let broker = Arc::new(Broker::new(&config.amqp)?);
 
         let relay_arbiter = actix::Arbiter::new();
+        let write_health = WriteHealth::default();
         let relays = if options.relays {
-            start_relays(&config, &topology, &broker, &relay_arbiter)
+            start_relays(&config, (&topology, &write_health), &broker, &relay_arbiter)
         } else {
             Vec::new()
         };
-        let write_health = WriteHealth::default();
         let write_path = start_write_path(
             &config,
             &topology,
@@ -293,11 +293,11 @@ impl Application {
 
 fn start_relays(
     config: &Config,
-    topology: &Topology,
+    (topology, health): (&Topology, &WriteHealth),
     broker: &Arc<Broker>,
     arbiter: &actix::Arbiter,
 ) -> Vec<Addr<OutboxRelay>> {
-    let relay_config = RelayConfig::from_config(config, topology.clone());
+    let relay_config = RelayConfig::from_config(config, (topology.clone(), health.clone()));
     (0..config.outbox.workers)
         .map(|index| {
             OutboxRelay::start(
@@ -335,12 +335,12 @@ fn start_write_path(
         retention: config.idempotency.retention,
         audit: config.events.audit,
         clock,
-        health,
+        health: health.clone(),
     };
     let queue = WriteQueue::new(
-        config.database.writers,
-        config.database.max_batch,
+        (config.database.writers, config.database.max_batch),
         topology.clone(),
+        health.clone(),
     );
     let writers: Vec<Addr<Writer>> = (0..config.database.writers)
         .map(|_| {

@@ -403,3 +403,41 @@ fn rust_log_replaces_log_level_and_an_invalid_one_is_refused_by_name() {
         .to_string();
     assert!(error.contains("log.level"), "{error}");
 }
+
+#[test]
+fn citus_node_addresses_are_parsed_once_and_a_bad_entry_is_refused_by_name() {
+    let mut settings = Settings::default();
+    settings.database.citus_node_addresses = vec![
+        "10.0.0.5:5432=w1.example.com:6432".into(),
+        "[fd00::7]:5432 = [fd00::8]:6432".into(),
+    ];
+    let config = settings.validated().unwrap();
+    let addresses = &config.database.citus_node_addresses;
+    assert_eq!(
+        (addresses[0].name.as_str(), addresses[0].port),
+        ("10.0.0.5", 5432)
+    );
+    assert_eq!(
+        (addresses[0].reach_host.as_str(), addresses[0].reach_port),
+        ("w1.example.com", 6432)
+    );
+    assert_eq!(
+        (addresses[1].name.as_str(), addresses[1].reach_host.as_str()),
+        ("fd00::7", "fd00::8")
+    );
+    for bad in [
+        "w1:5432",
+        "w1:5432=w2",
+        "w1:0=w2:5432",
+        "w 1:5432=w2:5432",
+        "fd00::7:5432=w2:5432",
+    ] {
+        let mut settings = Settings::default();
+        settings.database.citus_node_addresses = vec![bad.into()];
+        let error = settings.validated().unwrap_err().to_string();
+        assert!(
+            error.contains("database.citus_node_addresses") && error.contains(bad),
+            "{bad}: {error}"
+        );
+    }
+}

@@ -148,6 +148,13 @@ pub struct FailingWrites {
 }
 
 impl FailingWrites {
+    /// Whether writes there cannot succeed now: the database unreachable or not answering, or
+    /// refusing every write (a [`Blocker`]). Not a statement that failed for its own reasons
+    /// (a bad row, a timeout, a conflict): those say nothing of the next write.
+    pub fn shuts_writes_out(&self) -> bool {
+        self.blocker.is_some() || self.class == "unavailable"
+    }
+
     fn of(failing: &Failing) -> Self {
         FailingWrites {
             class: failing.class,
@@ -260,6 +267,11 @@ impl WriteHealth {
             .blocker
             .map_or(FAILING_WINDOW, Blocker::persists_after);
         (failing.lasted() >= needed).then(|| FailingWrites::of(failing))
+    }
+
+    /// Why writes to the shards on `node` fail, if they do (none succeeding there since).
+    pub fn node_failing(&self, node: &str) -> Option<FailingWrites> {
+        self.lock().nodes.get(node).map(FailingWrites::of)
     }
 
     /// The Citus nodes whose shards' last writes (or probes) failed, by name, with none

@@ -106,15 +106,23 @@ async fn connect_at_start(
 }
 
 /// Applies the migrations, then distributes the write tables where the database has Citus
-/// ([`citus::distribute`]), under one advisory lock.
+/// ([`citus::distribute`]), under one advisory lock. Refuses a node of a Citus cluster that is
+/// not its coordinator ([`citus::refuse_worker`]): the migrations' history and the tables'
+/// distribution are the coordinator's.
 async fn apply_migrations(client: &mut Client) -> Result<Migrated, StorageError> {
+    citus::refuse_worker(client).await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
     let report = embedded::migrations::runner()
         .run_async(client)
         .await
-        .map_err(|error| StorageError::from(anyhow::anyhow!("migration failed: {error}")));
+        .map_err(|error| {
+            StorageError::from(anyhow::anyhow!(
+                "migration failed: {}",
+                describe_migration_error(&error)
+            ))
+        });
     let distributed = match &report {
         Ok(_) => citus::distribute(client).await,
         Err(_) => Ok(Vec::new()),
@@ -126,6 +134,29 @@ async fn apply_migrations(client: &mut Client) -> Result<Migrated, StorageError>
         distributed: distributed?,
         applied: report?.applied_migrations().len(),
     })
+}
+
+/// What made a migration fail, in PostgreSQL's words where it was PostgreSQL: the migration,
+/// then the server's message, its detail and its SQLSTATE (refinery's own text ends in
+/// tokio-postgres's bare "db error").
+fn describe_migration_error(error: &refinery::Error) -> String {
+    let refinery::error::Kind::Connection(what, cause) = error.kind() else {
+        return error.to_string();
+    };
+    let Some(pg) = cause.downcast_ref::<tokio_postgres::Error>() else {
+        return format!("{what}: {cause}");
+    };
+    match pg.as_db_error() {
+        Some(db) => {
+            let detail = db.detail().map(|d| format!(" ({d})")).unwrap_or_default();
+            format!(
+                "{what}: {}{detail} (SQLSTATE {})",
+                db.message(),
+                db.code().code()
+            )
+        }
+        None => format!("{what}: {}", sqlstate::describe(pg)),
+    }
 }
 
 /// The newest migration this build carries.

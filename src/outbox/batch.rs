@@ -9,7 +9,7 @@ use lapin::Channel;
 use tokio::sync::oneshot;
 
 use crate::db::topology::{Pass, Topology};
-use crate::db::{barrier, Database, PgClient, StorageError};
+use crate::db::{barrier, Database, PgClient, StorageError, WriteHealth};
 use crate::metric;
 use crate::outbox::broker::Broker;
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
@@ -25,10 +25,16 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     /// Where the outbox lives: a batch claims the events of one [`Pass`] (on Citus, one shard's).
     pub topology: Topology,
+    /// Which nodes do not answer (on Citus): their passes wait until they do, and a batch that
+    /// finds one so says.
+    pub health: WriteHealth,
 }
 
 impl RelayConfig {
-    pub fn from_config(config: &crate::config::Config, topology: Topology) -> Self {
+    pub fn from_config(
+        config: &crate::config::Config,
+        (topology, health): (Topology, WriteHealth),
+    ) -> Self {
         Self {
             exchange: config.amqp.exchange.clone(),
             batch_size: config.outbox.batch_size,
@@ -36,6 +42,7 @@ impl RelayConfig {
             confirm_timeout: config.outbox.confirm_timeout,
             max_attempts: config.outbox.max_attempts,
             topology,
+            health,
         }
     }
 
@@ -53,7 +60,7 @@ pub async fn relay_until_empty(config: &crate::config::Config) -> anyhow::Result
     let db = Database::new(&config.database)?;
     let broker = Broker::new(&config.amqp)?;
     let topology = Topology::detect(&db, &[]).await?;
-    let relay_config = RelayConfig::from_config(config, topology);
+    let relay_config = RelayConfig::from_config(config, (topology, WriteHealth::default()));
     let channel = broker.open_channel().await?;
     let mut sent = 0;
     for pass in relay_config.passes() {

@@ -224,11 +224,18 @@ impl OutboxRelay {
             return;
         }
         if self.passes.is_empty() {
-            self.passes.extend(self.config.passes());
+            // A node whose writes cannot succeed now is left out of the round (its batches
+            // would only wait on it); it is back in once a write or a probe succeeds there.
+            let passes = self.config.passes().into_iter().filter(|pass| {
+                pass.node()
+                    .and_then(|node| self.config.health.node_failing(node))
+                    .is_none_or(|failing| !failing.shuts_writes_out())
+            });
+            self.passes.extend(passes);
         }
-        // Never empty: a single server has one pass, and Citus at least the anonymous client's
-        // shard's.
         let Some(pass) = self.passes.front() else {
+            // Every pass's node is out: the next poll looks again.
+            self.schedule(self.config.poll_interval, Pause::Poll, ctx);
             return;
         };
         if self.in_flight >= BATCHES_IN_FLIGHT || (self.in_flight > 0 && !connection_free(&pass.db))

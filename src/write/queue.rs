@@ -5,13 +5,20 @@
 //! with a batch while another stood idle: with the database 20 ms away, that made a write wait
 //! about one batch more). No timer delays a lone write: an idle writer is woken ([`Wake`]) and
 //! starts a batch of one at once.
+//!
+//! On Citus the writers are shared out between the nodes that hold the writes' shards: at most
+//! half of them (rounded up) run batches on one node at a time, so that a node that stops
+//! answering holds no more than that, and the others' writes go on with the rest. While writes
+//! to a node fail, one batch at a time goes there (the first to find it back), and the node's
+//! other writes are refused at once with 503, without waiting for a writer.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use actix::prelude::*;
 
 use crate::db::topology::{Group, Topology};
+use crate::db::{StorageError, WriteHealth};
 use crate::metric;
 use crate::write::{Decided, Waiting, WriteError};
 
@@ -34,24 +41,83 @@ pub struct WriteQueue {
     limit: usize,
     /// Where each write's rows go: a batch takes the writes of one group (one shard, on Citus).
     topology: Topology,
+    /// Which nodes' writes fail (what the writers and the readiness probes found).
+    health: WriteHealth,
+    /// Batches in flight on one node at most: half the writers, rounded up.
+    per_node: usize,
 }
 
 struct QueueInner {
     writes: VecDeque<Waiting<Decided>>,
     /// Writers with no batch in flight and nothing to take, each at most once.
     idle: Vec<Recipient<Wake>>,
+    /// Batches in flight on each node (Citus).
+    on_node: HashMap<String, usize>,
+}
+
+/// Whether a write to a node is taken into a batch now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Admit {
+    Take,
+    /// The node runs as many batches as it may: the write waits for one to end.
+    Wait,
+    /// Writes to the node fail, and one batch there already finds out whether they still do.
+    Refuse(String),
 }
 
 impl WriteQueue {
     /// A queue for `writers` writers of batches of `max_batch`.
-    pub fn new(writers: usize, max_batch: usize, topology: Topology) -> Self {
+    pub fn new(
+        (writers, max_batch): (usize, usize),
+        topology: Topology,
+        health: WriteHealth,
+    ) -> Self {
         Self {
             inner: Arc::new(Mutex::new(QueueInner {
                 writes: VecDeque::new(),
                 idle: Vec::new(),
+                on_node: HashMap::new(),
             })),
             limit: writers.max(1) * max_batch * MAX_QUEUED_BATCHES,
             topology,
+            health,
+            per_node: writers.max(1).div_ceil(2),
+        }
+    }
+
+    /// Whether a write to `node` (None: a single server) is taken now.
+    fn admit(&self, on_node: &HashMap<String, usize>, node: Option<&str>) -> Admit {
+        let Some(node) = node else {
+            return Admit::Take;
+        };
+        let running = on_node.get(node).copied().unwrap_or(0);
+        match self
+            .health
+            .node_failing(node)
+            .filter(|f| f.shuts_writes_out())
+        {
+            Some(failing) if running > 0 => Admit::Refuse(format!(
+                "writes to the shards on {node} fail ({}); this one is not sent while they do",
+                failing.reason
+            )),
+            Some(_) => Admit::Take,
+            None if running >= self.per_node => Admit::Wait,
+            None => Admit::Take,
+        }
+    }
+
+    /// A batch on `node` ended (see [`take_or_wait`](Self::take_or_wait)).
+    pub(crate) fn finished(&self, node: Option<&str>) {
+        let Some(node) = node else { return };
+        let mut inner = self.lock();
+        if let Some(running) = inner.on_node.get_mut(node) {
+            *running = running.saturating_sub(1);
+        }
+        // A writer may wait for this node's writes.
+        let idle = inner.idle.pop();
+        drop(inner);
+        if let Some(writer) = idle {
+            writer.do_send(Wake);
         }
     }
 
@@ -63,6 +129,12 @@ impl WriteQueue {
     /// when the queue is full.
     pub fn push(&self, waiting: Waiting<Decided>) {
         let mut inner = self.lock();
+        let group = self.topology.group_of(&waiting.write.key.client_id);
+        if let Admit::Refuse(reason) = self.admit(&inner.on_node, group.node()) {
+            drop(inner);
+            refuse(waiting, reason);
+            return;
+        }
         if inner.writes.len() >= self.limit {
             drop(inner);
             let _ = waiting.reply.send(Decided::Failed(WriteError::Overloaded(
@@ -82,17 +154,38 @@ impl WriteQueue {
 
     /// The next batch ([`take_batch`]); when there is none and `waiter` is given, it is
     /// recorded as waiting, to be woken by the next [`push`](Self::push).
+    /// The next batch ([`take_batch`]); when there is none and `waiter` is given, it is
+    /// recorded as waiting, to be woken by the next [`push`](Self::push). A batch on a node is
+    /// counted against it until [`finished`](Self::finished).
     pub(crate) fn take_or_wait(
         &self,
         max_batch: usize,
         waiter: Option<Recipient<Wake>>,
     ) -> Vec<Waiting<Decided>> {
         let mut inner = self.lock();
-        let batch = take_batch(&mut inner.writes, max_batch, |client| {
-            self.topology.group_of(client)
-        });
+        let QueueInner {
+            writes, on_node, ..
+        } = &mut *inner;
+        let (batch, refused) = take_batch(
+            writes,
+            max_batch,
+            |client| self.topology.group_of(client),
+            |node| self.admit(on_node, node),
+        );
+        if let Some(node) = batch.first().and_then(|first| {
+            self.topology
+                .group_of(&first.write.key.client_id)
+                .node()
+                .map(str::to_owned)
+        }) {
+            *inner.on_node.entry(node).or_default() += 1;
+        }
         if batch.is_empty() {
             inner.idle.extend(waiter);
+        }
+        drop(inner);
+        for (waiting, reason) in refused {
+            refuse(waiting, reason);
         }
         batch
     }
@@ -103,32 +196,58 @@ impl WriteQueue {
     }
 }
 
+/// A write taken out of the queue unsent, and why.
+type Refused = (Waiting<Decided>, String);
+
+/// Answers a write to a node whose writes fail without sending it: 503, the same key may be
+/// retried.
+fn refuse(waiting: Waiting<Decided>, reason: String) {
+    metrics::counter!(metric::WRITES_SHED, "reason" => "node_failing").increment(1);
+    let _ = waiting.reply.send(Decided::Failed(WriteError::Storage(
+        StorageError::Unavailable(reason),
+    )));
+}
+
 /// Tells a waiting writer that the queue has writes.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Wake;
 
 /// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one), all
-/// of the first one's group (on Citus a shard's, so that the batch is a single-shard
-/// transaction; one group holds everything on a single server), never two of one key: `ON
-/// CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Key shards keep one write per
-/// key in flight, so that is a guard, not a path taken in practice.) The writes it leaves keep
-/// their order.
-pub(crate) fn take_batch(
+/// of one group (on Citus a shard's, so that the batch is a single-shard transaction; one group
+/// holds everything on a single server): the first write's that `admit` takes. Never two of one
+/// key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Key shards keep one
+/// write per key in flight, so that is a guard, not a path taken in practice.) Writes `admit`
+/// refuses are taken out, with why, to be answered; the writes it leaves keep their order.
+fn take_batch(
     queue: &mut VecDeque<Waiting<Decided>>,
     max_batch: usize,
     group_of: impl Fn(&str) -> Group,
-) -> Vec<Waiting<Decided>> {
+    admit: impl Fn(Option<&str>) -> Admit,
+) -> (Vec<Waiting<Decided>>, Vec<Refused>) {
     let mut batch = Vec::with_capacity(queue.len().min(max_batch));
+    let mut refused = Vec::new();
     let mut bytes = 0;
     let mut keys = HashSet::new();
-    let mut group = None;
+    let mut group: Option<Group> = None;
     let mut left = VecDeque::new();
     while let Some(waiting) = queue.pop_front() {
         let write = &waiting.write;
         let its_group = group_of(&write.key.client_id);
-        if *group.get_or_insert_with(|| its_group.clone()) != its_group || keys.contains(&write.key)
-        {
+        if group.is_none() {
+            match admit(its_group.node()) {
+                Admit::Take => group = Some(its_group.clone()),
+                Admit::Wait => {
+                    left.push_back(waiting);
+                    continue;
+                }
+                Admit::Refuse(reason) => {
+                    refused.push((waiting, reason));
+                    continue;
+                }
+            }
+        }
+        if group.as_ref() != Some(&its_group) || keys.contains(&write.key) {
             left.push_back(waiting);
             continue;
         }
@@ -146,8 +265,8 @@ pub(crate) fn take_batch(
     }
     left.append(queue);
     *queue = left;
-    metrics::gauge!(metric::WRITER_QUEUE_DEPTH).decrement(batch.len() as f64);
-    batch
+    metrics::gauge!(metric::WRITER_QUEUE_DEPTH).decrement((batch.len() + refused.len()) as f64);
+    (batch, refused)
 }
 
 #[cfg(test)]
@@ -188,7 +307,10 @@ mod tests {
         for n in 0..10 {
             queue.push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
         }
-        let first = take_batch(&mut queue, 256, |_| Group::everything());
+        let take = |queue: &mut VecDeque<Waiting<Decided>>| {
+            take_batch(queue, 256, |_| Group::everything(), |_| Admit::Take).0
+        };
+        let first = take(&mut queue);
         assert_eq!(
             first.len(),
             3,
@@ -197,7 +319,7 @@ mod tests {
         assert_eq!(queue.len(), 7);
         queue.push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
         assert_eq!(
-            take_batch(&mut queue, 256, |_| Group::everything()).len(),
+            take(&mut queue).len(),
             1,
             "an oversized write still goes, alone"
         );

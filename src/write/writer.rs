@@ -77,10 +77,11 @@ impl Writer {
         self.batch_in_flight = true;
         // Every write of a batch is of one group (`queue::take_batch`): the first one's route.
         let route = self.topology.route(&writes[0].write.key.client_id);
-        let config = self.config.clone();
+        let (config, queue) = (self.config.clone(), self.queue.clone());
         let on_commit = self.on_commit.clone();
         let work = async move {
             let created = process_batch(&route, &config, writes).await;
+            queue.finished(route.node());
             if created > 0 {
                 on_commit(route.group());
             }
@@ -232,11 +233,15 @@ async fn commit_with_retries(
     loop {
         attempt += 1;
         let started = std::time::Instant::now();
-        // Bounded on the client's side too: a hung server enforces no statement_timeout.
-        let result = route
+        // Bounded on the client's side too: a hung server enforces no statement_timeout; and
+        // abandoned as soon as the server is found not to answer at all.
+        let committed = route
             .db
-            .run(async |connection| batch::commit(connection, (route, config), rows).await)
-            .await;
+            .run(async |connection| batch::commit(connection, (route, config), rows).await);
+        let result = tokio::select! {
+            result = committed => result,
+            hung = route.db.unresponsive() => Err(hung),
+        };
         metrics::histogram!(metric::WRITER_TRANSACTION).record(started.elapsed().as_secs_f64());
         let label = if result.is_ok() {
             "committed"

@@ -397,7 +397,10 @@ async fn a_relay_publishes_its_next_batch_while_the_previous_awaits_its_confirms
     let topology = retrysafe::db::topology::Topology::detect(&db, &[])
         .await
         .unwrap();
-    let config = RelayConfig::from_config(&app.config(), topology);
+    let config = RelayConfig::from_config(
+        &app.config(),
+        (topology, retrysafe::db::WriteHealth::default()),
+    );
     let broker = Broker::new(&app.config().amqp).unwrap();
     let arbiter = actix::Arbiter::new();
     let relay = OutboxRelay::start(&arbiter.handle(), 0, std::sync::Arc::new(broker), config);

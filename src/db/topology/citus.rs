@@ -117,6 +117,34 @@ async fn drop_local_copy(
     Ok(())
 }
 
+/// What a node of a Citus cluster is, by its metadata: the coordinator (group 0), or a worker,
+/// named as the metadata names it, with the coordinator's address.
+const NODE_ROLE: &str = "
+SELECT citus_is_coordinator(),
+       (SELECT nodename || ':' || nodeport FROM pg_dist_node
+        WHERE groupid = (SELECT groupid FROM pg_dist_local_group) LIMIT 1),
+       (SELECT nodename || ':' || nodeport FROM pg_dist_node WHERE groupid = 0 LIMIT 1)";
+
+/// Refuses a database that is a worker of a Citus cluster (a `database.url` given a worker's
+/// address): its migrations' history and the tables' distribution are the coordinator's, and
+/// migrating there would apply the schema again. Says what it found and what to do.
+pub async fn refuse_worker(client: &Client) -> Result<(), StorageError> {
+    if !has_citus(client).await? {
+        return Ok(());
+    }
+    let row = client.query_one(NODE_ROLE, &[]).await?;
+    if row.get::<_, bool>(0) {
+        return Ok(());
+    }
+    let this: Option<String> = row.get(1);
+    let coordinator: Option<String> = row.get(2);
+    Err(StorageError::from(anyhow::anyhow!(
+        "database.url points at a worker of a Citus cluster (this node is {} in Citus's metadata; its coordinator is {}), not at the coordinator, where the migrations and the tables' distribution are kept: give database.url the coordinator's address (the daemon then sends each shard's statements to the node that holds it by itself)",
+        this.as_deref().unwrap_or("not listed"),
+        coordinator.as_deref().unwrap_or("not listed")
+    )))
+}
+
 /// Whether the database has the `citus` extension.
 async fn has_citus(client: &impl tokio_postgres::GenericClient) -> Result<bool, StorageError> {
     Ok(client

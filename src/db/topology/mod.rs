@@ -100,24 +100,13 @@ impl Topology {
     /// Where `client`'s rows are.
     pub fn route(&self, client: &str) -> Route {
         let group = self.group_of(client);
-        let (db, node, cluster) = match (&self.kind, &group.0) {
-            (Kind::Single, _) => (self.db.clone(), None, None),
-            (Kind::Citus(cluster), group) => {
-                let node = match group {
-                    GroupOf::Shard(shard) => cluster.node_of(*shard),
-                    _ => None,
-                };
-                (
-                    cluster.pool_of(node.as_deref()),
-                    node,
-                    Some(cluster.clone()),
-                )
-            }
+        let (db, cluster) = match &self.kind {
+            Kind::Single => (self.db.clone(), None),
+            Kind::Citus(cluster) => (cluster.pool_of(group.node()), Some(cluster.clone())),
         };
         Route {
             db,
             group,
-            node,
             client: Arc::from(client),
             cluster,
         }
@@ -125,14 +114,14 @@ impl Topology {
 
     /// The group of `client`'s rows (see [`Group`]): what batches writes together.
     pub fn group_of(&self, client: &str) -> Group {
-        Group(match &self.kind {
-            Kind::Single => GroupOf::Everything,
+        match &self.kind {
+            Kind::Single => Group(GroupOf::Everything, None),
             Kind::Citus(cluster) => match cluster.shard_of(client) {
-                Some(shard) => GroupOf::Shard(shard),
+                Some(shard) => Group(GroupOf::Shard(shard), cluster.node_of(shard)),
                 // Not read yet: a group of its own, which Citus routes by the client.
-                None => GroupOf::Client(Arc::from(client)),
+                None => Group(GroupOf::Client(Arc::from(client)), None),
             },
-        })
+        }
     }
 
     /// A route to `node` (`host:port`, as [`Route::node`] names it), through a known client
@@ -191,15 +180,23 @@ fn shard_pass(cluster: &Cluster, shard: ShardId, clients: Vec<String>) -> Pass {
 }
 
 /// Which rows go together in one transaction: everything on a single server, a shard's on
-/// Citus (or one client's, whose shard is not read yet). Writes of one group share a batch.
+/// Citus (or one client's, whose shard is not read yet), with the node that holds them. Writes
+/// of one group share a batch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Group(GroupOf);
+pub struct Group(GroupOf, Option<String>);
 
-#[cfg(test)]
 impl Group {
+    /// The node (`host:port`, as Citus's metadata names it) that holds the group's rows, on
+    /// Citus: what a failure is told against ([`crate::db::WriteHealth`]), and what the writers
+    /// share out.
+    pub fn node(&self) -> Option<&str> {
+        self.1.as_deref()
+    }
+
     /// A single server's one group.
+    #[cfg(test)]
     pub(crate) fn everything() -> Self {
-        Group(GroupOf::Everything)
+        Group(GroupOf::Everything, None)
     }
 }
 
@@ -215,7 +212,6 @@ enum GroupOf {
 pub struct Route {
     pub db: Database,
     group: Group,
-    node: Option<String>,
     /// The client the route was asked for: on Citus, what routes a statement with no row of
     /// its own (a probe) to the shard.
     client: Arc<str>,
@@ -232,7 +228,7 @@ impl Route {
     /// The node (`host:port`) that holds the rows, on Citus: what a failure is told against
     /// ([`crate::db::WriteHealth`]).
     pub fn node(&self) -> Option<&str> {
-        self.node.as_deref()
+        self.group.node()
     }
 
     fn probe_client(&self) -> &str {
