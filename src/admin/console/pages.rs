@@ -122,7 +122,7 @@ pub(super) async fn events(request: HttpRequest, state: SharedAdmin) -> HttpResp
         }
         p id="matched" role="status" {
             strong { (matched_words) " " (filter.state.as_str()) " event(s)" } " match these filters"
-            @if matched.capped { " (counted among the " (counted_among) " " (GAUGE_COUNT_CAP) ")" }
+            @if matched.capped { " (counted among the " (GAUGE_COUNT_CAP) " " (counted_among) ")" }
             "."
         }
         @if page_of_events.partial {
