@@ -3,7 +3,9 @@
 //! test made (no queue bound, `outbox.max_attempts = 1`), binds a queue, retries the group from
 //! the page, and watches the events arrive and the action appear in the log. Then the overview
 //! as a person sees it, at a desktop's and a phone's width: its charts, their words for screen
-//! readers, no page wider than the window; screenshots are kept under the target directory
+//! readers, each point's title, the axes' text size; and every page at both widths (1280 and
+//! 390 px): none wider than the window, no table scrolling inside its box, lists one line a
+//! row, an event's own page and its fields. Screenshots are kept under the target directory
 //! (`target/console-screenshots/`).
 
 use std::process::{Child, Command, Stdio};
@@ -215,6 +217,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
     follow(&browser, "Retry this group…").await;
     let confirm = page_at(&browser, "/console/confirm", "match").await;
     assert!(confirm.contains("3 event(s) match"), "{confirm}");
+    at_both_widths(&browser, "the group's confirmation", "confirm-group").await;
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
             .await,
@@ -230,6 +233,7 @@ async fn an_admin_retries_a_parked_group_from_the_console_in_a_browser() {
         .unwrap();
     let done = page_at(&browser, "/console/act", "Retry:").await;
     assert!(done.contains("Retry: 3 of 3 event(s)"), "{done}");
+    at_both_widths(&browser, "the outcome", "done").await;
     assert_eq!(
         app.count("SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL")
             .await,
@@ -772,5 +776,8 @@ async fn every_page_reads_on_a_desktop_and_a_phone_and_an_event_has_a_page_of_it
         "{overview}"
     );
     at_both_widths(&browser, "the overview", "overview-blocked").await;
+    let refused = go("/console/events/not-an-id", "Something went wrong").await;
+    assert!(refused.contains("is not an event id"), "{refused}");
+    at_both_widths(&browser, "an error page", "error").await;
     browser.close().await.unwrap();
 }
