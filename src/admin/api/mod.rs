@@ -172,7 +172,7 @@ pub struct OutboxHistoryView {
     /// The last hour, a point per sample (every `hour.step_seconds`).
     pub hour: HistorySeries,
     /// The last day, a point per `day.step_seconds` (five minutes): the gauges as sampled at
-    /// its end, the rates over the whole step.
+    /// its end, the rates over the whole step; then the samples taken since the last of them.
     pub day: HistorySeries,
     /// Counts stop here: a count at it means at least that many.
     pub counts_capped_at: i64,
