@@ -184,7 +184,8 @@ pub struct OutboxHistory {
 /// A range of history as the API and the console show it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct HistorySeries {
-    /// Seconds between two points.
+    /// Seconds between two points (the day's last points, taken since its last five-minute
+    /// point, are the samples themselves).
     pub step_seconds: f64,
     /// Seconds the range covers when full.
     pub span_seconds: f64,
@@ -224,20 +225,37 @@ impl OutboxHistory {
         }
     }
 
-    /// The points of `range`, oldest first.
+    /// The points of `range`, oldest first. The day's are its five-minute points, then the
+    /// samples taken since the last of them (fewer than [`DAY_FOLD`]), so that the day's range
+    /// has points from the daemon's first sample, as the hour's has, and ends where it ends.
     pub fn series(&self, range: Range) -> HistorySeries {
         let rings = self
             .rings
             .lock()
             .expect("no code panics holding the rings' lock");
-        let (ring, step, capacity) = match range {
-            Range::Hour => (&rings.hour, self.interval, HOUR_POINTS),
-            Range::Day => (&rings.day, self.interval * DAY_FOLD as u32, DAY_POINTS),
+        let (points, step, capacity) = match range {
+            Range::Hour => (
+                rings.hour.iter().copied().collect(),
+                self.interval,
+                HOUR_POINTS,
+            ),
+            Range::Day => {
+                let folded_until = rings.day.back().map(|point| point.at);
+                let since_then = rings
+                    .hour
+                    .iter()
+                    .filter(|sample| folded_until.is_none_or(|until| sample.at > until));
+                (
+                    rings.day.iter().chain(since_then).copied().collect(),
+                    self.interval * DAY_FOLD as u32,
+                    DAY_POINTS,
+                )
+            }
         };
         HistorySeries {
             step_seconds: step.as_secs_f64(),
             span_seconds: step.as_secs_f64() * capacity as f64,
-            points: ring.iter().copied().collect(),
+            points,
         }
     }
 
@@ -345,5 +363,22 @@ mod tests {
         assert_eq!(rings.day[0].sent, Some(20 * 29));
         assert_eq!(rings.day[0].newly_parked, Some(29));
         assert!(rings.hour[0].sent_per_second.is_some());
+    }
+
+    #[test]
+    fn the_day_has_points_from_the_first_sample_and_ends_with_the_latest() {
+        let history = OutboxHistory::new(Duration::from_secs(10));
+        let day = |history: &OutboxHistory| history.series(Range::Day).points;
+        history.rings.lock().unwrap().push(sample(0, None));
+        assert_eq!(day(&history).len(), 1, "the first sample, before any fold");
+        for n in 1..(DAY_FOLD as i64 + 15) {
+            history.rings.lock().unwrap().push(sample(n * 10, None));
+        }
+        let points = day(&history);
+        // The first five-minute point (at the 30th sample), then the 15 samples since.
+        assert_eq!(points.len(), 16, "{points:?}");
+        assert_eq!(points[0].unsent, (DAY_FOLD as i64 - 1) * 10);
+        assert_eq!(points.last().unwrap().unsent, (DAY_FOLD as i64 + 14) * 10);
+        assert!(points.windows(2).all(|pair| pair[0].at < pair[1].at));
     }
 }

@@ -132,6 +132,11 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .finish(),
         )
         .service(
+            Methods::on("/admin/v1/events/{event_id}")
+                .get(api::event)
+                .finish(),
+        )
+        .service(
             Methods::on("/admin/v1/keys/{client}/{key}")
                 .get(api::key)
                 .finish(),

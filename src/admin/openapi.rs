@@ -19,7 +19,16 @@ use crate::http::problem::{
         title = "retrysafe admin",
         description = "The admin listener of retrysafe: the outbox at a glance, events by filter, retry and skip by selector (idempotent with an Idempotency-Key), any client's key, and the log of admin actions. Takes an admin's bearer token ([[auth.admins]]).",
     ),
-    paths(api::outbox, api::outbox_history, api::events, api::retry, api::skip, api::key, api::actions),
+    paths(
+        api::outbox,
+        api::outbox_history,
+        api::events,
+        api::event,
+        api::retry,
+        api::skip,
+        api::key,
+        api::actions,
+    ),
     components(schemas(
         api::OutboxOverview,
         api::BlockedOverview,
@@ -32,6 +41,10 @@ use crate::http::problem::{
         api::ActionPage,
         store::TypeBacklog,
         store::ListedEvent,
+        store::WaitsFor,
+        store::EventDetail,
+        store::SkipRecord,
+        store::EventReplay,
         store::EventState,
         store::Selector,
         store::Action,
@@ -103,7 +116,7 @@ const ACTION_PROBLEMS: &[&ProblemType] = &[
 /// The problem types each admin operation answers with, from which the description's problem
 /// responses are made, as the API's are from [`crate::http::openapi::ROUTE_PROBLEMS`]; the
 /// handlers' annotations give only their successes.
-pub const ADMIN_ROUTE_PROBLEMS: [RouteProblems; 7] = [
+pub const ADMIN_ROUTE_PROBLEMS: [RouteProblems; 8] = [
     RouteProblems {
         method: HttpMethod::Get,
         path: "/admin/v1/outbox",
@@ -121,6 +134,26 @@ pub const ADMIN_ROUTE_PROBLEMS: [RouteProblems; 7] = [
         path: "/admin/v1/events",
         problems: PAGE_PROBLEMS,
         here: &[NO_ADMIN, BAD_QUERY, BUSY],
+    },
+    RouteProblems {
+        method: HttpMethod::Get,
+        path: "/admin/v1/events/{event_id}",
+        problems: &[
+            &UNAUTHORIZED,
+            &INVALID_REQUEST,
+            &NOT_FOUND,
+            &STORAGE_UNAVAILABLE,
+            &INTERNAL_ERROR,
+        ],
+        here: &[
+            NO_ADMIN,
+            BUSY,
+            (&INVALID_REQUEST, "the event id is not a UUID"),
+            (
+                &NOT_FOUND,
+                "no such event (never written, or deleted by the janitor once sent and past retention)",
+            ),
+        ],
     },
     RouteProblems {
         method: HttpMethod::Post,

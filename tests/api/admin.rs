@@ -64,7 +64,7 @@ async fn admin_get(app: &TestDaemon, path: &str, token: Option<&str>) -> TestRes
     app.send(request, Vec::new()).await
 }
 
-async fn admin_post(
+pub async fn admin_post(
     app: &TestDaemon,
     path: &str,
     key: Option<&str>,
@@ -154,6 +154,7 @@ async fn the_admin_listener_serves_admins_alone_and_only_when_there_are_some() {
         "/admin/v1/outbox",
         "/admin/v1/outbox/history",
         "/admin/v1/events",
+        "/admin/v1/events/{event_id}",
         "/admin/v1/events/retry",
         "/admin/v1/events/skip",
         "/admin/v1/keys/{client}/{key}",
@@ -470,6 +471,141 @@ async fn any_clients_key_is_looked_up() {
     assert_problem(&other_client, 404, "not-found");
     let bad_client = admin_get(&app, "/admin/v1/keys/a%20b/lookup-0", Some(ADMIN_TOKEN)).await;
     assert_problem(&bad_client, 400, "invalid-request");
+}
+
+/// The event id of the (first) event of a write with Idempotency-Key `key`.
+pub async fn event_of(app: &TestDaemon, key: &str) -> uuid::Uuid {
+    app.db
+        .query_one(
+            "SELECT event_id FROM outbox_events WHERE idempotency_key = $1 ORDER BY id LIMIT 1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Two writes of one ordering key, `<prefix>-1` and `<prefix>-2`, whose head parks (no queue
+/// is bound) and whose second waits behind it; and a replay that published the head again,
+/// as `retrysafe outbox replay` records one. The two events' ids.
+pub async fn parked_head_and_held_event(
+    app: &TestDaemon,
+    prefix: &str,
+) -> (uuid::Uuid, uuid::Uuid) {
+    for n in 1..=2 {
+        app.post_entry(
+            &format!("{prefix}-{n}"),
+            &json!({"kind": "invoice.event", "data": {"n": n}, "ordering_key": prefix}),
+        )
+        .await
+        .assert_created();
+    }
+    app.relay_until_empty().await;
+    let (head, held) = (
+        event_of(app, &format!("{prefix}-1")).await,
+        event_of(app, &format!("{prefix}-2")).await,
+    );
+    app.db
+        .execute(
+            "WITH replay AS (
+                 INSERT INTO replays (selection, selection_hash, target, requested_by, status,
+                                      max_event_id, events_total, events_sent)
+                 VALUES ('{}', '\\x00', 'queue:audit', 'alice@ops', 'completed', 0, 1, 1)
+                 RETURNING id)
+             INSERT INTO event_replays (client_id, event_id, replay_id)
+             SELECT 'anonymous', $1, id FROM replay",
+            &[&head],
+        )
+        .await
+        .unwrap();
+    (head, held)
+}
+
+#[actix_web::test]
+async fn an_event_has_a_page_with_its_errors_what_it_waits_for_and_its_replays() {
+    let app = parking_daemon().await;
+    let (head, held) = parked_head_and_held_event(&app, "page").await;
+
+    let page = admin_get(&app, &format!("/admin/v1/events/{head}"), Some(ADMIN_TOKEN)).await;
+    assert_eq!(page.status, 200, "{}", page.describe());
+    let page = page.json();
+    assert_eq!(page["event_id"], head.to_string());
+    assert_eq!(page["state"], "parked", "{page}");
+    assert_eq!(page["attempts"], 1);
+    assert_eq!(page["ordering_key"], "page");
+    assert_eq!(page["sequence"], 1);
+    let last_error = page["last_error"].as_str().unwrap_or_default();
+    assert!(last_error.contains("NO_ROUTE"), "{page}");
+    assert_eq!(
+        page["first_error"], page["last_error"],
+        "one failed attempt"
+    );
+    assert!(page["first_error_at"].is_string(), "{page}");
+    assert_eq!(page["first_error_at"], page["last_error_at"]);
+    assert!(page["failed_at"].is_string(), "{page}");
+    assert_eq!(
+        page["next_attempt_at"],
+        Value::Null,
+        "a parked event is not due"
+    );
+    assert_eq!(page["held"], false);
+    assert_eq!(page["waits_for"], Value::Null, "the head waits for nothing");
+    assert_eq!(page["payload"]["data"]["data"]["n"], 1, "{page}");
+    assert_eq!(page["replay_count"], 1);
+    assert_eq!(page["replays"][0]["target"], "queue:audit", "{page}");
+    assert_eq!(page["replays"][0]["requested_by"], "alice@ops");
+
+    let waiting = admin_get(&app, &format!("/admin/v1/events/{held}"), Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(waiting["state"], "unsent", "{waiting}");
+    assert_eq!(waiting["held"], true);
+    assert_eq!(waiting["attempts"], 0);
+    assert_eq!(waiting["first_error"], Value::Null);
+    assert_eq!(
+        waiting["waits_for"],
+        json!({"event_id": head.to_string(), "parked": true})
+    );
+    assert_eq!(waiting["replay_count"], 0);
+    // The list of unsent events says it too.
+    let unsent = admin_get(&app, "/admin/v1/events?state=unsent", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(
+        unsent["events"][0]["event_id"],
+        held.to_string(),
+        "{unsent}"
+    );
+    assert_eq!(unsent["events"][0]["waits_for"]["parked"], true);
+
+    // Once retried and failed again, the first error keeps its time and the last moves on.
+    let first_at = page["first_error_at"].clone();
+    app.db
+        .execute(
+            "UPDATE outbox_events SET failed_at = NULL, next_attempt_at = now() WHERE event_id = $1",
+            &[&head],
+        )
+        .await
+        .unwrap();
+    app.relay_until_empty().await;
+    let again = admin_get(&app, &format!("/admin/v1/events/{head}"), Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(again["attempts"], 2, "{again}");
+    assert_eq!(again["first_error_at"], first_at);
+    assert_ne!(again["last_error_at"], first_at, "{again}");
+
+    let refused = admin_get(&app, &format!("/admin/v1/events/{head}"), None).await;
+    assert_problem(&refused, 401, "unauthorized");
+    let missing = admin_get(
+        &app,
+        &format!("/admin/v1/events/{}", uuid::Uuid::new_v4()),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_problem(&missing, 404, "not-found");
+    let malformed = admin_get(&app, "/admin/v1/events/nope", Some(ADMIN_TOKEN)).await;
+    assert_problem(&malformed, 400, "invalid-request");
 }
 
 /// The cookie `Set-Cookie` sets, as `name=value`.
@@ -794,6 +930,79 @@ async fn pages_of_sent_events_come_last_sent_first_without_walking_the_backlog()
         "{second}"
     );
     assert_eq!(second["events"].as_array().unwrap().len(), 50);
+}
+
+/// Rows of the outbox read by the statement `read` in a transaction of its own, from the
+/// transaction's statistics (heap rows fetched through an index, and by a scan): no other
+/// session's reads count.
+async fn outbox_rows_read_by<T>(app: &TestDaemon, read: impl AsyncFnOnce() -> T) -> (T, i64) {
+    app.db.batch_execute("BEGIN").await.unwrap();
+    let result = read().await;
+    let rows = app
+        .count(
+            "SELECT (coalesce(idx_tup_fetch, 0) + seq_tup_read)::bigint FROM pg_stat_xact_user_tables
+             WHERE relname = 'outbox_events'",
+        )
+        .await;
+    app.db.batch_execute("COMMIT").await.unwrap();
+    (result, rows)
+}
+
+#[actix_web::test]
+async fn a_page_of_unsent_events_reads_a_page_however_many_parked_events_are_newer() {
+    use retrysafe::admin::store::{events_page, EventFilter, EventState};
+    let app = parking_daemon().await;
+    insert_backlog(&app.db, 200).await;
+    // Parked events newer than every unsent one: the end of the primary key, as a stopped
+    // consumer leaves it.
+    let parked: i64 = 5_000;
+    app.db
+        .execute(
+            "INSERT INTO outbox_events (event_id, event_key, client_id, idempotency_key, event_type,
+                                        payload, attempts, last_error, failed_at)
+             SELECT gen_random_uuid(), 'parked/' || n, 'anonymous', 'parked-' || n, 'entry.created',
+                    '{}', 1, 'returned by the broker: NO_ROUTE', now()
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&parked],
+        )
+        .await
+        .unwrap();
+    app.db.batch_execute("ANALYZE outbox_events").await.unwrap();
+    let filter = EventFilter {
+        state: EventState::Unsent,
+        event_type: None,
+        client: None,
+        error: None,
+        created_after: None,
+        created_before: None,
+    };
+    let (first, read) =
+        outbox_rows_read_by(&app, async || events_page(&app.db, &filter, None, 50).await).await;
+    let first = first.unwrap();
+    assert!(
+        read < 200,
+        "a page of 50 unsent events read {read} outbox rows: it walked the {parked} parked ones"
+    );
+    let keys = |page: &retrysafe::admin::store::EventsPage| -> Vec<String> {
+        page.events
+            .iter()
+            .map(|event| event.idempotency_key.clone())
+            .collect()
+    };
+    // In the relays' order: due at one time, so by id.
+    let first_keys = keys(&first);
+    assert_eq!(first_keys.len(), 50);
+    assert_eq!(
+        (first_keys[0].as_str(), first_keys[49].as_str()),
+        ("backlog-1", "backlog-50")
+    );
+    let cursor = first.events.last().map(|event| event.position);
+    let (second, read) = outbox_rows_read_by(&app, async || {
+        events_page(&app.db, &filter, cursor, 50).await
+    })
+    .await;
+    assert!(read < 200, "the next page read {read} outbox rows");
+    assert_eq!(keys(&second.unwrap())[0], "backlog-51");
 }
 
 #[actix_web::test]

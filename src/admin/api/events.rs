@@ -5,9 +5,11 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use crate::admin::store::{
-    self, Action, ActionError, ActionOutcome, EventFilter, ListedEvent, Selector,
+    self, Action, ActionError, ActionOutcome, EventDetail, EventFilter, ListedEvent, MatchCount,
+    Selector,
 };
 use crate::admin::SharedAdmin;
 use crate::http::cursor;
@@ -29,20 +31,29 @@ pub struct EventPage {
     pub partial: bool,
 }
 
-/// The events of a filter and page, and the database's time when they were read.
+/// The events of a filter and page, how many events the filter matches when `count` is asked
+/// (the console's list: a walk of its own, up to the overview's cap), and the database's time
+/// when they were read.
 pub async fn read_events(
     state: &SharedAdmin,
     filter: &EventFilter,
     limit: i64,
     cursor: Option<i64>,
-) -> Result<(EventPage, DateTime<Utc>), ApiError> {
+    count: bool,
+) -> Result<(EventPage, Option<MatchCount>, DateTime<Utc>), ApiError> {
     let _turn = admin_turn(state).await?;
-    let (page, now) = state
+    let (page, matched, now) = state
         .reads
         .run(async |connection| {
             let page = store::events_page(&**connection, filter, cursor, limit).await?;
+            let matched = if count {
+                Some(store::count_events(&**connection, filter).await?)
+            } else {
+                None
+            };
             Ok((
                 page,
+                matched,
                 crate::outbox::store::database_now(&**connection).await?,
             ))
         })
@@ -58,7 +69,7 @@ pub async fn read_events(
         next: next.map(|position| cursor::encode(position.to_be_bytes(), events_query(filter).0)),
         partial: !full && next.is_some(),
     };
-    Ok((page, now))
+    Ok((page, matched, now))
 }
 
 #[utoipa::path(
@@ -84,7 +95,52 @@ pub async fn events(request: HttpRequest, state: SharedAdmin) -> Result<HttpResp
     admin_of(&state, &request)?;
     let parameters = Parameters::parse(request.query_string(), &EVENT_PARAMETERS)?;
     let (filter, limit, cursor) = event_query(&parameters)?;
-    Ok(HttpResponse::Ok().json(read_events(&state, &filter, limit, cursor).await?.0))
+    Ok(HttpResponse::Ok().json(read_events(&state, &filter, limit, cursor, false).await?.0))
+}
+
+/// The event id of a path.
+pub fn event_id_of(text: &str) -> Result<Uuid, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::InvalidQuery(format!("event_id: {text:?} is not an event id")))
+}
+
+/// The event `event_id` and the database's time when it was read; 404 when there is none.
+pub async fn read_event(
+    state: &SharedAdmin,
+    event_id: Uuid,
+) -> Result<(EventDetail, DateTime<Utc>), ApiError> {
+    let _turn = admin_turn(state).await?;
+    let (detail, now) = state
+        .reads
+        .run(async |connection| {
+            Ok((
+                store::event_detail(&**connection, event_id).await?,
+                crate::outbox::store::database_now(&**connection).await?,
+            ))
+        })
+        .await?;
+    let detail = detail.ok_or_else(|| ApiError::NotFound(format!("no event {event_id}")))?;
+    Ok((detail, now))
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/v1/events/{event_id}",
+    tag = "admin",
+    params(("event_id" = uuid::Uuid, Path, description = "The event's id")),
+    responses(
+        (status = 200, description = "The event, its payload, its failed attempts (the first and the last error, with their times), its next attempt, the earlier event of its ordering key it waits for, who skipped it, and the replays that published it again", body = EventDetail),
+    ),
+    security(("admin" = [])),
+)]
+pub async fn event(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: SharedAdmin,
+) -> Result<HttpResponse, ApiError> {
+    admin_of(&state, &request)?;
+    let event_id = event_id_of(&path)?;
+    Ok(HttpResponse::Ok().json(read_event(&state, event_id).await?.0))
 }
 
 /// The body of `POST /admin/v1/events/retry` and `/skip`: a selector, and whether to count only.

@@ -172,7 +172,7 @@ pub struct OutboxHistoryView {
     /// The last hour, a point per sample (every `hour.step_seconds`).
     pub hour: HistorySeries,
     /// The last day, a point per `day.step_seconds` (five minutes): the gauges as sampled at
-    /// its end, the rates over the whole step.
+    /// its end, the rates over the whole step; then the samples taken since the last of them.
     pub day: HistorySeries,
     /// Counts stop here: a count at it means at least that many.
     pub counts_capped_at: i64,
@@ -219,16 +219,16 @@ pub async fn key(
 ) -> Result<HttpResponse, ApiError> {
     admin_of(&state, &request)?;
     let (client, key) = path.into_inner();
-    let view = lookup_key(&state, &client, &key).await?;
+    let (view, _) = lookup_key(&state, &client, &key).await?;
     Ok(HttpResponse::Ok().json(view))
 }
 
-/// A client's key, checked, looked up.
+/// A client's key, checked, looked up; and the database's time once it was read.
 pub async fn lookup_key(
     state: &SharedAdmin,
     client: &str,
     key: &str,
-) -> Result<crate::http::keys::KeyView, ApiError> {
+) -> Result<(crate::http::keys::KeyView, DateTime<Utc>), ApiError> {
     if !crate::config::is_valid_client_id(client) {
         return Err(ApiError::InvalidQuery(
             "client: 1 to 64 of a-z A-Z 0-9 . _ -".into(),
@@ -236,7 +236,12 @@ pub async fn lookup_key(
     }
     let key = IdempotencyKey::parse(key.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
     let _turn = admin_turn(state).await?;
-    crate::http::keys::lookup(&state.reads, client, &key).await
+    let view = crate::http::keys::lookup(&state.reads, client, &key).await?;
+    let now = state
+        .reads
+        .run(async |connection| crate::outbox::store::database_now(&**connection).await)
+        .await?;
+    Ok((view, now))
 }
 
 /// A page of the action log.

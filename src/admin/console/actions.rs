@@ -3,16 +3,18 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
 use crate::admin::api::{self};
+use crate::admin::charts;
 use crate::admin::store::{Action, ActionOutcome, Selector};
 use crate::admin::SharedAdmin;
 use crate::http::listing::query_pairs;
 use crate::http::problem::ApiError;
 
 use super::login::{field, form, posting_session};
-use super::{error_page, html_response, page, session_of, to_login};
+use super::{counted, error_page, event_link, html_response, page, session_of, to_login};
 
 /// The action and selector of a confirmation's query or an action's form.
 fn selector_of(fields: &[(String, String)]) -> Result<(Action, Selector), ApiError> {
@@ -55,19 +57,23 @@ fn selector_of(fields: &[(String, String)]) -> Result<(Action, Selector), ApiErr
     }
 }
 
-/// The selector in words.
-fn describe(selector: &Selector) -> Markup {
+/// A selector written as the filter it is: the events it names, or the parked events its
+/// filters pick ("parked events of type entry.created whose last error is ..."); times as
+/// long before `now`. The error comes last: it is folded, and its whole text opens below.
+pub(super) fn selector_words(selector: &Selector, now: DateTime<Utc>) -> Markup {
     html! {
-        ul {
-            @if !selector.event_ids.is_empty() {
-                li { "Events: " @for (index, id) in selector.event_ids.iter().enumerate() { @if index > 0 { ", " } code { (id.to_string()) } } }
-            }
-            @if let Some(event_type) = &selector.event_type { li { "Parked events of type " code { (event_type) } } }
-            @if let Some(client) = &selector.client { li { "of client " code { (client) } } }
-            @if let Some(error) = &selector.error { li { "whose last error is " pre { (error) } } }
-            @if let Some(after) = selector.created_after { li { "created after " (crate::entry::format_time(after)) } }
-            @if let Some(before) = selector.created_before { li { "created before " (crate::entry::format_time(before)) } }
-            @if selector.all { li { "every parked event" } }
+        @if !selector.event_ids.is_empty() {
+            "event(s) "
+            @for (index, id) in selector.event_ids.iter().enumerate() { @if index > 0 { ", " } (event_link(*id)) }
+        } @else if !selector.has_filters() {
+            "every parked event"
+        } @else {
+            "parked events"
+            @if let Some(event_type) = &selector.event_type { " of type " code { (event_type) } }
+            @if let Some(client) = &selector.client { " of client " code { (client) } }
+            @if let Some(after) = selector.created_after { " created after " (charts::time(after, now)) }
+            @if let Some(before) = selector.created_before { " created before " (charts::time(before, now)) }
+            @if let Some(error) = &selector.error { " whose last error is " (charts::folded(error)) }
         }
     }
 }
@@ -112,8 +118,7 @@ pub(super) async fn confirm(request: HttpRequest, state: SharedAdmin) -> HttpRes
     let (verb, meaning) = verb(action);
     let key = uuid::Uuid::new_v4().to_string();
     let content = html! {
-        p { "Selected:" }
-        (describe(&selector))
+        div.selection { "Selected: " (selector_words(&selector, outcome.created_at)) }
         @if outcome.matched == 0 {
             p role="status" { "No event matches this selection now: nothing to do." }
         } @else {
@@ -160,11 +165,7 @@ pub(super) async fn act(
 
 /// How many events an action matched, in words: "at least" when the count stopped at its cap.
 fn at_least(outcome: &ActionOutcome) -> String {
-    if outcome.matched_capped {
-        format!("at least {}", outcome.matched)
-    } else {
-        outcome.matched.to_string()
-    }
+    counted(outcome.matched, outcome.matched_capped)
 }
 
 fn outcome_view(outcome: &ActionOutcome, replayed: bool) -> Markup {
@@ -176,7 +177,7 @@ fn outcome_view(outcome: &ActionOutcome, replayed: bool) -> Markup {
         }
         @if replayed { p { "This form had already been sent: this is what it did then; nothing was done again." } }
         @if outcome.changed < outcome.matched { p { "The others changed meanwhile (sent, or being published): look at them again." } }
-        (describe(&outcome.selector))
+        div.selection { "Selected: " (selector_words(&outcome.selector, outcome.created_at)) }
         p { a href="/console" { "Back to the overview" } " · " a href="/console/actions" { "The action log" } }
     }
 }

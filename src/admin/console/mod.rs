@@ -11,9 +11,11 @@
 //!   the console's own origin);
 //! - [`overview`]: the verdict, the figures now and their trends;
 //! - [`pages`]: the events, the key lookup and the action log;
+//! - [`event`]: one event's page;
 //! - [`actions`]: a retry or a skip, from its confirmation to its outcome.
 
 mod actions;
+mod event;
 mod login;
 mod overview;
 mod pages;
@@ -39,6 +41,11 @@ pub fn routes(config: &mut web::ServiceConfig) {
         )
         .service(Methods::on("/console/logout").post(login::logout).finish())
         .service(Methods::on("/console/events").get(pages::events).finish())
+        .service(
+            Methods::on("/console/events/{event_id}")
+                .get(event::event)
+                .finish(),
+        )
         .service(
             Methods::on("/console/confirm")
                 .get(actions::confirm)
@@ -160,6 +167,36 @@ fn link(path: &str, pairs: &[(&str, &str)]) -> String {
         path.to_owned()
     } else {
         format!("{path}?{query}")
+    }
+}
+
+/// A count as the console says it: "at least" when it stopped at its cap.
+fn counted(count: i64, capped: bool) -> String {
+    if capped {
+        format!("at least {count}")
+    } else {
+        count.to_string()
+    }
+}
+
+/// An event's id as lists show it, short (its last 8 hex digits: event ids begin with their
+/// time, so that events written together share their first ones), with the whole id in its
+/// title, linked to the event's page.
+fn event_link(event_id: uuid::Uuid) -> Markup {
+    let id = event_id.to_string();
+    html! {
+        a.event-id href=(format!("/console/events/{id}")) title=(id) {
+            code { "…" (&id[id.len() - 8..]) }
+        }
+    }
+}
+
+/// A time the console shows as the API gives it (RFC 3339 text), as [`crate::admin::charts::time`]
+/// shows it; the text itself if it is not one.
+fn time_text(text: &str, now: chrono::DateTime<chrono::Utc>) -> Markup {
+    match chrono::DateTime::parse_from_rfc3339(text) {
+        Ok(time) => crate::admin::charts::time(time.with_timezone(&chrono::Utc), now),
+        Err(_) => html! { (text) },
     }
 }
 

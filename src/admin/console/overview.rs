@@ -11,7 +11,9 @@ use crate::admin::history::Range;
 use crate::admin::SharedAdmin;
 use crate::http::problem::ApiError;
 
-use super::{error_page, html_response, link, refreshing_page, session_of, to_login};
+use super::{
+    counted, error_page, event_link, html_response, link, refreshing_page, session_of, to_login,
+};
 
 /// How often the overview may reload itself (`refresh`, in seconds); none by default.
 const REFRESH_CHOICES: [u32; 3] = [10, 30, 60];
@@ -63,12 +65,9 @@ fn overview_link(range: Range, refresh: Option<u32>) -> String {
 /// The charts of the outbox's history, with the links that choose the range and the refresh.
 fn trends(state: &SharedAdmin, range: Range, refresh: Option<u32>) -> Markup {
     let series = state.history.series(range);
-    let range_words = match range {
-        Range::Hour => "last hour",
-        Range::Day => "last day",
-    };
+    let window_words = charts::window_words(&series, range);
     html! {
-        h2 { "Trends over the " (range_words) }
+        h2 { "Trends over " (window_words) }
         p.choices {
             span { "Show: "
                 @for choice in [Range::Hour, Range::Day] {
@@ -86,12 +85,12 @@ fn trends(state: &SharedAdmin, range: Range, refresh: Option<u32>) -> Markup {
             }
         }
         div.charts {
-            @for measure in &charts::MEASURES { (charts::chart(measure, &series, range_words)) }
+            @for measure in &charts::MEASURES { (charts::chart(measure, &series, &window_words)) }
         }
         p {
-            "Sampled by this daemon every " (series.step_seconds) " s since it started (kept in memory, a restart starts afresh), from the database: "
+            "Sampled by this daemon every " (charts::number(state.history.interval.as_secs_f64())) " s since it started (kept in memory, a restart starts afresh), from the database: "
             "the whole outbox's figures, the same on every daemon that shares it; the rates count every relay's events, a sample interval late."
-            " The same series as JSON: " code { "GET /admin/v1/outbox/history" } "."
+            " A point's time and value show where the pointer rests. The same series as JSON: " code { "GET /admin/v1/outbox/history" } "."
         }
     }
 }
@@ -111,14 +110,7 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
     let figures = &overview.figures;
     let totals = figures.totals;
     let now = figures.now;
-    let cap = crate::outbox::store::GAUGE_COUNT_CAP;
-    let count = |n: i64| {
-        if n >= cap {
-            format!("at least {n}")
-        } else {
-            n.to_string()
-        }
-    };
+    let count = |n: i64| counted(n, n >= crate::outbox::store::GAUGE_COUNT_CAP);
     let mut concerns = Vec::new();
     if !overview.broker.connected {
         concerns.push("the broker is not connected".to_owned());
@@ -135,8 +127,9 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
             count(figures.blocked.events)
         ));
     }
+    let age_words = |age: f64| format!("{} old", charts::duration(age.max(0.0) as u64));
     if let Some(age) = totals.oldest_unsent_age_seconds.filter(|age| *age >= 60.0) {
-        concerns.push(format!("the oldest unsent event is {age:.0} s old"));
+        concerns.push(format!("the oldest unsent event is {}", age_words(age)));
     }
     let running = overview
         .replays
@@ -153,7 +146,7 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
         ul.figures {
             li { "Unsent: " strong { (count(totals.unsent)) } }
             li { "Parked: " strong { (count(totals.parked)) } }
-            li { "Oldest unsent event: " strong { (totals.oldest_unsent_age_seconds.map(|age| format!("{age:.1} s old")).unwrap_or_else(|| "none".into())) } }
+            li { "Oldest unsent event: " strong { (totals.oldest_unsent_age_seconds.map(age_words).unwrap_or_else(|| "none".into())) } }
             li { "Broker: "
                 @if overview.broker.connected { span.state.healthy { "connected" } } @else { span.state.parked { "not connected" } }
                 @if let Some(reason) = &overview.broker.blocked { ", " span.state.parked { "blocked by RabbitMQ" } ": " (reason) }
@@ -162,14 +155,14 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
         (trends(&state, range, refresh))
         h2 { "Backlog by type" }
         @if figures.by_type.is_empty() {
-            p { "No unsent event." }
+            p { "No unsent or parked event." }
         } @else {
-            div.scroll { table {
-                caption { "Unsent events by type" }
+            div.scroll { table.cards {
+                caption { "Unsent and parked events by type" }
                 thead { tr { th scope="col" { "Event type" } th.n scope="col" { "Unsent (not parked)" } th.n scope="col" { "Parked" } } }
                 tbody {
                     @for row in &figures.by_type {
-                        tr { td { (row.event_type) } td.n { (row.unsent) } td.n { (row.parked) } }
+                        tr { td data-label="Event type" { (row.event_type) } td.n data-label="Unsent (not parked)" { (count(row.unsent)) } td.n data-label="Parked" { (count(row.parked)) } }
                     }
                 }
             } }
@@ -193,7 +186,7 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
                             td.n data-label="Events" { (group.parked) }
                             td data-label="First parked" { (charts::time(group.first_parked_at, now)) }
                             td data-label="Last parked" { (charts::time(group.last_parked_at, now)) }
-                            td {
+                            td.act data-label="Act" {
                                 a href=(link("/console/events", &[("state", "parked"), pairs[0], pairs[1]])) { "See the events" }
                                 // A group without an error text cannot be named by one: its
                                 // link would select every parked event of the type.
@@ -210,15 +203,20 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
         @if figures.blocked.events > 0 {
             h2 { "Ordering keys held back" }
             p { (count(figures.blocked.events)) " event(s) of " (figures.blocked.keys) " key(s) wait behind a parked event of their key. Retry or skip the parked one." }
-            div.scroll { table {
+            div.scroll { table.cards {
                 caption { "Parked events that hold the most back" }
                 thead { tr { th scope="col" { "Event" } th scope="col" { "Client" } th scope="col" { "Ordering key" } th.n scope="col" { "Sequence" } th.n scope="col" { "Held back" } th scope="col" { "Last error" } th scope="col" { "Act" } } }
                 tbody {
                     @for event in &figures.blocking {
                         @let id = event.event_id.to_string();
                         tr {
-                            td { code { (id) } } td { (event.client_id) } td { (event.ordering_key) } td.n { (event.sequence) } td.n { (event.blocked) } td { (charts::folded(&event.last_error)) }
-                            td {
+                            td data-label="Event" { (event_link(event.event_id)) }
+                            td data-label="Client" { (event.client_id) }
+                            td data-label="Ordering key" { (event.ordering_key) }
+                            td.n data-label="Sequence" { (event.sequence) }
+                            td.n data-label="Held back" { (event.blocked) }
+                            td data-label="Last error" { (charts::folded(&event.last_error)) }
+                            td.act data-label="Act" {
                                 a href=(link("/console/confirm", &[("action", "retry"), ("event_id", &id)])) { "Retry…" }
                                 " · "
                                 a href=(link("/console/confirm", &[("action", "skip"), ("event_id", &id)])) { "Skip…" }
@@ -233,12 +231,20 @@ pub(super) async fn overview(request: HttpRequest, state: SharedAdmin) -> HttpRe
             p { "No replay has run." }
         } @else {
             p { (running) " in progress." }
-            div.scroll { table {
+            div.scroll { table.cards {
                 caption { "The newest replays" }
-                thead { tr { th scope="col" { "Id" } th scope="col" { "Status" } th scope="col" { "Target" } th scope="col" { "By" } th scope="col" { "Started" } th.n scope="col" { "Sent" } th.n scope="col" { "Of" } } }
+                thead { tr { th.n scope="col" { "Replay" } th scope="col" { "Status" } th scope="col" { "Target" } th scope="col" { "By" } th scope="col" { "Started" } th.n scope="col" { "Sent" } th.n scope="col" { "Of" } } }
                 tbody {
                     @for replay in &overview.replays {
-                        tr { td { (replay.id) } td { (replay.status) } td { (replay.target) } td { (replay.requested_by) } td { (charts::time(replay.started_at, now)) } td.n { (replay.events_sent) } td.n { (replay.events_total) } }
+                        tr {
+                            td.n data-label="Replay" { (replay.id) }
+                            td data-label="Status" { (replay.status) }
+                            td data-label="Target" { (replay.target) }
+                            td data-label="By" { (replay.requested_by) }
+                            td data-label="Started" { (charts::time(replay.started_at, now)) }
+                            td.n data-label="Sent" { (replay.events_sent) }
+                            td.n data-label="Of" { (replay.events_total) }
+                        }
                     }
                 }
             } }

@@ -49,7 +49,8 @@ pub const MAX_EVENT_IDS: usize = 1000;
 pub const MAX_SKIPPED_AT_ONCE: i64 = 100;
 
 impl Selector {
-    fn has_filters(&self) -> bool {
+    /// Whether it picks parked events by a filter (type, client, error, created time).
+    pub fn has_filters(&self) -> bool {
         self.event_type.is_some()
             || self.client.is_some()
             || self.error.is_some()

@@ -5,18 +5,21 @@
 //! Every read is bounded: the counts over at most [`GAUGE_COUNT_CAP`] rows (as the gauges),
 //! the pages by a limit and a keyset cursor.
 //!
-//! The reads are here; the actions, with their selectors and their record, in [`actions`].
+//! The reads are here, one event's page in [`event`]; the actions, with their selectors and
+//! their record, in [`actions`].
 
 mod actions;
+mod event;
 
 pub use actions::*;
+pub use event::*;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
-use crate::db::outbox_state::{held, parked, sent, skipped, unsent};
+use crate::db::outbox_state::{held, not_done, parked, sent, skipped, unsent};
 use crate::db::{PgClient, StorageError};
 use crate::outbox::store::{self, Blocked, BlockingEvent, ParkedGroup, Totals, GAUGE_COUNT_CAP};
 
@@ -142,22 +145,31 @@ impl EventState {
         }
     }
 
-    /// The order a page walks the state's rows in, newest first. Sent rows go by the time they
-    /// were sent, through their partial index (`outbox_events_sent`, the janitor's): in id
-    /// order a walk through the primary key passed every unsent and parked row first, and
-    /// those are the newest (265 ms past 120,000 of them, where a page now takes 1 ms;
-    /// bench/admin). The id breaks ties: a relay marks a whole batch sent at one time.
+    /// The order a page walks the state's rows in, each through the state's own index. Parked
+    /// and skipped rows newest first (`outbox_events_parked`, by id). Sent rows by the time
+    /// they were sent, the last sent first (`outbox_events_sent`, the janitor's): in id order
+    /// a walk through the primary key passed every unsent and parked row first, and those are
+    /// the newest (265 ms past 120,000 of them, where a page now takes 1 ms; bench/admin).
+    /// Unsent rows in the order relays take them, the next due first and those held behind
+    /// their ordering key (due at `infinity`) last (`outbox_events_due`, the relays'): in id
+    /// order the walk passed every parked row newer than the newest unsent one (98 ms past
+    /// 420,000 on an outbox of 3 million, where a page now takes 1.2 ms; docs/reliability.md).
+    /// The id breaks ties: a relay marks a whole batch sent at one time, and a writer's events
+    /// are due at one time.
     fn order(self) -> &'static str {
         match self {
             EventState::Sent => "sent_at DESC, id DESC",
-            _ => "id DESC",
+            EventState::Unsent => "next_attempt_at, id",
+            EventState::Parked | EventState::Skipped => "id DESC",
         }
     }
 
     /// Where a page starts: after the row of the cursor (`$6`, an outbox id) in [`Self::order`].
-    /// For sent rows the cursor's time is read from its row (the primary key); a cursor whose
-    /// row the janitor has deleted since had only rows sent earlier after it, deleted with it
-    /// or before, so that the page is empty and the listing ends.
+    /// For sent and unsent rows the cursor's time is read from its row (the primary key). A
+    /// sent cursor whose row the janitor has deleted since had only rows sent earlier after
+    /// it, deleted with it or before, so that the page is empty and the listing ends. An
+    /// unsent row's next attempt moves when it fails an attempt: the next page goes on from
+    /// where its cursor is due now (the order of a live queue).
     fn after_cursor(self) -> &'static str {
         match self {
             EventState::Sent => {
@@ -165,10 +177,32 @@ impl EventState {
                   OR (sent_at, id) < ((SELECT cursor.sent_at FROM outbox_events cursor
                                        WHERE cursor.id = $6), $6))"
             }
-            _ => "($6::bigint IS NULL OR id < $6)",
+            EventState::Unsent => {
+                "($6::bigint IS NULL
+                  OR (next_attempt_at, id) > ((SELECT cursor.next_attempt_at
+                                               FROM outbox_events cursor
+                                               WHERE cursor.id = $6), $6))"
+            }
+            EventState::Parked | EventState::Skipped => "($6::bigint IS NULL OR id < $6)",
         }
     }
+
+    /// The statement `template` for this state: its condition, order and cursor in place.
+    fn statement(self, template: &str) -> String {
+        template
+            .replace("{filters}", FILTERS)
+            .replace("{order}", self.order())
+            .replace("{condition}", self.condition())
+            .replace("{after_cursor}", self.after_cursor())
+    }
 }
+
+/// Whether a row matches an [`EventFilter`] (`$1` to `$5`).
+const FILTERS: &str = "($1::text IS NULL OR event_type = $1)
+               AND ($2::text IS NULL OR client_id = $2)
+               AND ($3::text IS NULL OR coalesce(last_error, '') = $3)
+               AND ($4::timestamptz IS NULL OR created_at > $4)
+               AND ($5::timestamptz IS NULL OR created_at < $5)";
 
 /// Which events a page lists: every criterion given must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,12 +236,104 @@ pub struct ListedEvent {
     pub ordering_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sequence: Option<i64>,
+    /// For an unsent (or parked) event of an ordering key: the earlier event of its key it
+    /// waits for, when there is one; null otherwise.
+    pub waits_for: Option<WaitsFor>,
     /// The event's body as published.
     #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     /// The keyset position (outbox id): pages go on from the last one's.
     #[serde(skip)]
     pub position: i64,
+}
+
+/// What an event of an ordering key waits for: the first unsent event of its key before it
+/// (the key's head). A relay publishes it only once that one is sent or skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct WaitsFor {
+    pub event_id: Uuid,
+    /// The head is parked: the key is held back until it is retried or skipped.
+    pub parked: bool,
+}
+
+/// The columns of a [`ListedEvent`] of the row `o` and its key's head `head`
+/// ([`WAITS_FOR`]), read by [`listed_event`].
+const LISTED_COLUMNS: &str = concat!(
+    "
+       o.id, o.event_id, o.event_type, o.client_id, o.idempotency_key, o.created_at,
+       o.attempts, o.last_error, o.sent_at, o.failed_at, o.skipped_at,
+       CASE WHEN ",
+    unsent!("o"),
+    " AND NOT ",
+    held!("o"),
+    "
+            THEN o.next_attempt_at END AS next_attempt_at,
+       o.ordering_key, o.sequence, o.payload::text AS payload,
+       head.event_id AS head_event_id, head.parked AS head_parked"
+);
+
+/// The head of the ordering key of `o` (an unsent or parked row), when one is before it: the
+/// first event of the key with a lower sequence that is neither sent nor skipped. One probe
+/// of `outbox_events_ordered_unsent` for an ordered row; none for an unordered one.
+const WAITS_FOR: &str = concat!(
+    "
+     LEFT JOIN LATERAL (
+         SELECT head.event_id, ",
+    parked!("head"),
+    " AS parked
+         FROM outbox_events head
+         WHERE ",
+    not_done!("o"),
+    "
+           AND head.client_id = o.client_id AND head.ordering_key = o.ordering_key
+           AND head.sequence < o.sequence
+           AND ",
+    not_done!("head"),
+    "
+           AND head.ordering_key IS NOT NULL
+         ORDER BY head.sequence, head.id
+         LIMIT 1) AS head ON true"
+);
+
+/// A row of [`LISTED_COLUMNS`].
+fn listed_event(row: &tokio_postgres::Row) -> Result<ListedEvent, StorageError> {
+    let payload: String = row.get("payload");
+    let sent_at: Option<DateTime<Utc>> = row.get("sent_at");
+    let failed_at: Option<DateTime<Utc>> = row.get("failed_at");
+    let skipped_at: Option<DateTime<Utc>> = row.get("skipped_at");
+    let state = match (sent_at, failed_at, skipped_at) {
+        (Some(_), _, _) => EventState::Sent,
+        (None, _, Some(_)) => EventState::Skipped,
+        (None, Some(_), None) => EventState::Parked,
+        (None, None, None) => EventState::Unsent,
+    };
+    let waits_for = row
+        .get::<_, Option<Uuid>>("head_event_id")
+        .map(|event_id| WaitsFor {
+            event_id,
+            parked: row.get("head_parked"),
+        });
+    Ok(ListedEvent {
+        position: row.get("id"),
+        event_id: row.get("event_id"),
+        event_type: row.get("event_type"),
+        client_id: row.get("client_id"),
+        idempotency_key: row.get("idempotency_key"),
+        state,
+        created_at: row.get("created_at"),
+        attempts: row.get("attempts"),
+        last_error: row.get("last_error"),
+        sent_at,
+        failed_at,
+        skipped_at,
+        next_attempt_at: row.get("next_attempt_at"),
+        ordering_key: row.get("ordering_key"),
+        sequence: row.get("sequence"),
+        waits_for,
+        payload: serde_json::from_str(&payload).map_err(|error| {
+            StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
+        })?,
+    })
 }
 
 /// Rows of its state a page walks at most, for each event it may hold (its limit): 1,000 for
@@ -230,53 +356,38 @@ pub struct EventsPage {
     pub walk_ended_at: Option<i64>,
 }
 
-/// A page of events of one state, newest first ([`EventState::order`]), after the cursor `$6`:
-/// a walk of at most `$8` ([`WALK_PER_EVENT`] times the limit) rows of the state, through the
-/// state's own index, numbered (`walked`), then the filters (`matched`). It returns the rows
-/// that match, up to `$7`, and the walk's last row whether or not it matches, so that a walk
-/// that stopped at its cap says where. The outer query neither sorts nor aggregates, so that
-/// the planner plans the walk for the `$7` rows a page takes when nothing is filtered (and the
-/// walk keeps its order); the window function streams, reading no row past the page.
-const EVENTS_PAGE: &str = concat!(
-    "
-SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
-       last_error, sent_at, failed_at, skipped_at,
-       CASE WHEN ",
-    unsent!(),
-    " AND NOT ",
-    held!(),
-    " THEN next_attempt_at END,
-       ordering_key, sequence, payload::text, matched, walked
-FROM (SELECT id, event_id, event_type, client_id, idempotency_key, created_at, attempts,
-             last_error, sent_at, failed_at, skipped_at, next_attempt_at, ordering_key,
-             sequence, payload,
-             ($1::text IS NULL OR event_type = $1)
-               AND ($2::text IS NULL OR client_id = $2)
-               AND ($3::text IS NULL OR coalesce(last_error, '') = $3)
-               AND ($4::timestamptz IS NULL OR created_at > $4)
-               AND ($5::timestamptz IS NULL OR created_at < $5) AS matched,
-             row_number() OVER (ORDER BY {order}) AS walked
+/// A page of events of one state ([`EventState::order`]), after the cursor `$6`: a walk of at
+/// most `$8` ([`WALK_PER_EVENT`] times the limit) rows of the state, through the state's own
+/// index, numbered (`walked`), then the filters (`matched`). It returns the rows that match,
+/// up to `$7`, and the walk's last row whether or not it matches, so that a walk that stopped
+/// at its cap says where; each with the head of its ordering key ([`WAITS_FOR`]). The outer
+/// query neither sorts nor aggregates, so that the planner plans the walk for the `$7` rows a
+/// page takes when nothing is filtered (and the walk keeps its order); the window function
+/// streams, reading no row past the page.
+const EVENTS_PAGE: &str = "
+SELECT {columns}, o.matched, o.walked
+FROM (SELECT *, {filters} AS matched, row_number() OVER (ORDER BY {order}) AS walked
       FROM outbox_events
       WHERE {condition} AND {after_cursor}
       ORDER BY {order}
-      LIMIT $8) AS walk
-WHERE matched OR walked = $8
-LIMIT $7"
-);
+      LIMIT $8) AS o
+     {waits_for}
+WHERE o.matched OR o.walked = $8
+LIMIT $7";
 
-/// A page of events, newest first, from `before` (an outbox id, exclusive).
+/// A page of events in their state's order, from `before` (an outbox id, exclusive).
 pub async fn events_page(
     client: &impl GenericClient,
     filter: &EventFilter,
     before: Option<i64>,
     limit: i64,
 ) -> Result<EventsPage, StorageError> {
-    let state = filter.state;
     let walk = limit * WALK_PER_EVENT;
-    let query = EVENTS_PAGE
-        .replace("{order}", state.order())
-        .replace("{condition}", state.condition())
-        .replace("{after_cursor}", state.after_cursor());
+    let query = filter
+        .state
+        .statement(EVENTS_PAGE)
+        .replace("{columns}", LISTED_COLUMNS)
+        .replace("{waits_for}", WAITS_FOR);
     let rows = client
         .query(
             &query,
@@ -297,47 +408,58 @@ pub async fn events_page(
         walk_ended_at: None,
     };
     for row in &rows {
-        let position: i64 = row.get(0);
-        let walked: i64 = row.get(16);
-        if walked == walk {
-            page.walk_ended_at = Some(position);
+        if row.get::<_, i64>("walked") == walk {
+            page.walk_ended_at = Some(row.get("id"));
         }
-        let matched: bool = row.get(15);
-        if !matched {
-            continue;
+        if row.get("matched") {
+            page.events.push(listed_event(row)?);
         }
-        let payload: String = row.get(14);
-        let sent_at: Option<DateTime<Utc>> = row.get(8);
-        let failed_at: Option<DateTime<Utc>> = row.get(9);
-        let skipped_at: Option<DateTime<Utc>> = row.get(10);
-        let state = match (sent_at, failed_at, skipped_at) {
-            (Some(_), _, _) => EventState::Sent,
-            (None, _, Some(_)) => EventState::Skipped,
-            (None, Some(_), None) => EventState::Parked,
-            (None, None, None) => EventState::Unsent,
-        };
-        page.events.push(ListedEvent {
-            position,
-            event_id: row.get(1),
-            event_type: row.get(2),
-            client_id: row.get(3),
-            idempotency_key: row.get(4),
-            state,
-            created_at: row.get(5),
-            attempts: row.get(6),
-            last_error: row.get(7),
-            sent_at,
-            failed_at,
-            skipped_at,
-            next_attempt_at: row.get(11),
-            ordering_key: row.get(12),
-            sequence: row.get(13),
-            payload: serde_json::from_str(&payload).map_err(|error| {
-                StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
-            })?,
-        });
     }
     Ok(page)
+}
+
+/// How many events a filter matches, as the console's list says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchCount {
+    pub matched: i64,
+    /// The count stopped at [`GAUGE_COUNT_CAP`] rows of the state: at least `matched` match.
+    pub capped: bool,
+}
+
+/// The events of a state that match the filters among at most `$6` ([`GAUGE_COUNT_CAP`]) of
+/// the state's rows, walked in the pages' order through the state's index: bounded as the
+/// overview's counts are, whatever the outbox's size or how few rows the filters match.
+const EVENTS_MATCHED: &str = "
+SELECT count(*) FILTER (WHERE matched), count(*)
+FROM (SELECT {filters} AS matched
+      FROM outbox_events
+      WHERE {condition}
+      ORDER BY {order}
+      LIMIT $6) AS walk";
+
+/// How many events `filter` matches, counted over at most [`GAUGE_COUNT_CAP`] of its state's.
+pub async fn count_events(
+    client: &impl GenericClient,
+    filter: &EventFilter,
+) -> Result<MatchCount, StorageError> {
+    let row = client
+        .query_one(
+            &filter.state.statement(EVENTS_MATCHED),
+            &[
+                &filter.event_type,
+                &filter.client,
+                &filter.error,
+                &filter.created_after,
+                &filter.created_before,
+                &GAUGE_COUNT_CAP,
+            ],
+        )
+        .await?;
+    let walked: i64 = row.get(1);
+    Ok(MatchCount {
+        matched: row.get(0),
+        capped: walked >= GAUGE_COUNT_CAP,
+    })
 }
 
 /// One admin action as the log lists it.

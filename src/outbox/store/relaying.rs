@@ -84,10 +84,12 @@ FOR UPDATE SKIP LOCKED"
 const MARK_SENT: &str = "UPDATE outbox_events SET sent_at = now(), last_error = NULL
 WHERE client_id = ANY($2) AND id = ANY($1)";
 
-/// Failed attempts: count them, schedule the next one, and park the row after `max_attempts`.
-/// A row done meanwhile (sent or skipped) is left alone: after a batch whose recording failed
-/// (the relay records its publishes as failed attempts in a transaction of its own), another
-/// relay may have claimed, published and marked it.
+/// Failed attempts: count them, schedule the next one, and park the row after `max_attempts`;
+/// the error is the last one, and the first one when the event had none (each with the
+/// attempt's time, the claim's: what an event's page shows). A row done meanwhile (sent or
+/// skipped) is left alone: after a batch whose recording failed (the relay records its publishes as failed
+/// attempts in a transaction of its own), another relay may have claimed, published and
+/// marked it.
 ///
 /// The next attempt's time is computed by the daemon from the database's `now()` that the
 /// claim returned (`$6`) and the backoff: Citus refuses a distributed UPDATE that computes a
@@ -99,6 +101,9 @@ UPDATE outbox_events AS o
 SET attempts = o.attempts + 1,
     nacks = o.nacks + f.nacked::int,
     last_error = f.error,
+    last_error_at = $6::timestamptz,
+    first_error = coalesce(o.first_error, f.error),
+    first_error_at = coalesce(o.first_error_at, $6::timestamptz),
     next_attempt_at = f.next_attempt_at,
     failed_at = CASE WHEN o.attempts + 1 >= $4 THEN $6::timestamptz END
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $5::bool[])
