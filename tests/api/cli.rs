@@ -6,7 +6,7 @@ use sha2::Digest;
 
 use crate::common::cli::{retrysafe, stderr, stdout};
 use crate::common::daemon::spawn_app_without_relays;
-use crate::common::helpers::{entry_body, test_settings, TestDatabase};
+use crate::common::helpers::{connect, entry_body, test_settings, TestDatabase};
 
 fn temp_file(contents: &str) -> std::path::PathBuf {
     let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -280,6 +280,36 @@ fn migrate_creates_the_database_and_applies_the_schema() {
         stderr(&unreachable).contains("database unavailable"),
         "{}",
         stderr(&unreachable)
+    );
+}
+
+/// A migration PostgreSQL refuses names the migration, PostgreSQL's message and its SQLSTATE
+/// (here: a table of the first migration's name that is not the daemon's), not a bare "db
+/// error"; and nothing of it stays.
+#[actix_web::test]
+async fn a_failed_migration_names_its_cause() {
+    let settings = test_settings();
+    let database = TestDatabase::new(&settings);
+    let url = settings.database.url.as_str();
+    connect("postgres")
+        .await
+        .batch_execute(&format!("CREATE DATABASE \"{}\"", database.name))
+        .await
+        .unwrap();
+    connect(&database.name)
+        .await
+        .batch_execute("CREATE TABLE entries (id int)")
+        .await
+        .unwrap();
+    let output = retrysafe(&["migrate"], &[("RETRYSAFE_DATABASE__URL", url)]);
+    assert_eq!(output.status.code(), Some(1), "{}", stdout(&output));
+    let said = stderr(&output);
+    assert!(
+        said.contains("error applying migration V1__initial_schema")
+            && said.contains("relation \"entries\" already exists")
+            && said.contains("SQLSTATE 42P07")
+            && !said.contains("db error"),
+        "{said}"
     );
 }
 

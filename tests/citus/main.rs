@@ -10,4 +10,5 @@ mod acceptance;
 mod daemons;
 mod faults;
 mod moving;
+mod nodes;
 mod operations;

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::db::outbox_state::{held, unsent};
 use crate::db::StorageError;
 
-use super::{listed_event, ListedEvent, LISTED_COLUMNS, WAITS_FOR};
+use super::{fill_waits_for, listed_event, ListedEvent, LISTED_COLUMNS};
 
 /// An event and what became of it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -59,8 +59,8 @@ pub struct EventReplay {
 /// Replays an event's page lists at most.
 pub const REPLAYS_SHOWN: i64 = 20;
 
-/// The event by its id (`outbox_events_event_id`), with its key's head ([`WAITS_FOR`]) and its
-/// skip's record (named by its client, so that on Citus the join stays on the event's shard).
+/// The event by its id (`outbox_events_event_id`), with its skip's record (named by its client,
+/// so that on Citus the join stays on the event's shard).
 const EVENT: &str = concat!(
     "
 SELECT {columns}, o.nacks, o.first_error, o.first_error_at, o.last_error_at,
@@ -71,7 +71,6 @@ SELECT {columns}, o.nacks, o.first_error, o.first_error_at, o.last_error_at,
     " AS held,
        s.admin_id, s.requested_db_user, s.reason
 FROM outbox_events o
-     {waits_for}
      LEFT JOIN outbox_skips s ON s.client_id = o.client_id AND s.event_id = o.event_id
 WHERE o.event_id = $1"
 );
@@ -92,13 +91,12 @@ pub async fn event_detail(
     client: &impl GenericClient,
     event_id: Uuid,
 ) -> Result<Option<EventDetail>, StorageError> {
-    let query = EVENT
-        .replace("{columns}", LISTED_COLUMNS)
-        .replace("{waits_for}", WAITS_FOR);
+    let query = EVENT.replace("{columns}", LISTED_COLUMNS);
     let Some(row) = client.query_opt(&query, &[&event_id]).await? else {
         return Ok(None);
     };
-    let event = listed_event(&row)?;
+    let mut event = listed_event(&row)?;
+    fill_waits_for(client, std::slice::from_mut(&mut event)).await?;
     let replays = client
         .query(
             EVENT_REPLAYS,

@@ -256,8 +256,7 @@ pub struct WaitsFor {
     pub parked: bool,
 }
 
-/// The columns of a [`ListedEvent`] of the row `o` and its key's head `head`
-/// ([`WAITS_FOR`]), read by [`listed_event`].
+/// The columns of a [`ListedEvent`] of the row `o`, read by [`listed_event`].
 const LISTED_COLUMNS: &str = concat!(
     "
        o.id, o.event_id, o.event_type, o.client_id, o.idempotency_key, o.created_at,
@@ -268,32 +267,69 @@ const LISTED_COLUMNS: &str = concat!(
     held!("o"),
     "
             THEN o.next_attempt_at END AS next_attempt_at,
-       o.ordering_key, o.sequence, o.payload::text AS payload,
-       head.event_id AS head_event_id, head.parked AS head_parked"
+       o.ordering_key, o.sequence, o.payload::text AS payload"
 );
 
-/// The head of the ordering key of `o` (an unsent or parked row), when one is before it: the
-/// first event of the key with a lower sequence that is neither sent nor skipped. One probe
-/// of `outbox_events_ordered_unsent` for an ordered row; none for an unordered one.
-const WAITS_FOR: &str = concat!(
+/// The head of each ordering key's place `$1..$3` (client, ordering key, sequence of an event
+/// not done, by its position): the first event of the key with a lower sequence that is
+/// neither sent nor skipped, and whether it is parked. A probe of
+/// `outbox_events_ordered_unsent` each; on Citus, each on its client's shard (a join of the
+/// places with the events by `client_id`, which Citus runs on each shard).
+const HEADS: &str = concat!(
     "
-     LEFT JOIN LATERAL (
-         SELECT head.event_id, ",
+SELECT DISTINCT ON (w.position) w.position, head.event_id, ",
     parked!("head"),
-    " AS parked
-         FROM outbox_events head
-         WHERE ",
-    not_done!("o"),
     "
-           AND head.client_id = o.client_id AND head.ordering_key = o.ordering_key
-           AND head.sequence < o.sequence
-           AND ",
+FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
+        AS w(client_id, ordering_key, sequence, position)
+    JOIN outbox_events head
+        ON head.client_id = w.client_id AND head.ordering_key = w.ordering_key
+       AND head.sequence < w.sequence
+WHERE head.client_id = ANY($1) AND ",
     not_done!("head"),
-    "
-           AND head.ordering_key IS NOT NULL
-         ORDER BY head.sequence, head.id
-         LIMIT 1) AS head ON true"
+    " AND head.ordering_key IS NOT NULL
+ORDER BY w.position, head.sequence, head.id"
 );
+
+/// Tells each of `events` that is of an ordering key and not done what it waits for, if
+/// anything: its key's head ([`HEADS`]), in one statement for them all.
+async fn fill_waits_for(
+    client: &impl GenericClient,
+    events: &mut [ListedEvent],
+) -> Result<(), StorageError> {
+    let waiting: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, event)| {
+            event.ordering_key.is_some()
+                && matches!(event.state, EventState::Unsent | EventState::Parked)
+        })
+        .map(|(index, _)| index)
+        .collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let clients: Vec<&str> = waiting
+        .iter()
+        .map(|&i| events[i].client_id.as_str())
+        .collect();
+    let keys: Vec<Option<&str>> = waiting
+        .iter()
+        .map(|&i| events[i].ordering_key.as_deref())
+        .collect();
+    let sequences: Vec<Option<i64>> = waiting.iter().map(|&i| events[i].sequence).collect();
+    let heads = client.query(HEADS, &[&clients, &keys, &sequences]).await?;
+    for head in heads {
+        let position = usize::try_from(head.get::<_, i64>(0) - 1).ok();
+        if let Some(&index) = position.and_then(|position| waiting.get(position)) {
+            events[index].waits_for = Some(WaitsFor {
+                event_id: head.get(1),
+                parked: head.get(2),
+            });
+        }
+    }
+    Ok(())
+}
 
 /// A row of [`LISTED_COLUMNS`].
 fn listed_event(row: &tokio_postgres::Row) -> Result<ListedEvent, StorageError> {
@@ -307,12 +343,6 @@ fn listed_event(row: &tokio_postgres::Row) -> Result<ListedEvent, StorageError> 
         (None, Some(_), None) => EventState::Parked,
         (None, None, None) => EventState::Unsent,
     };
-    let waits_for = row
-        .get::<_, Option<Uuid>>("head_event_id")
-        .map(|event_id| WaitsFor {
-            event_id,
-            parked: row.get("head_parked"),
-        });
     Ok(ListedEvent {
         position: row.get("id"),
         event_id: row.get("event_id"),
@@ -329,7 +359,8 @@ fn listed_event(row: &tokio_postgres::Row) -> Result<ListedEvent, StorageError> 
         next_attempt_at: row.get("next_attempt_at"),
         ordering_key: row.get("ordering_key"),
         sequence: row.get("sequence"),
-        waits_for,
+        // Told by `fill_waits_for`.
+        waits_for: None,
         payload: serde_json::from_str(&payload).map_err(|error| {
             StorageError::from(anyhow::anyhow!("an event's payload is not JSON: {error}"))
         })?,
@@ -360,7 +391,7 @@ pub struct EventsPage {
 /// most `$8` ([`WALK_PER_EVENT`] times the limit) rows of the state, through the state's own
 /// index, numbered (`walked`), then the filters (`matched`). It returns the rows that match,
 /// up to `$7`, and the walk's last row whether or not it matches, so that a walk that stopped
-/// at its cap says where; each with the head of its ordering key ([`WAITS_FOR`]). The outer
+/// at its cap says where. The outer
 /// query neither sorts nor aggregates, so that the planner plans the walk for the `$7` rows a
 /// page takes when nothing is filtered (and the walk keeps its order); the window function
 /// streams, reading no row past the page.
@@ -371,7 +402,6 @@ FROM (SELECT *, {filters} AS matched, row_number() OVER (ORDER BY {order}) AS wa
       WHERE {condition} AND {after_cursor}
       ORDER BY {order}
       LIMIT $8) AS o
-     {waits_for}
 WHERE o.matched OR o.walked = $8
 LIMIT $7";
 
@@ -386,8 +416,7 @@ pub async fn events_page(
     let query = filter
         .state
         .statement(EVENTS_PAGE)
-        .replace("{columns}", LISTED_COLUMNS)
-        .replace("{waits_for}", WAITS_FOR);
+        .replace("{columns}", LISTED_COLUMNS);
     let rows = client
         .query(
             &query,
@@ -415,6 +444,7 @@ pub async fn events_page(
             page.events.push(listed_event(row)?);
         }
     }
+    fill_waits_for(client, &mut page.events).await?;
     Ok(page)
 }
 

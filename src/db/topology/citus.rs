@@ -386,8 +386,12 @@ impl Cluster {
     }
 
     /// The nodes of `placements` (rows of [`SHARDS_OF`]), each with a pool (the one it had, or
-    /// a new one), and whether it answers at the address the daemon reaches it at.
+    /// a new one), and whether it answers at the address the daemon reaches it at; none when
+    /// every statement goes through the coordinator (`database.citus_direct = false`).
     async fn reach_nodes(&self, placements: &[tokio_postgres::Row]) -> HashMap<String, Node> {
+        if !self.direct {
+            return HashMap::new();
+        }
         let mut named: Vec<(String, i32)> = placements
             .iter()
             .map(|row| (row.get(2), row.get(3)))
