@@ -262,6 +262,9 @@ pub struct Database {
     /// What the pool was built from: what a pool to another node of a Citus cluster is built
     /// from too ([`for_node`](Self::for_node)).
     settings: Arc<DatabaseConfig>,
+    /// A pool to one node of a Citus cluster: the node (`host:port`), which its unavailability
+    /// errors name (a lost connection says nothing of where it went).
+    node: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Database {
@@ -303,7 +306,9 @@ impl Database {
         };
         let settings = &self.settings;
         let reads = (settings.pool_size / 4).max(1);
-        Self::build_to(settings, settings.pool_size - reads, None, &[node])
+        let mut pool = Self::build_to(settings, settings.pool_size - reads, None, &[node])?;
+        pool.node = Some(Arc::from(format!("{host}:{port}")));
+        Ok(pool)
     }
 
     /// The configuration the pool was built from.
@@ -358,6 +363,7 @@ impl Database {
             last_connect_error,
             generation,
             settings: Arc::new(settings.clone()),
+            node: None,
         })
     }
 
@@ -393,6 +399,26 @@ impl Database {
         limit: Duration,
         work: impl AsyncFnOnce(&mut PgClient) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
+        self.run_on_pool(limit, work)
+            .await
+            .map_err(|error| self.naming_the_node(error))
+    }
+
+    /// `error`, naming this pool's node (on Citus) when it says the database is unavailable.
+    fn naming_the_node(&self, error: StorageError) -> StorageError {
+        match (error, &self.node) {
+            (StorageError::Unavailable(reason), Some(node)) if !reason.contains(&**node) => {
+                StorageError::Unavailable(format!("{node}: {reason}"))
+            }
+            (error, _) => error,
+        }
+    }
+
+    async fn run_on_pool<T>(
+        &self,
+        limit: Duration,
+        work: impl AsyncFnOnce(&mut PgClient) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
         let mut connection = self.checkout().await?;
         connection.in_doubt = true;
         let result = match tokio::time::timeout(limit, work(&mut connection)).await {
@@ -416,6 +442,10 @@ impl Database {
     /// nothing; one that is only slow answers at once. Raced against an operation, this tells a
     /// hung server from a slow one sooner than the operation's deadline.
     pub async fn unresponsive(&self) -> StorageError {
+        self.naming_the_node(self.until_unresponsive().await)
+    }
+
+    async fn until_unresponsive(&self) -> StorageError {
         loop {
             tokio::time::sleep(self.connect_timeout).await;
             let asked = tokio::time::timeout(self.connect_timeout, async {

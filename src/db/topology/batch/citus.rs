@@ -86,9 +86,11 @@ RETURNING entry_id, created_at",
 }
 
 /// The batch's claimed writes, each joined to its position `i` in the batch's arrays: `$1` the
-/// writes' entry ids, `$2` their clients, `$3` their keys (the record's primary key), `$4` the
-/// batch's clients (each once: what prunes the shards). A write whose key another request
-/// holds finds no record with its entry id.
+/// writes' entry ids, `$2` their clients, `$3` their keys, `$4` the batch's clients (each once:
+/// what prunes the shards). The records are found through their primary key, by the batch's
+/// clients and keys (the statement's `WHERE` must say `r.client_id = ANY($4) AND r.key =
+/// ANY($3)`: a join on the positions alone is planned as a scan of every record of the
+/// clients); a write whose key another request holds finds no record with its entry id.
 macro_rules! claimed_writes {
     () => {
         "FROM idempotency_records r
@@ -109,7 +111,7 @@ SELECT r.client_id, ($5::text[])[i], count(*), 0
 ",
     claimed_writes!(),
     "
-WHERE r.client_id = ANY($4) AND ($5::text[])[i] IS NOT NULL
+WHERE r.client_id = ANY($4) AND r.key = ANY($3) AND ($5::text[])[i] IS NOT NULL
 GROUP BY r.client_id, ($5::text[])[i]
 ORDER BY r.client_id, ($5::text[])[i]
 ON CONFLICT (client_id, ordering_key) DO UPDATE
@@ -136,7 +138,7 @@ SELECT r.entry_id, r.client_id, r.key, ($6::text[])[i], ($7::text[])[i]::jsonb,
     LEFT JOIN ordering_keys k
         ON k.client_id = r.client_id AND k.ordering_key = ($5::text[])[i]
            AND k.client_id = ANY($4)
-WHERE r.client_id = ANY($4)
+WHERE r.client_id = ANY($4) AND r.key = ANY($3)
 RETURNING id, sequence"
 );
 
@@ -144,7 +146,8 @@ RETURNING id, sequence"
 /// [`INSERT_ENTRIES`] in this transaction) by position `i` in the events' arrays: `$1` their
 /// ids, `$2` event ids, `$3` event keys, `$4` their entries' ids, `$5` types, `$6` payloads,
 /// `$7` whether each carries the entry, `$8` and `$9` the trace context, `$10` the batch's
-/// clients. An event is held (due [`held_until!`]) when an earlier write of its key is not
+/// clients; the entries found through their primary key (`en.id = ANY($4)`, as in
+/// [`claimed_writes!`]). An event is held (due [`held_until!`]) when an earlier write of its key is not
 /// done: the key's `done_through`, on the row [`COUNT_ORDERED`] locked, is behind.
 const INSERT_EVENTS: &str = concat!(
     "
@@ -171,8 +174,35 @@ FROM entries en
     LEFT JOIN ordering_keys k
         ON k.client_id = en.client_id AND k.ordering_key = en.ordering_key
            AND k.client_id = ANY($10)
-WHERE en.client_id = ANY($10)"
+WHERE en.client_id = ANY($10) AND en.id = ANY($4)"
 );
+
+/// [`INSERT_ENTRIES`] for a batch without an ordered write: nothing to number, so no counter
+/// to read (Citus plans each statement afresh, and a simpler one costs it less). `$1..$4` as
+/// [`claimed_writes!`], then the writes' kinds, data and times.
+const INSERT_ENTRIES_UNORDERED: &str = concat!(
+    "
+INSERT INTO entries (id, client_id, idempotency_key, kind, data, created_at)
+SELECT r.entry_id, r.client_id, r.key, ($5::text[])[i], ($6::text[])[i]::jsonb,
+       ($7::timestamptz[])[i]
+",
+    claimed_writes!(),
+    "
+WHERE r.client_id = ANY($4) AND r.key = ANY($3)"
+);
+
+/// [`INSERT_EVENTS`] for a batch without an ordered write: due now, as written. `$1` their ids,
+/// `$2` event ids, `$3` event keys, `$4` their entries' ids, `$5` types, `$6` payloads, `$7`
+/// and `$8` the trace context, `$9` the batch's clients.
+const INSERT_EVENTS_UNORDERED: &str = "
+INSERT INTO outbox_events
+    (id, event_id, event_key, client_id, idempotency_key, event_type, payload, created_at,
+     next_attempt_at, traceparent, tracestate)
+SELECT ($1::bigint[])[i], ($2::uuid[])[i], ($3::text[])[i], en.client_id, en.idempotency_key,
+       ($5::text[])[i], ($6::text[])[i]::jsonb, now(), now(), ($7::text[])[i], ($8::text[])[i]
+FROM entries en
+    JOIN generate_subscripts($4::uuid[], 1) AS i ON en.id = ($4::uuid[])[i]
+WHERE en.client_id = ANY($9) AND en.id = ANY($4)";
 
 /// One write's parameters of the claim statement.
 struct ClaimRow<'a> {
@@ -183,7 +213,8 @@ struct ClaimRow<'a> {
     entry_id: Uuid,
 }
 
-/// The batch's writes as the arrays of [`COUNT_ORDERED`] and [`INSERT_ENTRIES`].
+/// The batch's writes as the arrays of [`COUNT_ORDERED`] and [`INSERT_ENTRIES`] (without the
+/// ordering keys, [`INSERT_ENTRIES_UNORDERED`]'s).
 struct Writes<'a> {
     entry_ids: Vec<Uuid>,
     clients: Vec<&'a str>,
@@ -214,7 +245,8 @@ impl<'a> Writes<'a> {
     }
 }
 
-/// The batch's events as the arrays of [`INSERT_EVENTS`], with their ids.
+/// The batch's events as the arrays of [`INSERT_EVENTS`] (without whether each carries the
+/// entry, [`INSERT_EVENTS_UNORDERED`]'s), with their ids.
 struct Events<'a> {
     ids: Vec<i64>,
     event_ids: Vec<Uuid>,
@@ -276,9 +308,14 @@ pub(super) async fn claim(
             .await?;
         claims.push((statement, chunk));
     }
+    let ordered = rows.ordered();
+    let (insert_entries, insert_events) = match ordered {
+        true => (INSERT_ENTRIES, INSERT_EVENTS),
+        false => (INSERT_ENTRIES_UNORDERED, INSERT_EVENTS_UNORDERED),
+    };
     let count_ordered = connection.prepare_cached(COUNT_ORDERED).await?;
-    let insert_entries = connection.prepare_cached(INSERT_ENTRIES).await?;
-    let insert_events = connection.prepare_cached(INSERT_EVENTS).await?;
+    let insert_entries = connection.prepare_cached(insert_entries).await?;
+    let insert_events = connection.prepare_cached(insert_events).await?;
 
     let (status, retention) = (rows.response_status, rows.retention_micros());
     let claim_params: Vec<Vec<&(dyn ToSql + Sync)>> = claims
@@ -298,29 +335,30 @@ pub(super) async fn claim(
         })
         .collect();
     let w = Writes::new(rows.writes);
-    let writes_params: [&(dyn ToSql + Sync); 8] = [
-        &w.entry_ids,
-        &w.clients,
-        &w.keys,
-        &w.batch_clients,
-        &w.ordering_keys,
-        &w.kinds,
-        &w.data,
-        &w.created,
-    ];
+    let mut writes_params: Vec<&(dyn ToSql + Sync)> =
+        vec![&w.entry_ids, &w.clients, &w.keys, &w.batch_clients];
+    if ordered {
+        writes_params.push(&w.ordering_keys);
+    }
+    let counter_params = writes_params.clone();
+    writes_params.extend([&w.kinds as &(dyn ToSql + Sync), &w.data, &w.created]);
     let e = Events::new(rows, event_ids);
-    let events_params: [&(dyn ToSql + Sync); 10] = [
+    let mut events_params: Vec<&(dyn ToSql + Sync)> = vec![
         &e.ids,
         &e.event_ids,
         &e.event_keys,
         &e.entry_ids,
         &e.types,
         &e.payloads,
-        &e.carries_entry,
-        &e.traceparents,
+    ];
+    if ordered {
+        events_params.push(&e.carries_entry);
+    }
+    events_params.extend([
+        &e.traceparents as &(dyn ToSql + Sync),
         &e.tracestates,
         &w.batch_clients,
-    ];
+    ]);
 
     let client: &tokio_postgres::Client = connection;
     let claimed_rows = futures_util::future::join_all(
@@ -330,10 +368,10 @@ pub(super) async fn claim(
             .map(|((statement, _), params)| client.query(statement, params)),
     );
     let counted = async {
-        if !rows.ordered() {
+        if !ordered {
             return Ok(Vec::new());
         }
-        client.query(&count_ordered, &writes_params[..5]).await
+        client.query(&count_ordered, &counter_params).await
     };
     let (begun, claimed_rows, counted, entries, events, committed) = tokio::join!(
         client.batch_execute(BEGIN_WITH_VALUES),

@@ -45,41 +45,44 @@ use take_over_expired;
 /// `$key` and `$sequence` (NULL when unordered). An ordered write's event gets the CloudEvents
 /// extension attributes `partitionkey` and `sequence` (a string), and `entry.created`'s data
 /// (the entry) its `ordering_key` and `sequence`: known only once the statement has numbered
-/// the write.
+/// the write. `$payload` is written once: on Citus the batch's payloads are a parameter that
+/// each use of it spells out again in the statement the node plans (a `jsonb_set` of an empty
+/// path changes nothing).
 macro_rules! event_payload {
     ($payload:literal, $carries_entry:literal, $key:literal, $sequence:literal) => {
         concat!(
-            "CASE WHEN ",
-            $sequence,
-            " IS NULL THEN ",
+            "jsonb_set(
+               jsonb_set(
+                 ",
             $payload,
             "
-                ELSE jsonb_set(
-                    ",
-            $payload,
-            " || jsonb_build_object('partitionkey', ",
+                   || CASE WHEN ",
+            $sequence,
+            " IS NULL THEN '{}'::jsonb
+                           ELSE jsonb_build_object('partitionkey', ",
             $key,
             ",
-                                                         'sequence', ",
+                                                   'sequence', ",
             $sequence,
-            "::text),
-                    '{data}',
-                    CASE WHEN ",
+            "::text) END,
+                 CASE WHEN ",
+            $sequence,
+            " IS NOT NULL AND ",
             $carries_entry,
             "
-                         THEN (",
-            $payload,
-            " -> 'data')
-                              || jsonb_build_object('ordering_key', ",
+                      THEN '{data,ordering_key}' ELSE '{}' END::text[],
+                 to_jsonb(coalesce(",
             $key,
-            ",
-                                                    'sequence', ",
+            ", ''))),
+               CASE WHEN ",
             $sequence,
-            ")
-                         ELSE ",
-            $payload,
-            " -> 'data' END)
-           END"
+            " IS NOT NULL AND ",
+            $carries_entry,
+            "
+                    THEN '{data,sequence}' ELSE '{}' END::text[],
+               to_jsonb(coalesce(",
+            $sequence,
+            ", 0)))"
         )
     };
 }
