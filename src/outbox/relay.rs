@@ -125,7 +125,7 @@ enum Step {
     Relayed {
         channel: BrokerChannel,
         report: Result<RelayReport, StorageError>,
-        pass: Pass,
+        pass: Box<Pass>,
     },
     BrokerUnreachable(BrokerError),
 }
@@ -277,7 +277,7 @@ impl OutboxRelay {
             Step::Relayed {
                 channel,
                 report,
-                pass,
+                pass: Box::new(pass),
             }
         };
         ctx.spawn(
@@ -326,7 +326,7 @@ impl OutboxRelay {
                 channel,
                 report,
                 pass,
-            } => (channel, report, pass),
+            } => (channel, report, *pass),
         };
         self.reconnect_delay = FIRST_RECONNECT_DELAY;
         self.state.connected = true;
