@@ -25,6 +25,16 @@ fn single_shard_executions(node: &PgCluster) -> i64 {
     .expect("a count")
 }
 
+/// The daemon's connections to `node` (its application name; Citus's own are named otherwise).
+fn daemon_connections(node: &PgCluster) -> i64 {
+    node.psql_on(
+        "retrysafe",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'retrysafe'",
+    )
+    .parse()
+    .expect("a count")
+}
+
 /// 20 writes of each of two clients whose rows are on different workers, all delivered.
 async fn write_on_both_workers(lab: &CitusLab, app: &TestDaemon) {
     let (first, second) = clients_on_two_workers(lab);
@@ -77,13 +87,7 @@ async fn writes_and_relays_run_on_the_workers_that_hold_their_shards() {
     );
     // The daemon's connections to each worker are its own.
     for worker in &lab.workers {
-        let connections: i64 = worker
-            .psql_on(
-                "retrysafe",
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'retrysafe'",
-            )
-            .parse()
-            .unwrap();
+        let connections = daemon_connections(worker);
         assert!(
             connections >= 1,
             "the daemon is connected to {}",
@@ -113,13 +117,7 @@ async fn with_citus_direct_off_every_statement_goes_through_the_coordinator() {
         "the coordinator ran {on_coordinator} single-shard statements for 40 writes"
     );
     for worker in &lab.workers {
-        let connections: i64 = worker
-            .psql_on(
-                "retrysafe",
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'retrysafe'",
-            )
-            .parse()
-            .unwrap();
+        let connections = daemon_connections(worker);
         assert_eq!(
             connections, 0,
             "no connection of the daemon to {}",
