@@ -20,8 +20,8 @@ use crate::db::Database;
 use crate::entry::format_time;
 use crate::events::{AUDIT_ENTRY_CREATED, ENTRY_CREATED};
 use crate::outbox::replay::{
-    self, Ending, OutboxExtent, Pace, Plan, ReplayError, ReplayRecord, RunReport, Selection,
-    Target, TimeBound,
+    self, Ending, OutboxExtent, Pace, Plan, ReplayError, ReplayRecord, ReplayTo, RunReport,
+    Selection, TimeBound,
 };
 use crate::outbox::Broker;
 
@@ -130,10 +130,10 @@ impl ReplayArgs {
         }
     }
 
-    fn target(&self, config: &Config) -> Target {
+    fn target(&self, config: &Config) -> ReplayTo {
         match &self.to_queue {
-            Some(queue) => Target::Queue(queue.clone()),
-            None => Target::Exchange(config.amqp.exchange.clone()),
+            Some(queue) => ReplayTo::Queue(queue.clone()),
+            None => ReplayTo::Exchange(config.amqp.exchange.clone()),
         }
     }
 }
@@ -185,7 +185,7 @@ pub async fn run(
         );
         return Ok(ExitCode::SUCCESS);
     }
-    if let Target::Queue(queue) = &plan.target {
+    if let ReplayTo::Queue(queue) = &plan.target {
         if !broker.queue_exists(queue).await? {
             broker.close().await;
             anyhow::bail!(
@@ -283,8 +283,8 @@ async fn print_dry_run(plan: &Plan, broker: &Broker, horizon: &Horizon) {
     }
     println!("selection: {}", plan.selection.arguments().join(" "));
     let target_state = match &plan.target {
-        Target::Exchange(_) => String::new(),
-        Target::Queue(queue) => match broker.queue_exists(queue).await {
+        ReplayTo::Exchange(_) => String::new(),
+        ReplayTo::Queue(queue) => match broker.queue_exists(queue).await {
             Ok(true) => " (the queue exists)".to_owned(),
             Ok(false) => " (NO SUCH QUEUE: the replay would fail; declare it first)".to_owned(),
             Err(error) => format!(" (could not check that it exists: {error})"),
@@ -388,7 +388,7 @@ fn resume_command(config: Option<&Path>, plan: &Plan) -> String {
     }
     words.extend(["outbox".to_owned(), "replay".to_owned()]);
     words.extend(plan.selection.arguments());
-    if let Target::Queue(queue) = &plan.target {
+    if let ReplayTo::Queue(queue) = &plan.target {
         words.push("--to-queue".to_owned());
         words.push(queue.clone());
     }

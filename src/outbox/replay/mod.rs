@@ -22,7 +22,7 @@
 //! # Layout
 //!
 //! This file is the command's vocabulary: what to replay ([`Selection`], [`TimeBound`]), where
-//! ([`Target`]), the plan, the pace and how a run ended. `scan` reads the selected events from
+//! ([`ReplayTo`]), the plan, the pace and how a run ended. `scan` reads the selected events from
 //! the outbox, a window of ids at a time; `records` is the `replays` and `event_replays` tables;
 //! `send` plans, starts and sends a replay.
 
@@ -186,44 +186,44 @@ impl Selection {
 
 /// Where a replay publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub enum ReplayTo {
     /// `amqp.exchange`, routing key = event type: every queue bound for the type gets a copy.
     Exchange(String),
     /// One queue, through the default exchange: no other queue gets a copy.
     Queue(String),
 }
 
-impl Target {
+impl ReplayTo {
     /// As stored in `replays.target`.
     pub fn as_text(&self) -> String {
         match self {
-            Target::Exchange(exchange) => format!("exchange:{exchange}"),
-            Target::Queue(queue) => format!("queue:{queue}"),
+            ReplayTo::Exchange(exchange) => format!("exchange:{exchange}"),
+            ReplayTo::Queue(queue) => format!("queue:{queue}"),
         }
     }
 
     pub fn destination(&self) -> Destination<'_> {
         match self {
-            Target::Exchange(exchange) => Destination::Exchange(exchange),
-            Target::Queue(queue) => Destination::Queue(queue),
+            ReplayTo::Exchange(exchange) => Destination::Exchange(exchange),
+            ReplayTo::Queue(queue) => Destination::Queue(queue),
         }
     }
 }
 
-impl fmt::Display for Target {
+impl fmt::Display for ReplayTo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Exchange(exchange) => {
+            ReplayTo::Exchange(exchange) => {
                 write!(f, "exchange {exchange:?} (routing key = event type)")
             }
-            Target::Queue(queue) => write!(f, "queue {queue:?} only"),
+            ReplayTo::Queue(queue) => write!(f, "queue {queue:?} only"),
         }
     }
 }
 
 /// Identifies "the same command": SHA-256 over the canonical JSON of the normalized selection
 /// and the target. Pacing options (`--rate`, `--batch-size`) are not part of it.
-pub fn selection_hash(selection: &Selection, target: &Target) -> [u8; 32] {
+pub fn selection_hash(selection: &Selection, target: &ReplayTo) -> [u8; 32] {
     let value = serde_json::json!({
         "selection": selection,
         "target": target.as_text(),
@@ -261,7 +261,7 @@ impl EventSet {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub selection: Selection,
-    pub target: Target,
+    pub target: ReplayTo,
     pub selection_hash: [u8; 32],
     /// The unfinished replay of the same command, which the run resumes.
     pub resumes: Option<ReplayRecord>,
@@ -382,11 +382,11 @@ mod tests {
             ..Selection::default()
         }
         .normalized();
-        let queue = Target::Queue("rebuild".into());
+        let queue = ReplayTo::Queue("rebuild".into());
         assert_eq!(selection_hash(&one, &queue), selection_hash(&other, &queue));
         assert_ne!(
             selection_hash(&one, &queue),
-            selection_hash(&one, &Target::Exchange("rebuild".into())),
+            selection_hash(&one, &ReplayTo::Exchange("rebuild".into())),
             "the target is part of the command"
         );
         let until = Selection {

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::scan::{self, count, outbox_extent, OutboxExtent};
 use super::{
-    records, selection_hash, Ending, EventSet, Pace, Plan, ReplayError, ReplayRecord, RunReport,
-    Selection, Target,
+    records, selection_hash, Ending, EventSet, Pace, Plan, ReplayError, ReplayRecord, ReplayTo,
+    RunReport, Selection,
 };
 use crate::db::Database;
 use crate::entry::format_time;
@@ -24,7 +24,7 @@ use crate::outbox::store::PendingEvent;
 pub async fn plan(
     db: &Database,
     selection: Selection,
-    target: Target,
+    target: ReplayTo,
     now: DateTime<Utc>,
 ) -> Result<Plan, ReplayError> {
     let selection = selection.normalized();
