@@ -4,10 +4,11 @@
 //! When the database has the `citus` extension, [`distribute`] (run by every migration, at start
 //! and by `retrysafe migrate`) makes the write tables distributed tables, co-located, and the
 //! small shared table a reference table; a database moved from a single server is distributed
-//! by the same command. The daemon then learns which shard holds each client ([`ShardMap`],
-//! read from Citus's metadata and read again every [`SHARD_MAP_REFRESH`], so that a shard
-//! moved or split is followed): a write batch takes the writes of one shard only, so that it
-//! is a single-shard transaction, and relays and the janitor work a shard at a time.
+//! by the same command. The daemon then learns which shard holds each client and which node
+//! holds each shard, and keeps a pool to each node ([`Cluster`], read from Citus's metadata and
+//! read again every [`SHARD_MAP_REFRESH`], so that a shard moved or split is followed): a write
+//! batch takes the writes of one shard only, so that it is a single-shard transaction, and
+//! runs on that shard's node; relays and the janitor work a shard at a time, on its node too.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};

@@ -12,7 +12,9 @@
 //!
 //! On a single server there is one route and one pass, and nothing here costs a query. On
 //! Citus ([`citus`]) the write tables are distributed by `client_id`; a route is a shard's and
-//! a pass takes one shard's clients, so that every statement reads and writes one shard.
+//! a pass takes one shard's clients, so that every statement reads and writes one shard, and
+//! each runs on the pool of the node that holds that shard (through the coordinator where the
+//! daemon cannot reach the node, or with `database.citus_direct = false`).
 
 pub mod batch;
 pub mod citus;
