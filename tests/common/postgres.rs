@@ -185,6 +185,89 @@ impl PgCluster {
         assert_ran(&start, "pg_ctl start");
     }
 
+    /// A streaming standby of `primary`, made with `pg_basebackup` (the primary is first let
+    /// take replication connections from loopback), receiving its WAL through `port` on
+    /// loopback (the primary's own, or a proxy's that can cut the link), as `application_name`
+    /// `standby`; running, on a port and in a directory of its own.
+    pub fn standby_of(primary: &PgCluster, port: u16) -> Self {
+        let hba = primary.data().join("pg_hba.conf");
+        let mut lines = std::fs::read_to_string(&hba).unwrap();
+        lines.push_str("host replication all 127.0.0.1/32 trust\n");
+        std::fs::write(&hba, lines).unwrap();
+        primary.psql("SELECT pg_reload_conf()");
+        let dir = TestDir::new("standby");
+        give_to("postgres", &dir.0);
+        let data = dir.path("data");
+        let backup = as_postgres(&[
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &primary.port.to_string(),
+            "-U",
+            "postgres",
+            "-D",
+            data.to_str().unwrap(),
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        ]);
+        assert_ran(&backup, "pg_basebackup");
+        let own_port = free_port();
+        let conf = format!(
+            "\nport = {own_port}\nunix_socket_directories = '{}'\nprimary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name=standby'\n",
+            dir.0.display()
+        );
+        let mut all = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+        all.push_str(&conf);
+        std::fs::write(data.join("postgresql.conf"), all).unwrap();
+        std::fs::write(data.join("standby.signal"), "").unwrap();
+        give_to("postgres", &dir.0);
+        let standby = Self {
+            dir,
+            port: own_port,
+        };
+        standby.start_again();
+        standby
+    }
+
+    /// Promotes a standby, waiting until it takes writes.
+    pub fn promote(&self) {
+        let promoted = as_postgres(&[
+            "pg_ctl",
+            "-D",
+            self.data().to_str().unwrap(),
+            "-w",
+            "-t",
+            "60",
+            "promote",
+        ]);
+        assert_ran(&promoted, "pg_ctl promote");
+    }
+
+    /// Stops every process of the server (the postmaster, then each of its children) with
+    /// SIGSTOP: a hung host, which accepts connections (the kernel completes the handshake)
+    /// and answers nothing. Resumed when the guard is dropped.
+    pub fn freeze(&self) -> Frozen {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .unwrap()
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse::<i32>().ok())
+            .expect("postmaster.pid starts with the postmaster's pid");
+        // The postmaster first: stopped, it starts no child that would be missed.
+        signal(pid, libc::SIGSTOP);
+        let children = children_of(pid);
+        for child in &children {
+            signal(*child, libc::SIGSTOP);
+        }
+        let mut pids = vec![pid];
+        pids.extend(children);
+        Frozen { pids }
+    }
+
     /// The cluster's own directory (the data directory and the socket are in it).
     pub fn dir(&self) -> &Path {
         &self.dir.0
@@ -239,6 +322,45 @@ impl Drop for PgCluster {
             );
         }
     }
+}
+
+/// A server's processes stopped by [`PgCluster::freeze`]; resumed (SIGCONT) when dropped.
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            signal(*pid, libc::SIGCONT);
+        }
+    }
+}
+
+/// Sends `signal` to `pid`, a process of a server of the test's own; one that has just ended
+/// (a backend whose client left) is not an error.
+fn signal(pid: i32, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory preconditions.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            // `pid (name) state ppid ...`: the name may hold spaces, not a closing parenthesis
+            // followed by one.
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after_name = &stat[stat.rfind(") ")? + 2..];
+                    after_name.split(' ').nth(1)?.parse::<i32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// Cancels every backend of a primary waiting for its synchronous standby, every 50 ms, until
