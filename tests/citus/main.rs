@@ -9,6 +9,7 @@ mod common;
 mod acceptance;
 mod daemons;
 mod faults;
+mod hung;
 mod moving;
 mod nodes;
 mod operations;
