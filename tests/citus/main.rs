@@ -13,3 +13,4 @@ mod hung;
 mod moving;
 mod nodes;
 mod operations;
+mod shard_move;
