@@ -14,3 +14,4 @@ mod moving;
 mod nodes;
 mod operations;
 mod shard_move;
+mod standby;
