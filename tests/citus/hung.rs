@@ -6,13 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::acceptance::{clients_on_two_workers, token, with_clients, CLIENTS};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::spawn_app_on;
-use crate::common::load::{Attempt, Load, Writer};
+use crate::common::load::{every_third_ordered, Attempt, Load, Writer};
 use crate::common::ordering::assert_all_delivered_in_order;
 
 /// `database.statement_timeout`, as the daemon's default: what every answer to the hung
@@ -29,16 +27,6 @@ const HANG: Duration = Duration::from_secs(27);
 /// The load's first seconds (connections opened, statements prepared) are not the figures
 /// before the hang.
 const WARM_UP: Duration = Duration::from_secs(3);
-
-/// A writer's body: every third write ordered, on its client's key `account` (both loops of a
-/// client share it).
-fn body(key: &str, _writer: usize, n: usize) -> String {
-    let mut body = json!({"kind": "load", "data": {"key": key, "n": n}});
-    if n % 3 == 0 {
-        body["ordering_key"] = json!("account");
-    }
-    body.to_string()
-}
 
 /// The 99th percentile of `latencies`.
 fn p99(mut latencies: Vec<Duration>) -> Duration {
@@ -89,7 +77,7 @@ async fn a_hung_worker_is_fenced_off_its_clients_refused_at_once_and_nothing_is_
         .iter()
         .map(|client| Writer {
             token: Some(token(client)),
-            body,
+            body: every_third_ordered,
         })
         .collect();
     let load = Load::start_writers(&app.address, "hung", writers);
@@ -271,7 +259,7 @@ async fn a_hung_worker_is_fenced_off_its_clients_refused_at_once_and_nothing_is_
         assert_eq!(answer.status, 200, "/readyz during the hang");
         assert_eq!(
             answer.failing,
-            [hung_node.clone()],
+            std::slice::from_ref(&hung_node),
             "/readyz's failing_workers {:.1}s into the hang",
             answer.at.duration_since(frozen_at).as_secs_f64()
         );

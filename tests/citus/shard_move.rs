@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::acceptance::{daemon_on, token, CLIENTS};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::TestConsumer;
-use crate::common::load::{Load, Writer};
+use crate::common::load::{every_third_ordered, Load, Writer};
 use crate::common::ordering::assert_all_delivered_in_order;
 use crate::common::postgres::PgCluster;
 use retrysafe::db::topology::REFRESH_INTERVAL;
@@ -19,15 +19,6 @@ use retrysafe::db::topology::REFRESH_INTERVAL;
 const WRITES: i64 = 20;
 /// Rows of the moved shard before the move.
 const BULK_ROWS: i64 = 1_000_000;
-
-/// A writer's body: every third write ordered, on its client's key `account`.
-fn body(key: &str, _writer: usize, n: usize) -> String {
-    let mut body = json!({"kind": "load", "data": {"key": key, "n": n}});
-    if n % 3 == 0 {
-        body["ordering_key"] = json!("account");
-    }
-    body.to_string()
-}
 
 /// The single-shard statements `node` has planned and run as the node a client gave them to.
 fn single_shard_executions(node: &PgCluster) -> i64 {
@@ -76,7 +67,7 @@ async fn a_shard_moved_under_load_loses_nothing_doubles_nothing_and_its_writes_f
         .iter()
         .map(|client| Writer {
             token: Some(token(client)),
-            body,
+            body: every_third_ordered,
         })
         .collect();
     let load = Load::start_writers(&app.address, "move", writers);

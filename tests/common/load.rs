@@ -123,6 +123,16 @@ fn body_for(key: &str, client: usize, n: usize) -> String {
     .to_string()
 }
 
+/// A body whose every third write is ordered, on the client's key `account` (every loop of a
+/// client shares it).
+pub fn every_third_ordered(key: &str, _writer: usize, n: usize) -> String {
+    let mut body = serde_json::json!({"kind": "load", "data": {"key": key, "n": n}});
+    if n.is_multiple_of(3) {
+        body["ordering_key"] = serde_json::json!("account");
+    }
+    body.to_string()
+}
+
 impl Load {
     /// Starts `clients` anonymous clients writing keys `{prefix}-{client}-{n}` to the daemon at
     /// `base`, every write ordered on keys they share ([`body_for`]).
