@@ -6,33 +6,31 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::acceptance::{clients_on_two_workers, daemon_on, token};
+use crate::acceptance::{clients_on_two_workers, daemon_on, token, until_answered};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::TestDaemon;
 use crate::common::helpers::{connect_to, count, count_is, eventually, TestResponse};
 use crate::common::ordering::assert_all_delivered_in_order;
 
+/// `client`'s `n`th ordered write, of its key `account`: its idempotency key and body.
+fn ordered_write(n: i64) -> (String, serde_json::Value) {
+    (
+        format!("ordered-{n}"),
+        json!({"kind": "k", "data": {"n": n}, "ordering_key": "account"}),
+    )
+}
+
 /// An ordered write of `client`'s key `account`, its `n`th.
 async fn ordered(app: &TestDaemon, client: &str, n: i64) -> TestResponse {
-    app.post_entry_as(
-        Some(&token(client)),
-        &format!("ordered-{n}"),
-        &json!({"kind": "k", "data": {"n": n}, "ordering_key": "account"}),
-    )
-    .await
+    let (key, body) = ordered_write(n);
+    app.post_entry_as(Some(&token(client)), &key, &body).await
 }
 
 /// The write again until it is acknowledged (as a caller's retries do), at most for a minute.
 async fn until_created(app: &TestDaemon, client: &str, n: i64) -> TestResponse {
-    eventually(Duration::from_secs(60), || async {
-        let answer = ordered(app, client, n).await;
-        match answer.status {
-            200 | 201 => Ok(answer),
-            _ => Err(answer.describe()),
-        }
-    })
-    .await
+    let (key, body) = ordered_write(n);
+    until_answered(app, client, (&key, &body), Duration::from_secs(60)).await
 }
 
 #[actix_web::test]

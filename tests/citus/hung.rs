@@ -6,12 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::acceptance::{clients_on_two_workers, token, with_clients, CLIENTS};
+use crate::acceptance::{clients_on_two_workers, load_of, with_clients, CLIENTS};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::TestConsumer;
 use crate::common::daemon::spawn_app_on;
-use crate::common::load::{every_third_ordered, Attempt, Load, Writer};
-use crate::common::ordering::assert_all_delivered_in_order;
+use crate::common::load::Attempt;
 
 /// `database.statement_timeout`, as the daemon's default: what every answer to the hung
 /// worker's clients must come within.
@@ -24,6 +23,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// (`topology::REFRESH_INTERVAL`) falls inside the hang, with time for it to end there.
 const HANG_STARTS: Duration = Duration::from_secs(16);
 const HANG: Duration = Duration::from_secs(27);
+/// The least bound on the other worker's client's p99 during the hang, which is otherwise
+/// twice its p99 before. On this 2-core machine, shared with builds and with the other tests'
+/// clusters, the same load's p99 outside any fault measured from 10 ms to 650 ms between runs
+/// (and within a run, either window may be the noisy one); a fence that failed costs the other
+/// clients seconds (a write waiting for a writer held by the hung node, about 2 x
+/// connect_timeout).
+const P99_FLOOR: Duration = Duration::from_millis(500);
 /// The load's first seconds (connections opened, statements prepared) are not the figures
 /// before the hang.
 const WARM_UP: Duration = Duration::from_secs(3);
@@ -73,14 +79,7 @@ async fn a_hung_worker_is_fenced_off_its_clients_refused_at_once_and_nothing_is_
         other,
         other,
     ];
-    let writers = clients
-        .iter()
-        .map(|client| Writer {
-            token: Some(token(client)),
-            body: every_third_ordered,
-        })
-        .collect();
-    let load = Load::start_writers(&app.address, "hung", writers);
+    let load = load_of(&app, "hung", &clients);
     let on_hung_worker = |attempt: &Attempt| clients[attempt.writer] != other;
 
     tokio::time::sleep((started + HANG_STARTS).saturating_duration_since(Instant::now())).await;
@@ -145,11 +144,7 @@ async fn a_hung_worker_is_fenced_off_its_clients_refused_at_once_and_nothing_is_
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let records = load.stop().await;
-    assert!(
-        records.unexpected.is_empty(),
-        "answers the contract does not allow: {:?}",
-        &records.unexpected[..records.unexpected.len().min(10)]
-    );
+    records.assert_allowed();
 
     // The other worker's client: answered as before the hang.
     let other_before: Vec<&Attempt> = records
@@ -181,7 +176,7 @@ async fn a_hung_worker_is_fenced_off_its_clients_refused_at_once_and_nothing_is_
         other_during.len()
     );
     assert!(
-        p99_during <= p99_before * 2,
+        p99_during <= (p99_before * 2).max(P99_FLOOR),
         "the other worker's client's p99: {p99_during:?} during the hang, {p99_before:?} before"
     );
 
@@ -266,12 +261,11 @@ async fn a_hung_worker_is_fenced_off_its_clients_refused_at_once_and_nothing_is_
     }
 
     // Every acknowledged write there once, every event delivered, ordered keys in order.
-    records.assert_held_once(&app.db).await;
-    let (events, order) =
-        assert_all_delivered_in_order(&app.db, &mut consumer, Duration::from_secs(90)).await;
-    assert_eq!(events, records.acknowledged.len(), "one event per entry");
+    let order = records
+        .assert_held_and_delivered(&app.db, &mut consumer, Duration::from_secs(90))
+        .await;
     eprintln!(
-        "{} keys acknowledged, {} attempts in all; {events} events delivered ({} ordered), {} copies",
+        "{} keys acknowledged, {} attempts in all; as many events delivered ({} ordered), {} copies",
         records.acknowledged.len(),
         records.attempts.len(),
         order.first_deliveries(),

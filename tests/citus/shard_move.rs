@@ -7,28 +7,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::acceptance::{daemon_on, token, CLIENTS};
+use crate::acceptance::{daemon_on, load_of, token, CLIENTS};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::TestConsumer;
-use crate::common::load::{every_third_ordered, Load, Writer};
-use crate::common::ordering::assert_all_delivered_in_order;
-use crate::common::postgres::PgCluster;
+use crate::nodes::single_shard_executions;
 use retrysafe::db::topology::REFRESH_INTERVAL;
 
 /// Writes of the moved shard's client in a round that finds where they run.
 const WRITES: i64 = 20;
 /// Rows of the moved shard before the move.
 const BULK_ROWS: i64 = 1_000_000;
-
-/// The single-shard statements `node` has planned and run as the node a client gave them to.
-fn single_shard_executions(node: &PgCluster) -> i64 {
-    node.psql_on(
-        "retrysafe",
-        "SELECT query_execution_single_shard FROM citus_stat_counters WHERE name = 'retrysafe'",
-    )
-    .parse()
-    .expect("a count")
-}
 
 #[actix_web::test]
 async fn a_shard_moved_under_load_loses_nothing_doubles_nothing_and_its_writes_follow_it() {
@@ -63,14 +51,7 @@ async fn a_shard_moved_under_load_loses_nothing_doubles_nothing_and_its_writes_f
     // Two loops of the moved shard's client, one of each other client.
     let mut clients = vec![moved];
     clients.extend(CLIENTS);
-    let writers = clients
-        .iter()
-        .map(|client| Writer {
-            token: Some(token(client)),
-            body: every_third_ordered,
-        })
-        .collect();
-    let load = Load::start_writers(&app.address, "move", writers);
+    let load = load_of(&app, "move", &clients);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let moving = Instant::now();
@@ -86,11 +67,7 @@ async fn a_shard_moved_under_load_loses_nothing_doubles_nothing_and_its_writes_f
     assert_eq!(lab.worker_of(moved).port, to.port, "the shard moved");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let records = load.stop().await;
-    assert!(
-        records.unexpected.is_empty(),
-        "answers the contract does not allow: {:?}",
-        &records.unexpected[..records.unexpected.len().min(10)]
-    );
+    records.assert_allowed();
     let failed = records
         .attempts
         .iter()
@@ -107,12 +84,12 @@ async fn a_shard_moved_under_load_loses_nothing_doubles_nothing_and_its_writes_f
         records.acknowledged.len(),
         records.attempts.len()
     );
-    records.assert_held_once(&app.db).await;
-    let (events, order) =
-        assert_all_delivered_in_order(&app.db, &mut consumer, Duration::from_secs(90)).await;
-    assert_eq!(events, records.acknowledged.len(), "one event per entry");
+    let order = records
+        .assert_held_and_delivered(&app.db, &mut consumer, Duration::from_secs(90))
+        .await;
     eprintln!(
-        "{events} events delivered ({} ordered), {} copies",
+        "{} events delivered ({} ordered), {} copies",
+        records.acknowledged.len(),
         order.first_deliveries(),
         order.copies
     );

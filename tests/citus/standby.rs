@@ -8,11 +8,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::acceptance::{body, daemon_on, token, CLIENTS};
+use crate::acceptance::{body, daemon_on, token, until_answered, CLIENTS};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::{message_id, TestConsumer};
 use crate::common::daemon::{spawn_second_app, TestDaemon};
-use crate::common::helpers::{connect_to, eventually, TestResponse};
+use crate::common::helpers::{connect_to, eventually};
 use crate::common::postgres::{PgCluster, SyncRepCanceller};
 use crate::common::proxy::TcpProxy;
 use retrysafe::db::topology::REFRESH_INTERVAL;
@@ -80,16 +80,37 @@ async fn until_delivered(
     }
 }
 
-/// The write of `key` for `client`, again until it is answered 2xx (as a caller retries).
-async fn until_answered(app: &TestDaemon, client: &str, key: &str, n: i64) -> TestResponse {
-    eventually(REFRESH_INTERVAL * 2, || async {
-        let answer = app.post_entry_as(Some(&token(client)), key, &body(n)).await;
-        match answer.status {
-            200 | 201 => Ok(answer),
-            _ => Err(answer.describe()),
-        }
-    })
-    .await
+/// Writes of `client` after the failover, none of whose deliveries may be `phantom`.
+struct Written<'a> {
+    app: &'a TestDaemon,
+    client: &'a str,
+    phantom: &'a str,
+}
+
+impl Written<'_> {
+    /// The `n`th write (see [`body`]) of `key`, again until it is answered 2xx (as a caller
+    /// retries, while the daemon has not read the map again): made anew, not replayed, and its
+    /// event delivered; returns the event's id.
+    async fn anew_and_delivered(
+        &self,
+        (key, n): (&str, i64),
+        consumer: &mut TestConsumer,
+        delivered: &mut HashSet<String>,
+    ) -> String {
+        let answer =
+            until_answered(self.app, self.client, (key, &body(n)), REFRESH_INTERVAL * 2).await;
+        assert!(!answer.replayed(), "{}", answer.describe());
+        let event = event_of(self.app, self.client, key).await;
+        until_delivered(
+            consumer,
+            &event,
+            self.phantom,
+            delivered,
+            REFRESH_INTERVAL * 2,
+        )
+        .await;
+        event
+    }
 }
 
 #[actix_web::test]
@@ -196,36 +217,27 @@ async fn no_event_reaches_a_queue_for_a_write_a_workers_promoted_standby_lacks()
         standby.port, worker.port
     ));
     let failed_over_at = Instant::now();
-    let after = until_answered(&app, client, "after-failover", 2).await;
-    assert!(!after.replayed(), "{}", after.describe());
+    let written = Written {
+        app: &app,
+        client,
+        phantom: &phantom,
+    };
+    written
+        .anew_and_delivered(("after-failover", 2), &mut consumer, &mut delivered)
+        .await;
     let followed_after = failed_over_at.elapsed();
-    assert_eq!(
-        entries_on(&standby, &entries, "after-failover"),
-        1,
-        "the write is on the promoted standby"
-    );
-    let after_event = event_of(&app, client, "after-failover").await;
-    until_delivered(
-        &mut consumer,
-        &after_event,
-        &phantom,
-        &mut delivered,
-        REFRESH_INTERVAL * 2,
-    )
-    .await;
     // The write the client was answered 503 for, retried: made anew on the promoted node.
-    let retried = until_answered(&app, client, "unconfirmed", 1).await;
-    assert!(!retried.replayed(), "{}", retried.describe());
-    let retried_event = event_of(&app, client, "unconfirmed").await;
-    assert_ne!(retried_event, phantom);
-    until_delivered(
-        &mut consumer,
-        &retried_event,
-        &phantom,
-        &mut delivered,
-        REFRESH_INTERVAL * 2,
-    )
-    .await;
+    let retried = written
+        .anew_and_delivered(("unconfirmed", 1), &mut consumer, &mut delivered)
+        .await;
+    assert_ne!(retried, phantom);
+    for key in ["after-failover", "unconfirmed"] {
+        assert_eq!(
+            entries_on(&standby, &entries, key),
+            1,
+            "{key} is on the promoted standby"
+        );
+    }
     for delivery in consumer.drain(Duration::from_secs(3)).await {
         assert_ne!(message_id(&delivery), phantom);
     }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use crate::common::consumer::TestConsumer;
 use crate::common::helpers::{count, http_client, post_raw_as};
+use crate::common::ordering::{assert_all_delivered_in_order, OrderChecker};
 
 /// Bound on one request: a daemon that hangs shows up as a failed attempt, and the client
 /// retries. Longer than the daemon's own bound on a write, so a 503 arrives before it.
@@ -68,6 +70,15 @@ pub struct Records {
 }
 
 impl Records {
+    /// Every answer was one the contract allows.
+    pub fn assert_allowed(&self) {
+        assert!(
+            self.unexpected.is_empty(),
+            "answers the contract does not allow: {:?}",
+            &self.unexpected[..self.unexpected.len().min(10)]
+        );
+    }
+
     /// What the clients were told is what the database at `db` holds, once each: every
     /// acknowledged key has one entry, with the id its client was told, and its record; no
     /// other entry or record exists. (The load's keys are unique whatever their clients.)
@@ -97,6 +108,21 @@ impl Records {
         );
         let records = count(db, "SELECT count(*) FROM idempotency_records").await;
         assert_eq!(records as usize, held.len());
+    }
+
+    /// [`assert_held_once`](Self::assert_held_once), and each entry's one event published
+    /// (within `publish_within`) and delivered to `consumer`, ordered keys in order
+    /// ([`assert_all_delivered_in_order`]); returns the checker (its copies).
+    pub async fn assert_held_and_delivered(
+        &self,
+        db: &tokio_postgres::Client,
+        consumer: &mut TestConsumer,
+        publish_within: Duration,
+    ) -> OrderChecker {
+        self.assert_held_once(db).await;
+        let (events, order) = assert_all_delivered_in_order(db, consumer, publish_within).await;
+        assert_eq!(events, self.acknowledged.len(), "one event per entry");
+        order
     }
 }
 

@@ -124,9 +124,7 @@ impl PgCluster {
             "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nmax_connections = 40\n{settings}\n",
             dir.0.display()
         );
-        let mut all = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        all.push_str(&conf);
-        std::fs::write(data.join("postgresql.conf"), all).unwrap();
+        append(&data.join("postgresql.conf"), &conf);
         let mut lines = vec!["local all postgres trust"];
         lines.extend_from_slice(hba);
         std::fs::write(data.join("pg_hba.conf"), lines.join("\n") + "\n").unwrap();
@@ -155,33 +153,21 @@ impl PgCluster {
 
     /// `pg_ctl stop -m immediate`, waiting for it at most 30 s.
     fn pg_ctl_stop(&self) -> Output {
-        as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-m",
-            "immediate",
-            "-w",
-            "-t",
-            "30",
-            "stop",
-        ])
+        self.pg_ctl(&["-m", "immediate", "-w", "-t", "30", "stop"])
+    }
+
+    /// `pg_ctl` with `args` on the cluster's data directory.
+    fn pg_ctl(&self, args: &[&str]) -> Output {
+        let data = self.data();
+        let mut command = vec!["pg_ctl", "-D", data.to_str().unwrap()];
+        command.extend_from_slice(args);
+        as_postgres(&command)
     }
 
     /// Starts the server (again, after [`stop`](Self::stop)), logging to `postgres.log`.
     pub fn start_again(&self) {
         let log = self.dir.path("postgres.log");
-        let start = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-l",
-            log.to_str().unwrap(),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        ]);
+        let start = self.pg_ctl(&["-l", log.to_str().unwrap(), "-w", "-t", "60", "start"]);
         assert_ran(&start, "pg_ctl start");
     }
 
@@ -190,10 +176,10 @@ impl PgCluster {
     /// loopback (the primary's own, or a proxy's that can cut the link), as `application_name`
     /// `standby`; running, on a port and in a directory of its own.
     pub fn standby_of(primary: &PgCluster, port: u16) -> Self {
-        let hba = primary.data().join("pg_hba.conf");
-        let mut lines = std::fs::read_to_string(&hba).unwrap();
-        lines.push_str("host replication all 127.0.0.1/32 trust\n");
-        std::fs::write(&hba, lines).unwrap();
+        append(
+            &primary.data().join("pg_hba.conf"),
+            "host replication all 127.0.0.1/32 trust\n",
+        );
         primary.psql("SELECT pg_reload_conf()");
         let dir = TestDir::new("standby");
         give_to("postgres", &dir.0);
@@ -220,9 +206,7 @@ impl PgCluster {
             "\nport = {own_port}\nunix_socket_directories = '{}'\nprimary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name=standby'\n",
             dir.0.display()
         );
-        let mut all = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        all.push_str(&conf);
-        std::fs::write(data.join("postgresql.conf"), all).unwrap();
+        append(&data.join("postgresql.conf"), &conf);
         std::fs::write(data.join("standby.signal"), "").unwrap();
         give_to("postgres", &dir.0);
         let standby = Self {
@@ -235,15 +219,7 @@ impl PgCluster {
 
     /// Promotes a standby, waiting until it takes writes.
     pub fn promote(&self) {
-        let promoted = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-w",
-            "-t",
-            "60",
-            "promote",
-        ]);
+        let promoted = self.pg_ctl(&["-w", "-t", "60", "promote"]);
         assert_ran(&promoted, "pg_ctl promote");
     }
 
@@ -322,6 +298,13 @@ impl Drop for PgCluster {
             );
         }
     }
+}
+
+/// Adds `text` at the end of the file at `path`.
+fn append(path: &Path, text: &str) {
+    let mut all = std::fs::read_to_string(path).unwrap();
+    all.push_str(text);
+    std::fs::write(path, all).unwrap();
 }
 
 /// A server's processes stopped by [`PgCluster::freeze`]; resumed (SIGCONT) when dropped.
