@@ -13,8 +13,11 @@ pub enum StorageError {
     /// written (or, if a commit's outcome was lost, the record guards a retry); retry later.
     #[error("database unavailable: {0}")]
     Unavailable(String),
-    /// The server cancelled a statement that ran past `statement_timeout` (57014). The connection
-    /// is fine; a smaller batch may succeed where a large one did not.
+    /// The server cancelled a statement that ran past `statement_timeout` (57014). A smaller
+    /// batch may succeed where a large one did not. The connection is not used again: on Citus
+    /// the node that planned the statement answers before it has cancelled the statement's
+    /// work on the other nodes, and the cancel waits on a node that does not answer (a hung
+    /// worker), holding up whatever the connection is asked next.
     #[error("statement timeout: {0}")]
     StatementTimeout(String),
     /// A deadlock or serialization failure: the transaction may simply be run again.
@@ -69,11 +72,13 @@ impl StorageError {
     /// Whether the connection that raised this error may be used again: the server answered
     /// (and the transaction, if any, is rolled back). After an `Unavailable` error the
     /// connection's state is unknown, or it is on a server that cannot take writes (a demoted
-    /// primary answers 25006), so it is dropped.
+    /// primary answers 25006), so it is dropped; so it is after a statement timeout (see
+    /// [`StorageError::StatementTimeout`]).
     pub fn leaves_connection_usable(&self) -> bool {
         !matches!(
             self,
             StorageError::Unavailable(_)
+                | StorageError::StatementTimeout(_)
                 | StorageError::CannotWrite(Blocker::ReadOnly | Blocker::NoConnections, _)
         )
     }

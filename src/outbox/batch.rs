@@ -110,7 +110,11 @@ pub struct RelayReport {
 ///
 /// The whole batch is bounded on the client's side by the database's operation deadline plus
 /// `outbox.confirm_timeout`: past it the batch is abandoned, nothing is marked, and its rows are
-/// claimed again (a resend, which consumers dedupe; never a loss).
+/// claimed again (a resend, which consumers dedupe; never a loss). It is abandoned as soon as
+/// the database (on Citus, the pass's node) is found not to answer at all, as a write batch is
+/// ([`Database::unresponsive`]), and that is told to the write health: a hung node holds a
+/// relay's batches no longer than a writer's, and the relays leave its passes out until it
+/// answers again.
 pub async fn relay_once(
     broker: &Broker,
     channel: &Channel,
@@ -130,10 +134,16 @@ pub(super) async fn relay_once_then(
 ) -> Result<RelayReport, StorageError> {
     let db = &pass.db;
     let limit = db.operation_timeout() + config.confirm_timeout;
-    db.run_within(limit, async |connection| {
+    let batch = db.run_within(limit, async |connection| {
         relay_batch(connection, broker, (channel, config, pass), on_full_batch).await
-    })
-    .await
+    });
+    tokio::select! {
+        report = batch => report,
+        hung = db.unresponsive() => {
+            config.health.failed(pass.node(), &hung);
+            Err(hung)
+        }
+    }
 }
 
 /// One relay batch, in one transaction: claim due rows, publish them, mark what the broker

@@ -2,7 +2,6 @@
 //! looked up, listed, its events delivered with their ids, ordered writes numbered; and every
 //! write is a transaction on one shard, committed without a two-phase commit.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use retrysafe::config::Settings;
@@ -10,9 +9,11 @@ use serde_json::json;
 
 use crate::common::citus::CitusLab;
 use crate::common::cli::{retrysafe, stderr};
-use crate::common::consumer::{message_id, TestConsumer};
+use crate::common::consumer::TestConsumer;
 use crate::common::daemon::{spawn_app_on, TestDaemon};
-use crate::common::helpers::{client, count, count_is, eventually};
+use crate::common::helpers::{client, count, eventually, TestResponse};
+use crate::common::load::{every_third_ordered, Load, Writer};
+use crate::common::ordering::assert_all_delivered_in_order;
 
 /// Clients configured for the tests, with their tokens (`token-<id>`).
 pub const CLIENTS: [&str; 6] = ["billing", "shipping", "ledger", "audit", "crm", "search"];
@@ -44,6 +45,37 @@ pub fn clients_on_two_workers(lab: &CitusLab) -> (&'static str, &'static str) {
 
 pub fn body(n: i64) -> serde_json::Value {
     json!({"kind": "invoice.paid", "data": {"invoice": n}})
+}
+
+/// Load on `app`: a loop for each of `clients` (a client named twice has two), writing keys
+/// `{prefix}-{loop}-{n}` with its token, every third write ordered.
+pub fn load_of(app: &TestDaemon, prefix: &str, clients: &[&str]) -> Load {
+    let writers = clients
+        .iter()
+        .map(|client| Writer {
+            token: Some(token(client)),
+            body: every_third_ordered,
+        })
+        .collect();
+    Load::start_writers(&app.address, prefix, writers)
+}
+
+/// `client`'s write of `key`, again until it is answered 2xx (as a caller's retries do), for
+/// at most `limit`.
+pub async fn until_answered(
+    app: &TestDaemon,
+    client: &str,
+    (key, body): (&str, &serde_json::Value),
+    limit: Duration,
+) -> TestResponse {
+    eventually(limit, || async {
+        let answer = app.post_entry_as(Some(&token(client)), key, body).await;
+        match answer.status {
+            200 | 201 => Ok(answer),
+            _ => Err(answer.describe()),
+        }
+    })
+    .await
 }
 
 #[actix_web::test]
@@ -121,37 +153,16 @@ async fn a_client_gets_on_citus_what_it_gets_on_one_server_in_single_shard_trans
         .await
         .assert_problem(404, "not-found");
 
-    // Every event is published, and each ordering key's first deliveries come in order.
-    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
-    eventually(Duration::from_secs(60), || count_is(&app.db, unsent, 0)).await;
-    let expected: HashSet<String> = app
-        .db
-        .query("SELECT event_id::text FROM outbox_events", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    assert_eq!(expected.len(), 8);
-    let mut delivered = HashSet::new();
-    let mut sequences: std::collections::HashMap<String, Vec<String>> = Default::default();
-    while delivered.len() < expected.len() {
-        let delivery = consumer
-            .next(Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|| panic!("{} of 8 events delivered", delivered.len()));
-        let id = message_id(&delivery);
-        if delivered.insert(id) {
-            if let Some(sequence) = crate::common::consumer::header(&delivery, "sequence") {
-                let client = crate::common::consumer::header(&delivery, "client-id").unwrap();
-                sequences.entry(client).or_default().push(sequence);
-            }
-        }
-    }
-    assert_eq!(delivered, expected);
-    for (client, order) in sequences {
-        assert_eq!(order, ["1", "2", "3"], "{client}'s ordering key, in order");
-    }
+    // Every event is published, and each ordering key's first deliveries come in order: each
+    // client's 1, 2, 3.
+    let (events, order) =
+        assert_all_delivered_in_order(&app.db, &mut consumer, Duration::from_secs(60)).await;
+    assert_eq!(events, 8);
+    assert_eq!(
+        order.first_deliveries(),
+        6,
+        "each client's three ordered writes"
+    );
     assert_eq!(
         lab.two_phase_commits(),
         two_phase_before,

@@ -2,69 +2,35 @@
 //! everything resumes with nothing acknowledged lost, nothing written twice, ordered keys in
 //! order.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::acceptance::{clients_on_two_workers, daemon_on, token};
+use crate::acceptance::{clients_on_two_workers, daemon_on, token, until_answered};
 use crate::common::citus::CitusLab;
-use crate::common::consumer::{message_id, TestConsumer};
+use crate::common::consumer::TestConsumer;
 use crate::common::daemon::TestDaemon;
 use crate::common::helpers::{connect_to, count, count_is, eventually, TestResponse};
-use crate::common::ordering::OrderChecker;
+use crate::common::ordering::assert_all_delivered_in_order;
+
+/// `client`'s `n`th ordered write, of its key `account`: its idempotency key and body.
+fn ordered_write(n: i64) -> (String, serde_json::Value) {
+    (
+        format!("ordered-{n}"),
+        json!({"kind": "k", "data": {"n": n}, "ordering_key": "account"}),
+    )
+}
 
 /// An ordered write of `client`'s key `account`, its `n`th.
 async fn ordered(app: &TestDaemon, client: &str, n: i64) -> TestResponse {
-    app.post_entry_as(
-        Some(&token(client)),
-        &format!("ordered-{n}"),
-        &json!({"kind": "k", "data": {"n": n}, "ordering_key": "account"}),
-    )
-    .await
+    let (key, body) = ordered_write(n);
+    app.post_entry_as(Some(&token(client)), &key, &body).await
 }
 
 /// The write again until it is acknowledged (as a caller's retries do), at most for a minute.
 async fn until_created(app: &TestDaemon, client: &str, n: i64) -> TestResponse {
-    eventually(Duration::from_secs(60), || async {
-        let answer = ordered(app, client, n).await;
-        match answer.status {
-            200 | 201 => Ok(answer),
-            _ => Err(answer.describe()),
-        }
-    })
-    .await
-}
-
-/// Every event in the outbox (at `db`) delivered to `consumer` (copies allowed), each ordering
-/// key's first deliveries in sequence order.
-async fn assert_all_delivered_in_order(db: &tokio_postgres::Client, consumer: &mut TestConsumer) {
-    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
-    eventually(Duration::from_secs(90), || count_is(db, unsent, 0)).await;
-    let expected: HashSet<String> = db
-        .query("SELECT event_id::text FROM outbox_events", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let mut order = OrderChecker::default();
-    let mut delivered = HashSet::new();
-    while delivered.len() < expected.len() {
-        let delivery = consumer
-            .next(Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|| {
-                panic!("{} of {} events delivered", delivered.len(), expected.len())
-            });
-        order.observe(&delivery);
-        delivered.insert(message_id(&delivery));
-    }
-    assert_eq!(
-        delivered, expected,
-        "every event of a committed write, no other"
-    );
-    assert_eq!(order.out_of_order(1), Vec::<String>::new());
+    let (key, body) = ordered_write(n);
+    until_answered(app, client, (&key, &body), Duration::from_secs(60)).await
 }
 
 #[actix_web::test]
@@ -145,7 +111,7 @@ async fn a_stopped_worker_fails_only_its_clients_writes_and_everything_resumes_w
         .await,
         4
     );
-    assert_all_delivered_in_order(&app.db, &mut consumer).await;
+    assert_all_delivered_in_order(&app.db, &mut consumer, Duration::from_secs(90)).await;
 }
 
 /// Writes go to the workers that hold their shards: with the coordinator stopped they go on,
@@ -179,5 +145,5 @@ async fn writes_go_on_through_the_workers_while_the_coordinator_is_down_and_lose
     // The test's own connection did not live through the restart.
     let db = connect_to(&lab.url()).await;
     assert_eq!(count(&db, "SELECT count(*) FROM entries").await, 6);
-    assert_all_delivered_in_order(&db, &mut consumer).await;
+    assert_all_delivered_in_order(&db, &mut consumer, Duration::from_secs(90)).await;
 }

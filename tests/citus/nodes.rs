@@ -16,7 +16,7 @@ use crate::common::postgres::PgCluster;
 
 /// The single-shard statements a node has planned and run as the node a client gave them to
 /// (Citus's `citus_stat_counters`, `citus.enable_stat_counters` on in the lab).
-fn single_shard_executions(node: &PgCluster) -> i64 {
+pub fn single_shard_executions(node: &PgCluster) -> i64 {
     node.psql_on(
         "retrysafe",
         "SELECT query_execution_single_shard FROM citus_stat_counters WHERE name = 'retrysafe'",

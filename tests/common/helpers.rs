@@ -363,11 +363,27 @@ pub async fn post_raw(
     body: &str,
     limit: Duration,
 ) -> Result<TestResponse, String> {
+    post_raw_as(client, base, None, key, body, limit).await
+}
+
+/// [`post_raw`] with a bearer `token`, when one is given.
+pub async fn post_raw_as(
+    client: &awc::Client,
+    base: &str,
+    token: Option<&str>,
+    key: &str,
+    body: &str,
+    limit: Duration,
+) -> Result<TestResponse, String> {
     let exchange = async {
-        let response = client
+        let mut request = client
             .post(format!("{base}/v1/entries"))
             .insert_header(("Idempotency-Key", key))
-            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("Content-Type", "application/json"));
+        if let Some(token) = token {
+            request = request.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        let response = request
             .send_body(body.to_owned())
             .await
             .map_err(|e| format!("send: {e}"))?;

@@ -8,6 +8,7 @@ pub mod consumer;
 pub mod daemon;
 pub mod helpers;
 pub mod lab;
+pub mod load;
 pub mod ordering;
 pub mod passwords;
 pub mod postgres;

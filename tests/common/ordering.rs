@@ -3,10 +3,50 @@
 //! `message_id` seen before) is a redelivery, which the promise allows anywhere.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use lapin::message::Delivery;
 
-use crate::common::consumer::{header, message_id};
+use crate::common::consumer::{header, message_id, TestConsumer};
+use crate::common::helpers::{count_is, eventually};
+
+/// Every event in the outbox at `db` published (within `publish_within`) and delivered to
+/// `consumer`, no other; copies allowed (at least once: a resend after a lost confirm), each
+/// ordering key's first deliveries in sequence order. Returns how many events there are, and
+/// the checker (its `copies`).
+pub async fn assert_all_delivered_in_order(
+    db: &tokio_postgres::Client,
+    consumer: &mut TestConsumer,
+    publish_within: Duration,
+) -> (usize, OrderChecker) {
+    let unsent = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
+    eventually(publish_within, || count_is(db, unsent, 0)).await;
+    let expected: HashSet<String> = db
+        .query("SELECT event_id::text FROM outbox_events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut order = OrderChecker::default();
+    let mut delivered = HashSet::new();
+    while delivered.len() < expected.len() {
+        let delivery = consumer
+            .next(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| {
+                panic!("{} of {} events delivered", delivered.len(), expected.len())
+            });
+        order.observe(&delivery);
+        delivered.insert(message_id(&delivery));
+    }
+    assert_eq!(
+        delivered, expected,
+        "every event of a committed write, no other"
+    );
+    assert_eq!(order.out_of_order(1), Vec::<String>::new());
+    (expected.len(), order)
+}
 
 #[derive(Default)]
 pub struct OrderChecker {

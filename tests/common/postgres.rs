@@ -124,9 +124,7 @@ impl PgCluster {
             "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nmax_connections = 40\n{settings}\n",
             dir.0.display()
         );
-        let mut all = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        all.push_str(&conf);
-        std::fs::write(data.join("postgresql.conf"), all).unwrap();
+        append(&data.join("postgresql.conf"), &conf);
         let mut lines = vec!["local all postgres trust"];
         lines.extend_from_slice(hba);
         std::fs::write(data.join("pg_hba.conf"), lines.join("\n") + "\n").unwrap();
@@ -155,34 +153,95 @@ impl PgCluster {
 
     /// `pg_ctl stop -m immediate`, waiting for it at most 30 s.
     fn pg_ctl_stop(&self) -> Output {
-        as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-m",
-            "immediate",
-            "-w",
-            "-t",
-            "30",
-            "stop",
-        ])
+        self.pg_ctl(&["-m", "immediate", "-w", "-t", "30", "stop"])
+    }
+
+    /// `pg_ctl` with `args` on the cluster's data directory.
+    fn pg_ctl(&self, args: &[&str]) -> Output {
+        let data = self.data();
+        let mut command = vec!["pg_ctl", "-D", data.to_str().unwrap()];
+        command.extend_from_slice(args);
+        as_postgres(&command)
     }
 
     /// Starts the server (again, after [`stop`](Self::stop)), logging to `postgres.log`.
     pub fn start_again(&self) {
         let log = self.dir.path("postgres.log");
-        let start = as_postgres(&[
-            "pg_ctl",
-            "-D",
-            self.data().to_str().unwrap(),
-            "-l",
-            log.to_str().unwrap(),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        ]);
+        let start = self.pg_ctl(&["-l", log.to_str().unwrap(), "-w", "-t", "60", "start"]);
         assert_ran(&start, "pg_ctl start");
+    }
+
+    /// A streaming standby of `primary`, made with `pg_basebackup` (the primary is first let
+    /// take replication connections from loopback), receiving its WAL through `port` on
+    /// loopback (the primary's own, or a proxy's that can cut the link), as `application_name`
+    /// `standby`; running, on a port and in a directory of its own.
+    pub fn standby_of(primary: &PgCluster, port: u16) -> Self {
+        append(
+            &primary.data().join("pg_hba.conf"),
+            "host replication all 127.0.0.1/32 trust\n",
+        );
+        primary.psql("SELECT pg_reload_conf()");
+        let dir = TestDir::new("standby");
+        give_to("postgres", &dir.0);
+        let data = dir.path("data");
+        let backup = as_postgres(&[
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &primary.port.to_string(),
+            "-U",
+            "postgres",
+            "-D",
+            data.to_str().unwrap(),
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        ]);
+        assert_ran(&backup, "pg_basebackup");
+        let own_port = free_port();
+        let conf = format!(
+            "\nport = {own_port}\nunix_socket_directories = '{}'\nprimary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name=standby'\n",
+            dir.0.display()
+        );
+        append(&data.join("postgresql.conf"), &conf);
+        std::fs::write(data.join("standby.signal"), "").unwrap();
+        give_to("postgres", &dir.0);
+        let standby = Self {
+            dir,
+            port: own_port,
+        };
+        standby.start_again();
+        standby
+    }
+
+    /// Promotes a standby, waiting until it takes writes.
+    pub fn promote(&self) {
+        let promoted = self.pg_ctl(&["-w", "-t", "60", "promote"]);
+        assert_ran(&promoted, "pg_ctl promote");
+    }
+
+    /// Stops every process of the server (the postmaster, then each of its children) with
+    /// SIGSTOP: a hung host, which accepts connections (the kernel completes the handshake)
+    /// and answers nothing. Resumed when the guard is dropped.
+    pub fn freeze(&self) -> Frozen {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .unwrap()
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse::<i32>().ok())
+            .expect("postmaster.pid starts with the postmaster's pid");
+        // The postmaster first: stopped, it starts no child that would be missed.
+        signal(pid, libc::SIGSTOP);
+        let children = children_of(pid);
+        for child in &children {
+            signal(*child, libc::SIGSTOP);
+        }
+        let mut pids = vec![pid];
+        pids.extend(children);
+        Frozen { pids }
     }
 
     /// The cluster's own directory (the data directory and the socket are in it).
@@ -239,6 +298,52 @@ impl Drop for PgCluster {
             );
         }
     }
+}
+
+/// Adds `text` at the end of the file at `path`.
+fn append(path: &Path, text: &str) {
+    let mut all = std::fs::read_to_string(path).unwrap();
+    all.push_str(text);
+    std::fs::write(path, all).unwrap();
+}
+
+/// A server's processes stopped by [`PgCluster::freeze`]; resumed (SIGCONT) when dropped.
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            signal(*pid, libc::SIGCONT);
+        }
+    }
+}
+
+/// Sends `signal` to `pid`, a process of a server of the test's own; one that has just ended
+/// (a backend whose client left) is not an error.
+fn signal(pid: i32, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory preconditions.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            // `pid (name) state ppid ...`: the name may hold spaces, not a closing parenthesis
+            // followed by one.
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after_name = &stat[stat.rfind(") ")? + 2..];
+                    after_name.split(' ').nth(1)?.parse::<i32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// Cancels every backend of a primary waiting for its synchronous standby, every 50 ms, until

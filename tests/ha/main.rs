@@ -13,7 +13,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod load;
 mod postgres;
 mod rabbitmq;
 mod unconfirmed;

@@ -21,7 +21,7 @@ use crate::common::helpers::{
     all_event_ids, connect, count, count_is, eventually, test_settings, TestDatabase,
 };
 use crate::common::lab::Lab;
-use crate::load::Load;
+use crate::common::load::Load;
 
 const QUEUE: &str = "retrysafe.ha.quorum";
 
@@ -208,18 +208,14 @@ async fn losing_cluster_nodes_under_load_loses_no_event_and_fails_no_write() {
     )
     .await;
     let records = load.stop().await;
-    assert!(
-        records.unexpected.is_empty(),
-        "answers the contract does not allow: {:?}",
-        &records.unexpected[..records.unexpected.len().min(10)]
-    );
+    records.assert_allowed();
     assert_eq!(
         count(&db, "SELECT count(*) FROM entries").await as usize,
         records.acknowledged.len()
     );
 
     // What the freeze left unsent drains one event per ordering key per relay round trip
-    // (load.rs, ORDERING_KEYS), and publishes to a quorum queue without a leader (while a node
+    // (tests/common/load.rs, ORDERING_KEYS), and publishes to a quorum queue without a leader (while a node
     // is frozen or just back) are nacked: a nacked event is retried on the nack schedule (30 s
     // doubling with the event's nacks, not its other failures, with jitter:
     // src/outbox/store.rs, BASE_NACK_DELAY), so an event nacked three or four times waits up to

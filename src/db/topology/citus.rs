@@ -228,7 +228,8 @@ struct State {
     nodes: HashMap<String, Node>,
 }
 
-/// A node of the cluster: a pool to it, and whether it answered there at the last reading.
+/// A node of the cluster: a pool to it, and whether the daemon reaches it directly (it answered
+/// there at a reading; see [`Cluster::reach_nodes`]).
 #[derive(Debug, Clone)]
 struct Node {
     db: Database,
@@ -388,7 +389,12 @@ impl Cluster {
 
     /// The nodes of `placements` (rows of [`SHARDS_OF`]), each with a pool (the one it had, or
     /// a new one), and whether it answers at the address the daemon reaches it at; none when
-    /// every statement goes through the coordinator (`database.citus_direct = false`).
+    /// every statement goes through the coordinator (`database.citus_direct = false`). A node
+    /// the daemon has reached directly is not asked again: its address works from here, so a
+    /// node that stops answering there is down or hung, and the coordinator cannot reach it
+    /// either; routed through the coordinator, its statements would wait there until their
+    /// timeout, holding the coordinator's connections, instead of being given up as soon as
+    /// the node is found not to answer (`Database::unresponsive`).
     async fn reach_nodes(&self, placements: &[tokio_postgres::Row]) -> HashMap<String, Node> {
         if !self.direct {
             return HashMap::new();
@@ -403,7 +409,7 @@ impl Cluster {
         let nodes = named.into_iter().filter_map(|(name, port)| {
             let key = format!("{name}:{port}");
             if let Some(node) = known.get(&key) {
-                return Some((key, node.db.clone()));
+                return Some((key, node.clone()));
             }
             let port = u16::try_from(port).ok()?;
             let (host, port) = self
@@ -414,14 +420,24 @@ impl Cluster {
                     (address.reach_host.as_str(), address.reach_port)
                 });
             match self.coordinator.for_node(host, port) {
-                Ok(db) => Some((key, db)),
+                Ok(db) => Some((
+                    key,
+                    Node {
+                        db,
+                        reachable: false,
+                    },
+                )),
                 Err(error) => {
                     tracing::warn!(node = %key, error = %error, "cannot make a pool to a node; it is reached through the coordinator");
                     None
                 }
             }
         });
-        let checked = nodes.map(|(key, db)| async move {
+        let checked = nodes.map(|(key, node)| async move {
+            if node.reachable {
+                return (key, node);
+            }
+            let db = node.db;
             let limit = db.settings().connect_timeout;
             let answered = db
                 .run_within(limit, async |connection| {
