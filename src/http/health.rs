@@ -197,16 +197,25 @@ impl ReadinessMonitor {
         }
         let state = self.check().await;
         if state == DatabaseState::Ready && self.writes.is_failing() {
-            // On Citus the probe goes to one client's shard, another each time.
+            // On Citus the probe goes to one client's shard, another each time, of a node
+            // whose writes are not known to fail: those are probed in the background
+            // ([`refresh`]), so that a node that does not answer cannot hold a probe of
+            // readiness for the probe's time.
             let turn = self
                 .probes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let client = &self.clients[turn % self.clients.len()];
-            crate::write::batch::probe(&self.topology.route(client), &self.writes, self.limit)
-                .await;
-        }
-        if state == DatabaseState::Ready {
-            self.probe_failing_nodes().await;
+            let clients = self.clients.iter().cycle().skip(turn % self.clients.len());
+            let route = clients
+                .take(self.clients.len())
+                .map(|client| self.topology.route(client))
+                .find(|route| {
+                    route
+                        .node()
+                        .is_none_or(|node| self.writes.node_failing(node).is_none())
+                });
+            if let Some(route) = route {
+                crate::write::batch::probe(&route, &self.writes, self.limit).await;
+            }
         }
         *last = Some((Instant::now(), state));
         let ready = state == DatabaseState::Ready && self.writes.current().is_none();
@@ -216,7 +225,9 @@ impl ReadinessMonitor {
 
     /// On Citus, a probe write to each node whose writes fail, through a client whose shard
     /// is there, so that a worker back is seen as such with no write of its clients arriving.
-    /// A node no known client is on any more (its shards moved) is forgotten.
+    /// A node no known client is on any more (its shards moved) is forgotten. Run by
+    /// [`refresh`] alone, outside the check's lock: a probe of a node that does not answer
+    /// takes its whole time.
     async fn probe_failing_nodes(&self) {
         let probes = self
             .writes
@@ -267,10 +278,13 @@ impl ReadinessMonitor {
 }
 
 /// Renews the readiness check (and its gauge) every [`gauges::REFRESH_INTERVAL`] until
-/// `shutdown`, whether probed or not: a plain task of the daemon ([`crate::lifecycle`]).
+/// `shutdown`, whether probed or not, and probes the Citus nodes whose writes fail: a plain
+/// task of the daemon ([`crate::lifecycle`]).
 pub async fn refresh(readiness: Arc<ReadinessMonitor>, shutdown: CancellationToken) {
     crate::lifecycle::every(gauges::REFRESH_INTERVAL, shutdown, || async {
-        readiness.current().await;
+        if readiness.current().await == DatabaseState::Ready {
+            readiness.probe_failing_nodes().await;
+        }
     })
     .await
 }
