@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::harness::block_on;
+use crate::stats::{Figures, Num};
 
 pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -61,12 +62,11 @@ pub async fn bind(names: &Names) -> anyhow::Result<()> {
     for (exchange, queue) in names.exchange.iter().zip(&names.queue) {
         retrysafe::outbox::declare_exchange(&channel, exchange).await?;
         let (q, x, table) = (queue.as_str(), exchange.as_str(), FieldTable::default);
-        let durable = QueueDeclareOptions::durable();
-        channel.queue_declare(q.into(), durable, table()).await?;
-        let bind = QueueBindOptions::default();
         channel
-            .queue_bind(q.into(), x.into(), "#".into(), bind, table())
+            .queue_declare(q.into(), QueueDeclareOptions::durable(), table())
             .await?;
+        let bind = channel.queue_bind(q.into(), x.into(), "#".into(), Default::default(), table());
+        bind.await?;
     }
     let _ = connection.close(200, "bound".into()).await;
     Ok(())
@@ -82,14 +82,13 @@ pub async fn delete(names: &Names) -> anyhow::Result<()> {
     for queue in &names.queue {
         let channel = connection.create_channel().await?;
         let _ = channel
-            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .queue_delete(queue.as_str().into(), Default::default())
             .await;
     }
     for exchange in &names.exchange {
         let channel = connection.create_channel().await?;
-        let options = ExchangeDeleteOptions::default();
         let _ = channel
-            .exchange_delete(exchange.as_str().into(), options)
+            .exchange_delete(exchange.as_str().into(), Default::default())
             .await;
     }
     let _ = connection.close(200, "deleted".into()).await;
@@ -103,7 +102,7 @@ pub async fn count(amqp: &str, queue: &str, expect: u64) -> anyhow::Result<u64> 
     let channel = connection.create_channel().await?;
     let passive = QueueDeclareOptions {
         passive: true,
-        ..QueueDeclareOptions::default()
+        ..Default::default()
     };
     let (started, mut last, mut since) = (Instant::now(), u64::MAX, Instant::now());
     loop {
@@ -141,6 +140,10 @@ pub async fn publish(
     let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let (mut outstanding, mut acked) = (VecDeque::new(), 0);
     let mut tally = |confirm| acked += matches!(confirm, Ok(Confirmation::Ack(None))) as u64;
+    let mandatory = BasicPublishOptions {
+        mandatory: true,
+        ..Default::default()
+    };
     let started = Instant::now();
     for seq in 0..count {
         let (event, entry) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
@@ -159,17 +162,8 @@ pub async fn publish(
         let key = format!("publisher-{seq}");
         let properties =
             retrysafe::outbox::event_properties(event, "entry.created", "anonymous", &key, unix);
-        let mandatory = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        let publish = channel.basic_publish(
-            exchange.into(),
-            "entry.created".into(),
-            mandatory,
-            body.as_bytes(),
-            properties,
-        );
+        let (x, rk) = (exchange.into(), "entry.created".into());
+        let publish = channel.basic_publish(x, rk, mandatory, body.as_bytes(), properties);
         outstanding.push_back(publish.await.context("basic.publish")?);
         if outstanding.len() >= window.max(1) {
             tally(
@@ -214,15 +208,30 @@ pub async fn drained(db_url: &str, timeout: Duration) -> anyhow::Result<bool> {
 /// The body of request `i`: `{"kind":<kind>,"data":{"i":<i>,...}}` (the body `bench/replay.lua`
 /// replays for the same key), of ordering key `e2e-key-<i mod keys>` unless `ordering_keys` is 0.
 fn body(kind: &str, i: usize, ordering_keys: usize) -> String {
-    let plain =
-        format!(r#"{{"kind":"{kind}","data":{{"i":{i},"note":"retrysafe benchmark payload"}}}}"#);
+    let data = format!(r#""data":{{"i":{i},"note":"retrysafe benchmark payload"}}"#);
     match ordering_keys {
-        0 => plain,
+        0 => format!(r#"{{"kind":"{kind}",{data}}}"#),
         keys => format!(
-            r#"{},"ordering_key":"e2e-key-{}"}}"#,
-            &plain[..plain.len() - 1],
+            r#"{{"kind":"{kind}",{data},"ordering_key":"e2e-key-{}"}}"#,
             i % keys
         ),
+    }
+}
+
+/// POST /v1/entries with `key` and `body`: the answer's bytes if it was a 201, else the error.
+async fn post(client: &awc::Client, url: &str, key: &str, body: String) -> Result<usize, String> {
+    let request = client
+        .post(format!("{url}/v1/entries"))
+        .insert_header(("Idempotency-Key", key));
+    let request = request.insert_header(("Content-Type", "application/json"));
+    let mut response = request
+        .send_body(body)
+        .await
+        .map_err(|error| error.to_string())?;
+    let text = response.body().await.unwrap_or_default();
+    match response.status() {
+        StatusCode::CREATED => Ok(text.len()),
+        status => Err(format!("{status}: {}", String::from_utf8_lossy(&text))),
     }
 }
 
@@ -234,33 +243,16 @@ fn http_client(connections: usize) -> awc::Client {
         .finish()
 }
 
-/// POST /v1/entries with `key` and `body`: the answer's bytes if it was a 201, else the error.
-async fn post(client: &awc::Client, url: &str, key: &str, body: String) -> Result<usize, String> {
-    let request = client
-        .post(format!("{url}/v1/entries"))
-        .insert_header(("Idempotency-Key", key));
-    let sent = request
-        .insert_header(("Content-Type", "application/json"))
-        .send_body(body)
-        .await;
-    let mut response = sent.map_err(|error| error.to_string())?;
-    let text = response.body().await.unwrap_or_default();
-    match response.status() {
-        StatusCode::CREATED => Ok(text.len()),
-        status => Err(format!("{status}: {}", String::from_utf8_lossy(&text))),
-    }
-}
-
-/// Keys `replay-1` .. `replay-<count>` created (32 at a time), each answered 201.
-pub fn precreate(url: &str, count: usize) -> anyhow::Result<()> {
+/// Keys `replay-1` .. `replay-<count>` created (32 at a time), each answered 201; the size of a
+/// replay's answer: the body the daemon answers replay-1 of bench/replay.lua with.
+pub fn precreate(url: &str, count: usize) -> anyhow::Result<usize> {
     actix_web::rt::System::new().block_on(async {
         let client = http_client(32);
         let post = |i| {
             let (client, key) = (&client, format!("replay-{i}"));
             async move {
-                post(client, url, &key, body("bench.replay", i, 0))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("POST {key}: {e}"))
+                let posted = post(client, url, &key, body("bench.replay", i, 0)).await;
+                posted.map_err(|e| anyhow::anyhow!("POST {key}: {e}"))
             }
         };
         let mut posts = futures_util::stream::iter(1..=count)
@@ -269,17 +261,8 @@ pub fn precreate(url: &str, count: usize) -> anyhow::Result<()> {
         while let Some(done) = posts.next().await {
             done?;
         }
-        Ok(())
+        post(1).await
     })
-}
-
-/// The size of a replay's answer: the body the daemon answers replay-1 of bench/replay.lua with.
-pub fn answer_bytes(url: &str) -> anyhow::Result<usize> {
-    let client = http_client(1);
-    let post = post(&client, url, "replay-1", body("bench.replay", 1, 0));
-    actix_web::rt::System::new()
-        .block_on(post)
-        .map_err(anyhow::Error::msg)
 }
 
 /// The first time each key was delivered, and how many deliveries there were.
@@ -298,7 +281,7 @@ pub fn end_to_end(
     rate: u32,
     seconds: u32,
     keys: usize,
-) -> anyhow::Result<Vec<(&'static str, Option<f64>)>> {
+) -> anyhow::Result<Figures> {
     let total = rate as usize * seconds as usize;
     let prefix = format!("e2e-{}-", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let deliveries = Deliveries::default();
@@ -368,22 +351,25 @@ pub fn end_to_end(
         (!sorted.is_empty()).then(|| sorted[rank.clamp(1, sorted.len()) - 1])
     };
     consumed?;
-    let count = |n: usize| Some(n as f64);
     let negative = latencies.iter().filter(|&&ms| ms < 0.0).count();
-    Ok(vec![
+    let mut figures = Figures::default();
+    for (name, value) in [
         ("p50_ms", percentile(&latencies, 50.0)),
         ("p99_ms", percentile(&latencies, 99.0)),
         ("max_ms", latencies.last().copied()),
-        ("matched", count(latencies.len())),
-        ("created", count(created)),
-        ("errors", count(*errors)),
-        ("sent", count(total)),
+        ("matched", Some(latencies.len() as f64)),
+        ("created", Some(created as f64)),
+        ("errors", Some(*errors as f64)),
+        ("sent", Some(total as f64)),
         ("achieved_rate", Some(total as f64 / sending)),
         ("http_p50_ms", percentile(&http, 50.0)),
         ("http_p99_ms", percentile(&http, 99.0)),
-        ("negative", count(negative)),
-        ("duplicate_deliveries", count(all - first.len())),
-    ])
+        ("negative", Some(negative as f64)),
+        ("duplicate_deliveries", Some((all - first.len()) as f64)),
+    ] {
+        figures.push(name, value.and_then(|value| Num::parse(&value.to_string())));
+    }
+    Ok(figures)
 }
 
 /// Consumes `queue` (auto-ack) on a thread of its own, so that the HTTP load cannot delay the
@@ -563,13 +549,14 @@ mod tests {
 
     #[test]
     fn ordered_bodies_name_their_key_in_turn() {
-        let plain: serde_json::Value = serde_json::from_str(&body("bench.e2e", 7, 0)).unwrap();
-        assert_eq!(plain["data"]["i"], 7);
-        assert!(plain.get("ordering_key").is_none());
+        let plain = r#"{"kind":"bench.e2e","data":{"i":7,"note":"retrysafe benchmark payload"}}"#;
+        assert_eq!(body("bench.e2e", 7, 0), plain);
         let ordered: serde_json::Value =
             serde_json::from_str(&body("bench.e2e", 1003, 1000)).unwrap();
         assert_eq!(ordered["ordering_key"], "e2e-key-3");
-        assert_eq!(ordered["kind"], "bench.e2e");
-        assert_eq!(ordered["data"]["i"], 1003);
+        assert_eq!(
+            (&ordered["kind"], &ordered["data"]["i"]),
+            (&"bench.e2e".into(), &1003.into())
+        );
     }
 }

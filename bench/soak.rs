@@ -12,7 +12,6 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -22,7 +21,7 @@ use crate::outputs::{field, result_line};
 use crate::report::{fill, Settings};
 use crate::scenarios;
 use crate::scene::{Bench, Scene};
-use crate::stats::{least_squares, Line};
+use crate::stats::least_squares;
 use crate::SoakArgs;
 
 const THREADS: u32 = 2;
@@ -82,14 +81,6 @@ const SHOWN: usize = 14;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceRow(u32, u64, Vec<f64>);
 
-impl SliceRow {
-    /// The figure of a column.
-    fn get(&self, column: &str) -> f64 {
-        let index = COLUMNS.iter().position(|c| c.0 == column);
-        index.and_then(|i| self.2.get(i).copied()).unwrap_or(0.0)
-    }
-}
-
 /// The load: each slice's row, the RSS samples (seconds since the load started, MiB), the
 /// unexpected answers wrk noted.
 #[derive(Default)]
@@ -100,14 +91,20 @@ pub struct Load {
 }
 
 /// `m:ss`
-pub fn clock(seconds: u64) -> String {
+fn clock(seconds: u64) -> String {
     format!("{}:{:02}", seconds / 60, seconds % 60)
 }
 
-/// A figure rounded as the table shows it, printed without trailing zeros (as %g would).
-fn short(value: f64, decimals: usize) -> String {
-    let scale = 10f64.powi(decimals as i32);
-    format!("{}", (value * scale).round() / scale)
+/// A column's sum over the slices.
+fn total(rows: &[SliceRow], column: &str) -> String {
+    let index = COLUMNS
+        .iter()
+        .position(|c| c.0 == column)
+        .expect("a column");
+    rows.iter()
+        .map(|row| row.2[index] as u64)
+        .sum::<u64>()
+        .to_string()
 }
 
 /// A row of the slice table: the slice, its end, then each shown column's figure.
@@ -125,30 +122,30 @@ fn table_row(first: String, second: String, figure: impl Fn(usize) -> String) ->
     format!("| {} |", cells.join(" | "))
 }
 
-pub fn slice_table(rows: &[SliceRow]) -> String {
+fn slice_table(rows: &[SliceRow]) -> String {
     let mut out = table_row("slice".into(), "end".into(), |i| COLUMNS[i].0.to_owned());
     out.push_str(&format!("\n|{}", "---:|".repeat(SHOWN + 1)));
     for SliceRow(slice, end, values) in rows {
         let figure = |i: usize| format!("{:.*}", COLUMNS[i].1, values[i]);
-        out.push('\n');
-        out.push_str(&table_row(slice.to_string(), clock(*end), figure));
+        out += &format!("\n{}", table_row(slice.to_string(), clock(*end), figure));
     }
     out
 }
 
 /// min, max, first and last slice of every shown column.
-pub fn summary_table(rows: &[SliceRow]) -> String {
-    let head = "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|";
-    let mut out = String::from(head);
+fn summary_table(rows: &[SliceRow]) -> String {
+    let mut out = String::from(
+        "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|",
+    );
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
         return out;
     };
     for (i, (name, decimals, _)) in COLUMNS[..SHOWN].iter().enumerate() {
-        let shown = |row: &SliceRow| short(row.2[i], *decimals);
-        let values = rows.iter().map(|row| shown(row).parse().unwrap_or(0.0));
-        let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
+        // A figure rounded as the table shows it, printed without trailing zeros (as %g would).
+        let scale = 10f64.powi(*decimals as i32);
+        let shown = |row: &SliceRow| (row.2[i] * scale).round() / scale;
+        let lo = rows.iter().map(shown).fold(f64::INFINITY, f64::min);
+        let hi = rows.iter().map(shown).fold(f64::NEG_INFINITY, f64::max);
         let _ = write!(
             out,
             "\n| {name} | {lo} | {hi} | {} | {} |",
@@ -159,97 +156,50 @@ pub fn summary_table(rows: &[SliceRow]) -> String {
     out
 }
 
-/// What the RSS samples after the warm-up say: the line fitted to them, and whether its slope
-/// is within the limit (`flat`; none with too few samples, or too short a span).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Memory {
-    pub warmup_s: f64,
-    pub limit_mib_per_h: f64,
-    /// Samples after the warm-up, and the time they span.
-    pub samples: usize,
-    pub span_s: f64,
-    pub line: Option<Line>,
-    pub flat: Option<bool>,
-}
+/// An end check: its name, whether it passed (none: no verdict, which does not fail the run),
+/// and what it found.
+type Check = (String, Option<bool>, String);
 
-impl Memory {
-    /// The fit of `samples` (seconds since the load started, RSS in MiB) after `warmup_s`.
-    pub fn judge(samples: &[(f64, f64)], warmup_s: f64, limit_mib_per_h: f64) -> Memory {
-        let after: Vec<(f64, f64)> = samples
-            .iter()
-            .copied()
-            .filter(|s| s.0 >= warmup_s)
-            .collect();
-        let span_s = after
-            .first()
-            .zip(after.last())
-            .map_or(0.0, |(a, b)| b.0 - a.0);
-        let line = least_squares(&after);
-        let enough = after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S;
-        let flat = line
-            .filter(|_| enough)
-            .map(|line| line.slope * 3600.0 <= limit_mib_per_h);
-        let samples = after.len();
-        Memory {
-            warmup_s,
-            limit_mib_per_h,
-            samples,
-            span_s,
-            line,
-            flat,
-        }
-    }
-
-    /// The end check of the verdict.
-    pub fn check(&self) -> Check {
-        let after = format!(
-            "{} samples after {:.1} min",
-            self.samples,
-            self.warmup_s / 60.0
-        );
-        let detail = match (self.line, self.flat) {
-            (Some(line), Some(_)) => format!("{:+.2} MiB/h over {after}", line.slope * 3600.0),
-            _ => format!("no verdict: {after}"),
-        };
-        let name = format!(
-            "RSS slope after the warm-up ≤ {} MiB/h",
-            self.limit_mib_per_h
-        );
-        Check {
-            name,
-            passed: self.flat,
-            detail,
-        }
-    }
-
-    pub fn sentence(&self) -> String {
-        let (warmup, samples) = (format!("{:.1} min", self.warmup_s / 60.0), self.samples);
-        let slope = self.line.map(|line| line.slope * 3600.0);
-        match (self.line, self.flat) {
-            (Some(line), Some(flat)) => format!(
-                "RSS slope {:+.2} MiB/h by least squares over {samples} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
-                line.slope * 3600.0,
-                clock(self.span_s.round() as u64),
-                line.intercept + line.slope * self.warmup_s,
-                line.residual_rms,
-                self.limit_mib_per_h,
+/// The memory verdict on the RSS `samples` (seconds since the load started, MiB) after
+/// `warmup_s`: the slope of the line fitted to them within `limit` MiB/h (none with too few
+/// samples, or too short a span), as an end check and as the report's sentence.
+fn memory(samples: &[(f64, f64)], warmup_s: f64, limit: f64) -> (Check, String) {
+    let after: Vec<(f64, f64)> = samples
+        .iter()
+        .copied()
+        .filter(|s| s.0 >= warmup_s)
+        .collect();
+    let span_s = after
+        .first()
+        .zip(after.last())
+        .map_or(0.0, |(a, b)| b.0 - a.0);
+    let line = least_squares(&after);
+    let enough = after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S;
+    let flat = line
+        .filter(|_| enough)
+        .map(|(slope, _, _)| slope * 3600.0 <= limit);
+    let (samples, warmup) = (after.len(), format!("{:.1} min", warmup_s / 60.0));
+    let name = format!("RSS slope after the warm-up ≤ {limit} MiB/h");
+    let (detail, sentence) = match (line, flat) {
+        (Some((slope, intercept, rms)), Some(flat)) => (
+            format!("{:+.2} MiB/h over {samples} samples after {warmup}", slope * 3600.0),
+            format!(
+                "RSS slope {:+.2} MiB/h by least squares over {samples} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {rms:.2} MiB); limit {limit} MiB/h: {}",
+                slope * 3600.0,
+                clock(span_s.round() as u64),
+                intercept + slope * warmup_s,
                 if flat { "flat" } else { "GROWING" }
             ),
-            _ => format!(
-                "no verdict: {samples} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
-                self.span_s,
-                slope.map(|slope| format!("; slope so far {slope:+.2} MiB/h")).unwrap_or_default()
+        ),
+        _ => (
+            format!("no verdict: {samples} samples after {warmup}"),
+            format!(
+                "no verdict: {samples} samples spanning {span_s:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
+                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.0 * 3600.0)).unwrap_or_default()
             ),
-        }
-    }
-}
-
-/// An end check; `passed` none: no verdict (it does not fail the run).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Check {
-    pub name: String,
-    pub passed: Option<bool>,
-    pub detail: String,
+        ),
+    };
+    ((name, flat, detail), sentence)
 }
 
 /// The end checks, of the run's figures (`{name}` in a detail; see `soak`).
@@ -276,14 +226,9 @@ const CHECKS: [(&str, Condition, &str); 10] = [
         "exit {exit_code} after {stop_ms} ms, {shutdown_log_problems} WARN/ERROR lines"),
 ];
 
-pub fn check_table(checks: &[Check]) -> String {
+fn check_table(checks: &[Check]) -> String {
     let mut out = String::from("| check | result | detail |\n|---|---|---|");
-    for Check {
-        name,
-        passed,
-        detail,
-    } in checks
-    {
+    for (name, passed, detail) in checks {
         let result = passed.map_or("n/a", |ok| if ok { "ok" } else { "FAILED" });
         let _ = write!(
             out,
@@ -294,37 +239,29 @@ pub fn check_table(checks: &[Check]) -> String {
     out
 }
 
-/// The soak's report: the facts the template names, the slices, the memory verdict, the checks.
-pub struct SoakReport {
-    pub facts: HashMap<String, String>,
-    pub rows: Vec<SliceRow>,
-    pub memory: Memory,
-    pub checks: Vec<Check>,
-}
-
-impl SoakReport {
-    pub fn failed(&self) -> bool {
-        self.checks.iter().any(|c| c.passed == Some(false))
+/// The soak's report (bench/soak.md): `facts` for its `{name}`s, to which the slices' tables
+/// and totals, the memory sentence and the checks' table are added.
+fn render(
+    facts: &mut HashMap<String, String>,
+    rows: &[SliceRow],
+    memory: String,
+    checks: &[Check],
+) -> String {
+    let (table, summary, checks) = (slice_table(rows), summary_table(rows), check_table(checks));
+    let (requests, created) = (total(rows, "requests"), total(rows, "created"));
+    let parts = [
+        ("table", table),
+        ("summary", summary),
+        ("checks", checks),
+        ("memory", memory),
+    ];
+    for (name, text) in parts
+        .into_iter()
+        .chain([("requests", requests), ("created", created)])
+    {
+        facts.insert(name.into(), text);
     }
-
-    pub fn render(&self) -> String {
-        fill(TEMPLATE, |name| match name {
-            "table" => Some(slice_table(&self.rows)),
-            "requests" | "created" => Some(total(&self.rows, name)),
-            "memory" => Some(self.memory.sentence()),
-            "summary" => Some(summary_table(&self.rows)),
-            "checks" => Some(check_table(&self.checks)),
-            name => self.facts.get(name).cloned(),
-        })
-    }
-}
-
-/// A column's sum over the slices.
-fn total(rows: &[SliceRow], column: &str) -> String {
-    rows.iter()
-        .map(|row| row.get(column) as u64)
-        .sum::<u64>()
-        .to_string()
+    fill(TEMPLATE, |name| facts.get(name).cloned())
 }
 
 pub fn run(args: SoakArgs) -> anyhow::Result<()> {
@@ -339,13 +276,15 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     }
     harness::ensure_tools(&[("wrk", "wrk"), ("curl", "curl")])?;
     let port = args.port.map_or_else(harness::free_port, Ok)?;
+    let (duration, connections, config) =
+        (args.slice_seconds, args.connections, args.config.clone());
     let s = Settings {
         runs: 1,
-        duration: args.slice_seconds,
-        connections: args.connections,
+        duration,
+        connections,
         wrk_threads: THREADS,
         port,
-        config: args.config.clone(),
+        config,
         ..Settings::default()
     };
     let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
@@ -380,79 +319,74 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     facts.insert("slices".into(), a.slices().to_string());
     facts.insert("example".into(), example.unwrap_or_default());
     facts.insert("first".into(), first.unwrap_or_default());
-    let exit = facts.entry("exit_code".into());
-    exit.or_insert_with(|| "by signal".into());
+    facts
+        .entry("exit_code".into())
+        .or_insert_with(|| "by signal".into());
     let value = |name: &str| {
         facts
             .get(name)
             .and_then(|v| v.parse().ok())
             .unwrap_or(f64::NAN)
     };
-    let check = |(name, passed, detail): &(&str, Condition, &str)| Check {
-        name: name.to_string(),
-        passed: Some(passed(&value)),
-        detail: fill(detail, |name| facts.get(name).cloned()),
+    let check = |(name, passed, detail): &(&str, Condition, &str)| {
+        (
+            name.to_string(),
+            Some(passed(&value)),
+            fill(detail, |name| facts.get(name).cloned()),
+        )
     };
     let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
     let load_s = f64::from(a.slices() * a.slice_seconds);
     let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
-    let memory = Memory::judge(&load.samples, warmup_s, a.rss_slope_limit);
-    checks.push(memory.check());
+    let (memory_check, memory) = memory(&load.samples, warmup_s, a.rss_slope_limit);
+    checks.push(memory_check);
     // The daemon's path, with the glibc malloc setting it inherits when one is set.
     let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
     let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
-    let m = harness::machine(&bench.pg, &a.config, false);
-    let vacuum = match a.vacuum {
-        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
-        false => "",
-    };
-    let machine = format!(
-        "{}, {} cores, {} GiB, {}; PostgreSQL {} (autovacuum {}{vacuum}), RabbitMQ {}, wrk {}",
-        m.cpu_model,
-        m.nproc,
-        m.mem_gib,
-        m.kernel,
-        m.pg_version,
-        m.autovacuum,
-        m.rabbit_version,
-        m.wrk_version
+    let mut m = harness::machine(&bench.pg, &a.config, false);
+    let vacuum = "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice";
+    m.insert(
+        "vacuum",
+        if a.vacuum {
+            vacuum.into()
+        } else {
+            String::new()
+        },
     );
+    let machine = "{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}";
     let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
-    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
     facts.entry("hwm_mib".into()).or_insert_with(|| "?".into());
     for (name, value) in [
         ("id", bench.run_id.clone()),
-        ("written_at", written_at),
-        ("commit", m.commit),
+        (
+            "written_at",
+            chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        ),
+        ("commit", m["commit"].clone()),
         ("daemon", daemon),
         ("config", a.config.clone()),
         ("slice_seconds", a.slice_seconds.to_string()),
         ("rate", a.rate.to_string()),
         ("threads", THREADS.to_string()),
         ("interval", format!("{interval:.2}")),
-        ("machine", machine),
+        ("machine", fill(machine, |name| m.get(name).cloned())),
     ] {
         facts.insert(name.into(), value);
     }
-    let rows = load.rows.clone();
-    let report = SoakReport {
-        facts,
-        rows,
-        memory,
-        checks,
-    };
+    let report = render(&mut facts, &load.rows, memory, &checks);
     let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
-    let output = PathBuf::from(format!("bench/results/soak-{stamp}.md"));
-    fs::write(&output, report.render())?;
-    let (table, memory) = (slice_table(&report.rows), report.memory.sentence());
-    let (summary, checks) = (summary_table(&report.rows), check_table(&report.checks));
-    println!("\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n");
-    say!(
-        "wrote {}; raw output in {}",
-        output.display(),
-        bench.work.display()
+    let output = format!("bench/results/soak-{stamp}.md");
+    fs::write(&output, report)?;
+    let part = |name| facts[name].as_str();
+    let (table, memory, summary, checks_table) = (
+        part("table"),
+        part("memory"),
+        part("summary"),
+        part("checks"),
     );
-    Ok(!report.failed())
+    println!("\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks_table}\n");
+    say!("wrote {output}; raw output in {}", bench.work.display());
+    Ok(!checks.iter().any(|check| check.1 == Some(false)))
 }
 
 /// The load, slice after slice, into the scene's `soak`; the samples also to rss.tsv and the
@@ -472,19 +406,25 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
     for slice in 1..=slices {
         let (row, text) = one_slice(scene, slice, started, interval_us)?;
         if a.vacuum {
-            let vacuum = "VACUUM outbox_events, idempotency_records, entries";
-            bench.pg.query(&db, vacuum)?;
+            bench
+                .pg
+                .query(&db, "VACUUM outbox_events, idempotency_records, entries")?;
         }
         let unexpected = text
             .lines()
             .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "));
-        let unexpected = unexpected.map(|line| format!("slice {slice}: {line}"));
-        scene.soak.unexpected.extend(unexpected);
+        scene
+            .soak
+            .unexpected
+            .extend(unexpected.map(|line| format!("slice {slice}: {line}")));
         let figures = COLUMNS[..SHOWN].iter().zip(&row.2);
         let figures =
             figures.map(|((name, decimals, _), value)| format!("{name} {value:.*}", decimals));
-        let figures = figures.collect::<Vec<_>>().join(", ");
-        say!("slice {slice} ({}): {figures}", clock(row.1));
+        say!(
+            "slice {slice} ({}): {}",
+            clock(row.1),
+            figures.collect::<Vec<_>>().join(", ")
+        );
         scene.soak.rows.push(row);
     }
     let rss = scene
@@ -494,8 +434,10 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
         .map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"));
     fs::write(bench.work.join("rss.tsv"), rss.collect::<String>())?;
     if !scene.soak.unexpected.is_empty() {
-        let lines = scene.soak.unexpected.join("\n") + "\n";
-        fs::write(bench.work.join("unexpected.txt"), lines)?;
+        fs::write(
+            bench.work.join("unexpected.txt"),
+            scene.soak.unexpected.join("\n") + "\n",
+        )?;
     }
     Ok(())
 }
@@ -510,10 +452,9 @@ fn one_slice(
 ) -> anyhow::Result<(SliceRow, String)> {
     let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let state = bench.work.join("keys.txt");
+    let (nonce, state) = (&bench.run_id, state.display());
     let env = format!(
-        "SOAK_NONCE={} SOAK_SLICE={slice} SOAK_STATE={} SOAK_INTERVAL_US={interval_us}",
-        bench.run_id,
-        state.display()
+        "SOAK_NONCE={nonce} SOAK_SLICE={slice} SOAK_STATE={state} SOAK_INTERVAL_US={interval_us}"
     );
     let line = scene.fill(&format!("{env} {{wrk}} -s scripts/soak.lua {{url}}/"));
     let out = bench.work.join(format!("slice-{slice}.txt"));
@@ -523,7 +464,7 @@ fn one_slice(
     );
     let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
     let (status, text) = harness::run_program(&line, &out, Duration::from_secs(1), || {
-        let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
+        let rss = daemon.status_mib("VmRSS");
         samples.extend(rss.ok().map(|mib| (started.elapsed().as_secs_f64(), mib)));
         Ok(())
     })?;
@@ -547,11 +488,9 @@ fn one_slice(
     for (_, _, from) in COLUMNS {
         values.push(match from {
             From::Wrk(keys) => keys.iter().map(figure).sum(),
-            From::Rss => daemon.status_kb("VmRSS")? as f64 / 1024.0,
+            From::Rss => daemon.status_mib("VmRSS")?,
             From::Cores => (t1 - t0) as f64 / harness::clock_ticks() / wall_s,
-            From::Machine => {
-                100.0 * (machine.work + machine.steal) as f64 / machine.total.max(1) as f64
-            }
+            From::Machine => machine.busy_share(true).unwrap_or(0.0),
             From::Unsent => unsent,
             From::Fds => daemon.open_fds() as f64,
         });
@@ -571,20 +510,31 @@ mod tests {
         SliceRow(slice, u64::from(slice) * 30, figures)
     }
 
+    /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
+    fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
+        let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
+        (0..seconds)
+            .map(|s| {
+                (
+                    f64::from(s),
+                    base + mib_per_h * f64::from(s) / 3600.0 + wobble(s),
+                )
+            })
+            .collect()
+    }
+
     #[test]
-    fn slices_render_as_before() {
-        assert_eq!((clock(0), clock(605)), ("0:00".into(), "10:05".into()));
+    fn the_report_renders_slices_memory_and_checks() {
         let table = slice_table(&[row(1, 33.44), row(2, 40.0)]);
-        let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
-            lines[..3],
+            table.lines().collect::<Vec<_>>()[..3],
             [
                 "| slice | end | req/s | p50 ms | p99 ms | max ms | 2xx | 409 reused (conflicts sent) | unexpected | socket errors | RSS MiB | daemon CPU (cores) | machine CPU % | unsent events | fds |",
                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                 "| 1 | 0:30 | 1000 | 1.33 | 5.24 | 31.0 | 23842 | 1258 (1258) | 0 | 0 | 33.4 | 0.37 | 63 | 0 | 34 |"
             ]
         );
-        assert_eq!(lines.len(), 4);
+        assert_eq!((table.lines().count(), clock(605)), (4, "10:05".into()));
         // min, max, first and last slice of each shown column.
         let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
         assert!(
@@ -596,13 +546,27 @@ mod tests {
             "{summary}"
         );
         assert_eq!(summary.lines().count(), 2 + 14);
-    }
-
-    /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
-    fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
-        let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
-        let at = |s: u32| base + mib_per_h * f64::from(s) / 3600.0 + wobble(s);
-        (0..seconds).map(|s| (f64::from(s), at(s))).collect()
+        let checks = [
+            ("no socket error".into(), Some(true), "0".into()),
+            ("RSS".into(), None, "a | b".into()),
+        ];
+        let facts = [
+            ("id", "12021307abcd"),
+            ("interval", "2.00"),
+            ("hwm_mib", "41.0"),
+        ];
+        let mut facts = facts
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .into();
+        let (_, memory) = memory(&samples(60, 40.0, 0.0), 30.0, 10.0);
+        let text = render(&mut facts, &[row(1, 33.4), row(2, 40.0)], memory, &checks);
+        assert!(text.starts_with("# Soak run 12021307abcd\n"));
+        assert!(text.contains("every 2.00 ms of its own schedule"));
+        assert!(text.contains(
+            "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB."
+        ));
+        assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
+        assert!(text.contains("| no socket error | ok | 0 |\n| RSS | n/a | a / b |"));
     }
 
     #[test]
@@ -613,68 +577,27 @@ mod tests {
             .into_iter()
             .map(|(t, v)| (t + 300.0, v));
         let points: Vec<(f64, f64)> = warm_up.chain(flat).collect();
-        let memory = Memory::judge(&points, 300.0, 10.0);
-        assert_eq!((memory.flat, memory.samples), (Some(true), 600));
-        assert!(memory.line.unwrap().slope.abs() * 3600.0 < 1.0);
-        assert!(memory.sentence().contains("flat"), "{}", memory.sentence());
-        // Over the whole run, the warm-up would dominate.
-        assert_eq!(Memory::judge(&points, 0.0, 10.0).flat, Some(false));
-        let growing = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
-        let slope = growing.line.unwrap().slope * 3600.0;
-        assert!((slope - 36.0).abs() < 2.0, "{slope}");
-        assert_eq!(growing.check().passed, Some(false));
-        assert!(growing.sentence().contains("GROWING"));
-        // Too few samples after the warm-up give no verdict.
-        let short = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
-        assert_eq!(
-            (short.flat, Memory::judge(&[], 0.0, 10.0).flat),
-            (None, None)
+        let ((_, flat, detail), sentence) = memory(&points, 300.0, 10.0);
+        assert_eq!(flat, Some(true));
+        assert!(
+            detail.ends_with(" MiB/h over 600 samples after 5.0 min") && sentence.contains("flat"),
+            "{sentence}"
         );
-        assert!(short.sentence().starts_with("no verdict"));
-    }
-
-    #[test]
-    fn report_and_checks() {
-        let check = |name: &str, passed, detail: &str| {
-            let (name, detail) = (name.into(), detail.into());
-            Check {
-                name,
-                passed,
-                detail,
-            }
-        };
-        let checks = vec![
-            check("no socket error", Some(true), "0"),
-            check("RSS", None, "a | b"),
-        ];
-        let table = check_table(&checks);
-        assert!(table.contains("| no socket error | ok | 0 |"));
-        assert!(table.contains("| RSS | n/a | a / b |"));
-        let facts = [
-            ("id", "12021307abcd"),
-            ("interval", "2.00"),
-            ("hwm_mib", "41.0"),
-        ];
-        let facts = facts
-            .map(|(name, value)| (name.to_owned(), value.to_owned()))
-            .into();
-        let rows = vec![row(1, 33.4), row(2, 40.0)];
-        let memory = Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0);
-        let mut report = SoakReport {
-            facts,
-            rows,
-            memory,
-            checks,
-        };
-        assert!(!report.failed());
-        let text = report.render();
-        assert!(text.starts_with("# Soak run 12021307abcd\n"));
-        assert!(text.contains("every 2.00 ms of its own schedule"));
-        let total = "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB.";
-        assert!(text.contains(total));
-        assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
-        report.checks[0].passed = Some(false);
-        assert!(report.failed());
+        let slope = |detail: &str| detail.split(' ').next().unwrap().parse::<f64>().unwrap();
+        assert!(slope(&detail).abs() < 1.0, "{detail}");
+        // Over the whole run, the warm-up would dominate.
+        assert_eq!(memory(&points, 0.0, 10.0).0 .1, Some(false));
+        let ((_, flat, detail), sentence) = memory(&samples(1200, 90.0, 36.0), 600.0, 10.0);
+        assert!(
+            (slope(&detail) - 36.0).abs() < 2.0
+                && flat == Some(false)
+                && sentence.contains("GROWING"),
+            "{sentence}"
+        );
+        // Too few samples after the warm-up give no verdict.
+        let ((_, flat, _), sentence) = memory(&samples(100, 90.0, 0.0), 60.0, 10.0);
+        assert_eq!((flat, memory(&[], 0.0, 10.0).0 .1), (None, None));
+        assert!(sentence.starts_with("no verdict"));
     }
 
     #[test]
