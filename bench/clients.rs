@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use awc::http::StatusCode;
 use futures_util::StreamExt;
 use lapin::options::*;
@@ -37,16 +37,16 @@ pub struct Names {
 impl Names {
     /// An exchange and its queue `<exchange>.q`.
     pub fn of(exchange: &str, amqp: &str) -> Names {
-        let (exchange, queue) = (vec![exchange.into()], vec![format!("{exchange}.q")]);
+        let (queue, amqp) = (vec![format!("{exchange}.q")], amqp.into());
         Names {
-            exchange,
+            exchange: vec![exchange.into()],
             queue,
-            amqp: amqp.into(),
+            amqp,
         }
     }
 }
 
-async fn connect(amqp: &str) -> anyhow::Result<Connection> {
+async fn connect(amqp: &str) -> Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name("bench".into());
     let connect = Connection::connect(amqp, properties);
     let connected = tokio::time::timeout(Duration::from_secs(10), connect).await;
@@ -56,7 +56,7 @@ async fn connect(amqp: &str) -> anyhow::Result<Connection> {
 
 /// Each exchange a durable topic exchange (the daemon's own declaration, so either may come
 /// first) and each queue durable, bound to it for '#'.
-pub async fn bind(names: &Names) -> anyhow::Result<()> {
+pub async fn bind(names: &Names) -> Result<()> {
     let connection = connect(&names.amqp).await?;
     let channel = connection.create_channel().await?;
     for (exchange, queue) in names.exchange.iter().zip(&names.queue) {
@@ -73,7 +73,7 @@ pub async fn bind(names: &Names) -> anyhow::Result<()> {
 }
 
 /// Deletes the queues and exchanges; a missing one is not an error.
-pub async fn delete(names: &Names) -> anyhow::Result<()> {
+pub async fn delete(names: &Names) -> Result<()> {
     if names.exchange.is_empty() && names.queue.is_empty() {
         return Ok(());
     }
@@ -97,18 +97,14 @@ pub async fn delete(names: &Names) -> anyhow::Result<()> {
 
 /// Messages ready in `queue`, waiting up to 60 s for `expect` of them (the queue's count may
 /// lag the confirms a moment; it stops waiting once the count held still for 5 s).
-pub async fn count(amqp: &str, queue: &str, expect: u64) -> anyhow::Result<u64> {
+pub async fn count(amqp: &str, queue: &str, expect: u64) -> Result<u64> {
     let connection = connect(amqp).await?;
     let channel = connection.create_channel().await?;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
+    let passive = QueueDeclareOptions::default().passive();
     let (started, mut last, mut since) = (Instant::now(), u64::MAX, Instant::now());
     loop {
-        let declared = channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await;
+        let declared = channel.queue_declare(queue.into(), passive, FieldTable::default());
+        let declared = declared.await;
         let messages = u64::from(declared.context("no such queue")?.message_count());
         if messages != last {
             (last, since) = (messages, Instant::now());
@@ -125,18 +121,10 @@ pub async fn count(amqp: &str, queue: &str, expect: u64) -> anyhow::Result<u64> 
 /// The drain's baseline: `count` persistent, mandatory messages shaped like the daemon's events
 /// (CloudEvents JSON of `size` bytes, the relay's own properties and headers), at most `window`
 /// confirms outstanding, awaiting the oldest as it goes. Messages per second.
-pub async fn publish(
-    amqp: &str,
-    exchange: &str,
-    count: u64,
-    size: usize,
-    window: usize,
-) -> anyhow::Result<f64> {
+pub async fn publish(amqp: &str, x: &str, count: u64, size: usize, window: usize) -> Result<f64> {
     let connection = connect(amqp).await?;
     let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
+    channel.confirm_select(Default::default()).await?;
     let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let (mut outstanding, mut acked) = (VecDeque::new(), 0);
     let mut tally = |confirm| acked += matches!(confirm, Ok(Confirmation::Ack(None))) as u64;
@@ -156,22 +144,16 @@ pub async fn publish(
         };
         // Padded to exactly `size` bytes when that is larger than the bare event.
         let body = body(&"x".repeat(size.saturating_sub(body("").len())));
-        let unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let key = format!("publisher-{seq}");
-        let properties =
-            retrysafe::outbox::event_properties(event, "entry.created", "anonymous", &key, unix);
-        let (x, rk) = (exchange.into(), "entry.created".into());
-        let publish = channel.basic_publish(x, rk, mandatory, body.as_bytes(), properties);
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH);
+        let unix = unix.map_or(0, |d| d.as_secs());
+        let (kind, key) = ("entry.created", format!("publisher-{seq}"));
+        let properties = retrysafe::outbox::event_properties(event, kind, "anonymous", &key, unix);
+        let (x, kind, body) = (x.into(), kind.into(), body.as_bytes());
+        let publish = channel.basic_publish(x, kind, mandatory, body, properties);
         outstanding.push_back(publish.await.context("basic.publish")?);
         if outstanding.len() >= window.max(1) {
-            tally(
-                outstanding
-                    .pop_front()
-                    .expect("the window is not empty")
-                    .await,
-            );
+            let oldest = outstanding.pop_front().expect("the window is not empty");
+            tally(oldest.await);
         }
     }
     while let Some(confirm) = outstanding.pop_front() {
@@ -188,7 +170,7 @@ pub async fn publish(
 /// Waits until no outbox row of `db_url` is unsent (at most `timeout`): whether it came to that.
 /// One connection asks every 100 ms whether one unsent row is left (a few milliseconds at most),
 /// where a count of a 100,000-event backlog costs PostgreSQL ~60 ms of the CPU it measures.
-pub async fn drained(db_url: &str, timeout: Duration) -> anyhow::Result<bool> {
+pub async fn drained(db_url: &str, timeout: Duration) -> Result<bool> {
     let client = crate::harness::connect(db_url).await?;
     let sql = "SELECT EXISTS (SELECT 1 FROM outbox_events WHERE sent_at IS NULL)";
     let any = client.prepare(sql).await?;
@@ -211,23 +193,20 @@ fn body(kind: &str, i: usize, ordering_keys: usize) -> String {
     let data = format!(r#""data":{{"i":{i},"note":"retrysafe benchmark payload"}}"#);
     match ordering_keys {
         0 => format!(r#"{{"kind":"{kind}",{data}}}"#),
-        keys => format!(
-            r#"{{"kind":"{kind}",{data},"ordering_key":"e2e-key-{}"}}"#,
-            i % keys
-        ),
+        keys => {
+            let key = i % keys;
+            format!(r#"{{"kind":"{kind}",{data},"ordering_key":"e2e-key-{key}"}}"#)
+        }
     }
 }
 
 /// POST /v1/entries with `key` and `body`: the answer's bytes if it was a 201, else the error.
 async fn post(client: &awc::Client, url: &str, key: &str, body: String) -> Result<usize, String> {
-    let request = client
-        .post(format!("{url}/v1/entries"))
-        .insert_header(("Idempotency-Key", key));
+    let request = client.post(format!("{url}/v1/entries"));
+    let request = request.insert_header(("Idempotency-Key", key));
     let request = request.insert_header(("Content-Type", "application/json"));
-    let mut response = request
-        .send_body(body)
-        .await
-        .map_err(|error| error.to_string())?;
+    let sent = request.send_body(body).await;
+    let mut response = sent.map_err(|error| error.to_string())?;
     let text = response.body().await.unwrap_or_default();
     match response.status() {
         StatusCode::CREATED => Ok(text.len()),
@@ -236,16 +215,13 @@ async fn post(client: &awc::Client, url: &str, key: &str, body: String) -> Resul
 }
 
 fn http_client(connections: usize) -> awc::Client {
-    let connector = awc::Connector::new().limit(connections);
-    awc::Client::builder()
-        .connector(connector)
-        .timeout(Duration::from_secs(30))
-        .finish()
+    let client = awc::Client::builder().connector(awc::Connector::new().limit(connections));
+    client.timeout(Duration::from_secs(30)).finish()
 }
 
 /// Keys `replay-1` .. `replay-<count>` created (32 at a time), each answered 201; the size of a
 /// replay's answer: the body the daemon answers replay-1 of bench/replay.lua with.
-pub fn precreate(url: &str, count: usize) -> anyhow::Result<usize> {
+pub fn precreate(url: &str, count: usize) -> Result<usize> {
     actix_web::rt::System::new().block_on(async {
         let client = http_client(32);
         let post = |i| {
@@ -255,9 +231,8 @@ pub fn precreate(url: &str, count: usize) -> anyhow::Result<usize> {
                 posted.map_err(|e| anyhow::anyhow!("POST {key}: {e}"))
             }
         };
-        let mut posts = futures_util::stream::iter(1..=count)
-            .map(post)
-            .buffer_unordered(32);
+        let posts = futures_util::stream::iter(1..=count).map(post);
+        let mut posts = posts.buffer_unordered(32);
         while let Some(done) = posts.next().await {
             done?;
         }
@@ -281,7 +256,7 @@ pub fn end_to_end(
     rate: u32,
     seconds: u32,
     keys: usize,
-) -> anyhow::Result<Figures> {
+) -> Result<Figures> {
     let total = rate as usize * seconds as usize;
     let prefix = format!("e2e-{}-", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let deliveries = Deliveries::default();
@@ -379,7 +354,7 @@ fn consume(
     queue: String,
     deliveries: Deliveries,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+) -> Result<std::thread::JoinHandle<Result<()>>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let consumer = std::thread::Builder::new().name("e2e-consumer".into());
     let thread = consumer.spawn(move || {
@@ -418,13 +393,13 @@ fn consume(
             Ok(())
         })
     })?;
-    match ready_rx
+    let ready = ready_rx
         .recv()
-        .context("the consumer thread exited before it was ready")?
-    {
-        error if !error.is_empty() => bail!("{error}"),
-        _ => Ok(thread),
+        .context("the consumer thread exited before it was ready")?;
+    if !ready.is_empty() {
+        bail!("{ready}");
     }
+    Ok(thread)
 }
 
 /// A TCP proxy in front of PostgreSQL that holds each of the client's sends for `delay` before
@@ -440,7 +415,7 @@ pub struct DelayProxy {
 }
 
 impl DelayProxy {
-    pub fn start(target: String, delay: Duration, listen: &str) -> anyhow::Result<DelayProxy> {
+    pub fn start(target: String, delay: Duration, listen: &str) -> Result<DelayProxy> {
         let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         let (port, sends) = (listener.local_addr()?.port(), Arc::new(AtomicU64::new(0)));
@@ -492,7 +467,7 @@ pub struct ProxyArgs {
 
 /// Runs the proxy until the process is stopped; prints `LISTENING <port>` once it accepts
 /// connections.
-pub fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+pub fn proxy(args: ProxyArgs) -> Result<()> {
     let delay = Duration::from_millis(args.delay_ms);
     let proxy = DelayProxy::start(args.target, delay, &args.listen)?;
     println!("LISTENING {}", proxy.port);

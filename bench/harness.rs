@@ -10,19 +10,23 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
 use crate::clients::{self, Names};
 use crate::report::{quoted_settings, Settings, MACHINE};
 use crate::stats::Num;
 
-/// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
-pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+fn runtime() -> tokio::runtime::Runtime {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
-    runtime.expect("a current-thread runtime").block_on(future)
+    runtime.expect("a current-thread runtime")
+}
+
+/// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    runtime().block_on(future)
 }
 
 /// PostgreSQL as PGHOST, PGPORT and PGUSER say (default 127.0.0.1:5432, postgres), which are
@@ -54,7 +58,7 @@ impl Pg {
 
     /// Runs `sql` (one or more statements) on `db` and returns the first column of the first
     /// row that any statement returned, as text ("" when none did).
-    pub fn query(&self, db: &str, sql: &str) -> anyhow::Result<String> {
+    pub fn query(&self, db: &str, sql: &str) -> Result<String> {
         let url = self.url(db);
         block_on(async {
             let connect = tokio::time::timeout(Duration::from_secs(10), connect(&url)).await;
@@ -69,19 +73,19 @@ impl Pg {
         })
     }
 
-    pub fn count(&self, db: &str, sql: &str) -> anyhow::Result<i64> {
+    pub fn count(&self, db: &str, sql: &str) -> Result<i64> {
         let text = self.query(db, sql)?;
         text.parse()
             .with_context(|| format!("{sql} gave {text:?}, not a count"))
     }
 
-    pub fn drop_db(&self, db: &str) -> anyhow::Result<()> {
+    pub fn drop_db(&self, db: &str) -> Result<()> {
         let sql = format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)");
         self.query("postgres", &sql).map(drop)
     }
 
     /// The databases whose name starts with `prefix` (letters, digits and `_`).
-    pub fn databases_like(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+    pub fn databases_like(&self, prefix: &str) -> Result<Vec<String>> {
         let pattern = prefix.replace('_', "\\_");
         let sql = "SELECT string_agg(datname, ' ') FROM pg_database WHERE datname LIKE";
         let names = self.query("postgres", &format!("{sql} '{pattern}%'"))?;
@@ -90,7 +94,7 @@ impl Pg {
 }
 
 /// A client of `url` whose connection runs on the current runtime.
-pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+pub async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     let connected = tokio_postgres::connect(url, NoTls).await;
     let (client, connection) = connected.with_context(|| format!("cannot connect to {url}"))?;
     tokio::spawn(connection);
@@ -102,19 +106,18 @@ pub fn command_line(program: &str, args: &[&str]) -> String {
     let Ok(out) = Command::new(program).args(args).output() else {
         return String::new();
     };
-    let text = if out.stdout.is_empty() {
-        out.stderr
-    } else {
-        out.stdout
-    };
-    String::from_utf8_lossy(&text).trim().to_owned()
+    let text = [out.stdout, out.stderr]
+        .into_iter()
+        .find(|text| !text.is_empty());
+    String::from_utf8_lossy(&text.unwrap_or_default())
+        .trim()
+        .to_owned()
 }
 
 /// GET of `url` with curl, a 2xx answer within `seconds`: its body.
-pub fn get(url: &str, seconds: &str) -> anyhow::Result<String> {
-    let output = Command::new("curl")
-        .args(["-sf", "-m", seconds, url])
-        .output()?;
+pub fn get(url: &str, seconds: &str) -> Result<String> {
+    let mut curl = Command::new("curl");
+    let output = curl.args(["-sf", "-m", seconds, url]).output()?;
     if !output.status.success() {
         bail!("cannot GET {url}");
     }
@@ -128,7 +131,7 @@ pub fn running_as_root() -> bool {
 
 /// Installs the Debian package of each (tool, package) whose tool is missing, as root or
 /// through sudo.
-pub fn ensure_tools(tools: &[(&str, &str)]) -> anyhow::Result<()> {
+pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<()> {
     let have = |tool: &str| !command_line("sh", &["-c", &format!("command -v {tool}")]).is_empty();
     let missing: Vec<&str> = tools.iter().filter(|t| !have(t.0)).map(|t| t.1).collect();
     if !missing.is_empty() {
@@ -172,10 +175,8 @@ struct ProcStat {
 fn proc_stat(pid: u32) -> Option<ProcStat> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (head, rest) = stat.rsplit_once(") ")?;
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
+    let fields = rest.split_whitespace().map(|v| v.parse().unwrap_or(0));
+    let fields: Vec<u64> = fields.collect();
     // After "pid (comm) ": state is 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14.
     let at = |i: usize| fields.get(i).copied().unwrap_or(0);
     let name = head.split_once(" (")?.1.to_owned();
@@ -298,7 +299,7 @@ pub struct MachineTicks {
 }
 
 impl MachineTicks {
-    pub fn now() -> anyhow::Result<MachineTicks> {
+    pub fn now() -> Result<MachineTicks> {
         let stat = fs::read_to_string("/proc/stat")?;
         let line = stat.lines().find(|line| line.starts_with("cpu "));
         Ok(Self::parse(line.context("no cpu line in /proc/stat")?))
@@ -307,12 +308,8 @@ impl MachineTicks {
     /// `cpu  user nice system idle iowait irq softirq steal ...` (guest time is already in
     /// user and nice).
     fn parse(line: &str) -> MachineTicks {
-        let values: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .take(8)
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
+        let values = line.split_whitespace().skip(1).take(8);
+        let values: Vec<u64> = values.map(|v| v.parse().unwrap_or(0)).collect();
         let at = |i: usize| values.get(i).copied().unwrap_or(0);
         let (work, steal) = (at(0) + at(1) + at(2) + at(5) + at(6), at(7));
         MachineTicks {
@@ -325,10 +322,8 @@ impl MachineTicks {
     /// What passed since `earlier` (counters only grow).
     pub fn since(self, earlier: MachineTicks) -> MachineTicks {
         let work = self.work.saturating_sub(earlier.work);
-        let (steal, total) = (
-            self.steal.saturating_sub(earlier.steal),
-            self.total.saturating_sub(earlier.total),
-        );
+        let steal = self.steal.saturating_sub(earlier.steal);
+        let total = self.total.saturating_sub(earlier.total);
         MachineTicks { work, steal, total }
     }
 
@@ -346,10 +341,9 @@ pub fn port_in_use(port: u16) -> bool {
 }
 
 /// A free port of 127.0.0.1, as the kernel hands one out.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 fn send_signal(pid: u32, signal: libc::c_int) {
@@ -378,7 +372,7 @@ impl Daemon {
         env: &[(&str, &str)],
         log: PathBuf,
         cleanup: &Arc<Cleanup>,
-    ) -> anyhow::Result<Daemon> {
+    ) -> Result<Daemon> {
         if port_in_use(s.port) {
             bail!("port {} is in use; choose another", s.port);
         }
@@ -389,10 +383,9 @@ impl Daemon {
             .stdin(Stdio::null());
         command.env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{}", s.port));
         command.env("RETRYSAFE_LOG__LEVEL", "warn");
-        command.envs(
-            env.iter()
-                .map(|(key, value)| (format!("RETRYSAFE_{key}"), value)),
-        );
+        for (key, value) in env {
+            command.env(format!("RETRYSAFE_{key}"), value);
+        }
         command.stdout(out.try_clone()?).stderr(out);
         let child = cleanup.guard(|state| {
             let child = command.spawn();
@@ -400,12 +393,8 @@ impl Daemon {
             state.daemon_pid = Some(child.id());
             Ok(child)
         })?;
-        let (pid, url, cleanup) = (
-            child.id(),
-            format!("http://127.0.0.1:{}", s.port),
-            cleanup.clone(),
-        );
-        let (lines_at_stop, ticks_at_stop) = (None, None);
+        let (pid, url) = (child.id(), format!("http://127.0.0.1:{}", s.port));
+        let (lines_at_stop, ticks_at_stop, cleanup) = (None, None, cleanup.clone());
         Ok(Daemon {
             child,
             pid,
@@ -418,7 +407,7 @@ impl Daemon {
     }
 
     /// Waits until /healthz answers 2xx (at most 30 s).
-    pub fn wait_healthy(&mut self) -> anyhow::Result<()> {
+    pub fn wait_healthy(&mut self) -> Result<()> {
         let log = self.log.display();
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait()? {
@@ -437,15 +426,14 @@ impl Daemon {
     }
 
     /// utime + stime, in clock ticks (those at its stop once it stopped).
-    pub fn cpu_ticks(&self) -> anyhow::Result<u64> {
-        let ticks = self
-            .ticks_at_stop
-            .or_else(|| Some(proc_stat(self.pid)?.own));
+    pub fn cpu_ticks(&self) -> Result<u64> {
+        let now = || Some(proc_stat(self.pid)?.own);
+        let ticks = self.ticks_at_stop.or_else(now);
         ticks.with_context(|| format!("cannot read /proc/{}/stat", self.pid))
     }
 
     /// A `kB` line of /proc/PID/status (VmRSS, VmHWM), in MiB.
-    pub fn status_mib(&self, key: &str) -> anyhow::Result<f64> {
+    pub fn status_mib(&self, key: &str) -> Result<f64> {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
         let kb = status.lines().find_map(|line| {
             let rest = line.strip_prefix(key)?.strip_prefix(':')?;
@@ -465,7 +453,7 @@ impl Daemon {
 
     /// SIGTERM, then SIGKILL after 30 s; the exit status and how long it took. Notes the log's
     /// lines and the CPU ticks before the signal.
-    pub fn stop(&mut self) -> anyhow::Result<(ExitStatus, Duration)> {
+    pub fn stop(&mut self) -> Result<(ExitStatus, Duration)> {
         self.lines_at_stop = Some(self.log_lines().len());
         self.ticks_at_stop = self.cpu_ticks().ok();
         let started = Instant::now();
@@ -496,18 +484,13 @@ impl Daemon {
         let lines = self.log_lines();
         let listening = lines.iter().position(|line| line.contains("listening"));
         let listening = listening.map_or(0, |i| i + 1);
-        let at_stop = self
-            .lines_at_stop
-            .unwrap_or(lines.len())
-            .clamp(listening, lines.len());
+        let at_stop = self.lines_at_stop.unwrap_or(lines.len());
+        let at_stop = at_stop.clamp(listening, lines.len());
         let problem = |line: &&String| line.contains("WARN") || line.contains("ERROR");
         let first = lines[listening..].iter().find(problem).cloned();
         let count = |lines: &[String]| lines.iter().filter(problem).count();
-        (
-            count(&lines[listening..at_stop]),
-            count(&lines[at_stop..]),
-            first,
-        )
+        let under_load = count(&lines[listening..at_stop]);
+        (under_load, count(&lines[at_stop..]), first)
     }
 }
 
@@ -517,8 +500,8 @@ pub fn run_program(
     line: &str,
     out: &Path,
     every: Duration,
-    mut poll: impl FnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<(ExitStatus, String)> {
+    mut poll: impl FnMut() -> Result<()>,
+) -> Result<(ExitStatus, String)> {
     let mut words = line.split_whitespace().peekable();
     let mut env = Vec::new();
     while let Some(pair) = words.peek().and_then(|word| word.split_once('=')) {
@@ -530,9 +513,8 @@ pub fn run_program(
     let mut command = Command::new(program);
     command.args(words).envs(env).stdin(Stdio::null());
     command.stdout(file.try_clone()?).stderr(file);
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+    let child = command.spawn();
+    let mut child = child.with_context(|| format!("starting {program}"))?;
     let mut next_poll = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -571,7 +553,7 @@ pub struct CleanupState {
 impl Cleanup {
     /// Armed for every exit: on SIGINT or SIGTERM it cleans up and exits 130 or 143, as a shell
     /// would.
-    pub fn arm(pg: Pg, amqp: &str, db_prefix: String) -> anyhow::Result<Arc<Cleanup>> {
+    pub fn arm(pg: Pg, amqp: &str, db_prefix: String) -> Result<Arc<Cleanup>> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut state = CleanupState::default();
         state.bound.amqp = amqp.into();
@@ -583,28 +565,24 @@ impl Cleanup {
             interrupted,
         });
         // The handlers are installed here, before any work; their runtime runs on a thread.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let runtime = runtime();
         let entered = runtime.enter();
-        let (mut int, mut term) = (
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-        );
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
         drop(entered);
         let on_signal = cleanup.clone();
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                let code = runtime.block_on(async {
-                    tokio::select! { _ = int.recv() => 130, _ = term.recv() => 143 }
-                });
-                on_signal.interrupted.store(code, Ordering::SeqCst);
-                // Outside the runtime: the clean-up runs runtimes of its own.
-                say!("interrupted; cleaning up");
-                on_signal.run();
-                std::process::exit(code);
-            })?;
+        let thread = std::thread::Builder::new().name("signals".into());
+        thread.spawn(move || {
+            let signal = async {
+                tokio::select! { _ = int.recv() => 130, _ = term.recv() => 143 }
+            };
+            let code = runtime.block_on(signal);
+            on_signal.interrupted.store(code, Ordering::SeqCst);
+            // Outside the runtime: the clean-up runs runtimes of its own.
+            say!("interrupted; cleaning up");
+            on_signal.run();
+            std::process::exit(code);
+        })?;
         Ok(cleanup)
     }
 
@@ -615,10 +593,7 @@ impl Cleanup {
     /// Runs `create` (what makes a database, an exchange, a server or a daemon, noting it in
     /// the state) unless the clean-up has begun, and never while it runs: after a signal the
     /// work goes on until it fails, and what it made after the clean-up would be left behind.
-    pub fn guard<T>(
-        &self,
-        create: impl FnOnce(&mut CleanupState) -> anyhow::Result<T>,
-    ) -> anyhow::Result<T> {
+    pub fn guard<T>(&self, create: impl FnOnce(&mut CleanupState) -> Result<T>) -> Result<T> {
         let mut state = self.state();
         if state.done {
             bail!("interrupted");
@@ -628,7 +603,7 @@ impl Cleanup {
 
     /// A durable topic exchange and its queue `<exchange>.q` bound for '#', deleted by the
     /// clean-up.
-    pub fn bind(&self, exchange: &str) -> anyhow::Result<()> {
+    pub fn bind(&self, exchange: &str) -> Result<()> {
         self.guard(|state| {
             state.bound.exchange.push(exchange.into());
             state.bound.queue.push(format!("{exchange}.q"));
@@ -639,7 +614,7 @@ impl Cleanup {
 
     /// A server of the bench's own (bench/lab.rs) in `data`, stopped and removed by the
     /// clean-up or by [`Cleanup::stop_servers`].
-    pub fn add_server(&self, data: PathBuf) -> anyhow::Result<()> {
+    pub fn add_server(&self, data: PathBuf) -> Result<()> {
         self.guard(|state| {
             state.servers.push(data);
             Ok(())
@@ -696,14 +671,8 @@ impl Cleanup {
 
 fn stop_servers(servers: Vec<PathBuf>) {
     for data in servers {
-        let stop = [
-            "pg_ctl",
-            "-D",
-            &data.to_string_lossy(),
-            "-m",
-            "immediate",
-            "stop",
-        ];
+        let data_text = data.to_string_lossy();
+        let stop = ["pg_ctl", "-D", &data_text, "-m", "immediate", "stop"];
         if let Err(error) = crate::lab::run(&stop) {
             say!("could not stop the server in {}: {error:#}", data.display());
         }

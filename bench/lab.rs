@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 
 use crate::harness::{free_port, running_as_root, Cleanup, Pg};
 
@@ -39,7 +39,7 @@ pub struct Lab {
 impl Lab {
     /// Each server's process (its postmaster), whose tree is all that server's CPU: the one the
     /// daemon is given first.
-    pub fn postmasters(&self) -> anyhow::Result<Vec<u32>> {
+    pub fn postmasters(&self) -> Result<Vec<u32>> {
         let pid = |data: &PathBuf| {
             let pid = std::fs::read_to_string(data.join("postmaster.pid"))?;
             let first = pid.lines().next().unwrap_or_default().trim();
@@ -50,7 +50,7 @@ impl Lab {
 }
 
 /// Starts a lab (`citus`: a coordinator and two workers; otherwise one plain server) in `work`.
-pub fn start(cleanup: &Cleanup, work: &Path, citus: bool) -> anyhow::Result<Lab> {
+pub fn start(cleanup: &Cleanup, work: &Path, citus: bool) -> Result<Lab> {
     if citus && !Path::new(CITUS_LIBRARY).exists() {
         bail!("the citus scenario needs the Citus extension ({CITUS_LIBRARY} is missing): build a 13.x release of github.com/citusdata/citus for PostgreSQL 15");
     }
@@ -97,7 +97,7 @@ pub fn start(cleanup: &Cleanup, work: &Path, citus: bool) -> anyhow::Result<Lab>
 }
 
 /// One server in `dir`, registered with the clean-up before it starts; its port.
-fn server(cleanup: &Cleanup, dir: &Path, settings: &str) -> anyhow::Result<u16> {
+fn server(cleanup: &Cleanup, dir: &Path, settings: &str) -> Result<u16> {
     std::fs::create_dir_all(dir)?;
     // A server refuses to run as root: its directory is the postgres user's.
     let chown = || {
@@ -136,7 +136,7 @@ fn server(cleanup: &Cleanup, dir: &Path, settings: &str) -> anyhow::Result<u16> 
 
 /// Runs a PostgreSQL program, as the `postgres` user (with its own home: a Citus node's
 /// connections to the others read libpq's files there) when the bench runs as root.
-pub fn run(args: &[&str]) -> anyhow::Result<()> {
+pub fn run(args: &[&str]) -> Result<()> {
     let mut command = Command::new(args[0]);
     if running_as_root() {
         command = Command::new("runuser");

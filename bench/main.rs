@@ -49,11 +49,8 @@ use clap::{Parser, Subcommand};
 
 use crate::report::Settings;
 
+/// retrysafe's benchmark (bench/run) and soak (scripts/soak)
 #[derive(Parser)]
-#[command(
-    name = "bench",
-    about = "retrysafe's benchmark (bench/run) and soak (scripts/soak)"
-)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -140,18 +137,13 @@ pub struct RunArgs {
 impl RunArgs {
     /// The settings of a run: quick mode's figures where no flag sets them.
     pub fn settings(&self) -> Settings {
-        let pick = |value: Option<u32>, full, quick| {
-            value.unwrap_or(if self.quick { quick } else { full })
-        };
-        let drain_events = self
-            .drain_events
-            .unwrap_or(if self.quick { 10_000 } else { 100_000 });
+        let mode = |full, quick| if self.quick { quick } else { full };
         Settings {
             quick: self.quick,
-            runs: pick(self.runs, 3, 1),
-            duration: pick(self.duration, 15, 5),
-            drain_events,
-            e2e_seconds: pick(self.e2e_seconds, 20, 5),
+            runs: self.runs.unwrap_or(mode(3, 1)),
+            duration: self.duration.unwrap_or(mode(15, 5)),
+            drain_events: self.drain_events.unwrap_or(mode(100_000, 10_000).into()),
+            e2e_seconds: self.e2e_seconds.unwrap_or(mode(20, 5)),
             e2e_rate: self.e2e_rate,
             scale_large: self.scale_rows,
             scale_small: self.scale_small,
@@ -229,42 +221,29 @@ mod tests {
     /// races with it.)
     #[test]
     fn environment_variables_are_flags() {
-        let set = [
-            ("BENCH_QUICK", "1"),
-            ("BENCH_RUNS", "2"),
-            ("BENCH_SCENARIOS", "writes e2e"),
-        ];
-        for (name, value) in set
-            .iter()
-            .chain(&[("SOAK_VACUUM", "0"), ("SOAK_MINUTES", "2")])
-        {
+        let set =
+            "BENCH_QUICK=1;BENCH_RUNS=2;BENCH_SCENARIOS=writes e2e;SOAK_VACUUM=0;SOAK_MINUTES=2";
+        let set = set.split(';').filter_map(|pair| pair.split_once('='));
+        for (name, value) in set.clone() {
             std::env::set_var(name, value);
         }
-        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().command;
-        let (run, soak, explicit) = (
-            parse(&["bench", "run"]),
-            parse(&["bench", "soak"]),
-            parse(&["bench", "run", "--runs", "5"]),
-        );
-        for name in [
-            "BENCH_QUICK",
-            "BENCH_RUNS",
-            "BENCH_SCENARIOS",
-            "SOAK_VACUUM",
-            "SOAK_MINUTES",
-        ] {
+        let parse = |line: &str| Cli::try_parse_from(line.split(' ')).unwrap().command;
+        let commands = ["bench run", "bench soak", "bench run --runs 5"].map(parse);
+        for (name, _) in set {
             std::env::remove_var(name);
         }
-        let (Command::Run(run), Command::Soak(soak), Command::Run(explicit), Command::Run(full)) =
-            (run, soak, explicit, parse(&["bench", "run"]))
-        else {
-            panic!("not run, soak, run, run")
+        let [Command::Run(run), Command::Soak(soak), Command::Run(explicit)] = commands else {
+            panic!("not run, soak, run")
         };
+        let Command::Run(full) = parse("bench run") else {
+            panic!("not run")
+        };
+        assert!(run.quick && !soak.vacuum);
         assert_eq!(
-            (run.quick, run.runs, run.scenarios.as_str(), explicit.runs),
-            (true, Some(2), "writes e2e", Some(5))
+            (run.runs, explicit.runs, soak.minutes),
+            (Some(2), Some(5), 2)
         );
-        assert_eq!((soak.vacuum, soak.minutes), (false, 2));
+        assert_eq!(run.scenarios, "writes e2e");
         // Full mode's figures, and quick mode's where no flag sets them.
         let figures = |s: Settings| (s.runs, s.duration, s.drain_events, s.e2e_seconds);
         assert_eq!(figures(full.settings()), (3, 15, 100_000, 20));

@@ -1,13 +1,13 @@
 //! What the tools print, read into figures: wrk's and the soak script's result line, pgbench's
 //! summary and per-second reports, the daemon's /metrics.
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
 
 use crate::stats::{median, Figures, Num};
 
 /// The last line starting with `tag `, parsed as a JSON object (wrk's scripts print one).
-pub fn result_line(text: &str, tag: &str) -> anyhow::Result<Map<String, Value>> {
+pub fn result_line(text: &str, tag: &str) -> Result<Map<String, Value>> {
     let line = text
         .lines()
         .rev()
@@ -104,59 +104,44 @@ pub fn metric(text: &str, name: &str, label: &str) -> f64 {
 mod tests {
     use super::*;
 
-    fn texts(figures: &Figures) -> Vec<String> {
-        let text = |num: &Option<Num>| num.as_ref().map_or("-".into(), |n| n.text.clone());
-        figures
-            .0
-            .iter()
-            .map(|(name, num)| format!("{name}={}", text(num)))
-            .collect()
+    /// `name=text ` of each figure (`-`: none), in order.
+    fn texts(figures: &Figures) -> String {
+        let mut out = String::new();
+        for (name, num) in &figures.0 {
+            out += &format!(
+                "{name}={} ",
+                num.as_ref().map_or("-", |num| num.text.as_str())
+            );
+        }
+        out
     }
 
     #[test]
-    fn pgbench_output() {
+    fn what_the_tools_print_read_into_figures() {
         let mut text = String::from("transaction type: bench/conventional.sql\nnumber of transactions actually processed: 45359\nnumber of failed transactions: 0 (0.000%)\nlatency average = 21.147 ms\ninitial connection time = 70.190 ms\ntps = 3026.413026 (without initial connection time)\n");
-        let summary = [
-            "tps=3026.413026",
-            "latency_ms=21.147",
-            "failed=0",
-            "transactions=45359",
-        ];
+        let summary = "tps=3026.413026 latency_ms=21.147 failed=0 transactions=45359 ";
         assert_eq!(texts(&pgbench_figures(&text, None)), summary);
         let refused = pgbench_figures("pgbench: error: connection refused\n", Some(3));
-        assert!(refused.0.iter().all(|(_, num)| num.is_none()));
-        for (second, tps) in [0.0, 0.0, 3.0, 40.0, 500.0, 510.0, 490.0, 505.0]
-            .iter()
-            .enumerate()
-        {
-            let latency = if *tps > 100.0 { 126.0 } else { 900.0 };
-            let second = second + 1;
+        assert_eq!(
+            texts(&refused),
+            "tps=- latency_ms=- failed=- transactions=- "
+        );
+        let tps = [0.0, 0.0, 3.0, 40.0, 500.0, 510.0, 490.0, 505.0];
+        for (second, tps) in (1..).zip(tps) {
+            let latency = if tps > 100.0 { 126.0 } else { 900.0 };
             text += &format!("progress: {second}.0 s, {tps:.1} tps, lat {latency:.3} ms stddev 1.000, 0 failed\n");
         }
         // The zeros and the first partial second are left out; the last three are taken.
-        let steady = pgbench_figures(&text, Some(3));
-        assert_eq!(texts(&steady)[..2], ["tps=505.0", "latency_ms=126.0"]);
-    }
-
-    #[test]
-    fn wrk_result_line() {
+        let steady = texts(&pgbench_figures(&text, Some(3)));
+        assert!(
+            steady.starts_with("tps=505.0 latency_ms=126.0 "),
+            "{steady}"
+        );
         let text = "Running 5s test\nBENCH_RESULT {\"requests\":97333,\"duration_s\":15.06,\"rps\":6461.60,\"p50_ms\":8.644,\"p90_ms\":20.1,\"p99_ms\":32.912,\"mean_ms\":9.9,\"max_ms\":80.0,\"errors_connect\":0,\"errors_read\":1,\"errors_write\":0,\"errors_status\":2,\"errors_timeout\":3}\n";
         let figures = wrk_figures(&result_line(text, "BENCH_RESULT").unwrap());
-        let expected = [
-            "rps=6461.60",
-            "p50_ms=8.644",
-            "p99_ms=32.912",
-            "requests=97333",
-            "errors=6",
-            "status_errors=2",
-        ];
-        assert_eq!(texts(&figures), expected);
-        assert_eq!(figures.get("requests"), Some(97333.0));
+        let wrk = "rps=6461.60 p50_ms=8.644 p99_ms=32.912 requests=97333 errors=6 status_errors=2 ";
+        assert_eq!(texts(&figures), wrk);
         assert!(result_line("BENCH_RESULT [1]\n", "BENCH_RESULT").is_err());
-    }
-
-    #[test]
-    fn metrics_by_label() {
         let text = "# TYPE x counter\nx_total{table=\"a\"} 7\nx_total{table=\"b\"} 5\nx_sum 12.5\n";
         assert_eq!(metric(text, "x_total", "\"a\""), 7.0);
         assert_eq!(metric(text, "x_total", ""), 12.0);

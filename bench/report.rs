@@ -3,7 +3,6 @@
 //! the hand-written marker is kept.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use crate::stats::{fmt, median, per_run, present, ratio, verdict, Figures, Num, Target};
 
@@ -290,12 +289,8 @@ impl Settings {
     }
 
     pub fn mode_line(&self) -> String {
-        let (d, r, e, s) = (
-            self.duration,
-            self.runs,
-            self.drain_events,
-            self.e2e_seconds,
-        );
+        let (d, r) = (self.duration, self.runs);
+        let (e, s) = (self.drain_events, self.e2e_seconds);
         match self.quick {
             true => format!("**QUICK RUN (BENCH_QUICK=1): {d} s per measurement, {r} run(s), a {e}-event drain, {s} s of end-to-end load. These figures only show that the benchmark works; they are NOT the reference figures. Run `bench/run` (full mode) on a quiet machine for those.**"),
             false => format!("Full run: {d} s per measurement, medians of {r} runs, a {e}-event drain, {s} s of end-to-end load per run."),
@@ -317,15 +312,13 @@ pub fn quoted_settings(config: &str) -> String {
     let mut section = String::new();
     let mut out = Vec::new();
     for line in config.lines() {
+        let key = line
+            .split_once('=')
+            .map(|(key, _)| key.trim_end_matches(' '));
         if line.starts_with('[') {
             section = line.replace(['[', ']'], "");
-        } else if let Some((key, _)) = line.split_once('=') {
-            if QUOTED_SETTINGS
-                .split(' ')
-                .any(|quoted| quoted == key.trim_end_matches(' '))
-            {
-                out.push(format!("{section}.{}", line.replace(' ', "")));
-            }
+        } else if key.is_some_and(|key| QUOTED_SETTINGS.split(' ').any(|q| q == key)) {
+            out.push(format!("{section}.{}", line.replace(' ', "")));
         }
     }
     out.join(", ")
@@ -363,25 +356,23 @@ impl Figure {
             Dash => "–".into(),
             Median(scenario, metric, decimals) => fmt(report.median(scenario, metric), *decimals),
             Noted(figure, label, note) => {
-                format!("{} ({label} {})", figure.cell(report), note.cell(report))
+                let (figure, note) = (figure.cell(report), note.cell(report));
+                format!("{figure} ({label} {note})")
             }
             Busy(scenario, cost, busy) => {
-                match (report.median(scenario, cost), report.median(scenario, busy)) {
-                    (Some(cost), Some(busy)) => {
-                        format!("{} (busy {} %)", fmt(Some(cost), 3), fmt(Some(busy), 1))
-                    }
-                    (cost, _) => fmt(cost, 3),
-                }
+                let (cost, busy) = (report.median(scenario, cost), report.median(scenario, busy));
+                let busy = busy
+                    .filter(|_| cost.is_some())
+                    .map(|busy| fmt(Some(busy), 1));
+                let busy = busy.map(|busy| format!(" (busy {busy} %)"));
+                fmt(cost, 3) + &busy.unwrap_or_default()
             }
             Costs(scenario, label, prefixes) => {
                 let cell = |prefix: &&str| {
-                    let part =
-                        |part| fmt(report.median(scenario, &format!("{prefix}cost_{part}")), 3);
-                    let parts = ["daemon", "postgres", "rabbitmq"].map(part).join(" + ");
-                    format!(
-                        "{} ({label}{parts})",
-                        fmt(report.cost_median(scenario, prefix), 3)
-                    )
+                    let median = |part| report.median(scenario, &format!("{prefix}cost_{part}"));
+                    let parts = ["daemon", "postgres", "rabbitmq"].map(|p| fmt(median(p), 3));
+                    let (total, parts) = (report.cost_median(scenario, prefix), parts.join(" + "));
+                    format!("{} ({label}{parts})", fmt(total, 3))
                 };
                 prefixes.iter().map(cell).collect::<Vec<_>>().join(" + ")
             }
@@ -391,7 +382,8 @@ impl Figure {
 }
 
 impl Row {
-    fn cells(&self, report: &Report) -> [String; 7] {
+    /// The row as the table shows it.
+    fn line(&self, report: &Report) -> String {
         let Row(scenario, measure, figure, baseline, shows_ratio, target, judge) = self;
         let fill = |text: &str| fill(text, |name| report.settings.var(name));
         let (value, bound) = (figure.number(report), baseline.number(report));
@@ -407,22 +399,11 @@ impl Row {
                 Some((!flags.is_empty()).then(|| lowest == Some(1.0)))
             }
         };
-        let ratio = if *shows_ratio {
-            format!("{}×", fmt(ratio, 2))
-        } else {
-            "–".into()
-        };
-        let met = met.map_or("–", verdict).to_owned();
+        let ratio = shows_ratio.then(|| format!("{}×", fmt(ratio, 2)));
+        let (ratio, met) = (ratio.unwrap_or("–".into()), met.map_or("–", verdict));
         let (figure, baseline) = (figure.cell(report), baseline.cell(report));
-        [
-            fill(scenario),
-            fill(measure),
-            figure,
-            baseline,
-            ratio,
-            fill(target),
-            met,
-        ]
+        let (scenario, measure, target) = (fill(scenario), fill(measure), fill(target));
+        format!("| {scenario} | {measure} | {figure} | {baseline} | {ratio} | {target} | {met} |")
     }
 }
 
@@ -433,10 +414,8 @@ impl Report {
 
     /// Every run's value of `metric`.
     fn column(&self, scenario: &str, metric: &str) -> Vec<Option<Num>> {
-        self.runs(scenario)
-            .iter()
-            .map(|run| run.num(metric).cloned())
-            .collect()
+        let runs = self.runs(scenario).iter();
+        runs.map(|run| run.num(metric).cloned()).collect()
     }
 
     fn median(&self, scenario: &str, metric: &str) -> Option<f64> {
@@ -445,7 +424,7 @@ impl Report {
 
     /// The median of the runs' totals of a CPU cost in three parts.
     fn cost_median(&self, scenario: &str, prefix: &str) -> Option<f64> {
-        let costs: Vec<Option<Num>> = self
+        let costs: Vec<_> = self
             .runs(scenario)
             .iter()
             .map(|run| cost(run, prefix))
@@ -457,7 +436,7 @@ impl Report {
     pub fn results_table(&self) -> String {
         let mut out = String::from("| scenario | measure | retrysafe | baseline | ratio | target | result |\n|---|---|---:|---:|---:|---|---|");
         for row in &RESULTS {
-            let _ = write!(out, "\n| {} |", row.cells(self).join(" | "));
+            out += &format!("\n{}", row.line(self));
         }
         out
     }
@@ -472,10 +451,8 @@ impl Report {
                 .reduce(f64::max);
             let cores = fmt(self.median(scenario, "cpu_cores"), 2);
             let (peak, met) = (fmt(peak, 1), verdict(Target::Below(200.0).judge(peak)));
-            let _ = write!(
-                out,
-                "\n| {scenario} | {peak} | {cores} of {nproc} | RSS < 200 MiB | {met} |"
-            );
+            out +=
+                &format!("\n| {scenario} | {peak} | {cores} of {nproc} | RSS < 200 MiB | {met} |");
         }
         out
     }
@@ -490,25 +467,16 @@ impl Report {
         let mut out = String::from("| check | per run |\n|---|---|");
         for (check, scenario, metrics, note) in CHECKS {
             let values: Vec<String> = metrics.iter().map(|m| runs(scenario, m)).collect();
-            let check = fill(check, |name| self.settings.var(name));
-            let _ = write!(out, "\n| {check} | {}{note} |", values.join(" / "));
-        }
-        let logs = [
-            (
-                "under load (writes/replays/storm/drain/e2e/ordered/latency)",
-                "log_problems",
-            ),
-            ("after SIGTERM (same order)", "shutdown_log_problems"),
-        ];
-        for (check, metric) in logs {
-            let values: Vec<String> = REPORTED.iter().map(|s| runs(s, metric)).collect();
-            let _ = write!(
-                out,
-                "\n| daemon log lines at WARN/ERROR {check} | {} |",
-                values.join(" / ")
+            let (check, values) = (
+                fill(check, |name| self.settings.var(name)),
+                values.join(" / "),
             );
+            out += &format!("\n| {check} | {values}{note} |");
         }
-        out
+        let logs = |metric| REPORTED.map(|scenario| runs(scenario, metric)).join(" / ");
+        let (under_load, after) = (logs("log_problems"), logs("shutdown_log_problems"));
+        out += &format!("\n| daemon log lines at WARN/ERROR under load (writes/replays/storm/drain/e2e/ordered/latency) | {under_load} |");
+        out + &format!("\n| daemon log lines at WARN/ERROR after SIGTERM (same order) | {after} |")
     }
 
     /// Every run's value of every metric, one row per scenario and metric.
@@ -516,7 +484,7 @@ impl Report {
         let runs = self.settings.runs as usize;
         let mut out = String::from("| scenario | metric |");
         for run in 1..=runs {
-            let _ = write!(out, " run {run} |");
+            out += &format!(" run {run} |");
         }
         out.push_str(&format!("\n|---|---|{}", "---:|".repeat(runs)));
         for scenario in REPORTED {
@@ -525,14 +493,14 @@ impl Report {
                 continue;
             };
             for (i, (metric, _)) in first.0.iter().enumerate() {
-                let _ = write!(out, "\n| {scenario} | {metric}");
+                out += &format!("\n| {scenario} | {metric}");
                 for run in 0..runs {
                     let cell = match scenario_runs.get(run).map(|run| &run.0[i].1) {
                         Some(Some(num)) => num.text.as_str(),
                         Some(None) => "n/a",
                         None => "",
                     };
-                    let _ = write!(out, " | {cell}");
+                    out += &format!(" | {cell}");
                 }
                 out.push_str(" |");
             }
@@ -544,29 +512,26 @@ impl Report {
     /// prefix and column label), and each later side's ratio to the first.
     pub fn side_by_side_table(&self, scenario: &str, sides: &[(&str, &str)]) -> Option<String> {
         let (first, (side, _)) = (self.runs(scenario).first()?, sides.first()?);
-        let labels = sides
+        let labels: Vec<String> = sides
             .iter()
-            .map(|(_, label)| fill(label, |name| self.settings.var(name)));
-        let (labels, runs) = (
-            labels.collect::<Vec<_>>().join(" | "),
-            self.runs(scenario).len(),
-        );
+            .map(|side| fill(side.1, |n| self.settings.var(n)))
+            .collect();
+        let (labels, runs) = (labels.join(" | "), self.runs(scenario).len());
         let ratios = " ratio |".repeat(sides.len() - 1);
         let mut out = format!("| measure (medians of {runs} runs) | {labels} |{ratios}\n|---|");
         out += &"---:|".repeat(2 * sides.len() - 1);
         let prefix = format!("{side}_");
         for (metric, _) in first.0.iter().filter(|(name, _)| name.starts_with(&prefix)) {
             let measure = &metric[prefix.len()..];
-            let medians = sides
-                .iter()
-                .map(|(side, _)| self.median(scenario, &format!("{side}_{measure}")));
-            let medians: Vec<Option<f64>> = medians.collect();
-            let _ = write!(out, "\n| {measure} |");
+            let median =
+                |(side, _): &(&str, &str)| self.median(scenario, &format!("{side}_{measure}"));
+            let medians: Vec<Option<f64>> = sides.iter().map(median).collect();
+            out += &format!("\n| {measure} |");
             for median in &medians {
-                let _ = write!(out, " {} |", fmt(*median, 2));
+                out += &format!(" {} |", fmt(*median, 2));
             }
             for median in &medians[1..] {
-                let _ = write!(out, " {}x |", fmt(ratio(*median, medians[0]), 2));
+                out += &format!(" {}x |", fmt(ratio(*median, medians[0]), 2));
             }
         }
         Some(out)
@@ -606,15 +571,11 @@ impl Report {
     /// The whole file: the generated part, then what `existing` (the file as it is) has after
     /// the hand-written marker, or the placeholder for the reading when it has no marker.
     pub fn render(&self, existing: Option<&str>) -> String {
-        let marked = existing.and_then(|file| {
-            Some(&file[file.find(HAND_WRITTEN_MARKER)? + HAND_WRITTEN_MARKER.len()..])
+        let kept = existing.and_then(|file| file.split_once(HAND_WRITTEN_MARKER));
+        let kept = kept.map_or(READING_PLACEHOLDER, |(_, kept)| {
+            kept.trim_start_matches('\n')
         });
-        let kept = marked.map(|kept| kept.trim_start_matches('\n'));
-        format!(
-            "{}\n{}",
-            self.render_generated(),
-            kept.unwrap_or(READING_PLACEHOLDER)
-        )
+        format!("{}\n{kept}", self.render_generated())
     }
 }
 

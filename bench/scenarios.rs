@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::fs;
 
-use anyhow::Context;
+use anyhow::{Context, Result};
 
 use crate::harness;
 use crate::report::{Report, REPORTED};
-use crate::scene::{Bench, Outcome, Scene, Up, UNSENT};
+use crate::scene::{Bench, Scene, Up, UNSENT};
 use crate::stats::{Figures, Num};
 use crate::{soak, RunArgs};
 
@@ -22,7 +22,7 @@ pub struct Scenario {
     /// Each side's name and its column's label (`{name}` in it a setting).
     pub sides: &'static [(&'static str, &'static str)],
     per_side: &'static str,
-    measure: fn(&mut Scene) -> Outcome,
+    measure: fn(&mut Scene) -> Result<()>,
 }
 
 impl Scenario {
@@ -157,8 +157,13 @@ const MIDDLE: &str =
     FROM entries ORDER BY created_at OFFSET (SELECT count(*) / 2 FROM entries) LIMIT 1";
 const SOME_KEYS: &str = "SELECT string_agg(key, E'\\n') FROM (SELECT key FROM idempotency_records
     TABLESAMPLE SYSTEM (1) WHERE key <> 'scale-template' LIMIT 10000) AS keys";
+const PARKED: &str = "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL";
+const NOT_201: &str = "SELECT count(*) FROM idempotency_records WHERE response_status <> 201";
+/// Records without their entry, and entries without their event.
+const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
+    + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
 /// Citus's two-phase commits (the lab keeps their records: no recovery deletes them).
-const TWO_PHASE_COMMITS: &str = "SELECT count(*) FROM pg_dist_transaction";
+const TWO_PHASE: &str = "SELECT count(*) FROM pg_dist_transaction";
 
 fn sub(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? - b?)
@@ -183,7 +188,7 @@ fn answered(wrk: &Figures) -> Option<f64> {
 
 /// Unique-key writes beside a conventional implementation's transaction per request (pgbench),
 /// then the same writes with the broker unreachable and their delivery afterwards, apart.
-fn writes(s: &mut Scene) -> Outcome {
+fn writes(s: &mut Scene) -> Result<()> {
     s.enter("writes")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
@@ -227,7 +232,7 @@ fn writes(s: &mut Scene) -> Outcome {
 
 /// Replays of keys created before, beside /healthz, the same bytes through the daemon's HTTP
 /// stack, and pgbench's primary-key select.
-fn replays(s: &mut Scene) -> Outcome {
+fn replays(s: &mut Scene) -> Result<()> {
     s.enter("replays")?;
     s.start(Up::Healthy)?;
     let bytes = crate::clients::precreate(&s.url(), s.settings().replay_keys as usize)?;
@@ -236,10 +241,8 @@ fn replays(s: &mut Scene) -> Outcome {
     s.load("", REPLAYS)?;
     s.put_daemon_use(&window)?;
     s.load("healthz_", HEALTHZ)?;
-    s.load(
-        "same_bytes_",
-        &SAME_BYTES.replace("{bytes}", &bytes.to_string()),
-    )?;
+    let same_bytes = SAME_BYTES.replace("{bytes}", &bytes.to_string());
+    s.load("same_bytes_", &same_bytes)?;
     s.load("pg_", REPLAY_SELECT)?;
     s.put("rss_mb_after_all", s.hwm()?);
     s.stop(true)?;
@@ -248,7 +251,7 @@ fn replays(s: &mut Scene) -> Outcome {
 }
 
 /// {storm_keys} keys hammered: exactly as many entries, records and events after.
-fn storm(s: &mut Scene) -> Outcome {
+fn storm(s: &mut Scene) -> Result<()> {
     s.enter("storm")?;
     s.start(Up::Healthy)?;
     let window = s.open()?;
@@ -269,7 +272,7 @@ fn storm(s: &mut Scene) -> Outcome {
 
 /// A backlog of {drain_events} events drained by a daemon started on it, beside the plain
 /// lapin publisher.
-fn drain(s: &mut Scene) -> Outcome {
+fn drain(s: &mut Scene) -> Result<()> {
     s.enter("drain")?;
     s.text(BACKLOG)?;
     s.text("ANALYZE outbox_events")?;
@@ -291,7 +294,7 @@ fn drain(s: &mut Scene) -> Outcome {
 }
 
 /// The end-to-end client: from the 201 to the delivery.
-fn e2e(s: &mut Scene) -> Outcome {
+fn e2e(s: &mut Scene) -> Result<()> {
     s.enter("e2e")?;
     s.start(Up::Healthy)?;
     let window = s.open()?;
@@ -302,7 +305,7 @@ fn e2e(s: &mut Scene) -> Outcome {
 
 /// The writes, the drain's backlog and the end-to-end load with {ordering_keys} ordering keys,
 /// each on a stage and with a daemon of its own, every key's order checked after each.
-fn ordered(s: &mut Scene) -> Outcome {
+fn ordered(s: &mut Scene) -> Result<()> {
     s.enter("ordered")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
@@ -339,19 +342,18 @@ fn ordered(s: &mut Scene) -> Outcome {
 
 /// Writes and the conventional transaction with PostgreSQL further away, through a delay proxy,
 /// as `d<delay>_<figure>`.
-fn latency(s: &mut Scene) -> Outcome {
+fn latency(s: &mut Scene) -> Result<()> {
     for delay in [0, 2, 20] {
         let d = |figure: &str| format!("d{delay}_{figure}");
         s.enter(&format!("latency{delay}"))?;
         s.proxy(delay)?;
         let link = s.load("link_", LINK)?;
-        let round_trip = s.put(
-            &d("round_trip_ms"),
-            over(link.get("latency_ms"), Some(1.0), 3),
-        );
+        let round_trip = over(link.get("latency_ms"), Some(1.0), 3);
+        let round_trip = s.put(&d("round_trip_ms"), round_trip);
         s.start(Up::Healthy)?;
         let window = s.open()?;
-        let wrk = s.load(&d(""), &LATENCY_KEYS.replace("{delay}", &delay.to_string()))?;
+        let keys = LATENCY_KEYS.replace("{delay}", &delay.to_string());
+        let wrk = s.load(&d(""), &keys)?;
         s.put_daemon_use(&window)?;
         s.batches(&d(""))?;
         s.stop(true)?;
@@ -359,10 +361,8 @@ fn latency(s: &mut Scene) -> Outcome {
             &d("p50_round_trips"),
             over(wrk.get("p50_ms"), round_trip, 2),
         );
-        s.put(
-            &d("sends_per_write"),
-            over(wrk.get("sends"), wrk.get("requests"), 2),
-        );
+        let sends = over(wrk.get("sends"), wrk.get("requests"), 2);
+        s.put(&d("sends_per_write"), sends);
         // pgbench opens its connections, then prepares each client's statements, one client
         // after another: seconds at 20 ms, all in its -T. It runs 6 s longer, judged by -P 1.
         s.replace_db(&format!("pglatency{delay}"))?;
@@ -376,13 +376,11 @@ fn latency(s: &mut Scene) -> Outcome {
 /// What retained size costs, on each side: random-key writes after a CHECKPOINT (the worst
 /// case for full-page images), every shape of listing and key lookups (8 connections, 5 s
 /// each), and the janitor's pass over {scale_expired} expired records and as many old events.
-fn scale(s: &mut Scene) -> Outcome {
+fn scale(s: &mut Scene) -> Result<()> {
     for &(side, _) in SCALE {
         let p = |figure: &str| format!("{side}_{figure}");
-        let rows = match side {
-            "small" => s.settings().scale_small,
-            _ => s.settings().scale_large,
-        };
+        let (small, large) = (s.settings().scale_small, s.settings().scale_large);
+        let rows = if side == "small" { small } else { large };
         s.enter_filled(&format!("scale_{side}"), rows)?;
         s.start(Up::Healthy)?;
         s.text("CHECKPOINT")?;
@@ -403,10 +401,8 @@ fn scale(s: &mut Scene) -> Outcome {
             ("cursor", format!("{before}&cursor={cursor}")),
         ];
         for (shape, query) in listings {
-            s.load(
-                &p(&format!("{shape}_")),
-                &LISTING.replace("{query}", &query),
-            )?;
+            let listing = LISTING.replace("{query}", &query);
+            s.load(&p(&format!("{shape}_")), &listing)?;
         }
         let keys = s.out("txt");
         fs::write(&keys, s.text(SOME_KEYS)? + "\n")?;
@@ -428,21 +424,15 @@ fn scale(s: &mut Scene) -> Outcome {
 /// 1,000 writes, events delivered: the daemon's, every PostgreSQL server's, and each server's
 /// (the one the daemon is given, the coordinator; on plain, the whole server; then each
 /// worker).
-fn citus(s: &mut Scene) -> Outcome {
+fn citus(s: &mut Scene) -> Result<()> {
     for &(side, _) in CITUS {
         let (p, citus) = (|figure: &str| format!("{side}_{figure}"), side != "plain");
         s.enter_lab(side, citus)?;
-        let two_phase = |s: &Scene| {
-            if citus {
-                s.value(TWO_PHASE_COMMITS)
-            } else {
-                Ok(None)
-            }
-        };
-        let commits = two_phase(s)?;
-        s.start(Up::Clients {
-            citus_direct: side != "coordinator",
-        })?;
+        // Plain PostgreSQL makes no two-phase commits.
+        let two_phase = if citus { TWO_PHASE } else { "SELECT NULL" };
+        let commits = s.value(two_phase)?;
+        let citus_direct = side != "coordinator";
+        s.start(Up::Clients { citus_direct })?;
         let mut window = s.open()?;
         let wrk = s.load(&p(""), &CLIENT_KEYS.replace("{side}", side))?;
         s.put(&p("machine_busy_pct"), s.busy(&window)?);
@@ -456,32 +446,21 @@ fn citus(s: &mut Scene) -> Outcome {
         }
         s.stop(true)?;
         s.put(&p("entries_minus_2xx"), int(sub(entries, answered(&wrk))));
-        let commits = sub(two_phase(s)?, commits);
+        let commits = sub(s.value(two_phase)?, commits);
         s.put(&p("two_phase_commits"), int(commits));
     }
     Ok(())
 }
 
 /// The soak (`bench soak`): its slices (see `soak`), then the end counts.
-fn soak(s: &mut Scene) -> Outcome {
+fn soak(s: &mut Scene) -> Result<()> {
     s.enter("soak")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
     soak::slices(s)?;
     s.empty(&mut window, 60)?;
-    let parked = "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL";
-    let not_201 = "SELECT count(*) FROM idempotency_records WHERE response_status <> 201";
-    let counts = [
-        ("unsent", UNSENT),
-        ("records", RECORDS),
-        ("entries", ENTRIES),
-        ("events", EVENTS),
-    ];
-    for (name, sql) in counts.into_iter().chain([
-        ("parked", parked),
-        ("not_201", not_201),
-        ("orphans", soak::ORPHANS),
-    ]) {
+    let names = "unsent records entries events parked not_201 orphans".split(' ');
+    for (name, sql) in names.zip([UNSENT, RECORDS, ENTRIES, EVENTS, PARKED, NOT_201, ORPHANS]) {
         s.put(name, s.sql(sql)?);
     }
     s.queued("queued", s.record.get("events"))?;
@@ -490,21 +469,15 @@ fn soak(s: &mut Scene) -> Outcome {
 }
 
 /// The scenarios of a list such as BENCH_SCENARIOS gives it: names separated by spaces or commas.
-pub fn list(names: &str) -> anyhow::Result<Vec<&'static Scenario>> {
-    let names = names
-        .split(|c: char| c.is_whitespace() || c == ',')
-        .filter(|name| !name.is_empty());
-    let find = |name| {
-        SCENARIOS
-            .iter()
-            .find(|s| s.name == name)
-            .with_context(|| format!("unknown scenario {name}"))
-    };
-    names.map(find).collect()
+pub fn list(names: &str) -> Result<Vec<&'static Scenario>> {
+    let names = names.split(|c: char| c.is_whitespace() || c == ',');
+    let find = |name| SCENARIOS.iter().find(|s| s.name == name);
+    let find = |name| find(name).with_context(|| format!("unknown scenario {name}"));
+    names.filter(|name| !name.is_empty()).map(find).collect()
 }
 
 /// One run of a scenario, on a scene of its own, its stage removed after it.
-pub fn measure<'a>(bench: &'a Bench, scenario: &Scenario, run: u32) -> anyhow::Result<Scene<'a>> {
+pub fn measure<'a>(bench: &'a Bench, scenario: &Scenario, run: u32) -> Result<Scene<'a>> {
     say!("run {run}: {}", scenario.name);
     let mut scene = bench.scene(scenario.name, run, scenario.metrics());
     let measured = (scenario.measure)(&mut scene).and_then(|()| scene.unstage());
@@ -513,7 +486,7 @@ pub fn measure<'a>(bench: &'a Bench, scenario: &Scenario, run: u32) -> anyhow::R
 }
 
 /// `bench run`.
-pub fn run(args: RunArgs) -> Outcome {
+pub fn run(args: RunArgs) -> Result<()> {
     let scenarios = list(&args.scenarios)?;
     harness::ensure_tools(&[
         ("wrk", "wrk"),
@@ -527,14 +500,13 @@ pub fn run(args: RunArgs) -> Outcome {
 
 /// Runs the scenarios; prints and writes the table of each scenario of sides, and, if one of
 /// BENCHMARKS.md's ran, the report to `output` and every run's values to `runs_output`.
-fn measure_all(bench: &Bench, scenarios: &[&Scenario], args: &RunArgs) -> Outcome {
+fn measure_all(bench: &Bench, scenarios: &[&Scenario], args: &RunArgs) -> Result<()> {
     let (s, id) = (&bench.s, &bench.run_id);
     let machine = harness::machine(&bench.pg, &s.config, true);
     let mode = if s.quick { "quick" } else { "full" };
     let (runs, duration, drain) = (s.runs, s.duration, s.drain_events);
-    say!(
-        "run id {id}; mode {mode}: {runs} run(s), {duration}s per measurement, {drain}-event drain"
-    );
+    let what = format!("{runs} run(s), {duration}s per measurement, {drain}-event drain");
+    say!("run id {id}; mode {mode}: {what}");
     let mut runs: HashMap<String, Vec<Figures>> = HashMap::new();
     for run in 1..=s.runs {
         for scenario in scenarios {
@@ -553,10 +525,8 @@ fn measure_all(bench: &Bench, scenarios: &[&Scenario], args: &RunArgs) -> Outcom
     for scenario in scenarios {
         if let Some(table) = report.side_by_side_table(scenario.name, scenario.sides) {
             println!("\n{table}\n");
-            fs::write(
-                bench.work.join(format!("{}.md", scenario.name)),
-                table + "\n",
-            )?;
+            let file = bench.work.join(format!("{}.md", scenario.name));
+            fs::write(file, table + "\n")?;
         }
     }
     if !REPORTED.iter().any(|name| report.runs.contains_key(*name)) {
@@ -569,11 +539,8 @@ fn measure_all(bench: &Bench, scenarios: &[&Scenario], args: &RunArgs) -> Outcom
     written.with_context(|| format!("writing {}", output.display()))?;
     let written = fs::write(runs_output, report.render_runs());
     written.with_context(|| format!("writing {}", runs_output.display()))?;
-    say!(
-        "wrote {}; raw output in {}",
-        output.display(),
-        bench.work.display()
-    );
+    let (output, work) = (output.display(), bench.work.display());
+    say!("wrote {output}; raw output in {work}");
     Ok(())
 }
 
@@ -592,12 +559,8 @@ mod tests {
         assert!(list("writes reads").is_err());
         // A scenario of sides has its metrics, then each side's in turn.
         let metrics = |name| {
-            list(name).unwrap()[0]
-                .metrics()
-                .0
-                .into_iter()
-                .map(|m| m.0)
-                .collect::<Vec<_>>()
+            let metrics = list(name).unwrap()[0].metrics().0;
+            metrics.into_iter().map(|m| m.0).collect::<Vec<_>>()
         };
         let citus = metrics("citus");
         assert_eq!(

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use sha2::Digest as _;
 
 use crate::clients::{self, DelayProxy, Names};
@@ -25,8 +25,6 @@ use crate::outputs;
 use crate::report::{self, Settings};
 use crate::stats::{Figures, Num};
 use crate::{soak, SoakArgs};
-
-pub type Outcome = anyhow::Result<()>;
 
 /// Events not yet sent.
 pub const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
@@ -52,17 +50,14 @@ impl Bench {
     /// Checks that PostgreSQL and the broker answer, makes the work directory, and arms the
     /// clean-up for every exit (the databases `retrysafe_bench_<run id>_*`, the exchanges and
     /// queues bound, the daemon, the labs' servers).
-    pub fn new(mut s: Settings, daemon: Option<PathBuf>, amqp: &str) -> anyhow::Result<Bench> {
+    pub fn new(mut s: Settings, daemon: Option<PathBuf>, amqp: &str) -> Result<Bench> {
         if !Path::new(&s.config).is_file() {
             bail!("no {}", s.config);
         }
         // This program is <target>/<profile>/examples/bench, the daemon <target>/<profile>/retrysafe.
         let exe = std::env::current_exe()?;
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .context("no profile directory")?;
-        let daemon = daemon.unwrap_or(profile.join("retrysafe"));
+        let profile = exe.parent().and_then(Path::parent);
+        let daemon = daemon.unwrap_or(profile.context("no profile directory")?.join("retrysafe"));
         if !daemon.is_file() {
             let build =
                 "cargo build --release --features bench-routes --bin retrysafe --example bench";
@@ -102,7 +97,7 @@ impl Bench {
 
     /// After the work: cleans up (exiting as a signal said if one interrupted it) and notes
     /// where the raw output of a failed run is.
-    pub fn finish<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+    pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
         self.cleanup.finish();
         if let Err(error) = &result {
             say!("ERROR: {error:#}; raw output in {}", self.work.display());
@@ -234,7 +229,7 @@ impl<'a> Scene<'a> {
         self.put(name, Some(Num::flag(before && equal)));
     }
 
-    fn stage(&self) -> anyhow::Result<&Stage> {
+    fn stage(&self) -> Result<&Stage> {
         self.stage.as_ref().context("no stage")
     }
 
@@ -244,7 +239,7 @@ impl<'a> Scene<'a> {
         lab.map_or(&self.bench.pg, |lab| &lab.pg)
     }
 
-    pub fn db(&self) -> anyhow::Result<&str> {
+    pub fn db(&self) -> Result<&str> {
         Ok(&self.stage()?.db)
     }
 
@@ -256,14 +251,14 @@ impl<'a> Scene<'a> {
     /// (created and migrated with `retrysafe migrate`, then BENCH_SETUP_SQL run on it) and a
     /// durable topic exchange `retrysafe.bench.<run id>.<name>.<run>` with a durable queue bound
     /// for '#'.
-    pub fn enter(&mut self, name: &str) -> Outcome {
+    pub fn enter(&mut self, name: &str) -> Result<()> {
         self.unstage()?;
         let db = self.fresh_db(&format!("{name}_{}", self.run))?;
         self.set_stage(name, db, false, None)
     }
 
     /// A fresh database in place of the stage's, as `enter` makes one; the exchange stays.
-    pub fn replace_db(&mut self, name: &str) -> Outcome {
+    pub fn replace_db(&mut self, name: &str) -> Result<()> {
         let db = self.fresh_db(&format!("{name}_{}", self.run))?;
         let stage = self.stage.as_mut().context("no stage")?;
         self.bench.pg.drop_db(&std::mem::replace(&mut stage.db, db))
@@ -271,7 +266,7 @@ impl<'a> Scene<'a> {
 
     /// A stage whose database has `rows` rows per table (see `fill_db`), filled at its first
     /// use and kept for the later runs; a fresh exchange.
-    pub fn enter_filled(&mut self, name: &str, rows: u64) -> Outcome {
+    pub fn enter_filled(&mut self, name: &str, rows: u64) -> Result<()> {
         self.unstage()?;
         let db = format!("retrysafe_bench_{}_{name}", self.bench.run_id);
         let filled = self.bench.pg.databases_like(&db)?.contains(&db);
@@ -286,7 +281,7 @@ impl<'a> Scene<'a> {
     /// A stage on servers of its own (bench/lab.rs): a Citus coordinator and two workers if
     /// `citus`, else one plain server; their database `retrysafe` migrated (on Citus, its tables
     /// distributed), and a fresh exchange.
-    pub fn enter_lab(&mut self, name: &str, citus: bool) -> Outcome {
+    pub fn enter_lab(&mut self, name: &str, citus: bool) -> Result<()> {
         self.unstage()?;
         let b = self.bench;
         let dir = std::env::temp_dir().join(format!("retrysafe-bench-{}", b.run_id));
@@ -296,13 +291,9 @@ impl<'a> Scene<'a> {
     }
 
     /// The stage `name` on `db`, with a fresh exchange.
-    fn set_stage(&mut self, name: &str, db: String, kept: bool, lab: Option<Lab>) -> Outcome {
-        let exchange = format!(
-            "retrysafe.bench.{}.{}.{}",
-            self.bench.run_id,
-            name.replace('_', "."),
-            self.run
-        );
+    fn set_stage(&mut self, name: &str, db: String, kept: bool, lab: Option<Lab>) -> Result<()> {
+        let (id, name, run) = (&self.bench.run_id, name.replace('_', "."), self.run);
+        let exchange = format!("retrysafe.bench.{id}.{name}.{run}");
         self.bench.cleanup.bind(&exchange)?;
         self.stage = Some(Stage {
             db,
@@ -316,7 +307,7 @@ impl<'a> Scene<'a> {
 
     /// Removes the stage: its database (unless kept), a lab's servers, its exchange and queue,
     /// the delay proxy.
-    pub fn unstage(&mut self) -> Outcome {
+    pub fn unstage(&mut self) -> Result<()> {
         let Some(stage) = self.stage.take() else {
             return Ok(());
         };
@@ -326,14 +317,12 @@ impl<'a> Scene<'a> {
         if stage.lab.is_some() {
             self.bench.cleanup.stop_servers();
         }
-        block_on(clients::delete(&Names::of(
-            &stage.exchange,
-            &self.bench.amqp,
-        )))
+        let names = Names::of(&stage.exchange, &self.bench.amqp);
+        block_on(clients::delete(&names))
     }
 
     /// A fresh database of the machine's PostgreSQL, migrated; not once the clean-up has begun.
-    fn fresh_db(&self, name: &str) -> anyhow::Result<String> {
+    fn fresh_db(&self, name: &str) -> Result<String> {
         let b = self.bench;
         let db = format!("retrysafe_bench_{}_{name}", b.run_id);
         b.cleanup.guard(|_| {
@@ -344,23 +333,19 @@ impl<'a> Scene<'a> {
     }
 
     /// `retrysafe migrate` on `db` of `pg`, then BENCH_SETUP_SQL.
-    fn migrate(&self, pg: &Pg, db: &str) -> Outcome {
+    fn migrate(&self, pg: &Pg, db: &str) -> Result<()> {
         let b = self.bench;
-        let log = fs::OpenOptions::new()
-            .create(true)
+        let mut log = fs::OpenOptions::new();
+        let log = log
             .append(true)
+            .create(true)
             .open(b.work.join("migrate.log"))?;
         let mut migrate = Command::new(&b.daemon);
         migrate.args(["migrate", "--config", &b.s.config]);
-        migrate
-            .env("RETRYSAFE_DATABASE__URL", pg.url(db))
-            .env("RETRYSAFE_LOG__LEVEL", "warn");
-        if !migrate
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .status()?
-            .success()
-        {
+        migrate.env("RETRYSAFE_DATABASE__URL", pg.url(db));
+        migrate.env("RETRYSAFE_LOG__LEVEL", "warn");
+        let status = migrate.stdout(log.try_clone()?).stderr(log).status()?;
+        if !status.success() {
             bail!("migrate {db} failed (see migrate.log)");
         }
         match &b.setup_sql {
@@ -371,29 +356,20 @@ impl<'a> Scene<'a> {
 
     /// The stage's database filled to `rows` rows per table with one write of the daemon's own
     /// as the template of every row (bench/scale_fill.sql): the daemon's shape and size.
-    fn fill_db(&mut self, rows: u64) -> Outcome {
+    fn fill_db(&mut self, rows: u64) -> Result<()> {
         let (started, db) = (Instant::now(), self.db()?.to_owned());
         self.start(Up::Healthy)?;
         let body = r#"{"kind":"bench.write","data":{"seq":1,"amount":1250,"currency":"EUR","note":"retrysafe benchmark payload"}}"#;
         let mut post = Command::new("curl");
-        post.args([
-            "-sf",
-            "-o",
-            "/dev/null",
-            "-d",
-            body,
-            "-H",
-            "Content-Type: application/json",
-        ]);
+        post.args(["-sf", "-o", "/dev/null", "-d", body]);
+        post.args(["-H", "Content-Type: application/json"]);
         post.args(["-H", "Idempotency-Key: scale-template"]);
         post.arg(format!("{}/v1/entries", self.url())).status()?;
         let pg = &self.bench.pg;
         block_on(clients::drained(&pg.url(&db), Duration::from_secs(30)))?;
         self.daemon.as_mut().context("no daemon")?.stop()?;
-        pg.query(
-            &db,
-            &include_str!("scale_fill.sql").replace("{rows}", &rows.to_string()),
-        )?;
+        let fill = include_str!("scale_fill.sql").replace("{rows}", &rows.to_string());
+        pg.query(&db, &fill)?;
         pg.query(&db, "VACUUM ANALYZE")?;
         let took = started.elapsed().as_secs_f64();
         say!("filled {db}: {rows} rows per table in {took:.0} s");
@@ -402,7 +378,7 @@ impl<'a> Scene<'a> {
 
     /// A delay proxy in front of PostgreSQL that adds `delay_ms` to every round trip: the
     /// stage's daemons reach PostgreSQL through it, and `{proxy_port}` is its port.
-    pub fn proxy(&mut self, delay_ms: u64) -> Outcome {
+    pub fn proxy(&mut self, delay_ms: u64) -> Result<()> {
         let target = format!("{}:{}", std::env::var("PGHOST")?, std::env::var("PGPORT")?);
         let proxy = DelayProxy::start(target, Duration::from_millis(delay_ms), "127.0.0.1:0")?;
         self.stage.as_mut().context("no stage")?.proxy = Some(proxy);
@@ -410,31 +386,26 @@ impl<'a> Scene<'a> {
     }
 
     /// The daemon on the stage.
-    pub fn start(&mut self, up: Up) -> Outcome {
+    pub fn start(&mut self, up: Up) -> Result<()> {
         let log = self.out("log");
         let (b, stage) = (self.bench, self.stage()?);
         let db_url = match &stage.proxy {
-            Some(proxy) => format!(
-                "postgres://{}@127.0.0.1:{}/{}",
-                std::env::var("PGUSER")?,
-                proxy.port,
-                stage.db
-            ),
+            Some(proxy) => {
+                let (user, port, db) = (std::env::var("PGUSER")?, proxy.port, &stage.db);
+                format!("postgres://{user}@127.0.0.1:{port}/{db}")
+            }
             None => self.pg().url(&stage.db),
         };
-        let amqp = if up == Up::NoBroker {
-            "amqp://guest:guest@127.0.0.1:1/%2f"
-        } else {
-            &b.amqp
+        let amqp = match up {
+            Up::NoBroker => "amqp://guest:guest@127.0.0.1:1/%2f",
+            _ => &b.amqp,
         };
         let mut env = vec![("DATABASE__URL", db_url.as_str()), ("AMQP__URL", amqp)];
         env.push(("AMQP__EXCHANGE", &stage.exchange));
         let mut settings = b.s.clone();
         if let Up::Clients { citus_direct } = up {
-            env.push((
-                "DATABASE__CITUS_DIRECT",
-                if citus_direct { "true" } else { "false" },
-            ));
+            let direct = if citus_direct { "true" } else { "false" };
+            env.push(("DATABASE__CITUS_DIRECT", direct));
             settings.config = self.with_clients()?;
         }
         let daemon = Daemon::start(&b.daemon, &settings, &env, log, &b.cleanup)?;
@@ -446,14 +417,14 @@ impl<'a> Scene<'a> {
 
     /// A configuration of its own: the bench's, and {clients} clients whose tokens are
     /// {tokens}; its path.
-    fn with_clients(&self) -> anyhow::Result<String> {
+    fn with_clients(&self) -> Result<String> {
         let s = &self.bench.s;
         let mut config = fs::read_to_string(&s.config)?;
         for (client, token) in s.tokens().iter().enumerate() {
             let digest = sha2::Sha256::digest(token.as_bytes());
             let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
-            config +=
-                &format!("\n[[auth.clients]]\nid = \"bench-{client}\"\ntoken_sha256 = \"{hex}\"\n");
+            let client = format!("id = \"bench-{client}\"\ntoken_sha256 = \"{hex}\"");
+            config += &format!("\n[[auth.clients]]\n{client}\n");
         }
         let path = self.bench.work.join("clients.toml");
         fs::write(&path, config)?;
@@ -462,15 +433,16 @@ impl<'a> Scene<'a> {
 
     /// Stops the daemon: its log's WARN/ERROR lines under load and after the SIGTERM are added to
     /// `log_problems` and `shutdown_log_problems` if `count_logs`; `exit_code` and `stop_ms`.
-    pub fn stop(&mut self, count_logs: bool) -> Outcome {
+    pub fn stop(&mut self, count_logs: bool) -> Result<()> {
         let daemon = self.daemon.as_mut().context("no daemon")?;
         let (status, took) = daemon.stop()?;
         let (under_load, after, first) = daemon.log_problems();
         if count_logs {
-            for (name, count) in [
+            let counts = [
                 ("log_problems", under_load),
                 ("shutdown_log_problems", after),
-            ] {
+            ];
+            for (name, count) in counts {
                 let before = self.record.get(name).unwrap_or(0.0) as i64;
                 self.put(name, Some(Num::int(before + count as i64)));
             }
@@ -482,32 +454,30 @@ impl<'a> Scene<'a> {
     }
 
     /// The first value `sql` (filled in) gives on the stage's database, as text.
-    pub fn text(&self, sql: &str) -> anyhow::Result<String> {
+    pub fn text(&self, sql: &str) -> Result<String> {
         self.pg().query(self.db()?, &self.fill(sql))
     }
 
     /// The first value `sql` gives, as a figure.
-    pub fn sql(&self, sql: &str) -> anyhow::Result<Option<Num>> {
+    pub fn sql(&self, sql: &str) -> Result<Option<Num>> {
         Ok(Num::parse(&self.text(sql)?))
     }
 
     /// The first value `sql` gives, as a number.
-    pub fn value(&self, sql: &str) -> anyhow::Result<Option<f64>> {
+    pub fn value(&self, sql: &str) -> Result<Option<f64>> {
         Ok(self.sql(sql)?.map(|num| num.value))
     }
 
     /// GET of a path of the daemon: the JSON string field `key` of its answer.
-    pub fn get(&self, path: &str, key: &str) -> anyhow::Result<String> {
-        let answer: serde_json::Value =
-            serde_json::from_str(&harness::get(&(self.url() + path), "30")?)?;
-        let value = answer[key]
-            .as_str()
-            .with_context(|| format!("GET {path}: no {key}"))?;
-        Ok(value.to_owned())
+    pub fn get(&self, path: &str, key: &str) -> Result<String> {
+        let answer = harness::get(&(self.url() + path), "30")?;
+        let answer: serde_json::Value = serde_json::from_str(&answer)?;
+        let value = answer[key].as_str().map(str::to_owned);
+        value.with_context(|| format!("GET {path}: no {key}"))
     }
 
     /// Opens a measured window.
-    pub fn open(&self) -> anyhow::Result<Window> {
+    pub fn open(&self) -> Result<Window> {
         let running = self.daemon.as_ref().filter(|d| d.ticks_at_stop.is_none());
         let daemon = running.map_or(Ok(0), Daemon::cpu_ticks)?;
         let (services, machine) = (ServiceTicks::now(), MachineTicks::now()?);
@@ -526,7 +496,7 @@ impl<'a> Scene<'a> {
 
     /// Waits until no event is unsent, at most `timeout` s: the seconds since the window
     /// opened, if it came to that.
-    pub fn empty(&self, window: &mut Window, timeout: u64) -> anyhow::Result<Option<Num>> {
+    pub fn empty(&self, window: &mut Window, timeout: u64) -> Result<Option<Num>> {
         let (pg, db) = (self.pg(), self.db()?);
         window.emptied = block_on(clients::drained(&pg.url(db), Duration::from_secs(timeout)))?;
         if !window.emptied {
@@ -538,13 +508,13 @@ impl<'a> Scene<'a> {
     }
 
     /// The machine's busy share since the window opened, in per cent.
-    pub fn busy(&self, window: &Window) -> anyhow::Result<Option<Num>> {
+    pub fn busy(&self, window: &Window) -> Result<Option<Num>> {
         let busy = MachineTicks::now()?.since(window.machine).busy_share(false);
         Ok(busy.and_then(|busy| Num::fixed(busy, 1)))
     }
 
     /// The daemon's peak RSS (VmHWM), MiB.
-    pub fn hwm(&self) -> anyhow::Result<Option<Num>> {
+    pub fn hwm(&self) -> Result<Option<Num>> {
         let daemon = self.daemon.as_ref().context("no daemon")?;
         Ok(Num::fixed(daemon.status_mib("VmHWM")?, 1))
     }
@@ -552,7 +522,7 @@ impl<'a> Scene<'a> {
     /// The daemon's cores since the window opened, as `cpu_cores` (the run's first window: in
     /// latency, the one with no delay added, its busiest), and its peak RSS as `rss_mb` (the
     /// highest of the run's daemons).
-    pub fn put_daemon_use(&mut self, window: &Window) -> Outcome {
+    pub fn put_daemon_use(&mut self, window: &Window) -> Result<()> {
         let daemon = self.daemon.as_ref().context("no daemon")?;
         let used = daemon.cpu_ticks()?.saturating_sub(window.daemon) as f64;
         let cores = used / harness::clock_ticks() / window.at.elapsed().as_secs_f64();
@@ -570,7 +540,7 @@ impl<'a> Scene<'a> {
     /// RabbitMQ's, and the whole machine's (steal not counted); none unless the outbox emptied
     /// when waited for, or of a reading that went down, as after a server restart (which is
     /// logged).
-    pub fn costs(&self, window: &Window, count: Option<f64>) -> anyhow::Result<[Option<Num>; 4]> {
+    pub fn costs(&self, window: &Window, count: Option<f64>) -> Result<[Option<Num>; 4]> {
         if !window.emptied {
             return Ok([None, None, None, None]);
         }
@@ -587,10 +557,8 @@ impl<'a> Scene<'a> {
     /// reading went down, as after a server restart (which is logged).
     fn service_costs(&self, before: ServiceTicks, count: f64) -> [Option<Num>; 2] {
         let Some(spent) = ServiceTicks::now().since(before) else {
-            say!(
-                "{}: PostgreSQL's or RabbitMQ's CPU time went down (restarted?): no CPU cost",
-                self.scenario
-            );
+            let scenario = self.scenario;
+            say!("{scenario}: PostgreSQL's or RabbitMQ's CPU time went down (restarted?): no CPU cost");
             return [None, None];
         };
         [spent.postgres, spent.rabbitmq].map(|ticks| seconds_per_1000(ticks, count))
@@ -598,17 +566,10 @@ impl<'a> Scene<'a> {
 
     /// [`costs`](Self::costs) as `<prefix>cost_daemon`, `<prefix>cost_postgres`,
     /// `<prefix>cost_rabbitmq` and `<prefix>machine_cost`.
-    pub fn put_costs(&mut self, window: &Window, count: Option<f64>, prefix: &str) -> Outcome {
+    pub fn put_costs(&mut self, window: &Window, count: Option<f64>, prefix: &str) -> Result<()> {
         let costs = self.costs(window, count)?;
-        for (name, cost) in [
-            "cost_daemon",
-            "cost_postgres",
-            "cost_rabbitmq",
-            "machine_cost",
-        ]
-        .iter()
-        .zip(costs)
-        {
+        let names = "cost_daemon cost_postgres cost_rabbitmq machine_cost".split(' ');
+        for (name, cost) in names.zip(costs) {
             self.put(&format!("{prefix}{name}"), cost);
         }
         Ok(())
@@ -616,22 +577,18 @@ impl<'a> Scene<'a> {
 
     /// CPU seconds per 1,000 of `count` since the window opened of each of the lab's servers:
     /// the one the daemon is given (a Citus coordinator, or the plain server) first.
-    pub fn lab_costs(
-        &self,
-        window: &Window,
-        count: Option<f64>,
-    ) -> anyhow::Result<Vec<Option<Num>>> {
+    pub fn lab_costs(&self, window: &Window, n: Option<f64>) -> Result<Vec<Option<Num>>> {
         let lab = self.stage()?.lab.as_ref().context("no lab")?;
         let spent = lab.postmasters()?.into_iter().zip(&window.lab);
         let cost = |(postmaster, before): (u32, &u64)| {
             let ticks = harness::ticks_of_tree(postmaster).saturating_sub(*before);
-            seconds_per_1000(ticks, count.unwrap_or(0.0))
+            seconds_per_1000(ticks, n.unwrap_or(0.0))
         };
         Ok(spent.map(cost).collect())
     }
 
     /// A program's load, its figures recorded as `<prefix><figure>` (see `tool`).
-    pub fn load(&mut self, prefix: &str, command: &str) -> anyhow::Result<Figures> {
+    pub fn load(&mut self, prefix: &str, command: &str) -> Result<Figures> {
         let figures = self.tool(command, || Ok(()))?;
         self.put_all(prefix, &figures);
         Ok(figures)
@@ -641,7 +598,7 @@ impl<'a> Scene<'a> {
     /// in), calling `poll` every 500 ms while it runs. Its figures: wrk's (`wrk_figures`), or
     /// pgbench's (`pgbench_figures`; with `-P 1`, steady over the last {duration} s); and
     /// `sends`, the delay proxy's meanwhile.
-    fn tool(&mut self, command: &str, poll: impl FnMut() -> Outcome) -> anyhow::Result<Figures> {
+    fn tool(&mut self, command: &str, poll: impl FnMut() -> Result<()>) -> Result<Figures> {
         let line = self.fill(command);
         let program = line.split_whitespace().find(|word| !word.contains('='));
         let program = program.context("no program")?.to_owned();
@@ -650,27 +607,22 @@ impl<'a> Scene<'a> {
         let before = proxy.map(DelayProxy::sends);
         let (status, text) = harness::run_program(&line, &out, Duration::from_millis(500), poll)?;
         let proxy = self.stage.as_ref().and_then(|stage| stage.proxy.as_ref());
-        let sends = proxy
-            .map(DelayProxy::sends)
-            .zip(before)
-            .map(|(now, was)| Num::int((now - was) as i64));
+        let sends = proxy.map(DelayProxy::sends).zip(before);
+        let sends = sends.map(|(now, was)| Num::int((now - was) as i64));
         let mut figures = if program == "pgbench" {
             if !status.success() {
                 say!("pgbench exited with {status}; see {}", out.display());
             }
             self.quiet()?;
-            outputs::pgbench_figures(
-                &text,
-                line.contains("-P 1").then_some(self.bench.s.duration),
-            )
+            let steady = line.contains("-P 1").then_some(self.bench.s.duration);
+            outputs::pgbench_figures(&text, steady)
         } else {
             if !status.success() {
                 bail!("{program} failed ({status}); see {}", out.display());
             }
             let result = outputs::result_line(&text, "BENCH_RESULT");
-            outputs::wrk_figures(
-                &result.with_context(|| format!("no result; see {}", out.display()))?,
-            )
+            let result = result.with_context(|| format!("no result; see {}", out.display()))?;
+            outputs::wrk_figures(&result)
         };
         figures.push("sends", sends);
         Ok(figures)
@@ -678,7 +630,7 @@ impl<'a> Scene<'a> {
 
     /// Waits (at most 10 s) until pgbench's backends on the stage's database are gone, so that
     /// their whole time counts.
-    fn quiet(&self) -> Outcome {
+    fn quiet(&self) -> Result<()> {
         let db = self.db()?;
         let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND application_name = 'pgbench'");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -692,17 +644,16 @@ impl<'a> Scene<'a> {
     /// time: a daemon started (its janitor begins at once); how fast each table's expired rows
     /// went, from the daemon's /metrics, as `records_per_s` and `events_per_s`, beside wrk's
     /// figures.
-    pub fn janitor(&mut self, prefix: &str) -> Outcome {
+    pub fn janitor(&mut self, prefix: &str) -> Result<()> {
         let (started, expired) = (Instant::now(), self.bench.s.scale_expired as f64);
         self.start(Up::Healthy)?;
         let metrics = self.url() + "/metrics";
         let deleted = |table: &str| {
-            let metrics = harness::get(&metrics, "10")?;
-            anyhow::Ok(outputs::metric(
-                &metrics,
+            let (metrics, name) = (
+                harness::get(&metrics, "10")?,
                 "retrysafe_janitor_deleted_rows_total",
-                table,
-            ))
+            );
+            anyhow::Ok(outputs::metric(&metrics, name, table))
         };
         let (tables, mut done) = (["idempotency_records", "outbox_events"], [None, None]);
         let load = "BENCH_KEYS=random {wrk_janitor} -s bench/unique_keys.lua {url}/";
@@ -726,37 +677,27 @@ impl<'a> Scene<'a> {
 
     /// The writers' batches so far, from /metrics: writes_per_batch and ms_per_batch (per batch
     /// transaction), as `<prefix><figure>`.
-    pub fn batches(&mut self, prefix: &str) -> Outcome {
+    pub fn batches(&mut self, prefix: &str) -> Result<()> {
         let text = harness::get(&(self.url() + "/metrics"), "10")?;
         let per = |name: &str, scale: f64| {
             let count = outputs::metric(&text, &format!("{name}_count"), "");
             let sum = outputs::metric(&text, &format!("{name}_sum"), "");
             (count > 0.0).then(|| Num::fixed(scale * sum / count, 1))?
         };
-        self.put(
-            &format!("{prefix}writes_per_batch"),
-            per("retrysafe_writer_batch_size", 1.0),
-        );
-        self.put(
-            &format!("{prefix}ms_per_batch"),
-            per("retrysafe_writer_transaction_seconds", 1000.0),
-        );
+        let writes = per("retrysafe_writer_batch_size", 1.0);
+        let ms = per("retrysafe_writer_transaction_seconds", 1000.0);
+        self.put(&format!("{prefix}writes_per_batch"), writes);
+        self.put(&format!("{prefix}ms_per_batch"), ms);
         Ok(())
     }
 
     /// The end-to-end client at {e2e_rate} requests/s for {e2e_seconds} s, writes of
     /// {ordering_keys} ordering keys in turn if `ordered`; its figures as `<prefix><figure>`.
-    pub fn e2e(&mut self, prefix: &str, ordered: bool) -> Outcome {
+    pub fn e2e(&mut self, prefix: &str, ordered: bool) -> Result<()> {
         let (s, queue) = (&self.bench.s, format!("{}.q", self.stage()?.exchange));
         let keys = if ordered { s.ordering_keys as usize } else { 0 };
-        let e2e = clients::end_to_end(
-            &self.url(),
-            &self.bench.amqp,
-            &queue,
-            s.e2e_rate,
-            s.e2e_seconds,
-            keys,
-        )?;
+        let (url, amqp, rate, seconds) = (self.url(), &self.bench.amqp, s.e2e_rate, s.e2e_seconds);
+        let e2e = clients::end_to_end(&url, amqp, &queue, rate, seconds, keys)?;
         self.put_all(prefix, &e2e);
         Ok(())
     }
@@ -764,32 +705,27 @@ impl<'a> Scene<'a> {
     /// The plain lapin publisher: {drain_events} messages of `payload` bytes (400 if unknown) to
     /// an exchange and queue of its own; events_per_s, queued, rabbitmq_cost as
     /// `<prefix><figure>`.
-    pub fn publish(&mut self, prefix: &str, payload: Option<f64>) -> Outcome {
+    pub fn publish(&mut self, prefix: &str, payload: Option<f64>) -> Result<()> {
         let (b, events) = (self.bench, self.bench.s.drain_events);
         let exchange = format!("retrysafe.bench.{}.publisher.{}", b.run_id, self.run);
         b.cleanup.bind(&exchange)?;
-        let (payload, window) = (
-            payload.unwrap_or(400.0) as usize,
-            b.s.publish_window as usize,
-        );
-        let services = ServiceTicks::now();
+        let payload = payload.unwrap_or(400.0) as usize;
+        let (services, window) = (ServiceTicks::now(), b.s.publish_window as usize);
         let rate = block_on(clients::publish(
             &b.amqp, &exchange, events, payload, window,
         ))?;
         let [_, cost] = self.service_costs(services, events as f64);
         let queued = block_on(clients::count(&b.amqp, &format!("{exchange}.q"), events))?;
         block_on(clients::delete(&Names::of(&exchange, &b.amqp)))?;
-        self.put(
-            &format!("{prefix}events_per_s"),
-            Num::parse(&rate.to_string()),
-        );
+        let rate = Num::parse(&rate.to_string());
+        self.put(&format!("{prefix}events_per_s"), rate);
         self.put(&format!("{prefix}queued"), Some(Num::int(queued as i64)));
         self.put(&format!("{prefix}rabbitmq_cost"), cost);
         Ok(())
     }
 
     /// Messages in the stage's queue, waiting a while for `expect` of them, as `name`.
-    pub fn queued(&mut self, name: &str, expect: Option<f64>) -> anyhow::Result<Option<f64>> {
+    pub fn queued(&mut self, name: &str, expect: Option<f64>) -> Result<Option<f64>> {
         let queue = format!("{}.q", self.stage()?.exchange);
         let expect = expect.unwrap_or(0.0) as u64;
         let queued = block_on(clients::count(&self.bench.amqp, &queue, expect))?;

@@ -10,11 +10,10 @@
 //! verdict is the least-squares slope of those samples after the warm-up, in MiB per hour.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::fs;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 
 use crate::harness::{self, MachineTicks};
 use crate::outputs::{field, result_line};
@@ -29,10 +28,6 @@ const THREADS: u32 = 2;
 const MIN_SAMPLES: usize = 10;
 const MIN_SPAN_S: f64 = 60.0;
 const TEMPLATE: &str = include_str!("soak.md");
-
-/// Records without their entry, and entries without their event.
-pub const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
-    + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
 
 /// Where a slice's figure comes from: the sum of figures of wrk's `SOAK_RESULT`, or a reading
 /// of the daemon, the machine or the database after the slice.
@@ -101,10 +96,8 @@ fn total(rows: &[SliceRow], column: &str) -> String {
         .iter()
         .position(|c| c.0 == column)
         .expect("a column");
-    rows.iter()
-        .map(|row| row.2[index] as u64)
-        .sum::<u64>()
-        .to_string()
+    let sum: u64 = rows.iter().map(|row| row.2[index] as u64).sum();
+    sum.to_string()
 }
 
 /// A row of the slice table: the slice, its end, then each shown column's figure.
@@ -134,9 +127,8 @@ fn slice_table(rows: &[SliceRow]) -> String {
 
 /// min, max, first and last slice of every shown column.
 fn summary_table(rows: &[SliceRow]) -> String {
-    let mut out = String::from(
-        "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|",
-    );
+    let head = "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|";
+    let mut out = String::from(head);
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
         return out;
     };
@@ -146,12 +138,8 @@ fn summary_table(rows: &[SliceRow]) -> String {
         let shown = |row: &SliceRow| (row.2[i] * scale).round() / scale;
         let lo = rows.iter().map(shown).fold(f64::INFINITY, f64::min);
         let hi = rows.iter().map(shown).fold(f64::NEG_INFINITY, f64::max);
-        let _ = write!(
-            out,
-            "\n| {name} | {lo} | {hi} | {} | {} |",
-            shown(first),
-            shown(last)
-        );
+        let (first, last) = (shown(first), shown(last));
+        out += &format!("\n| {name} | {lo} | {hi} | {first} | {last} |");
     }
     out
 }
@@ -173,11 +161,11 @@ fn memory(samples: &[(f64, f64)], warmup_s: f64, limit: f64) -> (Check, String) 
         .first()
         .zip(after.last())
         .map_or(0.0, |(a, b)| b.0 - a.0);
-    let line = least_squares(&after);
-    let enough = after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S;
-    let flat = line
-        .filter(|_| enough)
-        .map(|(slope, _, _)| slope * 3600.0 <= limit);
+    let (line, enough) = (
+        least_squares(&after),
+        after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S,
+    );
+    let flat = line.filter(|_| enough).map(|line| line.0 * 3600.0 <= limit);
     let (samples, warmup) = (after.len(), format!("{:.1} min", warmup_s / 60.0));
     let name = format!("RSS slope after the warm-up ≤ {limit} MiB/h");
     let (detail, sentence) = match (line, flat) {
@@ -230,11 +218,7 @@ fn check_table(checks: &[Check]) -> String {
     let mut out = String::from("| check | result | detail |\n|---|---|---|");
     for (name, passed, detail) in checks {
         let result = passed.map_or("n/a", |ok| if ok { "ok" } else { "FAILED" });
-        let _ = write!(
-            out,
-            "\n| {name} | {result} | {} |",
-            detail.replace('|', "/")
-        );
+        out += &format!("\n| {name} | {result} | {} |", detail.replace('|', "/"));
     }
     out
 }
@@ -249,22 +233,14 @@ fn render(
 ) -> String {
     let (table, summary, checks) = (slice_table(rows), summary_table(rows), check_table(checks));
     let (requests, created) = (total(rows, "requests"), total(rows, "created"));
-    let parts = [
-        ("table", table),
-        ("summary", summary),
-        ("checks", checks),
-        ("memory", memory),
-    ];
-    for (name, text) in parts
-        .into_iter()
-        .chain([("requests", requests), ("created", created)])
-    {
+    let names = "table summary checks memory requests created".split(' ');
+    for (name, text) in names.zip([table, summary, checks, memory, requests, created]) {
         facts.insert(name.into(), text);
     }
     fill(TEMPLATE, |name| facts.get(name).cloned())
 }
 
-pub fn run(args: SoakArgs) -> anyhow::Result<()> {
+pub fn run(args: SoakArgs) -> Result<()> {
     if args.slices() < 1 {
         bail!("SOAK_MINUTES * 60 must be at least SOAK_SLICE_SECONDS");
     }
@@ -276,17 +252,13 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     }
     harness::ensure_tools(&[("wrk", "wrk"), ("curl", "curl")])?;
     let port = args.port.map_or_else(harness::free_port, Ok)?;
-    let (duration, connections, config) =
-        (args.slice_seconds, args.connections, args.config.clone());
-    let s = Settings {
+    let mut s = Settings {
         runs: 1,
-        duration,
-        connections,
-        wrk_threads: THREADS,
         port,
-        config,
+        config: args.config.clone(),
         ..Settings::default()
     };
+    (s.duration, s.connections, s.wrk_threads) = (args.slice_seconds, args.connections, THREADS);
     let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
     bench.soak = Some(args);
     if !bench.finish(soak(&bench))? {
@@ -296,13 +268,16 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
 }
 
 /// Runs the soak and writes its report; whether every check passed.
-fn soak(bench: &Bench) -> anyhow::Result<bool> {
+fn soak(bench: &Bench) -> Result<bool> {
     let a = bench.soak.as_ref().context("not a soak")?;
     let scene = scenarios::measure(bench, scenarios::list("soak")?[0], 1)?;
     let load = &scene.soak;
-    let recorded = scene.record.0.iter();
-    let recorded =
-        recorded.filter_map(|(name, value)| Some((name.clone(), value.as_ref()?.text.clone())));
+    let recorded = scene
+        .record
+        .0
+        .iter()
+        .map(|(name, value)| (name, value.as_ref()));
+    let recorded = recorded.filter_map(|(name, value)| Some((name.clone(), value?.text.clone())));
     let mut facts: HashMap<String, String> = recorded.collect();
     let cut = |line: &str| line.chars().take(160).collect::<String>();
     let example = load
@@ -321,7 +296,7 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     facts.insert("first".into(), first.unwrap_or_default());
     facts
         .entry("exit_code".into())
-        .or_insert_with(|| "by signal".into());
+        .or_insert("by signal".into());
     let value = |name: &str| {
         facts
             .get(name)
@@ -329,11 +304,8 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
             .unwrap_or(f64::NAN)
     };
     let check = |(name, passed, detail): &(&str, Condition, &str)| {
-        (
-            name.to_string(),
-            Some(passed(&value)),
-            fill(detail, |name| facts.get(name).cloned()),
-        )
+        let detail = fill(detail, |name| facts.get(name).cloned());
+        (name.to_string(), Some(passed(&value)), detail)
     };
     let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
     let load_s = f64::from(a.slices() * a.slice_seconds);
@@ -345,23 +317,14 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
     let mut m = harness::machine(&bench.pg, &a.config, false);
     let vacuum = "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice";
-    m.insert(
-        "vacuum",
-        if a.vacuum {
-            vacuum.into()
-        } else {
-            String::new()
-        },
-    );
+    m.insert("vacuum", if a.vacuum { vacuum } else { "" }.into());
     let machine = "{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}";
     let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
-    facts.entry("hwm_mib".into()).or_insert_with(|| "?".into());
+    facts.entry("hwm_mib".into()).or_insert("?".into());
+    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
     for (name, value) in [
         ("id", bench.run_id.clone()),
-        (
-            "written_at",
-            chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
-        ),
+        ("written_at", written_at),
         ("commit", m["commit"].clone()),
         ("daemon", daemon),
         ("config", a.config.clone()),
@@ -377,21 +340,18 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
     let output = format!("bench/results/soak-{stamp}.md");
     fs::write(&output, report)?;
-    let part = |name| facts[name].as_str();
-    let (table, memory, summary, checks_table) = (
-        part("table"),
-        part("memory"),
-        part("summary"),
-        part("checks"),
+    let printed = fill(
+        "\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n",
+        |name| facts.get(name).cloned(),
     );
-    println!("\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks_table}\n");
+    println!("{printed}");
     say!("wrote {output}; raw output in {}", bench.work.display());
     Ok(!checks.iter().any(|check| check.1 == Some(false)))
 }
 
 /// The load, slice after slice, into the scene's `soak`; the samples also to rss.tsv and the
 /// unexpected answers to unexpected.txt.
-pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
+pub fn slices(scene: &mut Scene) -> Result<()> {
     let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let a = bench.soak.as_ref().context("not a soak")?;
     fs::write(bench.work.join("keys.txt"), "")?;
@@ -406,25 +366,19 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
     for slice in 1..=slices {
         let (row, text) = one_slice(scene, slice, started, interval_us)?;
         if a.vacuum {
-            bench
-                .pg
-                .query(&db, "VACUUM outbox_events, idempotency_records, entries")?;
+            let vacuum = "VACUUM outbox_events, idempotency_records, entries";
+            bench.pg.query(&db, vacuum)?;
         }
         let unexpected = text
             .lines()
             .filter_map(|l| l.strip_prefix("SOAK_UNEXPECTED "));
-        scene
-            .soak
-            .unexpected
-            .extend(unexpected.map(|line| format!("slice {slice}: {line}")));
+        let unexpected = unexpected.map(|line| format!("slice {slice}: {line}"));
+        scene.soak.unexpected.extend(unexpected);
         let figures = COLUMNS[..SHOWN].iter().zip(&row.2);
-        let figures =
-            figures.map(|((name, decimals, _), value)| format!("{name} {value:.*}", decimals));
-        say!(
-            "slice {slice} ({}): {}",
-            clock(row.1),
-            figures.collect::<Vec<_>>().join(", ")
-        );
+        let figures: Vec<_> = figures
+            .map(|(c, value)| format!("{} {value:.*}", c.0, c.1))
+            .collect();
+        say!("slice {slice} ({}): {}", clock(row.1), figures.join(", "));
         scene.soak.rows.push(row);
     }
     let rss = scene
@@ -433,10 +387,11 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
         .iter()
         .map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"));
     fs::write(bench.work.join("rss.tsv"), rss.collect::<String>())?;
-    if !scene.soak.unexpected.is_empty() {
+    let unexpected = &scene.soak.unexpected;
+    if !unexpected.is_empty() {
         fs::write(
             bench.work.join("unexpected.txt"),
-            scene.soak.unexpected.join("\n") + "\n",
+            unexpected.join("\n") + "\n",
         )?;
     }
     Ok(())
@@ -449,7 +404,7 @@ fn one_slice(
     slice: u32,
     started: Instant,
     interval_us: u64,
-) -> anyhow::Result<(SliceRow, String)> {
+) -> Result<(SliceRow, String)> {
     let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let state = bench.work.join("keys.txt");
     let (nonce, state) = (&bench.run_id, state.display());
@@ -458,10 +413,8 @@ fn one_slice(
     );
     let line = scene.fill(&format!("{env} {{wrk}} -s scripts/soak.lua {{url}}/"));
     let out = bench.work.join(format!("slice-{slice}.txt"));
-    let (daemon, samples) = (
-        scene.daemon.as_mut().context("no daemon")?,
-        &mut scene.soak.samples,
-    );
+    let samples = &mut scene.soak.samples;
+    let daemon = scene.daemon.as_mut().context("no daemon")?;
     let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
     let (status, text) = harness::run_program(&line, &out, Duration::from_secs(1), || {
         let rss = daemon.status_mib("VmRSS");
