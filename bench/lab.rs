@@ -54,19 +54,12 @@ pub fn start(cleanup: &Cleanup, work: &Path, citus: bool) -> Result<Lab> {
     if citus && !Path::new(CITUS_LIBRARY).exists() {
         bail!("the citus scenario needs the Citus extension ({CITUS_LIBRARY} is missing): build a 13.x release of github.com/citusdata/citus for PostgreSQL 15");
     }
-    let (kind, nodes, citus_settings) = if citus {
-        ("citus", 3, CITUS)
-    } else {
-        ("plain", 1, "")
-    };
+    let (kind, nodes) = if citus { ("citus", 3) } else { ("plain", 1) };
+    let settings = format!("{SETTINGS}{}", if citus { CITUS } else { "" });
     let (mut ports, mut data) = (Vec::new(), Vec::new());
     for node in 0..nodes {
         let dir = work.join(format!("lab-{kind}-{node}"));
-        ports.push(server(
-            cleanup,
-            &dir,
-            &format!("{SETTINGS}{citus_settings}"),
-        )?);
+        ports.push(server(cleanup, &dir, &settings)?);
         data.push(dir.join("data"));
     }
     let pg = |port| Pg {
@@ -78,44 +71,30 @@ pub fn start(cleanup: &Cleanup, work: &Path, citus: bool) -> Result<Lab> {
             pg(port).query("retrysafe", "CREATE EXTENSION citus")?;
         }
     }
-    let coordinator = pg(ports[0]);
+    let (pg, coordinator) = (pg(ports[0]), ports[0]);
     if citus {
-        let sql = format!(
-            "SELECT citus_set_coordinator_host('127.0.0.1', {})",
-            ports[0]
-        );
-        coordinator.query("retrysafe", &sql)?;
+        let sql = format!("SELECT citus_set_coordinator_host('127.0.0.1', {coordinator})");
+        pg.query("retrysafe", &sql)?;
         for worker in &ports[1..] {
             let sql = format!("SELECT citus_add_node('127.0.0.1', {worker})");
-            coordinator.query("retrysafe", &sql)?;
+            pg.query("retrysafe", &sql)?;
         }
     }
-    Ok(Lab {
-        pg: coordinator,
-        data,
-    })
+    Ok(Lab { pg, data })
 }
 
 /// One server in `dir`, registered with the clean-up before it starts; its port.
 fn server(cleanup: &Cleanup, dir: &Path, settings: &str) -> Result<u16> {
     std::fs::create_dir_all(dir)?;
     // A server refuses to run as root: its directory is the postgres user's.
-    let chown = || {
-        Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir)
-            .status()
-    };
-    if running_as_root() && !chown()?.success() {
+    let mut chown = Command::new("chown");
+    chown.args(["-R", "postgres:postgres"]).arg(dir);
+    if running_as_root() && !chown.status()?.success() {
         bail!("cannot give {} to the postgres user", dir.display());
     }
     let data = dir.join("data");
-    let text = |path: &Path| {
-        path.to_str()
-            .context("a lab directory's path is not UTF-8")
-            .map(str::to_owned)
-    };
-    let (data_text, log) = (text(&data)?, text(&dir.join("postgres.log"))?);
+    let (data_text, log) = (data.display().to_string(), dir.join("postgres.log"));
+    let log = log.display().to_string();
     run(&[
         "initdb", "-D", &data_text, "-U", "postgres", "-A", "trust", "-E", "UTF8",
     ])?;
@@ -123,9 +102,7 @@ fn server(cleanup: &Cleanup, dir: &Path, settings: &str) -> Result<u16> {
     let conf = data.join("postgresql.conf");
     let mut text = std::fs::read_to_string(&conf)?;
     let socket = dir.display();
-    text.push_str(&format!(
-        "\nport = {port}\nunix_socket_directories = '{socket}'\n{settings}"
-    ));
+    text += &format!("\nport = {port}\nunix_socket_directories = '{socket}'\n{settings}");
     std::fs::write(&conf, text)?;
     cleanup.add_server(data)?;
     run(&[

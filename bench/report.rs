@@ -283,9 +283,8 @@ impl Settings {
 
     /// The bearer tokens of the citus scenario's clients, `bench-client-0-token` and so on.
     pub fn tokens(&self) -> Vec<String> {
-        (0..self.clients)
-            .map(|client| format!("bench-client-{client}-token"))
-            .collect()
+        let tokens = (0..self.clients).map(|client| format!("bench-client-{client}-token"));
+        tokens.collect()
     }
 
     pub fn mode_line(&self) -> String {
@@ -312,9 +311,7 @@ pub fn quoted_settings(config: &str) -> String {
     let mut section = String::new();
     let mut out = Vec::new();
     for line in config.lines() {
-        let key = line
-            .split_once('=')
-            .map(|(key, _)| key.trim_end_matches(' '));
+        let key = line.split_once('=').map(|(key, _)| key.trim_end());
         if line.starts_with('[') {
             section = line.replace(['[', ']'], "");
         } else if key.is_some_and(|key| QUOTED_SETTINGS.split(' ').any(|q| q == key)) {
@@ -424,11 +421,8 @@ impl Report {
 
     /// The median of the runs' totals of a CPU cost in three parts.
     fn cost_median(&self, scenario: &str, prefix: &str) -> Option<f64> {
-        let costs: Vec<_> = self
-            .runs(scenario)
-            .iter()
-            .map(|run| cost(run, prefix))
-            .collect();
+        let costs = self.runs(scenario).iter().map(|run| cost(run, prefix));
+        let costs: Vec<Option<Num>> = costs.collect();
         median(&present(&costs))
     }
 
@@ -446,13 +440,12 @@ impl Report {
         let mut out = String::from("| scenario | daemon peak RSS, MiB (max of runs) | daemon CPU, cores (median; 1.00 = one core) | target | result |\n|---|---:|---:|---|---|");
         let nproc = self.machine.get("nproc").map_or("", String::as_str);
         for scenario in REPORTED {
-            let peak = present(&self.column(scenario, "rss_mb"))
-                .into_iter()
-                .reduce(f64::max);
+            let rss = present(&self.column(scenario, "rss_mb"));
+            let peak = rss.into_iter().reduce(f64::max);
             let cores = fmt(self.median(scenario, "cpu_cores"), 2);
             let (peak, met) = (fmt(peak, 1), verdict(Target::Below(200.0).judge(peak)));
-            out +=
-                &format!("\n| {scenario} | {peak} | {cores} of {nproc} | RSS < 200 MiB | {met} |");
+            let row = format!("{scenario} | {peak} | {cores} of {nproc} | RSS < 200 MiB | {met}");
+            out += &format!("\n| {row} |");
         }
         out
     }
@@ -467,11 +460,8 @@ impl Report {
         let mut out = String::from("| check | per run |\n|---|---|");
         for (check, scenario, metrics, note) in CHECKS {
             let values: Vec<String> = metrics.iter().map(|m| runs(scenario, m)).collect();
-            let (check, values) = (
-                fill(check, |name| self.settings.var(name)),
-                values.join(" / "),
-            );
-            out += &format!("\n| {check} | {values}{note} |");
+            let check = fill(check, |name| self.settings.var(name));
+            out += &format!("\n| {check} | {}{note} |", values.join(" / "));
         }
         let logs = |metric| REPORTED.map(|scenario| runs(scenario, metric)).join(" / ");
         let (under_load, after) = (logs("log_problems"), logs("shutdown_log_problems"));
@@ -512,10 +502,8 @@ impl Report {
     /// prefix and column label), and each later side's ratio to the first.
     pub fn side_by_side_table(&self, scenario: &str, sides: &[(&str, &str)]) -> Option<String> {
         let (first, (side, _)) = (self.runs(scenario).first()?, sides.first()?);
-        let labels: Vec<String> = sides
-            .iter()
-            .map(|side| fill(side.1, |n| self.settings.var(n)))
-            .collect();
+        let label = |side: &(&str, &str)| fill(side.1, |name| self.settings.var(name));
+        let labels: Vec<String> = sides.iter().map(label).collect();
         let (labels, runs) = (labels.join(" | "), self.runs(scenario).len());
         let ratios = " ratio |".repeat(sides.len() - 1);
         let mut out = format!("| measure (medians of {runs} runs) | {labels} |{ratios}\n|---|");
@@ -524,7 +512,7 @@ impl Report {
         for (metric, _) in first.0.iter().filter(|(name, _)| name.starts_with(&prefix)) {
             let measure = &metric[prefix.len()..];
             let median =
-                |(side, _): &(&str, &str)| self.median(scenario, &format!("{side}_{measure}"));
+                |side: &(&str, &str)| self.median(scenario, &format!("{}_{measure}", side.0));
             let medians: Vec<Option<f64>> = sides.iter().map(median).collect();
             out += &format!("\n| {measure} |");
             for median in &medians {
@@ -572,9 +560,7 @@ impl Report {
     /// the hand-written marker, or the placeholder for the reading when it has no marker.
     pub fn render(&self, existing: Option<&str>) -> String {
         let kept = existing.and_then(|file| file.split_once(HAND_WRITTEN_MARKER));
-        let kept = kept.map_or(READING_PLACEHOLDER, |(_, kept)| {
-            kept.trim_start_matches('\n')
-        });
+        let kept = kept.map_or(READING_PLACEHOLDER, |kept| kept.1.trim_start_matches('\n'));
         format!("{}\n{kept}", self.render_generated())
     }
 }
@@ -603,20 +589,14 @@ mod tests {
             values.entry(name).or_insert(&file[..len]);
             file = &file[len..];
         }
-        let per_run = COMMITTED_RUNS
-            .split_once("by hand.\n\n")
-            .unwrap()
-            .1
-            .trim_end();
+        let (_, per_run) = COMMITTED_RUNS.split_once("by hand.\n\n").unwrap();
+        let per_run = per_run.trim_end();
         let runs = per_run.lines().next().unwrap().matches(" run ").count();
-        let mut settings = Settings {
-            quick: values["mode"] != "full",
-            runs: runs as u32,
-            ..Settings::default()
-        };
+        let mut settings = Settings::default();
         for (name, value) in &values {
             settings.set(name, value);
         }
+        (settings.quick, settings.runs) = (values["mode"] != "full", runs as u32);
         let mut by_scenario: HashMap<String, Vec<Figures>> = HashMap::new();
         for line in per_run.lines().skip(2) {
             let row: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
@@ -627,15 +607,17 @@ mod tests {
                 run.push(row[1], Num::parse(text));
             }
         }
+        let machine = MACHINE
+            .split(' ')
+            .map(|name| (name, values[name].to_owned()));
+        let (written_at, run_id) = (values["written_at"].into(), values["run_id"].into());
+        let (machine, runs) = (machine.collect(), by_scenario);
         Report {
             settings,
-            machine: MACHINE
-                .split(' ')
-                .map(|name| (name, values[name].to_owned()))
-                .collect(),
-            written_at: values["written_at"].into(),
-            run_id: values["run_id"].into(),
-            runs: by_scenario,
+            machine,
+            written_at,
+            run_id,
+            runs,
         }
     }
 
@@ -650,16 +632,8 @@ mod tests {
         assert_eq!(report.render(Some(COMMITTED)), COMMITTED);
         assert_eq!(report.render_runs(), COMMITTED_RUNS);
         for (scenario, name) in SCENARIOS.iter().zip(REPORTED) {
-            let names = |run: &Figures| {
-                run.0
-                    .iter()
-                    .map(|(name, _)| name.clone())
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(
-                (scenario.name, names(&scenario.metrics())),
-                (name, names(&report.runs(name)[0]))
-            );
+            assert_eq!(scenario.name, name);
+            assert_eq!(scenario.metrics().names(), report.runs(name)[0].names());
         }
     }
 
@@ -668,15 +642,9 @@ mod tests {
     fn failed_runs_and_scenarios_not_run() {
         let mut report = committed_report();
         let storm = &mut report.runs.get_mut("storm").unwrap()[1];
-        storm
-            .0
-            .iter_mut()
-            .find(|(name, _)| name == "count_ok")
-            .unwrap()
-            .1 = Num::parse("0");
-        assert!(report
-            .results_table()
-            .contains("exactly 10 entries, records, events | NOT met |"));
+        storm.set("count_ok", Num::parse("0"));
+        let table = report.results_table();
+        assert!(table.contains("exactly 10 entries, records, events | NOT met |"));
         report.runs.retain(|name, _| name == "writes");
         let table = report.results_table();
         for row in [
@@ -688,20 +656,17 @@ mod tests {
         ] {
             assert!(table.contains(row), "{row}");
         }
-        assert!(report
-            .resources_table()
-            .contains("| storm | n/a | n/a of 2 | RSS < 200 MiB | n/a |"));
-        assert!(report
-            .checks_table()
-            .contains("| storm: entries / records / events | n/a / n/a / n/a |"));
+        let resources = report.resources_table();
+        assert!(resources.contains("| storm | n/a | n/a of 2 | RSS < 200 MiB | n/a |"));
+        let checks = report.checks_table();
+        assert!(checks.contains("| storm: entries / records / events | n/a / n/a / n/a |"));
         let per_run = report.per_run_table();
         let writes_rps = COMMITTED_RUNS
             .lines()
             .find(|line| line.starts_with("| writes | rps | "));
         assert!(per_run.contains(writes_rps.unwrap()) && !per_run.contains("| storm |"));
-        assert!(report
-            .side_by_side_table("scale", list("scale").unwrap()[0].sides)
-            .is_none());
+        let scale = list("scale").unwrap()[0].sides;
+        assert!(report.side_by_side_table("scale", scale).is_none());
     }
 
     #[test]
@@ -709,15 +674,12 @@ mod tests {
         let mut report = committed_report();
         let scale = list("scale").unwrap()[0];
         let mut run = scale.metrics();
-        for (name, value) in [("small_rps", "2092"), ("large_rps", "1634")] {
-            run.0.iter_mut().find(|(n, _)| n == name).unwrap().1 = Num::parse(value);
-        }
+        run.set("small_rps", Num::parse("2092"));
+        run.set("large_rps", Num::parse("1634"));
         report.runs.insert("scale".into(), vec![run]);
         let table = report.side_by_side_table("scale", scale.sides).unwrap();
-        assert!(
-            table.starts_with("| measure (medians of 1 runs) | 10000 rows | 5000000 rows |"),
-            "{table}"
-        );
+        let head = "| measure (medians of 1 runs) | 10000 rows | 5000000 rows | ratio |\n|---|";
+        assert!(table.starts_with(head), "{table}");
         assert!(
             table.contains("\n| rps | 2092.00 | 1634.00 | 0.78x |"),
             "{table}"
@@ -733,22 +695,19 @@ mod tests {
     #[test]
     fn the_mode_and_the_hand_written_part() {
         let mut report = committed_report();
-        let old = format!(
-            "# Benchmarks\n\nold figures\n\n{HAND_WRITTEN_MARKER}\n## Reading\n\nBy hand.\n"
-        );
-        let text = report.render(Some(&old));
-        assert!(!text.contains("old figures") && !text.contains("_To be written by a person"));
-        assert!(text.ends_with(&format!(
-            "{HAND_WRITTEN_MARKER}\n\n## Reading\n\nBy hand.\n"
+        let (marker, by_hand) = (HAND_WRITTEN_MARKER, "## Reading\n\nBy hand.\n");
+        let text = report.render(Some(&format!(
+            "# Benchmarks\n\nold figures\n\n{marker}\n{by_hand}"
         )));
+        assert!(!text.contains("old figures") && !text.contains("_To be written by a person"));
+        assert!(text.ends_with(&format!("{marker}\n\n{by_hand}")));
         assert_eq!(text.matches(HAND_WRITTEN_MARKER).count(), 1);
         // Rendering its own output again changes nothing below the marker.
         assert_eq!(report.render(Some(&text)), text);
         let placeholder = format!("{HAND_WRITTEN_MARKER}\n\n{READING_PLACEHOLDER}");
         assert!(report.render(None).ends_with(&placeholder));
-        assert!(report
-            .render(Some("# Benchmarks\n\nno marker\n"))
-            .ends_with(&placeholder));
+        let unmarked = report.render(Some("# Benchmarks\n\nno marker\n"));
+        assert!(unmarked.ends_with(&placeholder));
         report.settings.quick = true;
         let text = report.render(None);
         assert!(text.contains("**QUICK RUN (BENCH_QUICK=1): 15 s per measurement, 3 run(s)"));
@@ -764,9 +723,11 @@ mod tests {
         assert_eq!(quoted_settings(config), quoted);
         let settings = Settings::default();
         let command = fill("{wrk} -s bench/storm.lua {url}/", |name| settings.var(name));
-        let expected =
-            "wrk -t2 -c64 -d15s --timeout 10s --latency -s bench/storm.lua http://127.0.0.1:18437/";
-        assert_eq!(command, expected);
+        let wrk = "wrk -t2 -c64 -d15s --timeout 10s --latency";
+        assert_eq!(
+            command,
+            format!("{wrk} -s bench/storm.lua http://127.0.0.1:18437/")
+        );
         let lookup = |name: &str| (name == "a_1").then(|| "x".to_owned());
         assert_eq!(fill("{a_1} {b} {a_1}{ {} }", lookup), "x {b} x{ {} }");
     }

@@ -550,30 +550,28 @@ mod tests {
 
     #[test]
     fn scenario_lists_and_their_metrics() {
-        let names = |list: Vec<&Scenario>| list.iter().map(|s| s.name).collect::<Vec<_>>();
+        let listed = |text| {
+            list(text)
+                .unwrap()
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
-            names(list("writes replays storm drain e2e ordered latency").unwrap()),
+            listed("writes replays storm drain e2e ordered latency"),
             REPORTED
         );
-        assert_eq!(names(list(" drain,writes ").unwrap()), ["drain", "writes"]);
+        assert_eq!(listed(" drain,writes "), ["drain", "writes"]);
         assert!(list("writes reads").is_err());
         // A scenario of sides has its metrics, then each side's in turn.
-        let metrics = |name| {
-            let metrics = list(name).unwrap()[0].metrics().0;
-            metrics.into_iter().map(|m| m.0).collect::<Vec<_>>()
-        };
-        let citus = metrics("citus");
+        let (citus, scale) = (SCENARIOS[8].metrics(), SCENARIOS[7].metrics());
+        let (citus, scale) = (citus.names(), scale.names());
         assert_eq!(
             citus[..3],
             ["log_problems", "shutdown_log_problems", "plain_rps"]
         );
-        assert_eq!(
-            (citus.len(), &citus[17][..], &citus[32][..]),
-            (47, "citus_rps", "coordinator_rps")
-        );
-        assert_eq!(
-            metrics("scale")[21..23],
-            ["small_janitor_p99_ms", "large_rps"]
-        );
+        assert_eq!([citus[17], citus[32]], ["citus_rps", "coordinator_rps"]);
+        assert_eq!(citus.len(), 47);
+        assert_eq!(scale[21..23], ["small_janitor_p99_ms", "large_rps"]);
     }
 }

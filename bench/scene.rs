@@ -26,7 +26,6 @@ use crate::report::{self, Settings};
 use crate::stats::{Figures, Num};
 use crate::{soak, SoakArgs};
 
-/// Events not yet sent.
 pub const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
 
 /// What every scenario's run stands on.
@@ -105,7 +104,6 @@ impl Bench {
         result
     }
 
-    /// A scene for run `run` of the scenario `name`, recording `record`'s metrics.
     pub fn scene(&self, scenario: &'static str, run: u32, record: Figures) -> Scene<'_> {
         let (stage, daemon, first_problem, soak) = (None, None, None, soak::Load::default());
         Scene {
@@ -205,13 +203,10 @@ impl<'a> Scene<'a> {
     /// Records `value` as the metric `name`, if the scenario has it; its number, for what follows.
     pub fn put(&mut self, name: &str, value: Option<Num>) -> Option<f64> {
         let number = value.as_ref().map(|num| num.value);
-        if let Some(slot) = self.record.0.iter_mut().find(|(metric, _)| metric == name) {
-            slot.1 = value;
-        }
+        self.record.set(name, value);
         number
     }
 
-    /// Each figure as `<prefix><figure>`.
     fn put_all(&mut self, prefix: &str, figures: &Figures) {
         for (name, value) in &figures.0 {
             self.put(&format!("{prefix}{name}"), value.clone());
@@ -453,17 +448,16 @@ impl<'a> Scene<'a> {
         Ok(())
     }
 
-    /// The first value `sql` (filled in) gives on the stage's database, as text.
+    /// The first value `sql` (filled in) gives on the stage's database: as text; as a figure
+    /// (`sql`); as a number (`value`).
     pub fn text(&self, sql: &str) -> Result<String> {
         self.pg().query(self.db()?, &self.fill(sql))
     }
 
-    /// The first value `sql` gives, as a figure.
     pub fn sql(&self, sql: &str) -> Result<Option<Num>> {
         Ok(Num::parse(&self.text(sql)?))
     }
 
-    /// The first value `sql` gives, as a number.
     pub fn value(&self, sql: &str) -> Result<Option<f64>> {
         Ok(self.sql(sql)?.map(|num| num.value))
     }
@@ -476,7 +470,6 @@ impl<'a> Scene<'a> {
         value.with_context(|| format!("GET {path}: no {key}"))
     }
 
-    /// Opens a measured window.
     pub fn open(&self) -> Result<Window> {
         let running = self.daemon.as_ref().filter(|d| d.ticks_at_stop.is_none());
         let daemon = running.map_or(Ok(0), Daemon::cpu_ticks)?;

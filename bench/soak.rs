@@ -456,74 +456,55 @@ mod tests {
     use super::*;
 
     fn row(slice: u32, rss: f64) -> SliceRow {
-        let shown = [
-            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371,
-        ];
-        let figures = [&shown[..], &[63.4, 0.0, 34.0, 20000.0, 30000.0]].concat();
-        SliceRow(slice, u64::from(slice) * 30, figures)
+        let figures =
+            format!("999.6 1.333 5.24 31.04 23842 1258 1258 0 0 {rss} 0.371 63.4 0 34 20000 30000");
+        let figures = figures.split(' ').map(|figure| figure.parse().unwrap());
+        SliceRow(slice, u64::from(slice) * 30, figures.collect())
     }
 
     /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
     fn samples(seconds: u32, base: f64, mib_per_h: f64) -> Vec<(f64, f64)> {
         let wobble = |s: u32| if s.is_multiple_of(2) { 0.3 } else { -0.3 };
-        (0..seconds)
-            .map(|s| {
-                (
-                    f64::from(s),
-                    base + mib_per_h * f64::from(s) / 3600.0 + wobble(s),
-                )
-            })
-            .collect()
+        let at = |s: u32| base + mib_per_h * f64::from(s) / 3600.0 + wobble(s);
+        (0..seconds).map(|s| (f64::from(s), at(s))).collect()
     }
 
     #[test]
     fn the_report_renders_slices_memory_and_checks() {
         let table = slice_table(&[row(1, 33.44), row(2, 40.0)]);
-        assert_eq!(
-            table.lines().collect::<Vec<_>>()[..3],
-            [
-                "| slice | end | req/s | p50 ms | p99 ms | max ms | 2xx | 409 reused (conflicts sent) | unexpected | socket errors | RSS MiB | daemon CPU (cores) | machine CPU % | unsent events | fds |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                "| 1 | 0:30 | 1000 | 1.33 | 5.24 | 31.0 | 23842 | 1258 (1258) | 0 | 0 | 33.4 | 0.37 | 63 | 0 | 34 |"
-            ]
-        );
-        assert_eq!((table.lines().count(), clock(605)), (4, "10:05".into()));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "| slice | end | req/s | p50 ms | p99 ms | max ms | 2xx | 409 reused (conflicts sent) | unexpected | socket errors | RSS MiB | daemon CPU (cores) | machine CPU % | unsent events | fds |");
+        assert_eq!(lines[1], format!("|{}", "---:|".repeat(15)));
+        assert_eq!(lines[2], "| 1 | 0:30 | 1000 | 1.33 | 5.24 | 31.0 | 23842 | 1258 (1258) | 0 | 0 | 33.4 | 0.37 | 63 | 0 | 34 |");
+        assert_eq!((lines.len(), clock(605).as_str()), (4, "10:05"));
         // min, max, first and last slice of each shown column.
         let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
-        assert!(
-            summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"),
-            "{summary}"
-        );
-        assert!(
-            summary.contains("| p50 ms | 1.33 | 1.33 | 1.33 | 1.33 |"),
-            "{summary}"
-        );
+        assert!(summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"));
+        assert!(summary.contains("| p50 ms | 1.33 | 1.33 | 1.33 | 1.33 |"));
         assert_eq!(summary.lines().count(), 2 + 14);
+        let check = |name: &str, passed, detail: &str| (name.to_owned(), passed, detail.to_owned());
         let checks = [
-            ("no socket error".into(), Some(true), "0".into()),
-            ("RSS".into(), None, "a | b".into()),
+            check("no socket error", Some(true), "0"),
+            check("RSS", None, "a | b"),
         ];
-        let facts = [
-            ("id", "12021307abcd"),
-            ("interval", "2.00"),
-            ("hwm_mib", "41.0"),
-        ];
+        let facts = "id=12021307abcd interval=2.00 hwm_mib=41.0".split(' ');
+        let facts = facts.filter_map(|pair| pair.split_once('='));
         let mut facts = facts
-            .map(|(name, value)| (name.to_owned(), value.to_owned()))
-            .into();
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect();
         let (_, memory) = memory(&samples(60, 40.0, 0.0), 30.0, 10.0);
         let text = render(&mut facts, &[row(1, 33.4), row(2, 40.0)], memory, &checks);
         assert!(text.starts_with("# Soak run 12021307abcd\n"));
         assert!(text.contains("every 2.00 ms of its own schedule"));
-        assert!(text.contains(
-            "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB."
-        ));
+        let total = "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB.";
+        assert!(text.contains(total));
         assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
         assert!(text.contains("| no socket error | ok | 0 |\n| RSS | n/a | a / b |"));
     }
 
     #[test]
     fn memory_verdicts() {
+        let slope = |detail: &str| detail.split(' ').next().unwrap().parse::<f64>().unwrap();
         // Steep growth during the warm-up (the cache fills), flat after it.
         let warm_up = (0..300).map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2));
         let flat = samples(600, 90.0, 0.0)
@@ -533,24 +514,30 @@ mod tests {
         let ((_, flat, detail), sentence) = memory(&points, 300.0, 10.0);
         assert_eq!(flat, Some(true));
         assert!(
-            detail.ends_with(" MiB/h over 600 samples after 5.0 min") && sentence.contains("flat"),
+            detail.ends_with(" MiB/h over 600 samples after 5.0 min"),
+            "{detail}"
+        );
+        assert!(
+            slope(&detail).abs() < 1.0 && sentence.contains("flat"),
             "{sentence}"
         );
-        let slope = |detail: &str| detail.split(' ').next().unwrap().parse::<f64>().unwrap();
-        assert!(slope(&detail).abs() < 1.0, "{detail}");
         // Over the whole run, the warm-up would dominate.
-        assert_eq!(memory(&points, 0.0, 10.0).0 .1, Some(false));
+        let ((_, flat, _), _) = memory(&points, 0.0, 10.0);
+        assert_eq!(flat, Some(false));
         let ((_, flat, detail), sentence) = memory(&samples(1200, 90.0, 36.0), 600.0, 10.0);
+        assert!((slope(&detail) - 36.0).abs() < 2.0, "{detail}");
         assert!(
-            (slope(&detail) - 36.0).abs() < 2.0
-                && flat == Some(false)
-                && sentence.contains("GROWING"),
+            flat == Some(false) && sentence.contains("GROWING"),
             "{sentence}"
         );
         // Too few samples after the warm-up give no verdict.
         let ((_, flat, _), sentence) = memory(&samples(100, 90.0, 0.0), 60.0, 10.0);
-        assert_eq!((flat, memory(&[], 0.0, 10.0).0 .1), (None, None));
-        assert!(sentence.starts_with("no verdict"));
+        assert!(
+            flat.is_none() && sentence.starts_with("no verdict"),
+            "{sentence}"
+        );
+        let ((_, flat, _), _) = memory(&[], 0.0, 10.0);
+        assert_eq!(flat, None);
     }
 
     #[test]

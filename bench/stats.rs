@@ -65,6 +65,18 @@ impl Figures {
     pub fn push(&mut self, name: &str, value: Option<Num>) {
         self.0.push((name.into(), value));
     }
+
+    /// Sets the figure `name`, if there is one.
+    pub fn set(&mut self, name: &str, value: Option<Num>) {
+        if let Some(figure) = self.0.iter_mut().find(|(n, _)| n == name) {
+            figure.1 = value;
+        }
+    }
+
+    #[cfg(test)]
+    pub fn names(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| name.as_str()).collect()
+    }
 }
 
 /// The values present among `figures`, in order.
