@@ -2,9 +2,7 @@
 //! plain lapin publisher (the drain's baseline), the outbox's drain clock, the HTTP client (keys
 //! created, the end-to-end latency) and the delay proxy of the latency scenario.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -262,40 +260,31 @@ pub fn end_to_end(
     let deliveries = Deliveries::default();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let consumer = consume(amqp.into(), queue.into(), deliveries.clone(), stopped)?;
-    // For request i: when it was sent, when its 201 arrived; and the requests without one.
-    let times = Rc::new(RefCell::new((vec![None; total], vec![None; total], 0usize)));
-    let sending = actix_web::rt::System::new().block_on(async {
-        let (client, in_flight) = (http_client(1024), Rc::new(()));
-        let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
-        let mut ticker = actix_web::rt::time::interval(period);
-        // Open loop: a late tick is made up at once, so the average rate holds.
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let started = Instant::now();
-        for i in 0..total {
-            ticker.tick().await;
-            let (client, times, in_flight) = (client.clone(), times.clone(), in_flight.clone());
-            let (url, key) = (url.to_owned(), format!("{prefix}{i}"));
-            actix_web::rt::spawn(async move {
-                let _in_flight = in_flight;
-                times.borrow_mut().0[i] = Some(Instant::now());
-                match post(&client, &url, &key, body("bench.e2e", i, keys)).await {
-                    Ok(_) => times.borrow_mut().1[i] = Some(Instant::now()),
-                    Err(error) if times.borrow().2 == 0 => {
-                        eprintln!("bench: e2e: first request without a 201: {error}");
-                        times.borrow_mut().2 += 1;
-                    }
-                    Err(_) => times.borrow_mut().2 += 1,
-                }
-            });
-        }
-        let sending = started.elapsed().as_secs_f64();
-        while Rc::strong_count(&in_flight) > 1 {
-            actix_web::rt::time::sleep(Duration::from_millis(5)).await;
-        }
-        sending
+    // Open loop: request i starts at its own time, whether or not earlier ones were answered
+    // (a late one at once, so that the average rate holds). When each was sent, and when its
+    // 201 arrived or why none did.
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let started = Instant::now();
+    let answers = actix_web::rt::System::new().block_on(async {
+        let (client, start) = (http_client(1024), tokio::time::Instant::from_std(started));
+        let request = |i: usize| {
+            let (client, key) = (&client, format!("{prefix}{i}"));
+            async move {
+                tokio::time::sleep_until(start + period * i as u32).await;
+                let sent = Instant::now();
+                let answer = post(client, url, &key, body("bench.e2e", i, keys)).await;
+                (sent, answer.map(|_| Instant::now()))
+            }
+        };
+        futures_util::future::join_all((0..total).map(request)).await
     });
-    let (sent_at, created_at, errors) = &*times.borrow();
-    let created = created_at.iter().flatten().count();
+    let last_sent = answers.last().map(|(sent, _)| *sent - started);
+    let sending = last_sent.unwrap_or_default().as_secs_f64();
+    let failed: Vec<&String> = answers.iter().filter_map(|a| a.1.as_ref().err()).collect();
+    if let Some(error) = failed.first() {
+        eprintln!("bench: e2e: first request without a 201: {error}");
+    }
+    let (errors, created) = (failed.len(), answers.len() - failed.len());
     // Waits for the events of every created key, at most 15 s.
     let delivered = || deliveries.lock().expect("not poisoned").0.len();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -312,8 +301,8 @@ pub fn end_to_end(
         false => -((earlier - later).as_secs_f64() * 1e3),
     };
     let (mut latencies, mut http) = (Vec::new(), Vec::new());
-    for (i, times) in sent_at.iter().zip(created_at).enumerate() {
-        if let (Some(sent), Some(done)) = times {
+    for (i, (sent, answer)) in answers.iter().enumerate() {
+        if let Ok(done) = answer {
             http.push(ms(*done, *sent));
             let delivered = first.get(&format!("{prefix}{i}"));
             latencies.extend(delivered.map(|delivered| ms(*delivered, *done)));
@@ -334,7 +323,7 @@ pub fn end_to_end(
         ("max_ms", latencies.last().copied()),
         ("matched", Some(latencies.len() as f64)),
         ("created", Some(created as f64)),
-        ("errors", Some(*errors as f64)),
+        ("errors", Some(errors as f64)),
         ("sent", Some(total as f64)),
         ("achieved_rate", Some(total as f64 / sending)),
         ("http_p50_ms", percentile(&http, 50.0)),
@@ -367,14 +356,9 @@ fn consume(
                 let consume = channel.basic_consume(queue.as_str().into(), "".into(), options, FieldTable::default());
                 anyhow::Ok((connection, consume.await?))
             };
-            let (connection, mut consumer) = match setup.await {
-                Ok(parts) => parts,
-                Err(error) => {
-                    let _ = ready_tx.send(format!("{error:#}"));
-                    bail!("consumer setup failed: {error:#}");
-                }
-            };
-            let _ = ready_tx.send(String::new());
+            let setup = setup.await;
+            let _ = ready_tx.send(setup.as_ref().map(drop).map_err(|error| format!("{error:#}")));
+            let (connection, mut consumer) = setup?;
             loop {
                 tokio::select! {
                     _ = stop.changed() => break,
@@ -396,9 +380,7 @@ fn consume(
     let ready = ready_rx
         .recv()
         .context("the consumer thread exited before it was ready")?;
-    if !ready.is_empty() {
-        bail!("{ready}");
-    }
+    ready.map_err(anyhow::Error::msg)?;
     Ok(thread)
 }
 

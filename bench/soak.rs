@@ -271,14 +271,13 @@ pub fn run(args: SoakArgs) -> Result<()> {
 fn soak(bench: &Bench) -> Result<bool> {
     let a = bench.soak.as_ref().context("not a soak")?;
     let scene = scenarios::measure(bench, scenarios::list("soak")?[0], 1)?;
-    let load = &scene.soak;
-    let recorded = scene
-        .record
-        .0
-        .iter()
-        .map(|(name, value)| (name, value.as_ref()));
-    let recorded = recorded.filter_map(|(name, value)| Some((name.clone(), value?.text.clone())));
-    let mut facts: HashMap<String, String> = recorded.collect();
+    let (load, mut facts) = (&scene.soak, HashMap::new());
+    for (name, value) in scene.record.0.iter().filter(|figure| figure.1.is_some()) {
+        facts.insert(
+            name.clone(),
+            value.as_ref().map_or("", |num| &num.text).to_owned(),
+        );
+    }
     let cut = |line: &str| line.chars().take(160).collect::<String>();
     let example = load
         .unexpected
@@ -287,16 +286,42 @@ fn soak(bench: &Bench) -> Result<bool> {
     let problems = facts.get("log_problems").is_some_and(|n| n != "0");
     let first = scene.first_problem.as_deref().filter(|_| problems);
     let first = first.map(|line| format!("; first: {}", cut(line)));
-    for column in ["created", "unexpected", "socket errors"] {
-        facts.insert(column.replace(' ', "_"), total(&load.rows, column));
+    // The daemon's path, with the glibc malloc setting it inherits when one is set.
+    let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
+    let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
+    let mut m = harness::machine(&bench.pg, &a.config, false);
+    let vacuum = "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice";
+    m.insert("vacuum", if a.vacuum { vacuum } else { "" }.into());
+    let machine = "{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}";
+    let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
+    let total = |column| total(&load.rows, column);
+    // What the run recorded, and what it did not: a daemon killed by a signal has no exit code.
+    for (name, value) in [
+        ("exit_code", "by signal".into()),
+        ("hwm_mib", "?".into()),
+        ("created", total("created")),
+        ("unexpected", total("unexpected")),
+        ("socket_errors", total("socket errors")),
+        ("connections", a.connections.to_string()),
+        ("slices", a.slices().to_string()),
+        ("example", example.unwrap_or_default()),
+        ("first", first.unwrap_or_default()),
+        ("id", bench.run_id.clone()),
+        (
+            "written_at",
+            chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        ),
+        ("commit", m["commit"].clone()),
+        ("daemon", daemon),
+        ("config", a.config.clone()),
+        ("slice_seconds", a.slice_seconds.to_string()),
+        ("rate", a.rate.to_string()),
+        ("threads", THREADS.to_string()),
+        ("interval", format!("{interval:.2}")),
+        ("machine", fill(machine, |name| m.get(name).cloned())),
+    ] {
+        facts.entry(name.into()).or_insert(value);
     }
-    facts.insert("connections".into(), a.connections.to_string());
-    facts.insert("slices".into(), a.slices().to_string());
-    facts.insert("example".into(), example.unwrap_or_default());
-    facts.insert("first".into(), first.unwrap_or_default());
-    facts
-        .entry("exit_code".into())
-        .or_insert("by signal".into());
     let value = |name: &str| {
         facts
             .get(name)
@@ -312,39 +337,12 @@ fn soak(bench: &Bench) -> Result<bool> {
     let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
     let (memory_check, memory) = memory(&load.samples, warmup_s, a.rss_slope_limit);
     checks.push(memory_check);
-    // The daemon's path, with the glibc malloc setting it inherits when one is set.
-    let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
-    let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
-    let mut m = harness::machine(&bench.pg, &a.config, false);
-    let vacuum = "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice";
-    m.insert("vacuum", if a.vacuum { vacuum } else { "" }.into());
-    let machine = "{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}";
-    let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
-    facts.entry("hwm_mib".into()).or_insert("?".into());
-    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    for (name, value) in [
-        ("id", bench.run_id.clone()),
-        ("written_at", written_at),
-        ("commit", m["commit"].clone()),
-        ("daemon", daemon),
-        ("config", a.config.clone()),
-        ("slice_seconds", a.slice_seconds.to_string()),
-        ("rate", a.rate.to_string()),
-        ("threads", THREADS.to_string()),
-        ("interval", format!("{interval:.2}")),
-        ("machine", fill(machine, |name| m.get(name).cloned())),
-    ] {
-        facts.insert(name.into(), value);
-    }
     let report = render(&mut facts, &load.rows, memory, &checks);
     let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
     let output = format!("bench/results/soak-{stamp}.md");
     fs::write(&output, report)?;
-    let printed = fill(
-        "\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n",
-        |name| facts.get(name).cloned(),
-    );
-    println!("{printed}");
+    let printed = "\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n";
+    println!("{}", fill(printed, |name| facts.get(name).cloned()));
     say!("wrote {output}; raw output in {}", bench.work.display());
     Ok(!checks.iter().any(|check| check.1 == Some(false)))
 }
