@@ -3,26 +3,30 @@
 //! the machine a report names.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context, Result};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
 use crate::clients::{self, Names};
-use crate::report::{self, Machine, Settings};
+use crate::report::{quoted_settings, Settings, MACHINE};
 use crate::stats::Num;
 
-/// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
-pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+fn runtime() -> tokio::runtime::Runtime {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
-    runtime.expect("a current-thread runtime").block_on(future)
+    runtime.expect("a current-thread runtime")
+}
+
+/// Runs a future to completion on a runtime of its own (the driver is otherwise synchronous).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    runtime().block_on(future)
 }
 
 /// PostgreSQL as PGHOST, PGPORT and PGUSER say (default 127.0.0.1:5432, postgres), which are
@@ -42,11 +46,10 @@ impl Pg {
             value
         };
         let (host, port) = (variable("PGHOST", "127.0.0.1"), variable("PGPORT", "5432"));
-        let base = format!(
-            "postgres://{}@{host}:{port}",
-            variable("PGUSER", "postgres")
-        );
-        Pg { base }
+        let user = variable("PGUSER", "postgres");
+        Pg {
+            base: format!("postgres://{user}@{host}:{port}"),
+        }
     }
 
     pub fn url(&self, db: &str) -> String {
@@ -55,7 +58,7 @@ impl Pg {
 
     /// Runs `sql` (one or more statements) on `db` and returns the first column of the first
     /// row that any statement returned, as text ("" when none did).
-    pub fn query(&self, db: &str, sql: &str) -> anyhow::Result<String> {
+    pub fn query(&self, db: &str, sql: &str) -> Result<String> {
         let url = self.url(db);
         block_on(async {
             let connect = tokio::time::timeout(Duration::from_secs(10), connect(&url)).await;
@@ -70,19 +73,19 @@ impl Pg {
         })
     }
 
-    pub fn count(&self, db: &str, sql: &str) -> anyhow::Result<i64> {
+    pub fn count(&self, db: &str, sql: &str) -> Result<i64> {
         let text = self.query(db, sql)?;
         text.parse()
             .with_context(|| format!("{sql} gave {text:?}, not a count"))
     }
 
-    pub fn drop_db(&self, db: &str) -> anyhow::Result<()> {
+    pub fn drop_db(&self, db: &str) -> Result<()> {
         let sql = format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)");
         self.query("postgres", &sql).map(drop)
     }
 
     /// The databases whose name starts with `prefix` (letters, digits and `_`).
-    pub fn databases_like(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+    pub fn databases_like(&self, prefix: &str) -> Result<Vec<String>> {
         let pattern = prefix.replace('_', "\\_");
         let sql = "SELECT string_agg(datname, ' ') FROM pg_database WHERE datname LIKE";
         let names = self.query("postgres", &format!("{sql} '{pattern}%'"))?;
@@ -91,7 +94,7 @@ impl Pg {
 }
 
 /// A client of `url` whose connection runs on the current runtime.
-pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+pub async fn connect(url: &str) -> Result<tokio_postgres::Client> {
     let connected = tokio_postgres::connect(url, NoTls).await;
     let (client, connection) = connected.with_context(|| format!("cannot connect to {url}"))?;
     tokio::spawn(connection);
@@ -103,32 +106,38 @@ pub fn command_line(program: &str, args: &[&str]) -> String {
     let Ok(out) = Command::new(program).args(args).output() else {
         return String::new();
     };
-    let text = if out.stdout.is_empty() {
-        out.stderr
-    } else {
-        out.stdout
-    };
-    String::from_utf8_lossy(&text).trim().to_owned()
+    let text = [out.stdout, out.stderr]
+        .into_iter()
+        .find(|text| !text.is_empty());
+    String::from_utf8_lossy(&text.unwrap_or_default())
+        .trim()
+        .to_owned()
+}
+
+/// GET of `url` with curl, a 2xx answer within `seconds`: its body.
+pub fn get(url: &str, seconds: &str) -> Result<String> {
+    let mut curl = Command::new("curl");
+    let output = curl.args(["-sf", "-m", seconds, url]).output()?;
+    if !output.status.success() {
+        bail!("cannot GET {url}");
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// Installs the Debian package of each (tool, package) whose tool is missing, as root or
 /// through sudo.
-pub fn ensure_tools(tools: &[(&str, &str)]) -> anyhow::Result<()> {
+pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<()> {
     let have = |tool: &str| !command_line("sh", &["-c", &format!("command -v {tool}")]).is_empty();
-    let missing: Vec<&str> = tools
-        .iter()
-        .filter(|(tool, _)| !have(tool))
-        .map(|t| t.1)
-        .collect();
+    let missing: Vec<&str> = tools.iter().filter(|t| !have(t.0)).map(|t| t.1).collect();
     if !missing.is_empty() {
         let missing = missing.join(" ");
         say!("installing {missing} with apt-get");
-        // SAFETY: geteuid has no preconditions.
-        let sudo = if unsafe { libc::geteuid() } == 0 {
-            ""
-        } else {
-            "sudo "
-        };
+        let sudo = if running_as_root() { "" } else { "sudo " };
         let install = format!("{sudo}apt-get update -qq && {sudo}apt-get install -y -qq {missing}");
         let mut apt = Command::new("sh");
         apt.args(["-c", &install])
@@ -152,26 +161,32 @@ pub fn clock_ticks() -> f64 {
     }
 }
 
-/// One process as /proc/PID/stat shows it: its parent, its name, its CPU ticks (utime +
-/// stime), and those of its children that have exited and been waited for (cutime + cstime).
-struct ProcStat(u32, String, u64, u64);
+/// One process as /proc/PID/stat shows it: its parent, its name, and its CPU ticks: its own
+/// (utime + stime) and those of its children that have exited and been waited for (cutime +
+/// cstime), so that the sum over a tree does not move when a process exits and is reaped: its
+/// time passes from its own line to its parent's.
+struct ProcStat {
+    parent: u32,
+    name: String,
+    own: u64,
+    reaped: u64,
+}
 
 fn proc_stat(pid: u32) -> Option<ProcStat> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (head, rest) = stat.rsplit_once(") ")?;
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
+    let fields = rest.split_whitespace().map(|v| v.parse().unwrap_or(0));
+    let fields: Vec<u64> = fields.collect();
     // After "pid (comm) ": state is 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14.
     let at = |i: usize| fields.get(i).copied().unwrap_or(0);
-    let comm = head.split_once(" (")?.1.to_owned();
-    Some(ProcStat(
-        at(1) as u32,
-        comm,
-        at(11) + at(12),
-        at(13) + at(14),
-    ))
+    let name = head.split_once(" (")?.1.to_owned();
+    let (own, reaped) = (at(11) + at(12), at(13) + at(14));
+    Some(ProcStat {
+        parent: at(1) as u32,
+        name,
+        own,
+        reaped,
+    })
 }
 
 fn all_processes() -> HashMap<u32, ProcStat> {
@@ -181,16 +196,36 @@ fn all_processes() -> HashMap<u32, ProcStat> {
         .collect()
 }
 
-/// A process and its ancestors, nearest first (at most 64).
-fn lineage(processes: &HashMap<u32, ProcStat>, pid: u32) -> Vec<u32> {
-    let mut line = vec![pid];
-    while let Some(process) = processes.get(line.last().expect("never empty")) {
-        if line.len() == 64 || line.contains(&process.0) {
-            break;
+/// The CPU ticks of each tree whose root `root` names, a process counted in the tree of its
+/// nearest ancestor (itself included) that is a root.
+fn tree_ticks<K: Eq + std::hash::Hash>(
+    processes: &HashMap<u32, ProcStat>,
+    root: impl Fn(u32) -> Option<K>,
+) -> HashMap<K, u64> {
+    let mut trees = HashMap::new();
+    for (pid, process) in processes {
+        let (mut at, mut depth) = (*pid, 0);
+        // Up the parents (at most 64), until a root or a process that is gone.
+        let key = loop {
+            match (root(at), processes.get(&at)) {
+                (Some(key), _) => break Some(key),
+                (None, Some(p)) if depth < 64 && p.parent != at => {
+                    (at, depth) = (p.parent, depth + 1)
+                }
+                _ => break None,
+            }
+        };
+        if let Some(key) = key {
+            *trees.entry(key).or_default() += process.own + process.reaped;
         }
-        line.push(process.0);
     }
-    line
+    trees
+}
+
+/// CPU ticks of the process `root` and all its descendants (a postmaster's: one server's).
+pub fn ticks_of_tree(root: u32) -> u64 {
+    let trees = tree_ticks(&all_processes(), |pid| (pid == root).then_some(()));
+    trees.into_values().sum()
 }
 
 /// CPU time, in clock ticks, of the machine's PostgreSQL and RabbitMQ servers, for the cost of a
@@ -204,42 +239,34 @@ pub struct ServiceTicks {
 }
 
 impl ServiceTicks {
-    /// A reading. Each process of a tree counts its own time and that of its children that
-    /// have exited and been waited for (cutime + cstime), so the sum over the tree does not move
-    /// when a process exits and is reaped: its time passes from its own line to its parent's.
-    /// /proc is read one process at a time, so a process reaped during the scan could be missed
-    /// or counted twice: the scan is repeated until the roots' reaped time did not change.
+    /// A reading. /proc is read one process at a time, so a process reaped during the scan
+    /// could be missed or counted twice: the scan is repeated (at most 10 times) until the
+    /// roots' reaped time did not change.
     pub fn now() -> ServiceTicks {
         let mut processes = all_processes();
         for _ in 0..10 {
-            let reaped = |pid: &u32, p: &ProcStat| proc_stat(*pid).is_some_and(|now| now.3 == p.3);
-            let root = |pid: &u32| Self::root(&processes, *pid).is_some();
-            if processes
-                .iter()
-                .all(|(pid, p)| !root(pid) || reaped(pid, p))
-            {
+            let held = |(pid, p): (&u32, &ProcStat)| {
+                Self::root(&processes, *pid).is_none()
+                    || proc_stat(*pid).is_some_and(|now| now.reaped == p.reaped)
+            };
+            if processes.iter().all(held) {
                 break;
             }
             processes = all_processes();
         }
-        let mut ticks = ServiceTicks::default();
-        for (pid, process) in &processes {
-            // The service whose tree the process is in: its nearest ancestor that is a root.
-            let mut line = lineage(&processes, *pid).into_iter();
-            match line.find_map(|pid| Self::root(&processes, pid)) {
-                Some(true) => ticks.postgres += process.2 + process.3,
-                Some(false) => ticks.rabbitmq += process.2 + process.3,
-                None => {}
-            }
+        let trees = tree_ticks(&processes, |pid| Self::root(&processes, pid));
+        let ticks = |postgres| trees.get(&postgres).copied().unwrap_or(0);
+        ServiceTicks {
+            postgres: ticks(true),
+            rabbitmq: ticks(false),
         }
-        ticks
     }
 
     /// Whether `pid` is the root of PostgreSQL's tree (true) or RabbitMQ's (false).
     fn root(processes: &HashMap<u32, ProcStat>, pid: u32) -> Option<bool> {
         let process = processes.get(&pid)?;
-        let parent = processes.get(&process.0).map(|p| p.1.as_str());
-        match (process.1.as_str(), parent) {
+        let parent = processes.get(&process.parent).map(|p| p.name.as_str());
+        match (process.name.as_str(), parent) {
             ("postgres", Some("postgres")) => None,
             ("postgres", _) => Some(true),
             ("beam.smp", _) => Some(false),
@@ -255,25 +282,10 @@ impl ServiceTicks {
     }
 }
 
-/// CPU ticks of the process `root` and all its descendants (a postmaster's: one server's),
-/// counted as [`ServiceTicks::now`] counts them.
-pub fn tree_ticks(root: u32) -> u64 {
-    let processes = all_processes();
-    let tree = processes
-        .iter()
-        .filter(|(pid, _)| lineage(&processes, **pid).contains(&root));
-    tree.map(|(_, process)| process.2 + process.3).sum()
-}
-
 /// CPU seconds per 1,000 operations, from `ticks` spent on `operations`.
 pub fn seconds_per_1000(ticks: u64, operations: f64) -> Option<Num> {
     let seconds = ticks as f64 / clock_ticks();
     (operations > 0.0).then(|| Num::fixed(seconds / operations * 1000.0, 3))?
-}
-
-/// MiB from kB, one decimal.
-pub fn mib(kb: u64) -> Option<Num> {
-    Num::fixed(kb as f64 / 1024.0, 1)
 }
 
 /// The whole machine's jiffies, every process and the kernel (/proc/stat's first line): work
@@ -287,7 +299,7 @@ pub struct MachineTicks {
 }
 
 impl MachineTicks {
-    pub fn now() -> anyhow::Result<MachineTicks> {
+    pub fn now() -> Result<MachineTicks> {
         let stat = fs::read_to_string("/proc/stat")?;
         let line = stat.lines().find(|line| line.starts_with("cpu "));
         Ok(Self::parse(line.context("no cpu line in /proc/stat")?))
@@ -311,17 +323,15 @@ impl MachineTicks {
     pub fn since(self, earlier: MachineTicks) -> MachineTicks {
         let work = self.work.saturating_sub(earlier.work);
         let steal = self.steal.saturating_sub(earlier.steal);
-        MachineTicks {
-            work,
-            steal,
-            total: self.total.saturating_sub(earlier.total),
-        }
+        let total = self.total.saturating_sub(earlier.total);
+        MachineTicks { work, steal, total }
     }
 
-    /// The share of the time the CPUs worked, in per cent (one decimal).
-    pub fn busy_pct(self) -> Option<Num> {
-        let share = 100.0 * self.work as f64 / self.total as f64;
-        (self.total > 0).then(|| Num::fixed(share, 1))?
+    /// The share of the time the CPUs worked (the steal counted as work if `steal`), in per
+    /// cent; none of no time.
+    pub fn busy_share(self, steal: bool) -> Option<f64> {
+        let work = self.work + if steal { self.steal } else { 0 };
+        (self.total > 0).then(|| 100.0 * work as f64 / self.total as f64)
     }
 }
 
@@ -331,10 +341,9 @@ pub fn port_in_use(port: u16) -> bool {
 }
 
 /// A free port of 127.0.0.1, as the kernel hands one out.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 fn send_signal(pid: u32, signal: libc::c_int) {
@@ -346,7 +355,7 @@ fn send_signal(pid: u32, signal: libc::c_int) {
 pub struct Daemon {
     child: Child,
     pub pid: u32,
-    port: u16,
+    url: String,
     pub log: PathBuf,
     /// The log's lines, and the daemon's CPU ticks, when SIGTERM was sent.
     lines_at_stop: Option<usize>,
@@ -363,7 +372,7 @@ impl Daemon {
         env: &[(&str, &str)],
         log: PathBuf,
         cleanup: &Arc<Cleanup>,
-    ) -> anyhow::Result<Daemon> {
+    ) -> Result<Daemon> {
         if port_in_use(s.port) {
             bail!("port {} is in use; choose another", s.port);
         }
@@ -374,10 +383,9 @@ impl Daemon {
             .stdin(Stdio::null());
         command.env("RETRYSAFE_HTTP__LISTEN", format!("127.0.0.1:{}", s.port));
         command.env("RETRYSAFE_LOG__LEVEL", "warn");
-        command.envs(
-            env.iter()
-                .map(|(key, value)| (format!("RETRYSAFE_{key}"), value)),
-        );
+        for (key, value) in env {
+            command.env(format!("RETRYSAFE_{key}"), value);
+        }
         command.stdout(out.try_clone()?).stderr(out);
         let child = cleanup.guard(|state| {
             let child = command.spawn();
@@ -385,12 +393,12 @@ impl Daemon {
             state.daemon_pid = Some(child.id());
             Ok(child)
         })?;
-        let (pid, port, cleanup) = (child.id(), s.port, cleanup.clone());
-        let (lines_at_stop, ticks_at_stop) = (None, None);
+        let (pid, url) = (child.id(), format!("http://127.0.0.1:{}", s.port));
+        let (lines_at_stop, ticks_at_stop, cleanup) = (None, None, cleanup.clone());
         Ok(Daemon {
             child,
             pid,
-            port,
+            url,
             log,
             lines_at_stop,
             ticks_at_stop,
@@ -399,16 +407,13 @@ impl Daemon {
     }
 
     /// Waits until /healthz answers 2xx (at most 30 s).
-    pub fn wait_healthy(&mut self) -> anyhow::Result<()> {
-        let url = format!("http://127.0.0.1:{}/healthz", self.port);
+    pub fn wait_healthy(&mut self) -> Result<()> {
         let log = self.log.display();
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait()? {
                 bail!("the daemon exited at start ({status}); see {log}");
             }
-            let mut curl = Command::new("curl");
-            curl.args(["-sf", "-o", "/dev/null", "-m", "2", &url]);
-            if curl.status().is_ok_and(|status| status.success()) {
+            if get(&format!("{}/healthz", self.url), "2").is_ok() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -421,19 +426,20 @@ impl Daemon {
     }
 
     /// utime + stime, in clock ticks (those at its stop once it stopped).
-    pub fn cpu_ticks(&self) -> anyhow::Result<u64> {
-        let ticks = self.ticks_at_stop.or_else(|| Some(proc_stat(self.pid)?.2));
-        ticks.ok_or_else(|| anyhow!("cannot read /proc/{}/stat", self.pid))
+    pub fn cpu_ticks(&self) -> Result<u64> {
+        let now = || Some(proc_stat(self.pid)?.own);
+        let ticks = self.ticks_at_stop.or_else(now);
+        ticks.with_context(|| format!("cannot read /proc/{}/stat", self.pid))
     }
 
-    /// A `kB` line of /proc/PID/status (VmRSS, VmHWM).
-    pub fn status_kb(&self, key: &str) -> anyhow::Result<u64> {
+    /// A `kB` line of /proc/PID/status (VmRSS, VmHWM), in MiB.
+    pub fn status_mib(&self, key: &str) -> Result<f64> {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
         let kb = status.lines().find_map(|line| {
             let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-            rest.split_whitespace().next()?.parse().ok()
+            rest.split_whitespace().next()?.parse::<f64>().ok()
         });
-        kb.ok_or_else(|| anyhow!("no {key} in /proc/{}/status", self.pid))
+        Ok(kb.with_context(|| format!("no {key} in /proc/{}/status", self.pid))? / 1024.0)
     }
 
     pub fn open_fds(&self) -> usize {
@@ -447,7 +453,7 @@ impl Daemon {
 
     /// SIGTERM, then SIGKILL after 30 s; the exit status and how long it took. Notes the log's
     /// lines and the CPU ticks before the signal.
-    pub fn stop(&mut self) -> anyhow::Result<(ExitStatus, Duration)> {
+    pub fn stop(&mut self) -> Result<(ExitStatus, Duration)> {
         self.lines_at_stop = Some(self.log_lines().len());
         self.ticks_at_stop = self.cpu_ticks().ok();
         let started = Instant::now();
@@ -483,11 +489,8 @@ impl Daemon {
         let problem = |line: &&String| line.contains("WARN") || line.contains("ERROR");
         let first = lines[listening..].iter().find(problem).cloned();
         let count = |lines: &[String]| lines.iter().filter(problem).count();
-        (
-            count(&lines[listening..at_stop]),
-            count(&lines[at_stop..]),
-            first,
-        )
+        let under_load = count(&lines[listening..at_stop]);
+        (under_load, count(&lines[at_stop..]), first)
     }
 }
 
@@ -497,8 +500,8 @@ pub fn run_program(
     line: &str,
     out: &Path,
     every: Duration,
-    mut poll: impl FnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<(ExitStatus, String)> {
+    mut poll: impl FnMut() -> Result<()>,
+) -> Result<(ExitStatus, String)> {
     let mut words = line.split_whitespace().peekable();
     let mut env = Vec::new();
     while let Some(pair) = words.peek().and_then(|word| word.split_once('=')) {
@@ -510,9 +513,8 @@ pub fn run_program(
     let mut command = Command::new(program);
     command.args(words).envs(env).stdin(Stdio::null());
     command.stdout(file.try_clone()?).stderr(file);
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+    let child = command.spawn();
+    let mut child = child.with_context(|| format!("starting {program}"))?;
     let mut next_poll = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -539,6 +541,7 @@ pub struct Cleanup {
     interrupted: AtomicI32,
 }
 
+#[derive(Default)]
 pub struct CleanupState {
     daemon_pid: Option<u32>,
     bound: Names,
@@ -550,49 +553,36 @@ pub struct CleanupState {
 impl Cleanup {
     /// Armed for every exit: on SIGINT or SIGTERM it cleans up and exits 130 or 143, as a shell
     /// would.
-    pub fn arm(pg: Pg, amqp: &str, db_prefix: String) -> anyhow::Result<Arc<Cleanup>> {
-        let bound = Names {
-            amqp: amqp.into(),
-            ..Names::default()
-        };
-        let (daemon_pid, servers, done) = (None, Vec::new(), false);
-        let state = Mutex::new(CleanupState {
-            daemon_pid,
-            bound,
-            servers,
-            done,
-        });
-        let interrupted = AtomicI32::new(0);
+    pub fn arm(pg: Pg, amqp: &str, db_prefix: String) -> Result<Arc<Cleanup>> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut state = CleanupState::default();
+        state.bound.amqp = amqp.into();
+        let (state, interrupted) = (Mutex::new(state), AtomicI32::new(0));
         let cleanup = Arc::new(Cleanup {
             pg,
             db_prefix,
             state,
             interrupted,
         });
+        // The handlers are installed here, before any work; their runtime runs on a thread.
+        let runtime = runtime();
+        let entered = runtime.enter();
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        drop(entered);
         let on_signal = cleanup.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let signals = std::thread::Builder::new().name("signals".into());
-        signals.spawn(move || {
-            use tokio::signal::unix::{signal, SignalKind};
-            let code = block_on(async move {
-                let int = signal(SignalKind::interrupt());
-                let (Ok(mut int), Ok(mut term)) = (int, signal(SignalKind::terminate())) else {
-                    return ready_tx.send(false).map_or(0, |_| 0);
-                };
-                let _ = ready_tx.send(true);
+        let thread = std::thread::Builder::new().name("signals".into());
+        thread.spawn(move || {
+            let signal = async {
                 tokio::select! { _ = int.recv() => 130, _ = term.recv() => 143 }
-            });
-            if code != 0 {
-                on_signal.interrupted.store(code, Ordering::SeqCst);
-                // Outside the runtime: the clean-up runs runtimes of its own.
-                say!("interrupted; cleaning up");
-                on_signal.run();
-                std::process::exit(code);
-            }
+            };
+            let code = runtime.block_on(signal);
+            on_signal.interrupted.store(code, Ordering::SeqCst);
+            // Outside the runtime: the clean-up runs runtimes of its own.
+            say!("interrupted; cleaning up");
+            on_signal.run();
+            std::process::exit(code);
         })?;
-        if !ready_rx.recv().unwrap_or(false) {
-            bail!("cannot install the signal handlers");
-        }
         Ok(cleanup)
     }
 
@@ -603,10 +593,7 @@ impl Cleanup {
     /// Runs `create` (what makes a database, an exchange, a server or a daemon, noting it in
     /// the state) unless the clean-up has begun, and never while it runs: after a signal the
     /// work goes on until it fails, and what it made after the clean-up would be left behind.
-    pub fn guard<T>(
-        &self,
-        create: impl FnOnce(&mut CleanupState) -> anyhow::Result<T>,
-    ) -> anyhow::Result<T> {
+    pub fn guard<T>(&self, create: impl FnOnce(&mut CleanupState) -> Result<T>) -> Result<T> {
         let mut state = self.state();
         if state.done {
             bail!("interrupted");
@@ -616,7 +603,7 @@ impl Cleanup {
 
     /// A durable topic exchange and its queue `<exchange>.q` bound for '#', deleted by the
     /// clean-up.
-    pub fn bind(&self, exchange: &str) -> anyhow::Result<()> {
+    pub fn bind(&self, exchange: &str) -> Result<()> {
         self.guard(|state| {
             state.bound.exchange.push(exchange.into());
             state.bound.queue.push(format!("{exchange}.q"));
@@ -627,7 +614,7 @@ impl Cleanup {
 
     /// A server of the bench's own (bench/lab.rs) in `data`, stopped and removed by the
     /// clean-up or by [`Cleanup::stop_servers`].
-    pub fn add_server(&self, data: PathBuf) -> anyhow::Result<()> {
+    pub fn add_server(&self, data: PathBuf) -> Result<()> {
         self.guard(|state| {
             state.servers.push(data);
             Ok(())
@@ -684,14 +671,8 @@ impl Cleanup {
 
 fn stop_servers(servers: Vec<PathBuf>) {
     for data in servers {
-        let stop = [
-            "pg_ctl",
-            "-D",
-            &data.to_string_lossy(),
-            "-m",
-            "immediate",
-            "stop",
-        ];
+        let data_text = data.to_string_lossy();
+        let stop = ["pg_ctl", "-D", &data_text, "-m", "immediate", "stop"];
         if let Err(error) = crate::lab::run(&stop) {
             say!("could not stop the server in {}: {error:#}", data.display());
         }
@@ -703,13 +684,45 @@ fn stop_servers(servers: Vec<PathBuf>) {
     }
 }
 
-/// Appends to a log file (the migrations' output).
-pub fn append(path: &Path) -> anyhow::Result<File> {
-    Ok(OpenOptions::new().create(true).append(true).open(path)?)
+/// The machine and the software a run measures, by their names in the reports (`MACHINE`);
+/// RabbitMQ's version from rabbitmqctl if `ask_rabbit` (it may take seconds), else from the
+/// Debian package.
+pub fn machine(pg: &Pg, config: &str, ask_rabbit: bool) -> HashMap<&'static str, String> {
+    // What follows `prefix` on the line of a /proc file that starts with it.
+    let proc = |file: &str, prefix: &str| {
+        let text = fs::read_to_string(file).unwrap_or_default();
+        let line = text.lines().find_map(|line| line.strip_prefix(prefix));
+        line.unwrap_or_default().to_owned()
+    };
+    let word = |text: &str, index| text.split_whitespace().nth(index).unwrap_or("").to_owned();
+    let kb: Option<f64> = word(&proc("/proc/meminfo", "MemTotal:"), 0).parse().ok();
+    let cpu = proc("/proc/cpuinfo", "model name");
+    let show = |setting: &str| pg.query("postgres", &format!("SHOW {setting}"));
+    let show = |setting| show(setting).unwrap_or_else(|_| "unknown".into());
+    let wrk = command_line("wrk", &["-v"]);
+    let rustc = Some(command_line("rustc", &["--version"])).filter(|v| !v.is_empty());
+    let settings = fs::read_to_string(config).map(|text| quoted_settings(&text));
+    let values = [
+        cpu.split_once(": ")
+            .map_or("", |(_, model)| model)
+            .to_owned(),
+        command_line("nproc", &[]),
+        kb.map_or(String::new(), |kb| format!("{:.1}", kb / 1_048_576.0)),
+        command_line("uname", &["-sr"]),
+        show("server_version"),
+        show("autovacuum"),
+        rabbit_version(ask_rabbit),
+        word(wrk.lines().next().unwrap_or(""), 1),
+        word(&command_line("pgbench", &["--version"]), 2),
+        rustc.unwrap_or_else(|| "rustc unknown".into()),
+        commit(),
+        settings.unwrap_or_default(),
+    ];
+    MACHINE.split(' ').zip(values).collect()
 }
 
 /// The short commit, noting uncommitted changes to what the daemon is built from.
-pub fn commit() -> String {
+fn commit() -> String {
     let short = command_line("git", &["rev-parse", "--short", "HEAD"]);
     let unknown = short.is_empty() || short.contains("fatal");
     let short = if unknown { "unknown".to_owned() } else { short };
@@ -718,49 +731,6 @@ pub fn commit() -> String {
     match command_line("git", &[&status[..], &paths].concat()).is_empty() {
         true => short,
         false => format!("{short} (with uncommitted changes in src/)"),
-    }
-}
-
-/// The machine and the software a run measures, as the report names them; RabbitMQ's version
-/// from rabbitmqctl if `ask_rabbit` (it may take seconds), else from the Debian package.
-pub fn machine(pg: &Pg, config: &str, ask_rabbit: bool) -> Machine {
-    let line = |file: &str, prefix: &str| {
-        let text = fs::read_to_string(file).unwrap_or_default();
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .map(str::to_owned);
-        line.unwrap_or_default()
-    };
-    let cpu_model = line("/proc/cpuinfo", "model name");
-    let cpu_model = cpu_model.split_once(": ").map_or("", |(_, model)| model);
-    let kb = line("/proc/meminfo", "MemTotal:");
-    let kb = kb
-        .split_whitespace()
-        .nth(1)
-        .and_then(|kb| kb.parse::<f64>().ok());
-    let show = |setting: &str| pg.query("postgres", &format!("SHOW {setting}"));
-    let show = |setting| show(setting).unwrap_or_else(|_| "unknown".into());
-    let word = |text: String, index| text.split_whitespace().nth(index).map(str::to_owned);
-    let wrk = command_line("wrk", &["-v"])
-        .lines()
-        .next()
-        .map(str::to_owned);
-    let rustc = Some(command_line("rustc", &["--version"])).filter(|v| !v.is_empty());
-    let settings = fs::read_to_string(config).map(|text| report::quoted_settings(&text));
-    Machine {
-        cpu_model: cpu_model.to_owned(),
-        nproc: command_line("nproc", &[]),
-        mem_gib: kb.map_or(String::new(), |kb| format!("{:.1}", kb / 1_048_576.0)),
-        kernel: command_line("uname", &["-sr"]),
-        pg_version: show("server_version"),
-        autovacuum: show("autovacuum"),
-        rabbit_version: rabbit_version(ask_rabbit),
-        wrk_version: wrk.and_then(|line| word(line, 1)).unwrap_or_default(),
-        pgbench_version: word(command_line("pgbench", &["--version"]), 2).unwrap_or_default(),
-        rustc_version: rustc.unwrap_or_else(|| "rustc unknown".into()),
-        commit: commit(),
-        daemon_settings: settings.unwrap_or_default(),
     }
 }
 
@@ -781,59 +751,42 @@ fn rabbit_version(ask: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::fmt;
 
     #[test]
     fn the_machine_line_splits_work_steal_and_idle() {
         // user nice system idle iowait irq softirq steal guest guest_nice
         let before = MachineTicks::parse("cpu  100 5 40 800 20 3 2 10 7 0");
-        assert_eq!(
-            before,
-            MachineTicks {
-                work: 150,
-                steal: 10,
-                total: 980
-            }
-        );
+        assert_eq!((before.work, before.steal, before.total), (150, 10, 980));
         let spent = MachineTicks::parse("cpu  250 5 90 850 20 3 2 30 9 0").since(before);
         assert_eq!((spent.work, spent.steal, spent.total), (200, 20, 270));
-        assert_eq!(spent.busy_pct().unwrap().text, "74.1");
-        assert!(MachineTicks::default().busy_pct().is_none());
+        assert_eq!(fmt(spent.busy_share(false), 1), "74.1");
+        assert_eq!(fmt(spent.busy_share(true), 1), "81.5");
+        assert_eq!(MachineTicks::default().busy_share(false), None);
         let now = MachineTicks::now().unwrap();
         assert!(now.work + now.steal <= now.total && now.total > 0);
     }
 
     #[test]
-    fn this_process_as_proc_shows_it() {
+    fn this_process_and_the_services_as_proc_shows_them() {
         let me = proc_stat(std::process::id()).unwrap();
-        assert_eq!(me.0, std::os::unix::process::parent_id());
-        assert!(!me.1.is_empty() && !me.1.contains(')'));
+        assert_eq!(me.parent, std::os::unix::process::parent_id());
+        assert!(!me.name.is_empty() && !me.name.contains(')'));
         // Spin a little so that some CPU time shows.
         let start = Instant::now();
-        let mut x = 0u64;
         while start.elapsed() < Duration::from_millis(50) {
-            x = std::hint::black_box(x.wrapping_add(1));
+            std::hint::black_box(start.elapsed());
         }
-        assert!(proc_stat(std::process::id()).unwrap().2 >= me.2);
-        let processes = all_processes();
-        let line = lineage(&processes, std::process::id());
-        assert_eq!(line[..2], [std::process::id(), me.0]);
-        assert!(tree_ticks(me.0) >= me.2);
-    }
-
-    #[test]
-    fn the_machines_services_have_used_some_cpu() {
+        assert!(proc_stat(std::process::id()).unwrap().own >= me.own);
+        assert!(ticks_of_tree(me.parent) >= me.own);
         // PostgreSQL and RabbitMQ run on every machine the benchmark runs on.
         let before = ServiceTicks::now();
         assert!(before.postgres > 0 && before.rabbitmq > 0, "{before:?}");
-        let later = ServiceTicks::now();
-        assert!(later.postgres >= before.postgres && later.rabbitmq >= before.rabbitmq);
+        let mut later = ServiceTicks::now();
         assert!(later.since(before).is_some());
         // A reading that went down (a restarted server) is no figure, not a wrapped number.
-        let restarted = ServiceTicks {
-            postgres: 0,
-            ..later
-        };
-        assert_eq!(restarted.since(before), None);
+        later.postgres = 0;
+        assert_eq!(later.since(before), None);
         let ticks = (clock_ticks() * 3.0) as u64;
         assert_eq!(seconds_per_1000(ticks, 10_000.0).unwrap().text, "0.300");
         assert!(seconds_per_1000(ticks, 0.0).is_none());

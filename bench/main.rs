@@ -49,11 +49,8 @@ use clap::{Parser, Subcommand};
 
 use crate::report::Settings;
 
+/// retrysafe's benchmark (bench/run) and soak (scripts/soak)
 #[derive(Parser)]
-#[command(
-    name = "bench",
-    about = "retrysafe's benchmark (bench/run) and soak (scripts/soak)"
-)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -138,27 +135,21 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    pub fn settings(&self, pg: &harness::Pg) -> Settings {
-        let quick = self.quick;
-        let pick =
-            |value: Option<u32>, full, fast| value.unwrap_or(if quick { fast } else { full });
-        let drain_events = if quick { 10_000 } else { 100_000 };
-        let duration = pick(self.duration, 15, 5);
+    /// The settings of a run: quick mode's figures where no flag sets them.
+    pub fn settings(&self) -> Settings {
+        let mode = |full, quick| if self.quick { quick } else { full };
         Settings {
-            quick,
-            runs: pick(self.runs, 3, 1),
-            duration,
-            drain_events: self.drain_events.unwrap_or(drain_events),
-            e2e_seconds: pick(self.e2e_seconds, 20, 5),
+            quick: self.quick,
+            runs: self.runs.unwrap_or(mode(3, 1)),
+            duration: self.duration.unwrap_or(mode(15, 5)),
+            drain_events: self.drain_events.unwrap_or(mode(100_000, 10_000).into()),
+            e2e_seconds: self.e2e_seconds.unwrap_or(mode(20, 5)),
             e2e_rate: self.e2e_rate,
             scale_large: self.scale_rows,
             scale_small: self.scale_small,
             scale_expired: self.scale_expired,
-            // The janitor's pass has writes beside it for 4 measurements' time (60 s in full).
-            janitor_seconds: 4 * duration,
             port: self.port,
             config: self.config.clone(),
-            pg_base: pg.base.clone(),
             ..Settings::default()
         }
     }
@@ -226,43 +217,36 @@ mod tests {
     use super::*;
 
     /// The shell scripts' variables still work: BENCH_QUICK=1, SOAK_VACUUM=0, BENCH_SCENARIOS
-    /// with spaces. (The only test that sets variables, so none races with it.)
+    /// with spaces; a flag wins over its variable. (The only test that sets variables, so none
+    /// races with it.)
     #[test]
     fn environment_variables_are_flags() {
-        let names = [
-            "BENCH_QUICK",
-            "BENCH_RUNS",
-            "BENCH_SCENARIOS",
-            "SOAK_VACUUM",
-            "SOAK_MINUTES",
-        ];
-        for (name, value) in names.iter().zip(["1", "2", "writes e2e", "0", "2"]) {
+        let set =
+            "BENCH_QUICK=1;BENCH_RUNS=2;BENCH_SCENARIOS=writes e2e;SOAK_VACUUM=0;SOAK_MINUTES=2";
+        let set = set.split(';').filter_map(|pair| pair.split_once('='));
+        for (name, value) in set.clone() {
             std::env::set_var(name, value);
         }
-        let run = Cli::try_parse_from(["bench", "run"]).unwrap();
-        let soak = Cli::try_parse_from(["bench", "soak"]).unwrap();
-        let explicit = Cli::try_parse_from(["bench", "run", "--runs", "5"]).unwrap();
-        for name in names {
+        let parse = |line: &str| Cli::try_parse_from(line.split(' ')).unwrap().command;
+        let commands = ["bench run", "bench soak", "bench run --runs 5"].map(parse);
+        for (name, _) in set {
             std::env::remove_var(name);
         }
-        let full = Cli::try_parse_from(["bench", "run"]).unwrap();
-        let (Command::Run(run), Command::Soak(soak), Command::Run(explicit), Command::Run(full)) =
-            (run.command, soak.command, explicit.command, full.command)
-        else {
-            panic!("not run, soak, run, run")
+        let [Command::Run(run), Command::Soak(soak), Command::Run(explicit)] = commands else {
+            panic!("not run, soak, run")
         };
-        assert!(run.quick);
-        assert_eq!(run.runs, Some(2));
+        let Command::Run(full) = parse("bench run") else {
+            panic!("not run")
+        };
+        assert!(run.quick && !soak.vacuum);
+        assert_eq!(
+            (run.runs, explicit.runs, soak.minutes),
+            (Some(2), Some(5), 2)
+        );
         assert_eq!(run.scenarios, "writes e2e");
-        assert!(!soak.vacuum);
-        assert_eq!(soak.minutes, 2);
-        assert_eq!(explicit.runs, Some(5));
         // Full mode's figures, and quick mode's where no flag sets them.
-        let pg = harness::Pg {
-            base: "postgres://postgres@127.0.0.1:5432".into(),
-        };
         let figures = |s: Settings| (s.runs, s.duration, s.drain_events, s.e2e_seconds);
-        assert_eq!(figures(full.settings(&pg)), (3, 15, 100_000, 20));
-        assert_eq!(figures(run.settings(&pg)), (2, 5, 10_000, 5));
+        assert_eq!(figures(full.settings()), (3, 15, 100_000, 20));
+        assert_eq!(figures(run.settings()), (2, 5, 10_000, 5));
     }
 }

@@ -3,9 +3,8 @@
 //! the hand-written marker is kept.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
-use crate::stats::{fmt, maximum, median, minimum, per_run, ratio, verdict, Num, Target};
+use crate::stats::{fmt, median, per_run, present, ratio, verdict, Figures, Num, Target};
 
 /// The line after which BENCHMARKS.md is written by hand: `bench/run` keeps everything below it
 /// when it rewrites the file.
@@ -52,36 +51,15 @@ pub fn fill(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
     out + rest
 }
 
-/// One run of a scenario: each metric of the per-run table, in order, with its value as
-/// recorded (the tool's own text, or a value rounded when it was recorded).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Run(pub Vec<(String, Option<Num>)>);
-
-impl Run {
-    /// A run without figures yet of these metrics.
-    pub fn of(metrics: Vec<String>) -> Run {
-        Run(metrics.into_iter().map(|name| (name, None)).collect())
+/// A CPU cost per 1,000 in three parts (`<prefix>cost_daemon`, `_postgres`, `_rabbitmq`): their
+/// sum as recorded (3 decimals), so that the report rebuilt from its per-run table gives the
+/// same total; None if a part is missing.
+fn cost(run: &Figures, prefix: &str) -> Option<Num> {
+    let mut thousandths = 0.0;
+    for part in ["daemon", "postgres", "rabbitmq"] {
+        thousandths += (run.get(&format!("{prefix}cost_{part}"))? * 1000.0).round();
     }
-
-    pub fn get(&self, metric: &str) -> Option<&Num> {
-        self.0.iter().find(|(name, _)| name == metric)?.1.as_ref()
-    }
-
-    /// The place of `metric`'s value, if it is one of the run's.
-    pub fn slot(&mut self, metric: &str) -> Option<&mut Option<Num>> {
-        Some(&mut self.0.iter_mut().find(|(name, _)| name == metric)?.1)
-    }
-
-    /// A CPU cost per 1,000 in three parts (the daemon's, PostgreSQL's, RabbitMQ's): their sum
-    /// as recorded (3 decimals), so that the report rebuilt from its per-run table gives the
-    /// same total; None if a part is missing.
-    fn cost(&self, parts: &[&str; 3]) -> Option<Num> {
-        let mut thousandths = 0.0;
-        for part in parts {
-            thousandths += (self.get(part)?.value * 1000.0).round();
-        }
-        Num::fixed(thousandths / 1000.0, 3)
-    }
+    Num::fixed(thousandths / 1000.0, 3)
 }
 
 /// A figure of the results table, from the runs of one scenario.
@@ -95,9 +73,9 @@ enum Figure {
     /// A CPU cost per 1,000 (3 decimals) and, in brackets, the busy share of the CPUs while the
     /// load ran: "0.395 (busy 89.6 %)".
     Busy(&'static str, &'static str, &'static str),
-    /// CPU costs per 1,000 in three parts (see `Run::cost`), joined with " + ": each the median
-    /// of the runs' totals and, in brackets after the label, the median of each part.
-    Costs(&'static str, &'static str, &'static [[&'static str; 3]]),
+    /// CPU costs per 1,000 in three parts (see `cost`), of each prefix, joined with " + ": each
+    /// the median of the runs' totals and, in brackets after the label, the median of each part.
+    Costs(&'static str, &'static str, &'static [&'static str]),
     /// Every run's value: "100000/100000/100000".
     PerRun(&'static str, &'static str),
 }
@@ -131,18 +109,6 @@ struct Row(
 use Figure::{Busy, Costs, Dash, Median, Noted, PerRun};
 use Judge::{Baseline, EveryRun, Nothing, Ratio, Value};
 
-const WRITE_COST: [&str; 3] = ["cost_daemon", "cost_postgres", "cost_rabbitmq"];
-const ALONE_COST: [&str; 3] = [
-    "alone_cost_daemon",
-    "alone_cost_postgres",
-    "alone_cost_rabbitmq",
-];
-const DELIVERY_COST: [&str; 3] = [
-    "delivery_cost_daemon",
-    "delivery_cost_postgres",
-    "delivery_cost_rabbitmq",
-];
-
 /// The results: each figure beside its baseline, with its target. (The writes' rate has none
 /// now: see "Targets" in the hand-written part of BENCHMARKS.md.)
 #[rustfmt::skip]
@@ -153,7 +119,7 @@ const RESULTS: [Row; 25] = [
         Noted(&Median("writes", "p99_ms", 2), "p50", &Median("writes", "p50_ms", 2)),
         Median("writes", "pg_latency_ms", 2), true, "p99 < pgbench avg", Baseline(Target::Below)),
     Row("unique-key writes", "CPU s per 1,000 writes (daemon + PostgreSQL + RabbitMQ, events delivered) vs PostgreSQL's per 1,000 pgbench transactions",
-        Costs("writes", "medians: ", &[WRITE_COST]), Median("writes", "pg_cost", 3), true, "–", Nothing),
+        Costs("writes", "medians: ", &[""]), Median("writes", "pg_cost", 3), true, "–", Nothing),
     Row("unique-key writes", "CPU s per 1,000, whole machine (every process, load generators included): writes, events delivered, vs pgbench transactions; in brackets the machine's busy share while the load ran",
         Busy("writes", "machine_cost", "machine_busy_pct"),
         Busy("writes", "pg_machine_cost", "pg_machine_busy_pct"), true, "–", Nothing),
@@ -161,7 +127,7 @@ const RESULTS: [Row; 25] = [
         Noted(&Median("writes", "alone_rps", 0), "p99", &Median("writes", "alone_p99_ms", 2)),
         Median("writes", "pg_tps", 0), true, "–", Nothing),
     Row("unique-key writes", "CPU s per 1,000: the write alone (broker unreachable) + delivering its events afterwards (daemon + PostgreSQL + RabbitMQ each)",
-        Costs("writes", "", &[ALONE_COST, DELIVERY_COST]), Median("writes", "pg_cost", 3), false, "–", Nothing),
+        Costs("writes", "", &["alone_", "delivery_"]), Median("writes", "pg_cost", 3), false, "–", Nothing),
     Row("replays ({replay_keys} keys)", "requests/s vs the same bytes through the daemon's HTTP stack (POST /bench/same-bytes)",
         Median("replays", "rps", 0), Median("replays", "same_bytes_rps", 0), true, "≥ 0.9×", Ratio(Target::AtLeast(0.9))),
     Row("replays", "requests/s vs the daemon's /healthz",
@@ -257,6 +223,15 @@ macro_rules! settings {
                     _ => None,
                 }
             }
+
+            /// The setting `name` read from its text, if it is one.
+            #[cfg(test)]
+            fn set(&mut self, name: &str, value: &str) {
+                match name {
+                    $(stringify!($name) => self.$name = value.parse().expect("a setting's text"),)*
+                    _ => {}
+                }
+            }
         }
     };
 }
@@ -274,12 +249,10 @@ settings! {
     storm_keys: u32 = 10,
     publish_window: u32 = 1000,
     ordering_keys: u32 = 1000,
-    /// The scale scenario's databases, in rows per table; the rows the janitor deletes; the
-    /// seconds of writes beside it.
+    /// The scale scenario's databases, in rows per table, and the rows the janitor deletes.
     scale_small: u64 = 10_000,
     scale_large: u64 = 5_000_000,
     scale_expired: u64 = 500_000,
-    janitor_seconds: u32 = 60,
     port: u16 = 18437,
     /// The citus scenario's clients (their tokens: {tokens}).
     clients: u32 = 8,
@@ -298,7 +271,8 @@ impl Settings {
             "url" => format!("http://127.0.0.1:{}", self.port),
             "wrk" => wrk(c, d),
             "reads" => wrk(8, 5),
-            "wrk_janitor" => wrk(c, self.janitor_seconds),
+            // The janitor's pass has writes beside it for 4 measurements' time (60 s in full).
+            "wrk_janitor" => wrk(c, 4 * d),
             "pgbench" => pgbench(d),
             // Through the delay proxy: 6 s longer, judged by its last {duration} s (`-P 1`).
             "pgbench_link" => format!("{} -P 1", pgbench(d + 6)),
@@ -309,18 +283,13 @@ impl Settings {
 
     /// The bearer tokens of the citus scenario's clients, `bench-client-0-token` and so on.
     pub fn tokens(&self) -> Vec<String> {
-        (0..self.clients)
-            .map(|client| format!("bench-client-{client}-token"))
-            .collect()
+        let tokens = (0..self.clients).map(|client| format!("bench-client-{client}-token"));
+        tokens.collect()
     }
 
     pub fn mode_line(&self) -> String {
-        let (d, r, e, s) = (
-            self.duration,
-            self.runs,
-            self.drain_events,
-            self.e2e_seconds,
-        );
+        let (d, r) = (self.duration, self.runs);
+        let (e, s) = (self.drain_events, self.e2e_seconds);
         match self.quick {
             true => format!("**QUICK RUN (BENCH_QUICK=1): {d} s per measurement, {r} run(s), a {e}-event drain, {s} s of end-to-end load. These figures only show that the benchmark works; they are NOT the reference figures. Run `bench/run` (full mode) on a quiet machine for those.**"),
             false => format!("Full run: {d} s per measurement, medians of {r} runs, a {e}-event drain, {s} s of end-to-end load per run."),
@@ -328,48 +297,25 @@ impl Settings {
     }
 }
 
-/// The machine and the software the run measured.
-#[derive(Clone, Debug, Default)]
-pub struct Machine {
-    pub cpu_model: String,
-    pub nproc: String,
-    pub mem_gib: String,
-    pub kernel: String,
-    pub pg_version: String,
-    pub autovacuum: String,
-    pub rabbit_version: String,
-    pub wrk_version: String,
-    pub pgbench_version: String,
-    pub rustc_version: String,
-    pub commit: String,
-    /// `section.key=value, ...` of the settings that shape the load.
-    pub daemon_settings: String,
-}
+/// The names of the machine and the software a run measured (`harness::machine`) in the
+/// template.
+pub const MACHINE: &str =
+    "cpu nproc mem kernel pg autovacuum rabbit wrk pgbench rustc commit settings";
 
 /// The keys of the daemon's configuration that the report quotes.
-const QUOTED_SETTINGS: [&str; 9] = [
-    "pool_size",
-    "writers",
-    "max_batch",
-    "shards",
-    "cache_entries",
-    "workers",
-    "batch_size",
-    "poll_interval",
-    "audit",
-];
+const QUOTED_SETTINGS: &str =
+    "pool_size writers max_batch shards cache_entries workers batch_size poll_interval audit";
 
 /// `section.key=value` for each quoted key of a TOML configuration, spaces removed, in file order.
 pub fn quoted_settings(config: &str) -> String {
     let mut section = String::new();
     let mut out = Vec::new();
     for line in config.lines() {
+        let key = line.split_once('=').map(|(key, _)| key.trim_end());
         if line.starts_with('[') {
             section = line.replace(['[', ']'], "");
-        } else if let Some((key, _)) = line.split_once('=') {
-            if QUOTED_SETTINGS.contains(&key.trim_end_matches(' ')) {
-                out.push(format!("{section}.{}", line.replace(' ', "")));
-            }
+        } else if key.is_some_and(|key| QUOTED_SETTINGS.split(' ').any(|q| q == key)) {
+            out.push(format!("{section}.{}", line.replace(' ', "")));
         }
     }
     out.join(", ")
@@ -379,12 +325,14 @@ pub fn quoted_settings(config: &str) -> String {
 #[derive(Clone, Debug)]
 pub struct Report {
     pub settings: Settings,
-    pub machine: Machine,
+    /// The machine and the software the run measured, by their names in the template
+    /// (`harness::machine`).
+    pub machine: HashMap<&'static str, String>,
     /// `YYYY-MM-DD HH:MM UTC`
     pub written_at: String,
     pub run_id: String,
     /// The runs of each scenario run, by name.
-    pub runs: HashMap<String, Vec<Run>>,
+    pub runs: HashMap<String, Vec<Figures>>,
 }
 
 impl Figure {
@@ -396,7 +344,7 @@ impl Figure {
                 report.median(scenario, metric)
             }
             Noted(figure, _, _) => figure.number(report),
-            Costs(scenario, _, costs) => report.cost_median(scenario, &costs[0]),
+            Costs(scenario, _, prefixes) => report.cost_median(scenario, prefixes[0]),
         }
     }
 
@@ -405,23 +353,25 @@ impl Figure {
             Dash => "–".into(),
             Median(scenario, metric, decimals) => fmt(report.median(scenario, metric), *decimals),
             Noted(figure, label, note) => {
-                format!("{} ({label} {})", figure.cell(report), note.cell(report))
+                let (figure, note) = (figure.cell(report), note.cell(report));
+                format!("{figure} ({label} {note})")
             }
             Busy(scenario, cost, busy) => {
-                match (report.median(scenario, cost), report.median(scenario, busy)) {
-                    (Some(cost), Some(busy)) => {
-                        format!("{} (busy {} %)", fmt(Some(cost), 3), fmt(Some(busy), 1))
-                    }
-                    (cost, _) => fmt(cost, 3),
-                }
+                let (cost, busy) = (report.median(scenario, cost), report.median(scenario, busy));
+                let busy = busy
+                    .filter(|_| cost.is_some())
+                    .map(|busy| fmt(Some(busy), 1));
+                let busy = busy.map(|busy| format!(" (busy {busy} %)"));
+                fmt(cost, 3) + &busy.unwrap_or_default()
             }
-            Costs(scenario, label, costs) => {
-                let cell = |parts: &[&str; 3]| {
-                    let medians = parts.map(|part| fmt(report.median(scenario, part), 3));
-                    let total = fmt(report.cost_median(scenario, parts), 3);
-                    format!("{total} ({label}{})", medians.join(" + "))
+            Costs(scenario, label, prefixes) => {
+                let cell = |prefix: &&str| {
+                    let median = |part| report.median(scenario, &format!("{prefix}cost_{part}"));
+                    let parts = ["daemon", "postgres", "rabbitmq"].map(|p| fmt(median(p), 3));
+                    let (total, parts) = (report.cost_median(scenario, prefix), parts.join(" + "));
+                    format!("{} ({label}{parts})", fmt(total, 3))
                 };
-                costs.iter().map(cell).collect::<Vec<_>>().join(" + ")
+                prefixes.iter().map(cell).collect::<Vec<_>>().join(" + ")
             }
             PerRun(scenario, metric) => per_run(&report.column(scenario, metric), None),
         }
@@ -429,7 +379,8 @@ impl Figure {
 }
 
 impl Row {
-    fn cells(&self, report: &Report) -> [String; 7] {
+    /// The row as the table shows it.
+    fn line(&self, report: &Report) -> String {
         let Row(scenario, measure, figure, baseline, shows_ratio, target, judge) = self;
         let fill = |text: &str| fill(text, |name| report.settings.var(name));
         let (value, bound) = (figure.number(report), baseline.number(report));
@@ -441,61 +392,45 @@ impl Row {
             Baseline(make) => Some(bound.and_then(|bound| make(bound).judge(value))),
             EveryRun(scenario, flag) => {
                 let flags = report.column(scenario, flag);
-                Some((!flags.is_empty()).then(|| minimum(&flags) == Some(1.0)))
+                let lowest = present(&flags).into_iter().reduce(f64::min);
+                Some((!flags.is_empty()).then(|| lowest == Some(1.0)))
             }
         };
-        let ratio = if *shows_ratio {
-            format!("{}×", fmt(ratio, 2))
-        } else {
-            "–".into()
-        };
+        let ratio = shows_ratio.then(|| format!("{}×", fmt(ratio, 2)));
+        let (ratio, met) = (ratio.unwrap_or("–".into()), met.map_or("–", verdict));
         let (figure, baseline) = (figure.cell(report), baseline.cell(report));
-        let met = met.map_or("–", verdict).to_owned();
-        [
-            fill(scenario),
-            fill(measure),
-            figure,
-            baseline,
-            ratio,
-            fill(target),
-            met,
-        ]
+        let (scenario, measure, target) = (fill(scenario), fill(measure), fill(target));
+        format!("| {scenario} | {measure} | {figure} | {baseline} | {ratio} | {target} | {met} |")
     }
 }
 
 impl Report {
-    fn runs(&self, scenario: &str) -> &[Run] {
+    fn runs(&self, scenario: &str) -> &[Figures] {
         self.runs.get(scenario).map_or(&[], Vec::as_slice)
     }
 
     /// Every run's value of `metric`.
     fn column(&self, scenario: &str, metric: &str) -> Vec<Option<Num>> {
-        self.runs(scenario)
-            .iter()
-            .map(|run| run.get(metric).cloned())
-            .collect()
+        let runs = self.runs(scenario).iter();
+        runs.map(|run| run.num(metric).cloned()).collect()
     }
 
     fn median(&self, scenario: &str, metric: &str) -> Option<f64> {
-        median(&self.column(scenario, metric))
+        median(&present(&self.column(scenario, metric)))
     }
 
     /// The median of the runs' totals of a CPU cost in three parts.
-    fn cost_median(&self, scenario: &str, parts: &[&str; 3]) -> Option<f64> {
-        median(
-            &self
-                .runs(scenario)
-                .iter()
-                .map(|run| run.cost(parts))
-                .collect::<Vec<_>>(),
-        )
+    fn cost_median(&self, scenario: &str, prefix: &str) -> Option<f64> {
+        let costs = self.runs(scenario).iter().map(|run| cost(run, prefix));
+        let costs: Vec<Option<Num>> = costs.collect();
+        median(&present(&costs))
     }
 
     /// The results table: each figure beside its baseline, with its target.
     pub fn results_table(&self) -> String {
         let mut out = String::from("| scenario | measure | retrysafe | baseline | ratio | target | result |\n|---|---|---:|---:|---:|---|---|");
         for row in &RESULTS {
-            let _ = write!(out, "\n| {} |", row.cells(self).join(" | "));
+            out += &format!("\n{}", row.line(self));
         }
         out
     }
@@ -503,53 +438,35 @@ impl Report {
     /// Peak RSS and CPU of the daemon per scenario.
     pub fn resources_table(&self) -> String {
         let mut out = String::from("| scenario | daemon peak RSS, MiB (max of runs) | daemon CPU, cores (median; 1.00 = one core) | target | result |\n|---|---:|---:|---|---|");
+        let nproc = self.machine.get("nproc").map_or("", String::as_str);
         for scenario in REPORTED {
-            let peak = maximum(&self.column(scenario, "rss_mb"));
+            let rss = present(&self.column(scenario, "rss_mb"));
+            let peak = rss.into_iter().reduce(f64::max);
             let cores = fmt(self.median(scenario, "cpu_cores"), 2);
-            let (nproc, met) = (
-                &self.machine.nproc,
-                verdict(Target::Below(200.0).judge(peak)),
-            );
-            let _ = write!(
-                out,
-                "\n| {scenario} | {} | {cores} of {nproc} | RSS < 200 MiB | {met} |",
-                fmt(peak, 1)
-            );
+            let (peak, met) = (fmt(peak, 1), verdict(Target::Below(200.0).judge(peak)));
+            let row = format!("{scenario} | {peak} | {cores} of {nproc} | RSS < 200 MiB | {met}");
+            out += &format!("\n| {row} |");
         }
         out
     }
 
-    /// The sanity checks, every run's value.
+    /// The sanity checks, every run's value; the daemons' log lines close the table.
     pub fn checks_table(&self) -> String {
         // Every run's values of a metric (`name:decimals` to round them).
-        let runs = |scenario: &str, metric: &str| match metric.split_once(':') {
-            Some((metric, decimals)) => {
-                per_run(&self.column(scenario, metric), decimals.parse().ok())
-            }
-            None => per_run(&self.column(scenario, metric), None),
+        let runs = |scenario: &str, metric: &str| {
+            let (metric, decimals) = metric.split_once(':').unwrap_or((metric, ""));
+            per_run(&self.column(scenario, metric), decimals.parse().ok())
         };
         let mut out = String::from("| check | per run |\n|---|---|");
         for (check, scenario, metrics, note) in CHECKS {
             let values: Vec<String> = metrics.iter().map(|m| runs(scenario, m)).collect();
             let check = fill(check, |name| self.settings.var(name));
-            let _ = write!(out, "\n| {check} | {}{note} |", values.join(" / "));
+            out += &format!("\n| {check} | {}{note} |", values.join(" / "));
         }
-        let logs = [
-            (
-                "under load (writes/replays/storm/drain/e2e/ordered/latency)",
-                "log_problems",
-            ),
-            ("after SIGTERM (same order)", "shutdown_log_problems"),
-        ];
-        for (check, metric) in logs {
-            let values: Vec<String> = REPORTED.iter().map(|s| runs(s, metric)).collect();
-            let _ = write!(
-                out,
-                "\n| daemon log lines at WARN/ERROR {check} | {} |",
-                values.join(" / ")
-            );
-        }
-        out
+        let logs = |metric| REPORTED.map(|scenario| runs(scenario, metric)).join(" / ");
+        let (under_load, after) = (logs("log_problems"), logs("shutdown_log_problems"));
+        out += &format!("\n| daemon log lines at WARN/ERROR under load (writes/replays/storm/drain/e2e/ordered/latency) | {under_load} |");
+        out + &format!("\n| daemon log lines at WARN/ERROR after SIGTERM (same order) | {after} |")
     }
 
     /// Every run's value of every metric, one row per scenario and metric.
@@ -557,7 +474,7 @@ impl Report {
         let runs = self.settings.runs as usize;
         let mut out = String::from("| scenario | metric |");
         for run in 1..=runs {
-            let _ = write!(out, " run {run} |");
+            out += &format!(" run {run} |");
         }
         out.push_str(&format!("\n|---|---|{}", "---:|".repeat(runs)));
         for scenario in REPORTED {
@@ -566,14 +483,14 @@ impl Report {
                 continue;
             };
             for (i, (metric, _)) in first.0.iter().enumerate() {
-                let _ = write!(out, "\n| {scenario} | {metric}");
+                out += &format!("\n| {scenario} | {metric}");
                 for run in 0..runs {
                     let cell = match scenario_runs.get(run).map(|run| &run.0[i].1) {
                         Some(Some(num)) => num.text.as_str(),
                         Some(None) => "n/a",
                         None => "",
                     };
-                    let _ = write!(out, " | {cell}");
+                    out += &format!(" | {cell}");
                 }
                 out.push_str(" |");
             }
@@ -585,27 +502,24 @@ impl Report {
     /// prefix and column label), and each later side's ratio to the first.
     pub fn side_by_side_table(&self, scenario: &str, sides: &[(&str, &str)]) -> Option<String> {
         let (first, (side, _)) = (self.runs(scenario).first()?, sides.first()?);
-        let labels = sides
-            .iter()
-            .map(|(_, label)| fill(label, |name| self.settings.var(name)));
-        let labels: Vec<String> = labels.collect();
-        let runs = self.runs(scenario).len();
-        let (labels, ratios) = (labels.join(" | "), " ratio |".repeat(sides.len() - 1));
+        let label = |side: &(&str, &str)| fill(side.1, |name| self.settings.var(name));
+        let labels: Vec<String> = sides.iter().map(label).collect();
+        let (labels, runs) = (labels.join(" | "), self.runs(scenario).len());
+        let ratios = " ratio |".repeat(sides.len() - 1);
         let mut out = format!("| measure (medians of {runs} runs) | {labels} |{ratios}\n|---|");
         out += &"---:|".repeat(2 * sides.len() - 1);
         let prefix = format!("{side}_");
         for (metric, _) in first.0.iter().filter(|(name, _)| name.starts_with(&prefix)) {
             let measure = &metric[prefix.len()..];
-            let medians = sides
-                .iter()
-                .map(|(side, _)| self.median(scenario, &format!("{side}_{measure}")));
-            let medians: Vec<Option<f64>> = medians.collect();
-            let _ = write!(out, "\n| {measure} |");
+            let median =
+                |side: &(&str, &str)| self.median(scenario, &format!("{}_{measure}", side.0));
+            let medians: Vec<Option<f64>> = sides.iter().map(median).collect();
+            out += &format!("\n| {measure} |");
             for median in &medians {
-                let _ = write!(out, " {} |", fmt(*median, 2));
+                out += &format!(" {} |", fmt(*median, 2));
             }
             for median in &medians[1..] {
-                let _ = write!(out, " {}x |", fmt(ratio(*median, medians[0]), 2));
+                out += &format!(" {}x |", fmt(ratio(*median, medians[0]), 2));
             }
         }
         Some(out)
@@ -614,39 +528,24 @@ impl Report {
     /// What `bench/run` prints when it is done.
     pub fn summary(&self) -> String {
         let (mode, results) = (self.settings.mode_line(), self.results_table());
-        format!(
-            "\n{mode}\n\n{results}\n\n{}\n\n{}\n",
-            self.resources_table(),
-            self.checks_table()
-        )
+        let (resources, checks) = (self.resources_table(), self.checks_table());
+        format!("\n{mode}\n\n{results}\n\n{resources}\n\n{checks}\n")
     }
 
     /// The generated part of BENCHMARKS.md, up to and including the hand-written marker.
     pub fn render_generated(&self) -> String {
-        let (s, m) = (&self.settings, &self.machine);
+        let s = &self.settings;
         fill(TEMPLATE, |name| {
             Some(match name {
                 "mode_line" => s.mode_line(),
                 "mode" => (if s.quick { "BENCH_QUICK=1" } else { "full" }).into(),
                 "written_at" => self.written_at.clone(),
                 "run_id" => self.run_id.clone(),
-                "commit" => m.commit.clone(),
-                "cpu" => m.cpu_model.clone(),
-                "nproc" => m.nproc.clone(),
-                "mem" => m.mem_gib.clone(),
-                "kernel" => m.kernel.clone(),
-                "pg" => m.pg_version.clone(),
-                "autovacuum" => m.autovacuum.clone(),
-                "rabbit" => m.rabbit_version.clone(),
-                "wrk" => m.wrk_version.clone(),
-                "pgbench" => m.pgbench_version.clone(),
-                "rustc" => m.rustc_version.clone(),
-                "settings" => m.daemon_settings.clone(),
                 "results" => self.results_table(),
                 "resources" => self.resources_table(),
                 "checks" => self.checks_table(),
                 "marker" => HAND_WRITTEN_MARKER.into(),
-                name => return s.var(name),
+                name => return self.machine.get(name).cloned().or_else(|| s.var(name)),
             })
         })
     }
@@ -660,119 +559,71 @@ impl Report {
     /// The whole file: the generated part, then what `existing` (the file as it is) has after
     /// the hand-written marker, or the placeholder for the reading when it has no marker.
     pub fn render(&self, existing: Option<&str>) -> String {
-        let mut out = self.render_generated();
-        out.push('\n');
-        match existing.and_then(hand_written_part) {
-            Some(kept) => out.push_str(kept.trim_start_matches('\n')),
-            None => out.push_str(READING_PLACEHOLDER),
-        }
-        out
+        let kept = existing.and_then(|file| file.split_once(HAND_WRITTEN_MARKER));
+        let kept = kept.map_or(READING_PLACEHOLDER, |kept| kept.1.trim_start_matches('\n'));
+        format!("{}\n{kept}", self.render_generated())
     }
-}
-
-/// What a BENCHMARKS.md has after the hand-written marker line.
-pub fn hand_written_part(file: &str) -> Option<&str> {
-    let rest = &file[file.find(HAND_WRITTEN_MARKER)? + HAND_WRITTEN_MARKER.len()..];
-    Some(rest.strip_prefix('\n').unwrap_or(rest))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenarios::SCENARIOS;
+    use crate::scenarios::{list, SCENARIOS};
 
     const COMMITTED: &str = include_str!("../BENCHMARKS.md");
     const COMMITTED_RUNS: &str = include_str!("../docs/benchmark-runs.md");
 
-    /// The text of `file` between the first `before` and the first `after` that follows it.
-    fn between<'a>(file: &'a str, before: &str, after: &str) -> &'a str {
-        let start = file.find(before).unwrap() + before.len();
-        let len = file[start..].find(after).unwrap();
-        &file[start..start + len]
-    }
-
-    fn number_after<T: std::str::FromStr>(file: &str, prefix: &str) -> T {
-        let at = file.find(prefix).unwrap() + prefix.len();
-        let digits: String = file[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().ok().unwrap()
-    }
-
-    /// The committed BENCHMARKS.md as a report: its settings, machine and per-run values.
+    /// The committed BENCHMARKS.md as a report: its settings, machine and per-run values, read
+    /// back through the template: each `{name}`'s value is the text up to the template's next
+    /// literal (the first value of a name that comes again).
     fn committed_report() -> Report {
-        let file = COMMITTED;
-        let per_run = COMMITTED_RUNS
-            .split_once("by hand.\n\n")
-            .unwrap()
-            .1
-            .trim_end();
+        let (mut template, mut file) = (TEMPLATE, COMMITTED);
+        let mut values = HashMap::new();
+        while let Some(open) = template.find('{') {
+            let close = open + template[open..].find('}').unwrap();
+            assert_eq!(template[..open], file[..open]);
+            let name = &template[open + 1..close];
+            (template, file) = (&template[close + 1..], &file[open..]);
+            let literal = &template[..template.find('{').unwrap_or(template.len())];
+            let len = file.find(literal).unwrap();
+            values.entry(name).or_insert(&file[..len]);
+            file = &file[len..];
+        }
+        let (_, per_run) = COMMITTED_RUNS.split_once("by hand.\n\n").unwrap();
+        let per_run = per_run.trim_end();
         let runs = per_run.lines().next().unwrap().matches(" run ").count();
-        let mut by_scenario: HashMap<String, Vec<Run>> = HashMap::new();
+        let mut settings = Settings::default();
+        for (name, value) in &values {
+            settings.set(name, value);
+        }
+        (settings.quick, settings.runs) = (values["mode"] != "full", runs as u32);
+        let mut by_scenario: HashMap<String, Vec<Figures>> = HashMap::new();
         for line in per_run.lines().skip(2) {
             let row: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
             assert!(REPORTED.contains(&row[0]), "{}", row[0]);
             let scenario_runs = by_scenario.entry(row[0].into()).or_default();
-            scenario_runs.resize(runs, Run::default());
+            scenario_runs.resize(runs, Figures::default());
             for (run, text) in scenario_runs.iter_mut().zip(&row[2..]) {
-                run.0.push((row[1].to_owned(), Num::parse(text)));
+                run.push(row[1], Num::parse(text));
             }
         }
-        let quick = file.contains("**QUICK RUN");
-        let tools = between(file, "| tools | wrk ", " |\n");
-        let (wrk, rest) = tools.split_once(", pgbench ").unwrap();
-        let (pgbench, rustc) = rest.split_once(", ").unwrap();
-        let cpu = between(file, "| CPU | ", " cores (nproc)");
-        let (cpu_model, nproc) = cpu.rsplit_once(", ").unwrap();
-        let daemon = between(file, "Daemon settings from `", ".\n");
-        let (config, daemon_settings) = daemon.split_once("`: ").unwrap();
-        let mode = if quick {
-            "(BENCH_QUICK=1): "
-        } else {
-            "Full run: "
-        };
+        let machine = MACHINE
+            .split(' ')
+            .map(|name| (name, values[name].to_owned()));
+        let (written_at, run_id) = (values["written_at"].into(), values["run_id"].into());
+        let (machine, runs) = (machine.collect(), by_scenario);
         Report {
-            settings: Settings {
-                quick,
-                runs: runs as u32,
-                duration: number_after(file, mode),
-                drain_events: number_after(file, "| outbox drain ("),
-                e2e_seconds: number_after(file, "-event drain, "),
-                e2e_rate: number_after(file, "| end-to-end at "),
-                connections: number_after(file, "| unique-key writes, "),
-                wrk_threads: number_after(file, "wrk -t"),
-                replay_keys: number_after(file, "| replays ("),
-                storm_keys: number_after(file, "| duplicate storm ("),
-                publish_window: number_after(file, "(window "),
-                ordering_keys: number_after(file, "| ordered writes ("),
-                port: number_after(file, "RETRYSAFE_HTTP__LISTEN=127.0.0.1:"),
-                config: config.into(),
-                pg_base: between(file, "RETRYSAFE_DATABASE__URL=", "/<db>").into(),
-                ..Settings::default()
-            },
-            machine: Machine {
-                cpu_model: cpu_model.into(),
-                nproc: nproc.into(),
-                mem_gib: between(file, "| memory | ", " GiB |").into(),
-                kernel: between(file, "| kernel | ", " |\n").into(),
-                pg_version: between(file, "| PostgreSQL | ", " (the distribution").into(),
-                autovacuum: between(file, "autovacuum: ", ") |").into(),
-                rabbit_version: between(file, "| RabbitMQ | ", " |\n").into(),
-                wrk_version: wrk.into(),
-                pgbench_version: pgbench.into(),
-                rustc_version: rustc.into(),
-                commit: between(file, "daemon at commit\n`", "`. Every").into(),
-                daemon_settings: daemon_settings.into(),
-            },
-            written_at: between(file, "Written by `bench/run` on ", " (run id").into(),
-            run_id: between(file, "(run id `", "`)").into(),
-            runs: by_scenario,
+            settings,
+            machine,
+            written_at,
+            run_id,
+            runs,
         }
     }
 
     /// The committed BENCHMARKS.md, rendered again from its own settings, machine and per-run
-    /// values, is the same file to the byte: every table, the commands, the hand-written part.
+    /// values, is the same file to the byte: every table, the commands, the hand-written part;
+    /// and what the scenarios record is what its per-run table holds, metric for metric.
     #[test]
     fn the_committed_file_is_rendered_again_byte_for_byte() {
         let report = committed_report();
@@ -780,93 +631,55 @@ mod tests {
         assert_eq!(report.results_table().lines().count(), 27);
         assert_eq!(report.render(Some(COMMITTED)), COMMITTED);
         assert_eq!(report.render_runs(), COMMITTED_RUNS);
-    }
-
-    /// What the scenarios record is what the committed per-run table holds, metric for metric.
-    #[test]
-    fn each_scenario_records_the_metrics_of_the_per_run_table() {
-        let committed = committed_report();
         for (scenario, name) in SCENARIOS.iter().zip(REPORTED) {
             assert_eq!(scenario.name, name);
-            let names = |run: &Run| {
-                run.0
-                    .iter()
-                    .map(|(name, _)| name.clone())
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(
-                names(&Run::of(scenario.metrics())),
-                names(&committed.runs(name)[0]),
-                "{name}"
-            );
+            assert_eq!(scenario.metrics().names(), report.runs(name)[0].names());
         }
-        // A run's metric has its place; a figure of another name has none.
-        let mut run = Run::of(SCENARIOS[4].metrics()); // e2e
-        *run.slot("cpu_cores").unwrap() = Num::parse("0.4");
-        assert!(run.slot("p90_ms").is_none());
-        assert_eq!(run.get("cpu_cores"), Num::parse("0.4").as_ref());
-        assert_eq!(run.get("p99_ms"), None);
     }
 
+    /// A failed run fails its target; a scenario not run shows n/a, and has no rows.
     #[test]
-    fn a_failed_storm_run_fails_its_target() {
+    fn failed_runs_and_scenarios_not_run() {
         let mut report = committed_report();
-        let run = &mut report.runs.get_mut("storm").unwrap()[1];
-        *run.slot("count_ok").unwrap() = Num::parse("0");
-        assert!(report
-            .results_table()
-            .contains("exactly 10 entries, records, events | NOT met |"));
-    }
-
-    #[test]
-    fn scenarios_not_run_show_na() {
-        let mut report = committed_report();
+        let storm = &mut report.runs.get_mut("storm").unwrap()[1];
+        storm.set("count_ok", Num::parse("0"));
+        let table = report.results_table();
+        assert!(table.contains("exactly 10 entries, records, events | NOT met |"));
         report.runs.retain(|name, _| name == "writes");
         let table = report.results_table();
-        assert!(table.contains(
-            "| ordered drain (100000 events, 1000 keys) | events/s vs the unordered drain of the same backlog | n/a | n/a | n/a× | ≥ 0.5× | n/a |"
-        ));
-        assert!(table.contains(
-            "| replays (1000 keys) | requests/s vs the same bytes through the daemon's HTTP stack (POST /bench/same-bytes) | n/a | n/a | n/a× | ≥ 0.9× | n/a |"
-        ));
-        assert!(table.contains("exactly 10 entries, records, events | n/a |"));
-        assert!(table.contains(
-            "| unique-key writes, 20 ms further | p50 latency in round trips of the link (p50 ms ÷ one client's SELECT 1 through it, in brackets) | n/a | n/a (round trip n/a) | – | ≤ 1.5 | n/a |"
-        ));
-        assert!(table.contains(
-            "| outbox drain | every event reached the bound queue | n/a | – | – | 100000 | n/a |"
-        ));
-        assert!(report
-            .resources_table()
-            .contains("| storm | n/a | n/a of 2 | RSS < 200 MiB | n/a |"));
-        assert!(report
-            .checks_table()
-            .contains("| storm: entries / records / events | n/a / n/a / n/a |"));
-        // The per-run table has rows only for what ran.
+        for row in [
+            "| ordered drain (100000 events, 1000 keys) | events/s vs the unordered drain of the same backlog | n/a | n/a | n/a× | ≥ 0.5× | n/a |",
+            "| replays (1000 keys) | requests/s vs the same bytes through the daemon's HTTP stack (POST /bench/same-bytes) | n/a | n/a | n/a× | ≥ 0.9× | n/a |",
+            "exactly 10 entries, records, events | n/a |",
+            "| unique-key writes, 20 ms further | p50 latency in round trips of the link (p50 ms ÷ one client's SELECT 1 through it, in brackets) | n/a | n/a (round trip n/a) | – | ≤ 1.5 | n/a |",
+            "| outbox drain | every event reached the bound queue | n/a | – | – | 100000 | n/a |",
+        ] {
+            assert!(table.contains(row), "{row}");
+        }
+        let resources = report.resources_table();
+        assert!(resources.contains("| storm | n/a | n/a of 2 | RSS < 200 MiB | n/a |"));
+        let checks = report.checks_table();
+        assert!(checks.contains("| storm: entries / records / events | n/a / n/a / n/a |"));
         let per_run = report.per_run_table();
         let writes_rps = COMMITTED_RUNS
             .lines()
-            .find(|line| line.starts_with("| writes | rps | "))
-            .unwrap();
-        assert!(per_run.contains(writes_rps));
-        assert!(!per_run.contains("| storm |"));
-        let scale = crate::scenarios::list("scale").unwrap()[0].sides;
+            .find(|line| line.starts_with("| writes | rps | "));
+        assert!(per_run.contains(writes_rps.unwrap()) && !per_run.contains("| storm |"));
+        let scale = list("scale").unwrap()[0].sides;
         assert!(report.side_by_side_table("scale", scale).is_none());
     }
 
     #[test]
     fn the_scale_table_sets_the_large_database_beside_the_small() {
         let mut report = committed_report();
-        let scale = &crate::scenarios::list("scale").unwrap()[0];
-        let mut run = Run::of(scale.metrics());
-        *run.slot("small_rps").unwrap() = Num::parse("2092");
-        *run.slot("large_rps").unwrap() = Num::parse("1634");
+        let scale = list("scale").unwrap()[0];
+        let mut run = scale.metrics();
+        run.set("small_rps", Num::parse("2092"));
+        run.set("large_rps", Num::parse("1634"));
         report.runs.insert("scale".into(), vec![run]);
         let table = report.side_by_side_table("scale", scale.sides).unwrap();
-        assert!(
-            table.starts_with("| measure (medians of 1 runs) | 10000 rows | 5000000 rows |"),
-            "{table}"
-        );
+        let head = "| measure (medians of 1 runs) | 10000 rows | 5000000 rows | ratio |\n|---|";
+        assert!(table.starts_with(head), "{table}");
         assert!(
             table.contains("\n| rps | 2092.00 | 1634.00 | 0.78x |"),
             "{table}"
@@ -877,59 +690,44 @@ mod tests {
         );
     }
 
+    /// Quick mode says so; what a file has below the marker is kept, and a file without it gets
+    /// the placeholder.
     #[test]
-    fn quick_mode_says_so() {
+    fn the_mode_and_the_hand_written_part() {
         let mut report = committed_report();
+        let (marker, by_hand) = (HAND_WRITTEN_MARKER, "## Reading\n\nBy hand.\n");
+        let text = report.render(Some(&format!(
+            "# Benchmarks\n\nold figures\n\n{marker}\n{by_hand}"
+        )));
+        assert!(!text.contains("old figures") && !text.contains("_To be written by a person"));
+        assert!(text.ends_with(&format!("{marker}\n\n{by_hand}")));
+        assert_eq!(text.matches(HAND_WRITTEN_MARKER).count(), 1);
+        // Rendering its own output again changes nothing below the marker.
+        assert_eq!(report.render(Some(&text)), text);
+        let placeholder = format!("{HAND_WRITTEN_MARKER}\n\n{READING_PLACEHOLDER}");
+        assert!(report.render(None).ends_with(&placeholder));
+        let unmarked = report.render(Some("# Benchmarks\n\nno marker\n"));
+        assert!(unmarked.ends_with(&placeholder));
         report.settings.quick = true;
         let text = report.render(None);
         assert!(text.contains("**QUICK RUN (BENCH_QUICK=1): 15 s per measurement, 3 run(s)"));
         assert!(text.contains("`bench/run` (mode: BENCH_QUICK=1) ran"));
     }
 
+    /// The quoted settings of a config, a command line as the report shows it, and placeholders
+    /// filled while others are kept.
     #[test]
-    fn the_hand_written_part_is_kept() {
-        let report = committed_report();
-        let old = format!(
-            "# Benchmarks\n\nold figures\n\n{HAND_WRITTEN_MARKER}\n## Reading\n\nBy hand.\n\n## The listing index on the write path\n\nMeasured by hand.\n"
-        );
-        let text = report.render(Some(&old));
-        assert!(!text.contains("old figures"));
-        assert!(!text.contains("_To be written by a person"));
-        assert!(text.ends_with(&format!(
-            "{HAND_WRITTEN_MARKER}\n\n## Reading\n\nBy hand.\n\n## The listing index on the write path\n\nMeasured by hand.\n"
-        )));
-        assert_eq!(text.matches(HAND_WRITTEN_MARKER).count(), 1);
-        // Rendering its own output again changes nothing below the marker.
-        assert_eq!(report.render(Some(&text)), text);
-        // A file without the marker, or none, gets the placeholder.
-        let placeholder = format!("{HAND_WRITTEN_MARKER}\n\n{READING_PLACEHOLDER}");
-        assert!(report.render(None).ends_with(&placeholder));
-        assert!(report
-            .render(Some("# Benchmarks\n\nno marker\n"))
-            .ends_with(&placeholder));
-    }
-
-    #[test]
-    fn quoted_settings_of_a_config() {
+    fn texts_filled_in() {
         let config = "[http]\nlisten = \"127.0.0.1:8080\"\n\n[database]\nurl = \"x\"\npool_size = 16\nwriters = 2\n\n[outbox]\nworkers = 2\npoll_interval = \"1s\"\n# shards = 3\n[events]\naudit = false\n";
-        assert_eq!(
-            quoted_settings(config),
-            "database.pool_size=16, database.writers=2, outbox.workers=2, outbox.poll_interval=\"1s\", events.audit=false"
-        );
-    }
-
-    /// The command line the report's "Commands" section shows.
-    #[test]
-    fn wrk_as_the_report_shows_it() {
+        let quoted = "database.pool_size=16, database.writers=2, outbox.workers=2, outbox.poll_interval=\"1s\", events.audit=false";
+        assert_eq!(quoted_settings(config), quoted);
         let settings = Settings::default();
         let command = fill("{wrk} -s bench/storm.lua {url}/", |name| settings.var(name));
-        let expected =
-            "wrk -t2 -c64 -d15s --timeout 10s --latency -s bench/storm.lua http://127.0.0.1:18437/";
-        assert_eq!(command, expected);
-    }
-
-    #[test]
-    fn placeholders_are_filled_and_others_kept() {
+        let wrk = "wrk -t2 -c64 -d15s --timeout 10s --latency";
+        assert_eq!(
+            command,
+            format!("{wrk} -s bench/storm.lua http://127.0.0.1:18437/")
+        );
         let lookup = |name: &str| (name == "a_1").then(|| "x".to_owned());
         assert_eq!(fill("{a_1} {b} {a_1}{ {} }", lookup), "x {b} x{ {} }");
     }

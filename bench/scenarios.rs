@@ -4,15 +4,13 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::path::Path;
 
-use anyhow::Context;
+use anyhow::{Context, Result};
 
-use crate::harness::{self, Pg};
-use crate::outputs::Figures;
-use crate::report::{self, Report, Run};
-use crate::scene::{Bench, Outcome, Scene, Up, UNSENT};
-use crate::stats::Num;
+use crate::harness;
+use crate::report::{Report, REPORTED};
+use crate::scene::{Bench, Scene, Up, UNSENT};
+use crate::stats::{Figures, Num};
 use crate::{soak, RunArgs};
 
 /// A scenario: the metrics of its per-run table, and the function that measures one run. A
@@ -24,18 +22,21 @@ pub struct Scenario {
     /// Each side's name and its column's label (`{name}` in it a setting).
     pub sides: &'static [(&'static str, &'static str)],
     per_side: &'static str,
-    measure: fn(&mut Scene) -> Outcome,
+    measure: fn(&mut Scene) -> Result<()>,
 }
 
 impl Scenario {
-    /// The metrics of the per-run table, in order.
-    pub fn metrics(&self) -> Vec<String> {
+    /// The metrics of the per-run table, in order, none measured yet.
+    pub fn metrics(&self) -> Figures {
         let mut names: Vec<String> = self.metrics.split_whitespace().map(Into::into).collect();
         for (side, _) in self.sides {
-            let per_side = self.per_side.split_whitespace();
-            names.extend(per_side.map(|metric| format!("{side}_{metric}")));
+            names.extend(
+                self.per_side
+                    .split_whitespace()
+                    .map(|metric| format!("{side}_{metric}")),
+            );
         }
-        names
+        Figures::of(names.iter().map(String::as_str))
     }
 }
 
@@ -156,8 +157,13 @@ const MIDDLE: &str =
     FROM entries ORDER BY created_at OFFSET (SELECT count(*) / 2 FROM entries) LIMIT 1";
 const SOME_KEYS: &str = "SELECT string_agg(key, E'\\n') FROM (SELECT key FROM idempotency_records
     TABLESAMPLE SYSTEM (1) WHERE key <> 'scale-template' LIMIT 10000) AS keys";
+const PARKED: &str = "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL";
+const NOT_201: &str = "SELECT count(*) FROM idempotency_records WHERE response_status <> 201";
+/// Records without their entry, and entries without their event.
+const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
+    + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
 /// Citus's two-phase commits (the lab keeps their records: no recovery deletes them).
-const TWO_PHASE_COMMITS: &str = "SELECT count(*) FROM pg_dist_transaction";
+const TWO_PHASE: &str = "SELECT count(*) FROM pg_dist_transaction";
 
 fn sub(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? - b?)
@@ -182,8 +188,8 @@ fn answered(wrk: &Figures) -> Option<f64> {
 
 /// Unique-key writes beside a conventional implementation's transaction per request (pgbench),
 /// then the same writes with the broker unreachable and their delivery afterwards, apart.
-fn writes(s: &mut Scene) -> Outcome {
-    s.stage("writes")?;
+fn writes(s: &mut Scene) -> Result<()> {
+    s.enter("writes")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
     let wrk = s.load("", UNIQUE_KEYS)?;
@@ -193,13 +199,7 @@ fn writes(s: &mut Scene) -> Outcome {
     // A write's cost includes publishing its event: the CPU is read once the outbox is empty.
     s.empty(&mut window, 120)?;
     let entries = s.put("entries", s.sql(ENTRIES)?);
-    let costs = [
-        "cost_daemon",
-        "cost_postgres",
-        "cost_rabbitmq",
-        "machine_cost",
-    ];
-    s.put_costs(&window, entries, costs)?;
+    s.put_costs(&window, entries, "")?;
     s.stop(true)?;
     let (records, events) = (s.value(RECORDS)?, s.value(EVENTS)?);
     s.put("entries_minus_2xx", int(sub(entries, answered(&wrk))));
@@ -212,53 +212,37 @@ fn writes(s: &mut Scene) -> Outcome {
     let window = s.open()?;
     s.load("alone_", UNIQUE_KEYS_ALONE)?;
     s.stop(false)?;
-    let costs = [
-        "alone_cost_daemon",
-        "alone_cost_postgres",
-        "alone_cost_rabbitmq",
-        "",
-    ];
-    s.put_costs(&window, s.value(ENTRIES)?, costs)?;
+    s.put_costs(&window, s.value(ENTRIES)?, "alone_")?;
     // ...then delivered by a daemon that reaches the broker: claim, publish, confirm, mark.
     let mut window = s.open()?;
     s.start(Up::Spawned)?;
     s.empty(&mut window, 120)?;
-    let costs = [
-        "delivery_cost_daemon",
-        "delivery_cost_postgres",
-        "delivery_cost_rabbitmq",
-        "",
-    ];
-    s.put_costs(&window, s.value(EVENTS)?, costs)?;
+    s.put_costs(&window, s.value(EVENTS)?, "delivery_")?;
     s.stop(false)?;
     // The baseline: a conventional implementation's transaction per request.
     s.replace_db("pgwrites")?;
     let window = s.open()?;
     let transactions = s.load("pg_", CONVENTIONAL)?.get("transactions");
     s.put("pg_machine_busy_pct", s.busy(&window)?);
-    s.put_costs(
-        &window,
-        transactions,
-        ["", "pg_cost", "", "pg_machine_cost"],
-    )
+    let [_, postgres, _, machine] = s.costs(&window, transactions)?;
+    s.put("pg_cost", postgres);
+    s.put("pg_machine_cost", machine);
+    Ok(())
 }
 
 /// Replays of keys created before, beside /healthz, the same bytes through the daemon's HTTP
 /// stack, and pgbench's primary-key select.
-fn replays(s: &mut Scene) -> Outcome {
-    s.stage("replays")?;
+fn replays(s: &mut Scene) -> Result<()> {
+    s.enter("replays")?;
     s.start(Up::Healthy)?;
-    crate::clients::precreate(&s.url(), s.settings().replay_keys as usize)?;
-    let bytes = crate::clients::answer_bytes(&s.url())?;
+    let bytes = crate::clients::precreate(&s.url(), s.settings().replay_keys as usize)?;
     s.put("answer_bytes", Some(Num::int(bytes as i64)));
     let window = s.open()?;
     s.load("", REPLAYS)?;
     s.put_daemon_use(&window)?;
     s.load("healthz_", HEALTHZ)?;
-    s.load(
-        "same_bytes_",
-        &SAME_BYTES.replace("{bytes}", &bytes.to_string()),
-    )?;
+    let same_bytes = SAME_BYTES.replace("{bytes}", &bytes.to_string());
+    s.load("same_bytes_", &same_bytes)?;
     s.load("pg_", REPLAY_SELECT)?;
     s.put("rss_mb_after_all", s.hwm()?);
     s.stop(true)?;
@@ -267,8 +251,8 @@ fn replays(s: &mut Scene) -> Outcome {
 }
 
 /// {storm_keys} keys hammered: exactly as many entries, records and events after.
-fn storm(s: &mut Scene) -> Outcome {
-    s.stage("storm")?;
+fn storm(s: &mut Scene) -> Result<()> {
+    s.enter("storm")?;
     s.start(Up::Healthy)?;
     let window = s.open()?;
     s.load("", STORM)?;
@@ -288,8 +272,8 @@ fn storm(s: &mut Scene) -> Outcome {
 
 /// A backlog of {drain_events} events drained by a daemon started on it, beside the plain
 /// lapin publisher.
-fn drain(s: &mut Scene) -> Outcome {
-    s.stage("drain")?;
+fn drain(s: &mut Scene) -> Result<()> {
+    s.enter("drain")?;
     s.text(BACKLOG)?;
     s.text("ANALYZE outbox_events")?;
     let payload = s.put("payload_bytes", s.sql(PAYLOAD)?);
@@ -300,7 +284,7 @@ fn drain(s: &mut Scene) -> Outcome {
     let seconds = s.put("seconds", seconds);
     s.put_daemon_use(&window)?;
     let events = Some(s.settings().drain_events as f64);
-    s.put_costs(&window, events, ["", "", "rabbitmq_cost", ""])?;
+    s.put("rabbitmq_cost", s.costs(&window, events)?[2].clone());
     s.put("events_per_s", over(events, seconds, 1));
     s.stop(true)?;
     let queued = s.queued("queued", events)?;
@@ -310,8 +294,8 @@ fn drain(s: &mut Scene) -> Outcome {
 }
 
 /// The end-to-end client: from the 201 to the delivery.
-fn e2e(s: &mut Scene) -> Outcome {
-    s.stage("e2e")?;
+fn e2e(s: &mut Scene) -> Result<()> {
+    s.enter("e2e")?;
     s.start(Up::Healthy)?;
     let window = s.open()?;
     s.e2e("", false)?;
@@ -321,8 +305,8 @@ fn e2e(s: &mut Scene) -> Outcome {
 
 /// The writes, the drain's backlog and the end-to-end load with {ordering_keys} ordering keys,
 /// each on a stage and with a daemon of its own, every key's order checked after each.
-fn ordered(s: &mut Scene) -> Outcome {
-    s.stage("ordered")?;
+fn ordered(s: &mut Scene) -> Result<()> {
+    s.enter("ordered")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
     let wrk = s.load("", ORDERED_KEYS)?;
@@ -333,7 +317,7 @@ fn ordered(s: &mut Scene) -> Outcome {
     s.put("entries_minus_2xx", int(sub(entries, answered(&wrk))));
     s.check("order_ok", s.value(IN_ORDER)?, Some(1.0));
 
-    s.stage("ordered_drain")?;
+    s.enter("ordered_drain")?;
     for sql in [BACKLOG, ORDERED, "ANALYZE outbox_events"] {
         s.text(sql)?;
     }
@@ -348,7 +332,7 @@ fn ordered(s: &mut Scene) -> Outcome {
     s.check("drain_order_ok", queued, events);
     s.check("drain_order_ok", s.value(IN_ORDER)?, Some(1.0));
 
-    s.stage("ordered_e2e")?;
+    s.enter("ordered_e2e")?;
     s.start(Up::Healthy)?;
     s.e2e("e2e_", true)?;
     s.stop(true)?;
@@ -358,19 +342,18 @@ fn ordered(s: &mut Scene) -> Outcome {
 
 /// Writes and the conventional transaction with PostgreSQL further away, through a delay proxy,
 /// as `d<delay>_<figure>`.
-fn latency(s: &mut Scene) -> Outcome {
+fn latency(s: &mut Scene) -> Result<()> {
     for delay in [0, 2, 20] {
         let d = |figure: &str| format!("d{delay}_{figure}");
-        s.stage(&format!("latency{delay}"))?;
+        s.enter(&format!("latency{delay}"))?;
         s.proxy(delay)?;
         let link = s.load("link_", LINK)?;
-        let round_trip = s.put(
-            &d("round_trip_ms"),
-            over(link.get("latency_ms"), Some(1.0), 3),
-        );
+        let round_trip = over(link.get("latency_ms"), Some(1.0), 3);
+        let round_trip = s.put(&d("round_trip_ms"), round_trip);
         s.start(Up::Healthy)?;
         let window = s.open()?;
-        let wrk = s.load(&d(""), &LATENCY_KEYS.replace("{delay}", &delay.to_string()))?;
+        let keys = LATENCY_KEYS.replace("{delay}", &delay.to_string());
+        let wrk = s.load(&d(""), &keys)?;
         s.put_daemon_use(&window)?;
         s.batches(&d(""))?;
         s.stop(true)?;
@@ -378,10 +361,8 @@ fn latency(s: &mut Scene) -> Outcome {
             &d("p50_round_trips"),
             over(wrk.get("p50_ms"), round_trip, 2),
         );
-        s.put(
-            &d("sends_per_write"),
-            over(wrk.get("sends"), wrk.get("requests"), 2),
-        );
+        let sends = over(wrk.get("sends"), wrk.get("requests"), 2);
+        s.put(&d("sends_per_write"), sends);
         // pgbench opens its connections, then prepares each client's statements, one client
         // after another: seconds at 20 ms, all in its -T. It runs 6 s longer, judged by -P 1.
         s.replace_db(&format!("pglatency{delay}"))?;
@@ -395,14 +376,12 @@ fn latency(s: &mut Scene) -> Outcome {
 /// What retained size costs, on each side: random-key writes after a CHECKPOINT (the worst
 /// case for full-page images), every shape of listing and key lookups (8 connections, 5 s
 /// each), and the janitor's pass over {scale_expired} expired records and as many old events.
-fn scale(s: &mut Scene) -> Outcome {
+fn scale(s: &mut Scene) -> Result<()> {
     for &(side, _) in SCALE {
         let p = |figure: &str| format!("{side}_{figure}");
-        let rows = match side {
-            "small" => s.settings().scale_small,
-            _ => s.settings().scale_large,
-        };
-        s.filled_stage(&format!("scale_{side}"), rows)?;
+        let (small, large) = (s.settings().scale_small, s.settings().scale_large);
+        let rows = if side == "small" { small } else { large };
+        s.enter_filled(&format!("scale_{side}"), rows)?;
         s.start(Up::Healthy)?;
         s.text("CHECKPOINT")?;
         let (wal, fpi) = (s.value(WAL)?, s.value(FPI)?);
@@ -422,12 +401,12 @@ fn scale(s: &mut Scene) -> Outcome {
             ("cursor", format!("{before}&cursor={cursor}")),
         ];
         for (shape, query) in listings {
-            s.load(
-                &p(&format!("{shape}_")),
-                &LISTING.replace("{query}", &query),
-            )?;
+            let listing = LISTING.replace("{query}", &query);
+            s.load(&p(&format!("{shape}_")), &listing)?;
         }
-        let keys = s.file(SOME_KEYS)?.display().to_string();
+        let keys = s.out("txt");
+        fs::write(&keys, s.text(SOME_KEYS)? + "\n")?;
+        let keys = keys.display().to_string();
         s.load(&p("lookup_"), &LOOKUPS.replace("{keys}", &keys))?;
         s.stop(false)?;
         s.text(include_str!("scale_expired.sql"))?;
@@ -445,118 +424,90 @@ fn scale(s: &mut Scene) -> Outcome {
 /// 1,000 writes, events delivered: the daemon's, every PostgreSQL server's, and each server's
 /// (the one the daemon is given, the coordinator; on plain, the whole server; then each
 /// worker).
-fn citus(s: &mut Scene) -> Outcome {
+fn citus(s: &mut Scene) -> Result<()> {
     for &(side, _) in CITUS {
         let (p, citus) = (|figure: &str| format!("{side}_{figure}"), side != "plain");
-        s.lab_stage(side, citus)?;
-        let two_phase = |s: &Scene| match citus {
-            true => s.value(TWO_PHASE_COMMITS),
-            false => Ok(None),
-        };
-        let commits = two_phase(s)?;
-        let direct = if side == "coordinator" {
-            "false"
-        } else {
-            "true"
-        };
-        s.start_with(Up::Clients, &[("DATABASE__CITUS_DIRECT", direct)])?;
+        s.enter_lab(side, citus)?;
+        // Plain PostgreSQL makes no two-phase commits.
+        let two_phase = if citus { TWO_PHASE } else { "SELECT NULL" };
+        let commits = s.value(two_phase)?;
+        let citus_direct = side != "coordinator";
+        s.start(Up::Clients { citus_direct })?;
         let mut window = s.open()?;
         let wrk = s.load(&p(""), &CLIENT_KEYS.replace("{side}", side))?;
         s.put(&p("machine_busy_pct"), s.busy(&window)?);
         s.batches(&p(""))?;
         s.empty(&mut window, 120)?;
         let entries = s.value(ENTRIES)?;
-        let (daemon, postgres) = (p("cost_daemon"), p("cost_postgres"));
-        s.put_costs(&window, entries, [&daemon, &postgres, "", ""])?;
+        s.put_costs(&window, entries, &p(""))?;
         let nodes = ["cost_coordinator", "cost_worker_1", "cost_worker_2"];
         for (node, cost) in nodes.iter().zip(s.lab_costs(&window, entries)?) {
             s.put(&p(node), cost);
         }
         s.stop(true)?;
         s.put(&p("entries_minus_2xx"), int(sub(entries, answered(&wrk))));
-        let commits = sub(two_phase(s)?, commits);
+        let commits = sub(s.value(two_phase)?, commits);
         s.put(&p("two_phase_commits"), int(commits));
     }
     Ok(())
 }
 
 /// The soak (`bench soak`): its slices (see `soak`), then the end counts.
-fn soak(s: &mut Scene) -> Outcome {
-    s.stage("soak")?;
+fn soak(s: &mut Scene) -> Result<()> {
+    s.enter("soak")?;
     s.start(Up::Healthy)?;
     let mut window = s.open()?;
     soak::slices(s)?;
     s.empty(&mut window, 60)?;
-    let parked = "SELECT count(*) FROM outbox_events WHERE failed_at IS NOT NULL";
-    let not_201 = "SELECT count(*) FROM idempotency_records WHERE response_status <> 201";
-    for (name, sql) in [
-        ("unsent", UNSENT),
-        ("records", RECORDS),
-        ("entries", ENTRIES),
-    ] {
+    let names = "unsent records entries events parked not_201 orphans".split(' ');
+    for (name, sql) in names.zip([UNSENT, RECORDS, ENTRIES, EVENTS, PARKED, NOT_201, ORPHANS]) {
         s.put(name, s.sql(sql)?);
     }
-    let events = s.put("events", s.sql(EVENTS)?);
-    for (name, sql) in [
-        ("parked", parked),
-        ("not_201", not_201),
-        ("orphans", soak::ORPHANS),
-    ] {
-        s.put(name, s.sql(sql)?);
-    }
-    s.queued("queued", events)?;
+    s.queued("queued", s.record.get("events"))?;
     s.put("hwm_mib", s.hwm()?);
     s.stop(true)
 }
 
 /// The scenarios of a list such as BENCH_SCENARIOS gives it: names separated by spaces or commas.
-pub fn list(names: &str) -> anyhow::Result<Vec<&'static Scenario>> {
+pub fn list(names: &str) -> Result<Vec<&'static Scenario>> {
     let names = names.split(|c: char| c.is_whitespace() || c == ',');
     let find = |name| SCENARIOS.iter().find(|s| s.name == name);
-    let list = names.filter(|name| !name.is_empty());
-    list.map(|name| find(name).with_context(|| format!("unknown scenario {name}")))
-        .collect()
+    let find = |name| find(name).with_context(|| format!("unknown scenario {name}"));
+    names.filter(|name| !name.is_empty()).map(find).collect()
 }
 
 /// One run of a scenario, on a scene of its own, its stage removed after it.
-pub fn measure<'a>(bench: &'a Bench, scenario: &Scenario, run: u32) -> anyhow::Result<Scene<'a>> {
+pub fn measure<'a>(bench: &'a Bench, scenario: &Scenario, run: u32) -> Result<Scene<'a>> {
     say!("run {run}: {}", scenario.name);
-    let mut scene = bench.scene(scenario.name, run, Run::of(scenario.metrics()));
+    let mut scene = bench.scene(scenario.name, run, scenario.metrics());
     let measured = (scenario.measure)(&mut scene).and_then(|()| scene.unstage());
     measured.with_context(|| format!("{} run {run}", scenario.name))?;
     Ok(scene)
 }
 
 /// `bench run`.
-pub fn run(args: RunArgs) -> Outcome {
+pub fn run(args: RunArgs) -> Result<()> {
     let scenarios = list(&args.scenarios)?;
-    let tools = [
+    harness::ensure_tools(&[
         ("wrk", "wrk"),
         ("pgbench", "postgresql-client"),
         ("curl", "curl"),
-    ];
-    harness::ensure_tools(&tools)?;
-    let s = args.settings(&Pg::from_env());
-    let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
+    ])?;
+    let mut bench = Bench::new(args.settings(), args.daemon.clone(), &args.amqp)?;
     bench.setup_sql = args.setup_sql.clone().filter(|sql| !sql.trim().is_empty());
-    let outputs = [args.output.as_path(), args.runs_output.as_path()];
-    bench.finish(measure_all(&bench, &scenarios, outputs))
+    bench.finish(measure_all(&bench, &scenarios, &args))
 }
 
-/// Runs the scenarios and writes the report to `output` and every run's values to `runs_output`.
-fn measure_all(
-    bench: &Bench,
-    scenarios: &[&Scenario],
-    [output, runs_output]: [&Path; 2],
-) -> Outcome {
-    let s = &bench.s;
+/// Runs the scenarios; prints and writes the table of each scenario of sides, and, if one of
+/// BENCHMARKS.md's ran, the report to `output` and every run's values to `runs_output`.
+fn measure_all(bench: &Bench, scenarios: &[&Scenario], args: &RunArgs) -> Result<()> {
+    let (s, id) = (&bench.s, &bench.run_id);
     let machine = harness::machine(&bench.pg, &s.config, true);
-    let (id, mode) = (&bench.run_id, if s.quick { "quick" } else { "full" });
+    let mode = if s.quick { "quick" } else { "full" };
     let (runs, duration, drain) = (s.runs, s.duration, s.drain_events);
-    say!(
-        "run id {id}; mode {mode}: {runs} run(s), {duration}s per measurement, {drain}-event drain"
-    );
-    let mut runs: HashMap<String, Vec<Run>> = HashMap::new();
+    let what = format!("{runs} run(s), {duration}s per measurement, {drain}-event drain");
+    say!("run id {id}; mode {mode}: {what}");
+    let mut runs: HashMap<String, Vec<Figures>> = HashMap::new();
     for run in 1..=s.runs {
         for scenario in scenarios {
             let record = measure(bench, scenario, run)?.record;
@@ -564,43 +515,32 @@ fn measure_all(
         }
     }
     let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    let (settings, run_id) = (s.clone(), id.clone());
     let report = Report {
-        settings,
+        settings: s.clone(),
         machine,
         written_at,
-        run_id,
+        run_id: id.clone(),
         runs,
     };
-    for scenario in scenarios
-        .iter()
-        .filter(|scenario| !scenario.sides.is_empty())
-    {
+    for scenario in scenarios {
         if let Some(table) = report.side_by_side_table(scenario.name, scenario.sides) {
             println!("\n{table}\n");
-            fs::write(
-                bench.work.join(format!("{}.md", scenario.name)),
-                table + "\n",
-            )?;
+            let file = bench.work.join(format!("{}.md", scenario.name));
+            fs::write(file, table + "\n")?;
         }
     }
-    if !report::REPORTED
-        .iter()
-        .any(|name| report.runs.contains_key(*name))
-    {
+    if !REPORTED.iter().any(|name| report.runs.contains_key(*name)) {
         return Ok(());
     }
     print!("{}", report.summary());
+    let (output, runs_output) = (&args.output, &args.runs_output);
     let existing = fs::read_to_string(output).ok();
     let written = fs::write(output, report.render(existing.as_deref()));
     written.with_context(|| format!("writing {}", output.display()))?;
     let written = fs::write(runs_output, report.render_runs());
     written.with_context(|| format!("writing {}", runs_output.display()))?;
-    say!(
-        "wrote {}; raw output in {}",
-        output.display(),
-        bench.work.display()
-    );
+    let (output, work) = (output.display(), bench.work.display());
+    say!("wrote {output}; raw output in {work}");
     Ok(())
 }
 
@@ -609,24 +549,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scenario_lists() {
-        let names = |list: Vec<&Scenario>| list.iter().map(|s| s.name).collect::<Vec<_>>();
-        let all = list("writes replays storm drain e2e ordered latency").unwrap();
-        assert_eq!(names(all), report::REPORTED);
-        assert_eq!(names(list(" drain,writes ").unwrap()), ["drain", "writes"]);
+    fn scenario_lists_and_their_metrics() {
+        let listed = |text| {
+            list(text)
+                .unwrap()
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            listed("writes replays storm drain e2e ordered latency"),
+            REPORTED
+        );
+        assert_eq!(listed(" drain,writes "), ["drain", "writes"]);
         assert!(list("writes reads").is_err());
-    }
-
-    #[test]
-    fn sides_give_their_metrics_in_turn() {
-        let citus = SCENARIOS[8].metrics();
+        // A scenario of sides has its metrics, then each side's in turn.
+        let (citus, scale) = (SCENARIOS[8].metrics(), SCENARIOS[7].metrics());
+        let (citus, scale) = (citus.names(), scale.names());
         assert_eq!(
             citus[..3],
             ["log_problems", "shutdown_log_problems", "plain_rps"]
         );
-        assert_eq!((citus.len(), &citus[17][..]), (47, "citus_rps"));
-        assert_eq!(&citus[32][..], "coordinator_rps");
-        let scale = SCENARIOS[7].metrics();
+        assert_eq!([citus[17], citus[32]], ["citus_rps", "coordinator_rps"]);
+        assert_eq!(citus.len(), 47);
         assert_eq!(scale[21..23], ["small_janitor_p99_ms", "large_rps"]);
     }
 }

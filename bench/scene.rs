@@ -13,21 +13,19 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 use sha2::Digest as _;
 
 use crate::clients::{self, DelayProxy, Names};
-use crate::harness::{self, block_on, mib, seconds_per_1000, Cleanup, Daemon};
-use crate::harness::{MachineTicks, Pg, ServiceTicks};
+use crate::harness::{
+    self, block_on, seconds_per_1000, Cleanup, Daemon, MachineTicks, Pg, ServiceTicks,
+};
 use crate::lab::{self, Lab};
-use crate::outputs::{self, Figures};
-use crate::report::{self, Run, Settings};
-use crate::stats::Num;
+use crate::outputs;
+use crate::report::{self, Settings};
+use crate::stats::{Figures, Num};
 use crate::{soak, SoakArgs};
 
-pub type Outcome = anyhow::Result<()>;
-
-/// Events not yet sent.
 pub const UNSENT: &str = "SELECT count(*) FROM outbox_events WHERE sent_at IS NULL";
 
 /// What every scenario's run stands on.
@@ -51,7 +49,7 @@ impl Bench {
     /// Checks that PostgreSQL and the broker answer, makes the work directory, and arms the
     /// clean-up for every exit (the databases `retrysafe_bench_<run id>_*`, the exchanges and
     /// queues bound, the daemon, the labs' servers).
-    pub fn new(s: Settings, daemon: Option<PathBuf>, amqp: &str) -> anyhow::Result<Bench> {
+    pub fn new(mut s: Settings, daemon: Option<PathBuf>, amqp: &str) -> Result<Bench> {
         if !Path::new(&s.config).is_file() {
             bail!("no {}", s.config);
         }
@@ -67,6 +65,7 @@ impl Bench {
         let pg = Pg::from_env();
         let reached = pg.query("postgres", "SELECT 1");
         reached.with_context(|| format!("cannot reach PostgreSQL at {}", pg.base))?;
+        s.pg_base = pg.base.clone();
         let names = Names {
             amqp: amqp.into(),
             ..Names::default()
@@ -80,8 +79,7 @@ impl Bench {
         let work = PathBuf::from("bench/results").join(&run_id);
         fs::create_dir_all(&work)?;
         fs::write(work.join("select-1.sql"), "SELECT 1;\n")?;
-        let prefix = format!("retrysafe_bench_{run_id}_");
-        let cleanup = Cleanup::arm(pg.clone(), amqp, prefix)?;
+        let cleanup = Cleanup::arm(pg.clone(), amqp, format!("retrysafe_bench_{run_id}_"))?;
         let (amqp, setup_sql, soak) = (amqp.to_owned(), None, None);
         Ok(Bench {
             s,
@@ -98,7 +96,7 @@ impl Bench {
 
     /// After the work: cleans up (exiting as a signal said if one interrupted it) and notes
     /// where the raw output of a failed run is.
-    pub fn finish<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+    pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
         self.cleanup.finish();
         if let Err(error) = &result {
             say!("ERROR: {error:#}; raw output in {}", self.work.display());
@@ -106,30 +104,31 @@ impl Bench {
         result
     }
 
-    /// A scene for run `run` of the scenario `name`, recording `record`'s metrics.
-    pub fn scene(&self, name: &'static str, run: u32, record: Run) -> Scene<'_> {
+    pub fn scene(&self, scenario: &'static str, run: u32, record: Figures) -> Scene<'_> {
+        let (stage, daemon, first_problem, soak) = (None, None, None, soak::Load::default());
         Scene {
             bench: self,
-            scenario: name,
+            scenario,
             run,
             files: 0,
             record,
-            stage: None,
-            lab: None,
-            daemon: None,
-            proxy: None,
-            first_problem: None,
-            soak: soak::Load::default(),
+            stage,
+            daemon,
+            first_problem,
+            soak,
         }
     }
 }
 
-/// A stage: its database (`kept` when not the stage's own: filled for later runs, or a lab's)
-/// and its exchange.
+/// A stage: its database (`kept` when not the stage's own: filled for later runs, or a lab's),
+/// its exchange, its own servers (bench/lab.rs) if any, and the latency scenario's delay proxy
+/// in front of PostgreSQL (the daemon's way to it, and `{proxy_port}`).
 struct Stage {
     db: String,
     kept: bool,
     exchange: String,
+    lab: Option<Lab>,
+    proxy: Option<DelayProxy>,
 }
 
 /// How the daemon starts.
@@ -143,19 +142,19 @@ pub enum Up {
     /// relays, never connected, claim nothing.
     NoBroker,
     /// Reaching the broker, once it answers /healthz, with {clients} clients, whose tokens are
-    /// {tokens} (on Citus, their rows spread over the shards).
-    Clients,
+    /// {tokens} (on Citus, their rows spread over the shards), and `database.citus_direct`.
+    Clients { citus_direct: bool },
 }
 
 /// The readings when a measured window opened: the clock, the daemon's CPU ticks (0 before it
-/// starts), PostgreSQL's and RabbitMQ's, the machine's, the lab server's; and whether the outbox
-/// emptied when waited for (CPU costs are only taken if it did).
+/// starts), PostgreSQL's and RabbitMQ's, the machine's, each lab server's (see
+/// [`Lab::postmasters`]); and whether the outbox emptied when waited for (CPU costs are only
+/// taken if it did).
 pub struct Window {
     at: Instant,
     daemon: u64,
     services: ServiceTicks,
     machine: MachineTicks,
-    /// Each lab server's (see [`Lab::postmasters`]).
     lab: Vec<u64>,
     emptied: bool,
 }
@@ -168,13 +167,9 @@ pub struct Scene<'a> {
     /// The raw output's files so far: each is numbered.
     files: usize,
     /// The run's values of the scenario's metrics.
-    pub record: Run,
+    pub record: Figures,
     stage: Option<Stage>,
-    /// The stage's own servers (bench/lab.rs).
-    lab: Option<Lab>,
     pub daemon: Option<Daemon>,
-    /// The latency scenario's delay proxy in front of PostgreSQL: the daemon and `{proxy_port}`.
-    proxy: Option<DelayProxy>,
     /// The first WARN or ERROR line of the last daemon's log once it listened.
     pub first_problem: Option<String>,
     /// What the soak's slices measured.
@@ -192,14 +187,14 @@ impl<'a> Scene<'a> {
         report::fill(text, |name| match name {
             "nonce" => Some(format!("{}{}", self.bench.run_id, self.run)),
             "db" => self.db().ok().map(str::to_owned),
-            "proxy_port" => self.proxy.as_ref().map(|proxy| proxy.port.to_string()),
+            "proxy_port" => Some(self.stage.as_ref()?.proxy.as_ref()?.port.to_string()),
             "work" => Some(self.bench.work.display().to_string()),
             name => self.bench.s.var(name),
         })
     }
 
     /// A new file of the run's raw output.
-    fn out(&mut self, extension: &str) -> PathBuf {
+    pub fn out(&mut self, extension: &str) -> PathBuf {
         self.files += 1;
         let name = format!("{}-{}-{}.{extension}", self.scenario, self.run, self.files);
         self.bench.work.join(name)
@@ -208,23 +203,14 @@ impl<'a> Scene<'a> {
     /// Records `value` as the metric `name`, if the scenario has it; its number, for what follows.
     pub fn put(&mut self, name: &str, value: Option<Num>) -> Option<f64> {
         let number = value.as_ref().map(|num| num.value);
-        if let Some(slot) = self.record.slot(name) {
-            *slot = value;
-        }
+        self.record.set(name, value);
         number
     }
 
-    /// Each figure as `<prefix><figure>`.
-    fn put_figures(&mut self, prefix: &str, figures: &Figures) {
+    fn put_all(&mut self, prefix: &str, figures: &Figures) {
         for (name, value) in &figures.0 {
             self.put(&format!("{prefix}{name}"), value.clone());
         }
-    }
-
-    /// Adds `count` to the metric `name` (log lines, over the daemons of a run).
-    fn add(&mut self, name: &str, count: usize) {
-        let before = self.record.get(name).map_or(0, |num| num.value as i64);
-        self.put(name, Some(Num::int(before + count as i64)));
     }
 
     /// The flag `name`: 1 while every comparison of the run found `a` present and equal to `b`.
@@ -234,22 +220,22 @@ impl<'a> Scene<'a> {
         if !equal {
             say!("FAIL: {scenario} run {run}: {name} ({a:?} against {b:?})");
         }
-        let before = self.record.get(name).is_none_or(|flag| flag.value == 1.0);
+        let before = self.record.get(name).is_none_or(|flag| flag == 1.0);
         self.put(name, Some(Num::flag(before && equal)));
+    }
+
+    fn stage(&self) -> Result<&Stage> {
+        self.stage.as_ref().context("no stage")
     }
 
     /// The PostgreSQL of the stage: its lab's, or the machine's.
     fn pg(&self) -> &Pg {
-        self.lab.as_ref().map_or(&self.bench.pg, |lab| &lab.pg)
+        let lab = self.stage.as_ref().and_then(|stage| stage.lab.as_ref());
+        lab.map_or(&self.bench.pg, |lab| &lab.pg)
     }
 
-    pub fn db(&self) -> anyhow::Result<&str> {
-        Ok(&self.stage.as_ref().context("no stage")?.db)
-    }
-
-    fn queue(&self) -> anyhow::Result<String> {
-        let stage = self.stage.as_ref().context("no stage")?;
-        Ok(format!("{}.q", stage.exchange))
+    pub fn db(&self) -> Result<&str> {
+        Ok(&self.stage()?.db)
     }
 
     pub fn url(&self) -> String {
@@ -260,14 +246,14 @@ impl<'a> Scene<'a> {
     /// (created and migrated with `retrysafe migrate`, then BENCH_SETUP_SQL run on it) and a
     /// durable topic exchange `retrysafe.bench.<run id>.<name>.<run>` with a durable queue bound
     /// for '#'.
-    pub fn stage(&mut self, name: &str) -> Outcome {
+    pub fn enter(&mut self, name: &str) -> Result<()> {
         self.unstage()?;
         let db = self.fresh_db(&format!("{name}_{}", self.run))?;
-        self.enter(name, db, false)
+        self.set_stage(name, db, false, None)
     }
 
-    /// A fresh database in place of the stage's, as `stage` makes one; the exchange stays.
-    pub fn replace_db(&mut self, name: &str) -> Outcome {
+    /// A fresh database in place of the stage's, as `enter` makes one; the exchange stays.
+    pub fn replace_db(&mut self, name: &str) -> Result<()> {
         let db = self.fresh_db(&format!("{name}_{}", self.run))?;
         let stage = self.stage.as_mut().context("no stage")?;
         self.bench.pg.drop_db(&std::mem::replace(&mut stage.db, db))
@@ -275,49 +261,55 @@ impl<'a> Scene<'a> {
 
     /// A stage whose database has `rows` rows per table (see `fill_db`), filled at its first
     /// use and kept for the later runs; a fresh exchange.
-    pub fn filled_stage(&mut self, name: &str, rows: u64) -> Outcome {
+    pub fn enter_filled(&mut self, name: &str, rows: u64) -> Result<()> {
         self.unstage()?;
         let db = format!("retrysafe_bench_{}_{name}", self.bench.run_id);
         let filled = self.bench.pg.databases_like(&db)?.contains(&db);
         let db = if filled { db } else { self.fresh_db(name)? };
-        self.enter(name, db, true)?;
-        match filled {
-            true => Ok(()),
-            false => self.fill_db(rows),
+        self.set_stage(name, db, true, None)?;
+        if !filled {
+            self.fill_db(rows)?;
         }
+        Ok(())
     }
 
     /// A stage on servers of its own (bench/lab.rs): a Citus coordinator and two workers if
     /// `citus`, else one plain server; their database `retrysafe` migrated (on Citus, its tables
     /// distributed), and a fresh exchange.
-    pub fn lab_stage(&mut self, name: &str, citus: bool) -> Outcome {
+    pub fn enter_lab(&mut self, name: &str, citus: bool) -> Result<()> {
         self.unstage()?;
         let b = self.bench;
         let dir = std::env::temp_dir().join(format!("retrysafe-bench-{}", b.run_id));
         let lab = lab::start(&b.cleanup, &dir, citus)?;
         self.migrate(&lab.pg, "retrysafe")?;
-        self.lab = Some(lab);
-        self.enter(name, "retrysafe".into(), true)
+        self.set_stage(name, "retrysafe".into(), true, Some(lab))
     }
 
     /// The stage `name` on `db`, with a fresh exchange.
-    fn enter(&mut self, name: &str, db: String, kept: bool) -> Outcome {
-        let exchange = self.exchange(&format!("{name}_{}", self.run))?;
-        self.stage = Some(Stage { db, kept, exchange });
+    fn set_stage(&mut self, name: &str, db: String, kept: bool, lab: Option<Lab>) -> Result<()> {
+        let (id, name, run) = (&self.bench.run_id, name.replace('_', "."), self.run);
+        let exchange = format!("retrysafe.bench.{id}.{name}.{run}");
+        self.bench.cleanup.bind(&exchange)?;
+        self.stage = Some(Stage {
+            db,
+            kept,
+            exchange,
+            lab,
+            proxy: None,
+        });
         Ok(())
     }
 
     /// Removes the stage: its database (unless kept), a lab's servers, its exchange and queue,
     /// the delay proxy.
-    pub fn unstage(&mut self) -> Outcome {
-        self.proxy = None;
+    pub fn unstage(&mut self) -> Result<()> {
         let Some(stage) = self.stage.take() else {
             return Ok(());
         };
         if !stage.kept {
             self.bench.pg.drop_db(&stage.db)?;
         }
-        if self.lab.take().is_some() {
+        if stage.lab.is_some() {
             self.bench.cleanup.stop_servers();
         }
         let names = Names::of(&stage.exchange, &self.bench.amqp);
@@ -325,7 +317,7 @@ impl<'a> Scene<'a> {
     }
 
     /// A fresh database of the machine's PostgreSQL, migrated; not once the clean-up has begun.
-    fn fresh_db(&self, name: &str) -> anyhow::Result<String> {
+    fn fresh_db(&self, name: &str) -> Result<String> {
         let b = self.bench;
         let db = format!("retrysafe_bench_{}_{name}", b.run_id);
         b.cleanup.guard(|_| {
@@ -336,9 +328,13 @@ impl<'a> Scene<'a> {
     }
 
     /// `retrysafe migrate` on `db` of `pg`, then BENCH_SETUP_SQL.
-    fn migrate(&self, pg: &Pg, db: &str) -> Outcome {
+    fn migrate(&self, pg: &Pg, db: &str) -> Result<()> {
         let b = self.bench;
-        let log = harness::append(&b.work.join("migrate.log"))?;
+        let mut log = fs::OpenOptions::new();
+        let log = log
+            .append(true)
+            .create(true)
+            .open(b.work.join("migrate.log"))?;
         let mut migrate = Command::new(&b.daemon);
         migrate.args(["migrate", "--config", &b.s.config]);
         migrate.env("RETRYSAFE_DATABASE__URL", pg.url(db));
@@ -353,17 +349,9 @@ impl<'a> Scene<'a> {
         }
     }
 
-    /// A fresh exchange, with its queue bound.
-    fn exchange(&self, name: &str) -> anyhow::Result<String> {
-        let name = name.replace('_', ".");
-        let exchange = format!("retrysafe.bench.{}.{name}", self.bench.run_id);
-        self.bench.cleanup.bind(&exchange)?;
-        Ok(exchange)
-    }
-
     /// The stage's database filled to `rows` rows per table with one write of the daemon's own
     /// as the template of every row (bench/scale_fill.sql): the daemon's shape and size.
-    fn fill_db(&mut self, rows: u64) -> Outcome {
+    fn fill_db(&mut self, rows: u64) -> Result<()> {
         let (started, db) = (Instant::now(), self.db()?.to_owned());
         self.start(Up::Healthy)?;
         let body = r#"{"kind":"bench.write","data":{"seq":1,"amount":1250,"currency":"EUR","note":"retrysafe benchmark payload"}}"#;
@@ -385,81 +373,74 @@ impl<'a> Scene<'a> {
 
     /// A delay proxy in front of PostgreSQL that adds `delay_ms` to every round trip: the
     /// stage's daemons reach PostgreSQL through it, and `{proxy_port}` is its port.
-    pub fn proxy(&mut self, delay_ms: u64) -> Outcome {
+    pub fn proxy(&mut self, delay_ms: u64) -> Result<()> {
         let target = format!("{}:{}", std::env::var("PGHOST")?, std::env::var("PGPORT")?);
-        let delay = Duration::from_millis(delay_ms);
-        self.proxy = Some(DelayProxy::start(target, delay, "127.0.0.1:0")?);
+        let proxy = DelayProxy::start(target, Duration::from_millis(delay_ms), "127.0.0.1:0")?;
+        self.stage.as_mut().context("no stage")?.proxy = Some(proxy);
         Ok(())
     }
 
     /// The daemon on the stage.
-    pub fn start(&mut self, up: Up) -> Outcome {
-        self.start_with(up, &[])
-    }
-
-    /// [`start`](Self::start), with `settings` (`SECTION__KEY`, value) besides the stage's.
-    pub fn start_with(&mut self, up: Up, settings: &[(&str, &str)]) -> Outcome {
-        let (b, db) = (self.bench, self.db()?);
-        let db_url = match &self.proxy {
+    pub fn start(&mut self, up: Up) -> Result<()> {
+        let log = self.out("log");
+        let (b, stage) = (self.bench, self.stage()?);
+        let db_url = match &stage.proxy {
             Some(proxy) => {
-                let user = std::env::var("PGUSER")?;
-                format!("postgres://{user}@127.0.0.1:{}/{db}", proxy.port)
+                let (user, port, db) = (std::env::var("PGUSER")?, proxy.port, &stage.db);
+                format!("postgres://{user}@127.0.0.1:{port}/{db}")
             }
-            None => self.pg().url(db),
+            None => self.pg().url(&stage.db),
         };
         let amqp = match up {
             Up::NoBroker => "amqp://guest:guest@127.0.0.1:1/%2f",
             _ => &b.amqp,
         };
-        let exchange = self.stage.as_ref().context("no stage")?.exchange.clone();
-        let mut env = vec![
-            ("DATABASE__URL", db_url.as_str()),
-            ("AMQP__URL", amqp),
-            ("AMQP__EXCHANGE", &exchange),
-        ];
-        env.extend_from_slice(settings);
-        let settings = match up {
-            Up::Clients => self.with_clients()?,
-            _ => b.s.clone(),
-        };
-        let log = self.out("log");
+        let mut env = vec![("DATABASE__URL", db_url.as_str()), ("AMQP__URL", amqp)];
+        env.push(("AMQP__EXCHANGE", &stage.exchange));
+        let mut settings = b.s.clone();
+        if let Up::Clients { citus_direct } = up {
+            let direct = if citus_direct { "true" } else { "false" };
+            env.push(("DATABASE__CITUS_DIRECT", direct));
+            settings.config = self.with_clients()?;
+        }
         let daemon = Daemon::start(&b.daemon, &settings, &env, log, &b.cleanup)?;
-        let daemon = self.daemon.insert(daemon);
-        match up {
-            Up::Spawned => Ok(()),
-            _ => daemon.wait_healthy(),
+        match (self.daemon.insert(daemon), up) {
+            (_, Up::Spawned) => Ok(()),
+            (daemon, _) => daemon.wait_healthy(),
         }
     }
 
-    /// The settings with a configuration of their own: the bench's, and {clients} clients whose
-    /// tokens are {tokens}.
-    fn with_clients(&self) -> anyhow::Result<Settings> {
+    /// A configuration of its own: the bench's, and {clients} clients whose tokens are
+    /// {tokens}; its path.
+    fn with_clients(&self) -> Result<String> {
         let s = &self.bench.s;
         let mut config = fs::read_to_string(&s.config)?;
         for (client, token) in s.tokens().iter().enumerate() {
             let digest = sha2::Sha256::digest(token.as_bytes());
             let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
-            config +=
-                &format!("\n[[auth.clients]]\nid = \"bench-{client}\"\ntoken_sha256 = \"{hex}\"\n");
+            let client = format!("id = \"bench-{client}\"\ntoken_sha256 = \"{hex}\"");
+            config += &format!("\n[[auth.clients]]\n{client}\n");
         }
         let path = self.bench.work.join("clients.toml");
         fs::write(&path, config)?;
-        let config = path.display().to_string();
-        Ok(Settings {
-            config,
-            ..s.clone()
-        })
+        Ok(path.display().to_string())
     }
 
     /// Stops the daemon: its log's WARN/ERROR lines under load and after the SIGTERM are added to
     /// `log_problems` and `shutdown_log_problems` if `count_logs`; `exit_code` and `stop_ms`.
-    pub fn stop(&mut self, count_logs: bool) -> Outcome {
+    pub fn stop(&mut self, count_logs: bool) -> Result<()> {
         let daemon = self.daemon.as_mut().context("no daemon")?;
         let (status, took) = daemon.stop()?;
         let (under_load, after, first) = daemon.log_problems();
         if count_logs {
-            self.add("log_problems", under_load);
-            self.add("shutdown_log_problems", after);
+            let counts = [
+                ("log_problems", under_load),
+                ("shutdown_log_problems", after),
+            ];
+            for (name, count) in counts {
+                let before = self.record.get(name).unwrap_or(0.0) as i64;
+                self.put(name, Some(Num::int(before + count as i64)));
+            }
         }
         self.first_problem = first;
         self.put("exit_code", status.code().map(|code| Num::int(code.into())));
@@ -467,67 +448,50 @@ impl<'a> Scene<'a> {
         Ok(())
     }
 
-    /// The first value `sql` (filled in) gives on the stage's database, as text.
-    pub fn text(&self, sql: &str) -> anyhow::Result<String> {
+    /// The first value `sql` (filled in) gives on the stage's database: as text; as a figure
+    /// (`sql`); as a number (`value`).
+    pub fn text(&self, sql: &str) -> Result<String> {
         self.pg().query(self.db()?, &self.fill(sql))
     }
 
-    /// The first value `sql` gives, as a figure.
-    pub fn sql(&self, sql: &str) -> anyhow::Result<Option<Num>> {
+    pub fn sql(&self, sql: &str) -> Result<Option<Num>> {
         Ok(Num::parse(&self.text(sql)?))
     }
 
-    /// The first value `sql` gives, as a number.
-    pub fn value(&self, sql: &str) -> anyhow::Result<Option<f64>> {
+    pub fn value(&self, sql: &str) -> Result<Option<f64>> {
         Ok(self.sql(sql)?.map(|num| num.value))
     }
 
-    /// The first value `sql` gives, written to a file of the run; its path.
-    pub fn file(&mut self, sql: &str) -> anyhow::Result<PathBuf> {
-        let path = self.out("txt");
-        fs::write(&path, self.text(sql)? + "\n")?;
-        Ok(path)
-    }
-
     /// GET of a path of the daemon: the JSON string field `key` of its answer.
-    pub fn get(&self, path: &str, key: &str) -> anyhow::Result<String> {
-        let answer: serde_json::Value = serde_json::from_str(&get(&self.url(), path, "30")?)?;
-        let value = answer[key]
-            .as_str()
-            .with_context(|| format!("GET {path}: no {key}"))?;
-        Ok(value.to_owned())
+    pub fn get(&self, path: &str, key: &str) -> Result<String> {
+        let answer = harness::get(&(self.url() + path), "30")?;
+        let answer: serde_json::Value = serde_json::from_str(&answer)?;
+        let value = answer[key].as_str().map(str::to_owned);
+        value.with_context(|| format!("GET {path}: no {key}"))
     }
 
-    /// Opens a measured window.
-    pub fn open(&self) -> anyhow::Result<Window> {
+    pub fn open(&self) -> Result<Window> {
         let running = self.daemon.as_ref().filter(|d| d.ticks_at_stop.is_none());
         let daemon = running.map_or(Ok(0), Daemon::cpu_ticks)?;
         let (services, machine) = (ServiceTicks::now(), MachineTicks::now()?);
-        let lab = self.lab.as_ref().map(Lab::postmasters).transpose()?;
-        let (lab, emptied) = (
-            lab.unwrap_or_default()
-                .into_iter()
-                .map(harness::tree_ticks)
-                .collect(),
-            true,
-        );
-        let at = Instant::now();
+        let lab = self.stage.as_ref().and_then(|stage| stage.lab.as_ref());
+        let lab = lab.map(Lab::postmasters).transpose()?.unwrap_or_default();
+        let lab = lab.into_iter().map(harness::ticks_of_tree).collect();
         Ok(Window {
-            at,
+            at: Instant::now(),
             daemon,
             services,
             machine,
             lab,
-            emptied,
+            emptied: true,
         })
     }
 
     /// Waits until no event is unsent, at most `timeout` s: the seconds since the window
     /// opened, if it came to that.
-    pub fn empty(&self, window: &mut Window, timeout: u64) -> anyhow::Result<Option<Num>> {
+    pub fn empty(&self, window: &mut Window, timeout: u64) -> Result<Option<Num>> {
         let (pg, db) = (self.pg(), self.db()?);
-        let url = pg.url(db);
-        window.emptied = block_on(clients::drained(&url, Duration::from_secs(timeout)))?;
+        window.emptied = block_on(clients::drained(&pg.url(db), Duration::from_secs(timeout)))?;
         if !window.emptied {
             let unsent = pg.count(db, UNSENT)?;
             say!("{unsent} events still unsent after {timeout} s: no CPU cost");
@@ -537,117 +501,114 @@ impl<'a> Scene<'a> {
     }
 
     /// The machine's busy share since the window opened, in per cent.
-    pub fn busy(&self, window: &Window) -> anyhow::Result<Option<Num>> {
-        Ok(MachineTicks::now()?.since(window.machine).busy_pct())
+    pub fn busy(&self, window: &Window) -> Result<Option<Num>> {
+        let busy = MachineTicks::now()?.since(window.machine).busy_share(false);
+        Ok(busy.and_then(|busy| Num::fixed(busy, 1)))
     }
 
     /// The daemon's peak RSS (VmHWM), MiB.
-    pub fn hwm(&self) -> anyhow::Result<Option<Num>> {
+    pub fn hwm(&self) -> Result<Option<Num>> {
         let daemon = self.daemon.as_ref().context("no daemon")?;
-        Ok(mib(daemon.status_kb("VmHWM")?))
+        Ok(Num::fixed(daemon.status_mib("VmHWM")?, 1))
     }
 
     /// The daemon's cores since the window opened, as `cpu_cores` (the run's first window: in
     /// latency, the one with no delay added, its busiest), and its peak RSS as `rss_mb` (the
     /// highest of the run's daemons).
-    pub fn put_daemon_use(&mut self, window: &Window) -> Outcome {
+    pub fn put_daemon_use(&mut self, window: &Window) -> Result<()> {
         let daemon = self.daemon.as_ref().context("no daemon")?;
         let used = daemon.cpu_ticks()?.saturating_sub(window.daemon) as f64;
-        let seconds = window.at.elapsed().as_secs_f64();
-        let cores = Num::fixed(used / harness::clock_ticks() / seconds, 3);
+        let cores = used / harness::clock_ticks() / window.at.elapsed().as_secs_f64();
         let hwm = self.hwm()?;
         if self.record.get("cpu_cores").is_none() {
-            self.put("cpu_cores", cores);
+            self.put("cpu_cores", Num::fixed(cores, 3));
         }
-        if hwm.as_ref().map(|n| n.value) >= self.record.get("rss_mb").map(|n| n.value) {
+        if hwm.as_ref().map(|n| n.value) >= self.record.get("rss_mb") {
             self.put("rss_mb", hwm);
         }
         Ok(())
     }
 
-    /// CPU seconds per 1,000 of `count` since the window opened, as `names`: the daemon's,
-    /// PostgreSQL's, RabbitMQ's, and the whole machine's (steal not counted); only if the outbox
-    /// emptied when waited for.
-    pub fn put_costs(&mut self, window: &Window, count: Option<f64>, names: [&str; 4]) -> Outcome {
+    /// CPU seconds per 1,000 of `count` since the window opened: the daemon's, PostgreSQL's,
+    /// RabbitMQ's, and the whole machine's (steal not counted); none unless the outbox emptied
+    /// when waited for, or of a reading that went down, as after a server restart (which is
+    /// logged).
+    pub fn costs(&self, window: &Window, count: Option<f64>) -> Result<[Option<Num>; 4]> {
         if !window.emptied {
-            return Ok(());
+            return Ok([None, None, None, None]);
         }
         let count = count.unwrap_or(0.0);
         let daemon = self.daemon.as_ref().map(Daemon::cpu_ticks).transpose()?;
         let daemon =
             daemon.and_then(|now| seconds_per_1000(now.saturating_sub(window.daemon), count));
-        let [pg, rabbit] = self.service_costs(ServiceTicks::now().since(window.services), count);
+        let [pg, rabbit] = self.service_costs(window.services, count);
         let machine = seconds_per_1000(MachineTicks::now()?.since(window.machine).work, count);
-        for (name, cost) in names.into_iter().zip([daemon, pg, rabbit, machine]) {
-            self.put(name, cost);
+        Ok([daemon, pg, rabbit, machine])
+    }
+
+    /// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `count` since `before`; none if a
+    /// reading went down, as after a server restart (which is logged).
+    fn service_costs(&self, before: ServiceTicks, count: f64) -> [Option<Num>; 2] {
+        let Some(spent) = ServiceTicks::now().since(before) else {
+            let scenario = self.scenario;
+            say!("{scenario}: PostgreSQL's or RabbitMQ's CPU time went down (restarted?): no CPU cost");
+            return [None, None];
+        };
+        [spent.postgres, spent.rabbitmq].map(|ticks| seconds_per_1000(ticks, count))
+    }
+
+    /// [`costs`](Self::costs) as `<prefix>cost_daemon`, `<prefix>cost_postgres`,
+    /// `<prefix>cost_rabbitmq` and `<prefix>machine_cost`.
+    pub fn put_costs(&mut self, window: &Window, count: Option<f64>, prefix: &str) -> Result<()> {
+        let costs = self.costs(window, count)?;
+        let names = "cost_daemon cost_postgres cost_rabbitmq machine_cost".split(' ');
+        for (name, cost) in names.zip(costs) {
+            self.put(&format!("{prefix}{name}"), cost);
         }
         Ok(())
     }
 
     /// CPU seconds per 1,000 of `count` since the window opened of each of the lab's servers:
     /// the one the daemon is given (a Citus coordinator, or the plain server) first.
-    pub fn lab_costs(
-        &self,
-        window: &Window,
-        count: Option<f64>,
-    ) -> anyhow::Result<Vec<Option<Num>>> {
-        let lab = self.lab.as_ref().context("no lab")?;
-        Ok(lab
-            .postmasters()?
-            .into_iter()
-            .zip(&window.lab)
-            .map(|(postmaster, before)| {
-                let spent = harness::tree_ticks(postmaster).saturating_sub(*before);
-                seconds_per_1000(spent, count.unwrap_or(0.0))
-            })
-            .collect())
-    }
-
-    /// PostgreSQL's and RabbitMQ's CPU seconds per 1,000 `operations`; none if a reading went
-    /// down, as after a server restart (which is logged).
-    fn service_costs(&self, services: Option<ServiceTicks>, operations: f64) -> [Option<Num>; 2] {
-        let Some(s) = services else {
-            let scenario = self.scenario;
-            say!("{scenario}: PostgreSQL's or RabbitMQ's CPU time went down (restarted?): no CPU cost");
-            return [None, None];
+    pub fn lab_costs(&self, window: &Window, n: Option<f64>) -> Result<Vec<Option<Num>>> {
+        let lab = self.stage()?.lab.as_ref().context("no lab")?;
+        let spent = lab.postmasters()?.into_iter().zip(&window.lab);
+        let cost = |(postmaster, before): (u32, &u64)| {
+            let ticks = harness::ticks_of_tree(postmaster).saturating_sub(*before);
+            seconds_per_1000(ticks, n.unwrap_or(0.0))
         };
-        [s.postgres, s.rabbitmq].map(|ticks| seconds_per_1000(ticks, operations))
+        Ok(spent.map(cost).collect())
     }
 
     /// A program's load, its figures recorded as `<prefix><figure>` (see `tool`).
-    pub fn load(&mut self, prefix: &str, command: &str) -> anyhow::Result<Figures> {
+    pub fn load(&mut self, prefix: &str, command: &str) -> Result<Figures> {
         let figures = self.tool(command, || Ok(()))?;
-        self.put_figures(prefix, &figures);
+        self.put_all(prefix, &figures);
         Ok(figures)
     }
 
     /// Runs a program's load, `NAME=value` words then wrk's or pgbench's command line (filled
     /// in), calling `poll` every 500 ms while it runs. Its figures: wrk's (`wrk_figures`), or
-    /// pgbench's tps, latency_ms, failed, transactions (with `-P 1`, tps and latency are the
-    /// medians of the last {duration} s); and `sends`, the delay proxy's meanwhile.
-    fn tool(&mut self, command: &str, poll: impl FnMut() -> Outcome) -> anyhow::Result<Figures> {
+    /// pgbench's (`pgbench_figures`; with `-P 1`, steady over the last {duration} s); and
+    /// `sends`, the delay proxy's meanwhile.
+    fn tool(&mut self, command: &str, poll: impl FnMut() -> Result<()>) -> Result<Figures> {
         let line = self.fill(command);
         let program = line.split_whitespace().find(|word| !word.contains('='));
         let program = program.context("no program")?.to_owned();
         let out = self.out(&program);
-        let sends = || self.proxy.as_ref().map(DelayProxy::sends);
-        let before = sends();
-        let every = Duration::from_millis(500);
-        let (status, text) = harness::run_program(&line, &out, every, poll)?;
-        let sends = sends()
-            .zip(before)
-            .map(|(now, was)| Num::int((now - was) as i64));
+        let proxy = self.stage.as_ref().and_then(|stage| stage.proxy.as_ref());
+        let before = proxy.map(DelayProxy::sends);
+        let (status, text) = harness::run_program(&line, &out, Duration::from_millis(500), poll)?;
+        let proxy = self.stage.as_ref().and_then(|stage| stage.proxy.as_ref());
+        let sends = proxy.map(DelayProxy::sends).zip(before);
+        let sends = sends.map(|(now, was)| Num::int((now - was) as i64));
         let mut figures = if program == "pgbench" {
             if !status.success() {
                 say!("pgbench exited with {status}; see {}", out.display());
             }
             self.quiet()?;
-            let [mut tps, mut latency, failed, transactions] = outputs::pgbench_figures(&text);
-            if line.contains("-P 1") {
-                [tps, latency] = outputs::pgbench_steady(&text, self.bench.s.duration);
-            }
-            let figures = [("tps", tps), ("latency_ms", latency), ("failed", failed)];
-            Figures([&figures[..], &[("transactions", transactions)]].concat())
+            let steady = line.contains("-P 1").then_some(self.bench.s.duration);
+            outputs::pgbench_figures(&text, steady)
         } else {
             if !status.success() {
                 bail!("{program} failed ({status}); see {}", out.display());
@@ -656,13 +617,13 @@ impl<'a> Scene<'a> {
             let result = result.with_context(|| format!("no result; see {}", out.display()))?;
             outputs::wrk_figures(&result)
         };
-        figures.0.push(("sends", sends));
+        figures.push("sends", sends);
         Ok(figures)
     }
 
     /// Waits (at most 10 s) until pgbench's backends on the stage's database are gone, so that
     /// their whole time counts.
-    fn quiet(&self) -> Outcome {
+    fn quiet(&self) -> Result<()> {
         let db = self.db()?;
         let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND application_name = 'pgbench'");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -672,16 +633,19 @@ impl<'a> Scene<'a> {
         Ok(())
     }
 
-    /// The janitor's first pass beside unique-key writes with random keys for {janitor_seconds}
-    /// s: a daemon started (its janitor begins at once); how fast each table's expired rows went,
-    /// from the daemon's /metrics, as `records_per_s` and `events_per_s`, beside wrk's figures.
-    pub fn janitor(&mut self, prefix: &str) -> Outcome {
+    /// The janitor's first pass beside unique-key writes with random keys for 4 measurements'
+    /// time: a daemon started (its janitor begins at once); how fast each table's expired rows
+    /// went, from the daemon's /metrics, as `records_per_s` and `events_per_s`, beside wrk's
+    /// figures.
+    pub fn janitor(&mut self, prefix: &str) -> Result<()> {
         let (started, expired) = (Instant::now(), self.bench.s.scale_expired as f64);
         self.start(Up::Healthy)?;
-        let url = self.url();
+        let metrics = self.url() + "/metrics";
         let deleted = |table: &str| {
-            let metrics = get(&url, "/metrics", "10")?;
-            let name = "retrysafe_janitor_deleted_rows_total";
+            let (metrics, name) = (
+                harness::get(&metrics, "10")?,
+                "retrysafe_janitor_deleted_rows_total",
+            );
             anyhow::Ok(outputs::metric(&metrics, name, table))
         };
         let (tables, mut done) = (["idempotency_records", "outbox_events"], [None, None]);
@@ -698,18 +662,16 @@ impl<'a> Scene<'a> {
         // deletes records first) until theirs were.
         let rate = |table, seconds: Option<f64>| Num::fixed(deleted(table).ok()? / seconds?, 0);
         let events_took = done[1].zip(done[0]).map(|(e, r)| (e - r).max(0.5));
-        let rates = [rate(tables[0], done[0]), rate(tables[1], events_took)];
-        figures
-            .0
-            .extend(["records_per_s", "events_per_s"].into_iter().zip(rates));
-        self.put_figures(prefix, &figures);
+        figures.push("records_per_s", rate(tables[0], done[0]));
+        figures.push("events_per_s", rate(tables[1], events_took));
+        self.put_all(prefix, &figures);
         Ok(())
     }
 
     /// The writers' batches so far, from /metrics: writes_per_batch and ms_per_batch (per batch
     /// transaction), as `<prefix><figure>`.
-    pub fn batches(&mut self, prefix: &str) -> Outcome {
-        let text = get(&self.url(), "/metrics", "10")?;
+    pub fn batches(&mut self, prefix: &str) -> Result<()> {
+        let text = harness::get(&(self.url() + "/metrics"), "10")?;
         let per = |name: &str, scale: f64| {
             let count = outputs::metric(&text, &format!("{name}_count"), "");
             let sum = outputs::metric(&text, &format!("{name}_sum"), "");
@@ -717,61 +679,49 @@ impl<'a> Scene<'a> {
         };
         let writes = per("retrysafe_writer_batch_size", 1.0);
         let ms = per("retrysafe_writer_transaction_seconds", 1000.0);
-        let figures = Figures(vec![("writes_per_batch", writes), ("ms_per_batch", ms)]);
-        self.put_figures(prefix, &figures);
+        self.put(&format!("{prefix}writes_per_batch"), writes);
+        self.put(&format!("{prefix}ms_per_batch"), ms);
         Ok(())
     }
 
     /// The end-to-end client at {e2e_rate} requests/s for {e2e_seconds} s, writes of
     /// {ordering_keys} ordering keys in turn if `ordered`; its figures as `<prefix><figure>`.
-    pub fn e2e(&mut self, prefix: &str, ordered: bool) -> Outcome {
-        let (s, url, queue) = (&self.bench.s, self.url(), self.queue()?);
+    pub fn e2e(&mut self, prefix: &str, ordered: bool) -> Result<()> {
+        let (s, queue) = (&self.bench.s, format!("{}.q", self.stage()?.exchange));
         let keys = if ordered { s.ordering_keys as usize } else { 0 };
-        let (rate, seconds) = (s.e2e_rate, s.e2e_seconds);
-        let e2e = clients::end_to_end(&url, &self.bench.amqp, &queue, rate, seconds, keys)?;
-        let number = |v: Option<f64>| Num::parse(&v?.to_string());
-        let figures = e2e.into_iter().map(|(name, value)| (name, number(value)));
-        self.put_figures(prefix, &Figures(figures.collect()));
+        let (url, amqp, rate, seconds) = (self.url(), &self.bench.amqp, s.e2e_rate, s.e2e_seconds);
+        let e2e = clients::end_to_end(&url, amqp, &queue, rate, seconds, keys)?;
+        self.put_all(prefix, &e2e);
         Ok(())
     }
 
     /// The plain lapin publisher: {drain_events} messages of `payload` bytes (400 if unknown) to
     /// an exchange and queue of its own; events_per_s, queued, rabbitmq_cost as
     /// `<prefix><figure>`.
-    pub fn publish(&mut self, prefix: &str, payload: Option<f64>) -> Outcome {
+    pub fn publish(&mut self, prefix: &str, payload: Option<f64>) -> Result<()> {
         let (b, events) = (self.bench, self.bench.s.drain_events);
-        let exchange = self.exchange(&format!("publisher_{}", self.run))?;
-        let (payload, window) = (payload.unwrap_or(400.0) as usize, b.s.publish_window);
-        let services = ServiceTicks::now();
-        let publish = clients::publish(&b.amqp, &exchange, events, payload, window as usize);
-        let rate = block_on(publish)?;
-        let spent = ServiceTicks::now().since(services);
-        let cost = self.service_costs(spent, events as f64)[1].clone();
+        let exchange = format!("retrysafe.bench.{}.publisher.{}", b.run_id, self.run);
+        b.cleanup.bind(&exchange)?;
+        let payload = payload.unwrap_or(400.0) as usize;
+        let (services, window) = (ServiceTicks::now(), b.s.publish_window as usize);
+        let rate = block_on(clients::publish(
+            &b.amqp, &exchange, events, payload, window,
+        ))?;
+        let [_, cost] = self.service_costs(services, events as f64);
         let queued = block_on(clients::count(&b.amqp, &format!("{exchange}.q"), events))?;
         block_on(clients::delete(&Names::of(&exchange, &b.amqp)))?;
-        let rate = ("events_per_s", Num::parse(&rate.to_string()));
-        let queued = ("queued", Some(Num::int(queued as i64)));
-        let figures = Figures(vec![rate, queued, ("rabbitmq_cost", cost)]);
-        self.put_figures(prefix, &figures);
+        let rate = Num::parse(&rate.to_string());
+        self.put(&format!("{prefix}events_per_s"), rate);
+        self.put(&format!("{prefix}queued"), Some(Num::int(queued as i64)));
+        self.put(&format!("{prefix}rabbitmq_cost"), cost);
         Ok(())
     }
 
     /// Messages in the stage's queue, waiting a while for `expect` of them, as `name`.
-    pub fn queued(&mut self, name: &str, expect: Option<f64>) -> anyhow::Result<Option<f64>> {
+    pub fn queued(&mut self, name: &str, expect: Option<f64>) -> Result<Option<f64>> {
+        let queue = format!("{}.q", self.stage()?.exchange);
         let expect = expect.unwrap_or(0.0) as u64;
-        let queued = block_on(clients::count(&self.bench.amqp, &self.queue()?, expect))?;
+        let queued = block_on(clients::count(&self.bench.amqp, &queue, expect))?;
         Ok(self.put(name, Some(Num::int(queued as i64))))
     }
-}
-
-/// GET of a path of the daemon at `url` (a 2xx answer within `seconds`): its body.
-fn get(url: &str, path: &str, seconds: &str) -> anyhow::Result<String> {
-    let url = format!("{url}{path}");
-    let output = Command::new("curl")
-        .args(["-sf", "-m", seconds, &url])
-        .output()?;
-    if !output.status.success() {
-        bail!("cannot GET {url}");
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

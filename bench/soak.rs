@@ -10,19 +10,17 @@
 //! verdict is the least-squares slope of those samples after the warm-up, in MiB per hour.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::fs;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context, Result};
 
 use crate::harness::{self, MachineTicks};
 use crate::outputs::{field, result_line};
 use crate::report::{fill, Settings};
 use crate::scenarios;
 use crate::scene::{Bench, Scene};
-use crate::stats::{least_squares, Line};
+use crate::stats::least_squares;
 use crate::SoakArgs;
 
 const THREADS: u32 = 2;
@@ -30,10 +28,6 @@ const THREADS: u32 = 2;
 const MIN_SAMPLES: usize = 10;
 const MIN_SPAN_S: f64 = 60.0;
 const TEMPLATE: &str = include_str!("soak.md");
-
-/// Records without their entry, and entries without their event.
-pub const ORPHANS: &str = "SELECT (SELECT count(*) FROM idempotency_records r WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.id = r.entry_id))
-    + (SELECT count(*) FROM entries e WHERE NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_key = e.id || '/entry.created'))";
 
 /// Where a slice's figure comes from: the sum of figures of wrk's `SOAK_RESULT`, or a reading
 /// of the daemon, the machine or the database after the slice.
@@ -82,14 +76,6 @@ const SHOWN: usize = 14;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceRow(u32, u64, Vec<f64>);
 
-impl SliceRow {
-    /// The figure of a column.
-    fn get(&self, column: &str) -> f64 {
-        let index = COLUMNS.iter().position(|c| c.0 == column);
-        index.and_then(|i| self.2.get(i).copied()).unwrap_or(0.0)
-    }
-}
-
 /// The load: each slice's row, the RSS samples (seconds since the load started, MiB), the
 /// unexpected answers wrk noted.
 #[derive(Default)]
@@ -100,14 +86,18 @@ pub struct Load {
 }
 
 /// `m:ss`
-pub fn clock(seconds: u64) -> String {
+fn clock(seconds: u64) -> String {
     format!("{}:{:02}", seconds / 60, seconds % 60)
 }
 
-/// A figure rounded as the table shows it, printed without trailing zeros (as %g would).
-fn short(value: f64, decimals: usize) -> String {
-    let scale = 10f64.powi(decimals as i32);
-    format!("{}", (value * scale).round() / scale)
+/// A column's sum over the slices.
+fn total(rows: &[SliceRow], column: &str) -> String {
+    let index = COLUMNS
+        .iter()
+        .position(|c| c.0 == column)
+        .expect("a column");
+    let sum: u64 = rows.iter().map(|row| row.2[index] as u64).sum();
+    sum.to_string()
 }
 
 /// A row of the slice table: the slice, its end, then each shown column's figure.
@@ -125,131 +115,79 @@ fn table_row(first: String, second: String, figure: impl Fn(usize) -> String) ->
     format!("| {} |", cells.join(" | "))
 }
 
-pub fn slice_table(rows: &[SliceRow]) -> String {
+fn slice_table(rows: &[SliceRow]) -> String {
     let mut out = table_row("slice".into(), "end".into(), |i| COLUMNS[i].0.to_owned());
     out.push_str(&format!("\n|{}", "---:|".repeat(SHOWN + 1)));
     for SliceRow(slice, end, values) in rows {
         let figure = |i: usize| format!("{:.*}", COLUMNS[i].1, values[i]);
-        out.push('\n');
-        out.push_str(&table_row(slice.to_string(), clock(*end), figure));
+        out += &format!("\n{}", table_row(slice.to_string(), clock(*end), figure));
     }
     out
 }
 
 /// min, max, first and last slice of every shown column.
-pub fn summary_table(rows: &[SliceRow]) -> String {
+fn summary_table(rows: &[SliceRow]) -> String {
     let head = "| column | min | max | first slice | last slice |\n|---|---:|---:|---:|---:|";
     let mut out = String::from(head);
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
         return out;
     };
     for (i, (name, decimals, _)) in COLUMNS[..SHOWN].iter().enumerate() {
-        let shown = |row: &SliceRow| short(row.2[i], *decimals);
-        let values = rows.iter().map(|row| shown(row).parse().unwrap_or(0.0));
-        let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
-        let _ = write!(
-            out,
-            "\n| {name} | {lo} | {hi} | {} | {} |",
-            shown(first),
-            shown(last)
-        );
+        // A figure rounded as the table shows it, printed without trailing zeros (as %g would).
+        let scale = 10f64.powi(*decimals as i32);
+        let shown = |row: &SliceRow| (row.2[i] * scale).round() / scale;
+        let lo = rows.iter().map(shown).fold(f64::INFINITY, f64::min);
+        let hi = rows.iter().map(shown).fold(f64::NEG_INFINITY, f64::max);
+        let (first, last) = (shown(first), shown(last));
+        out += &format!("\n| {name} | {lo} | {hi} | {first} | {last} |");
     }
     out
 }
 
-/// What the RSS samples after the warm-up say: the line fitted to them, and whether its slope
-/// is within the limit (`flat`; none with too few samples, or too short a span).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Memory {
-    pub warmup_s: f64,
-    pub limit_mib_per_h: f64,
-    /// Samples after the warm-up, and the time they span.
-    pub samples: usize,
-    pub span_s: f64,
-    pub line: Option<Line>,
-    pub flat: Option<bool>,
-}
+/// An end check: its name, whether it passed (none: no verdict, which does not fail the run),
+/// and what it found.
+type Check = (String, Option<bool>, String);
 
-impl Memory {
-    /// The fit of `samples` (seconds since the load started, RSS in MiB) after `warmup_s`.
-    pub fn judge(samples: &[(f64, f64)], warmup_s: f64, limit_mib_per_h: f64) -> Memory {
-        let after: Vec<(f64, f64)> = samples
-            .iter()
-            .copied()
-            .filter(|s| s.0 >= warmup_s)
-            .collect();
-        let span_s = after
-            .first()
-            .zip(after.last())
-            .map_or(0.0, |(a, b)| b.0 - a.0);
-        let line = least_squares(&after);
-        let enough = after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S;
-        let flat = line
-            .filter(|_| enough)
-            .map(|line| line.slope * 3600.0 <= limit_mib_per_h);
-        let samples = after.len();
-        Memory {
-            warmup_s,
-            limit_mib_per_h,
-            samples,
-            span_s,
-            line,
-            flat,
-        }
-    }
-
-    /// The end check of the verdict.
-    pub fn check(&self) -> Check {
-        let after = format!(
-            "{} samples after {:.1} min",
-            self.samples,
-            self.warmup_s / 60.0
-        );
-        let detail = match (self.line, self.flat) {
-            (Some(line), Some(_)) => format!("{:+.2} MiB/h over {after}", line.slope * 3600.0),
-            _ => format!("no verdict: {after}"),
-        };
-        let name = format!(
-            "RSS slope after the warm-up ≤ {} MiB/h",
-            self.limit_mib_per_h
-        );
-        Check {
-            name,
-            passed: self.flat,
-            detail,
-        }
-    }
-
-    pub fn sentence(&self) -> String {
-        let (warmup, samples) = (format!("{:.1} min", self.warmup_s / 60.0), self.samples);
-        let slope = self.line.map(|line| line.slope * 3600.0);
-        match (self.line, self.flat) {
-            (Some(line), Some(flat)) => format!(
-                "RSS slope {:+.2} MiB/h by least squares over {samples} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {:.2} MiB); limit {} MiB/h: {}",
-                line.slope * 3600.0,
-                clock(self.span_s.round() as u64),
-                line.intercept + line.slope * self.warmup_s,
-                line.residual_rms,
-                self.limit_mib_per_h,
+/// The memory verdict on the RSS `samples` (seconds since the load started, MiB) after
+/// `warmup_s`: the slope of the line fitted to them within `limit` MiB/h (none with too few
+/// samples, or too short a span), as an end check and as the report's sentence.
+fn memory(samples: &[(f64, f64)], warmup_s: f64, limit: f64) -> (Check, String) {
+    let after: Vec<(f64, f64)> = samples
+        .iter()
+        .copied()
+        .filter(|s| s.0 >= warmup_s)
+        .collect();
+    let span_s = after
+        .first()
+        .zip(after.last())
+        .map_or(0.0, |(a, b)| b.0 - a.0);
+    let (line, enough) = (
+        least_squares(&after),
+        after.len() >= MIN_SAMPLES && span_s >= MIN_SPAN_S,
+    );
+    let flat = line.filter(|_| enough).map(|line| line.0 * 3600.0 <= limit);
+    let (samples, warmup) = (after.len(), format!("{:.1} min", warmup_s / 60.0));
+    let name = format!("RSS slope after the warm-up ≤ {limit} MiB/h");
+    let (detail, sentence) = match (line, flat) {
+        (Some((slope, intercept, rms)), Some(flat)) => (
+            format!("{:+.2} MiB/h over {samples} samples after {warmup}", slope * 3600.0),
+            format!(
+                "RSS slope {:+.2} MiB/h by least squares over {samples} samples after the {warmup} warm-up ({} of load; fit {:.1} MiB at the warm-up's end, residual RMS {rms:.2} MiB); limit {limit} MiB/h: {}",
+                slope * 3600.0,
+                clock(span_s.round() as u64),
+                intercept + slope * warmup_s,
                 if flat { "flat" } else { "GROWING" }
             ),
-            _ => format!(
-                "no verdict: {samples} samples spanning {:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
-                self.span_s,
-                slope.map(|slope| format!("; slope so far {slope:+.2} MiB/h")).unwrap_or_default()
+        ),
+        _ => (
+            format!("no verdict: {samples} samples after {warmup}"),
+            format!(
+                "no verdict: {samples} samples spanning {span_s:.0} s after the {warmup} warm-up (at least {MIN_SAMPLES} over {MIN_SPAN_S:.0} s needed){}",
+                line.map(|l| format!("; slope so far {:+.2} MiB/h", l.0 * 3600.0)).unwrap_or_default()
             ),
-        }
-    }
-}
-
-/// An end check; `passed` none: no verdict (it does not fail the run).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Check {
-    pub name: String,
-    pub passed: Option<bool>,
-    pub detail: String,
+        ),
+    };
+    ((name, flat, detail), sentence)
 }
 
 /// The end checks, of the run's figures (`{name}` in a detail; see `soak`).
@@ -276,58 +214,33 @@ const CHECKS: [(&str, Condition, &str); 10] = [
         "exit {exit_code} after {stop_ms} ms, {shutdown_log_problems} WARN/ERROR lines"),
 ];
 
-pub fn check_table(checks: &[Check]) -> String {
+fn check_table(checks: &[Check]) -> String {
     let mut out = String::from("| check | result | detail |\n|---|---|---|");
-    for Check {
-        name,
-        passed,
-        detail,
-    } in checks
-    {
+    for (name, passed, detail) in checks {
         let result = passed.map_or("n/a", |ok| if ok { "ok" } else { "FAILED" });
-        let _ = write!(
-            out,
-            "\n| {name} | {result} | {} |",
-            detail.replace('|', "/")
-        );
+        out += &format!("\n| {name} | {result} | {} |", detail.replace('|', "/"));
     }
     out
 }
 
-/// The soak's report: the facts the template names, the slices, the memory verdict, the checks.
-pub struct SoakReport {
-    pub facts: HashMap<String, String>,
-    pub rows: Vec<SliceRow>,
-    pub memory: Memory,
-    pub checks: Vec<Check>,
-}
-
-impl SoakReport {
-    pub fn failed(&self) -> bool {
-        self.checks.iter().any(|c| c.passed == Some(false))
+/// The soak's report (bench/soak.md): `facts` for its `{name}`s, to which the slices' tables
+/// and totals, the memory sentence and the checks' table are added.
+fn render(
+    facts: &mut HashMap<String, String>,
+    rows: &[SliceRow],
+    memory: String,
+    checks: &[Check],
+) -> String {
+    let (table, summary, checks) = (slice_table(rows), summary_table(rows), check_table(checks));
+    let (requests, created) = (total(rows, "requests"), total(rows, "created"));
+    let names = "table summary checks memory requests created".split(' ');
+    for (name, text) in names.zip([table, summary, checks, memory, requests, created]) {
+        facts.insert(name.into(), text);
     }
-
-    pub fn render(&self) -> String {
-        fill(TEMPLATE, |name| match name {
-            "table" => Some(slice_table(&self.rows)),
-            "requests" | "created" => Some(total(&self.rows, name)),
-            "memory" => Some(self.memory.sentence()),
-            "summary" => Some(summary_table(&self.rows)),
-            "checks" => Some(check_table(&self.checks)),
-            name => self.facts.get(name).cloned(),
-        })
-    }
+    fill(TEMPLATE, |name| facts.get(name).cloned())
 }
 
-/// A column's sum over the slices.
-fn total(rows: &[SliceRow], column: &str) -> String {
-    rows.iter()
-        .map(|row| row.get(column) as u64)
-        .sum::<u64>()
-        .to_string()
-}
-
-pub fn run(args: SoakArgs) -> anyhow::Result<()> {
+pub fn run(args: SoakArgs) -> Result<()> {
     if args.slices() < 1 {
         bail!("SOAK_MINUTES * 60 must be at least SOAK_SLICE_SECONDS");
     }
@@ -339,15 +252,13 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
     }
     harness::ensure_tools(&[("wrk", "wrk"), ("curl", "curl")])?;
     let port = args.port.map_or_else(harness::free_port, Ok)?;
-    let s = Settings {
+    let mut s = Settings {
         runs: 1,
-        duration: args.slice_seconds,
-        connections: args.connections,
-        wrk_threads: THREADS,
         port,
         config: args.config.clone(),
         ..Settings::default()
     };
+    (s.duration, s.connections, s.wrk_threads) = (args.slice_seconds, args.connections, THREADS);
     let mut bench = Bench::new(s, args.daemon.clone(), &args.amqp)?;
     bench.soak = Some(args);
     if !bench.finish(soak(&bench))? {
@@ -357,14 +268,16 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
 }
 
 /// Runs the soak and writes its report; whether every check passed.
-fn soak(bench: &Bench) -> anyhow::Result<bool> {
+fn soak(bench: &Bench) -> Result<bool> {
     let a = bench.soak.as_ref().context("not a soak")?;
     let scene = scenarios::measure(bench, scenarios::list("soak")?[0], 1)?;
-    let load = &scene.soak;
-    let recorded = scene.record.0.iter();
-    let recorded =
-        recorded.filter_map(|(name, value)| Some((name.clone(), value.as_ref()?.text.clone())));
-    let mut facts: HashMap<String, String> = recorded.collect();
+    let (load, mut facts) = (&scene.soak, HashMap::new());
+    for (name, value) in scene.record.0.iter().filter(|figure| figure.1.is_some()) {
+        facts.insert(
+            name.clone(),
+            value.as_ref().map_or("", |num| &num.text).to_owned(),
+        );
+    }
     let cut = |line: &str| line.chars().take(160).collect::<String>();
     let example = load
         .unexpected
@@ -373,91 +286,70 @@ fn soak(bench: &Bench) -> anyhow::Result<bool> {
     let problems = facts.get("log_problems").is_some_and(|n| n != "0");
     let first = scene.first_problem.as_deref().filter(|_| problems);
     let first = first.map(|line| format!("; first: {}", cut(line)));
-    for column in ["created", "unexpected", "socket errors"] {
-        facts.insert(column.replace(' ', "_"), total(&load.rows, column));
-    }
-    facts.insert("connections".into(), a.connections.to_string());
-    facts.insert("slices".into(), a.slices().to_string());
-    facts.insert("example".into(), example.unwrap_or_default());
-    facts.insert("first".into(), first.unwrap_or_default());
-    let exit = facts.entry("exit_code".into());
-    exit.or_insert_with(|| "by signal".into());
-    let value = |name: &str| {
-        facts
-            .get(name)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN)
-    };
-    let check = |(name, passed, detail): &(&str, Condition, &str)| Check {
-        name: name.to_string(),
-        passed: Some(passed(&value)),
-        detail: fill(detail, |name| facts.get(name).cloned()),
-    };
-    let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
-    let load_s = f64::from(a.slices() * a.slice_seconds);
-    let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
-    let memory = Memory::judge(&load.samples, warmup_s, a.rss_slope_limit);
-    checks.push(memory.check());
     // The daemon's path, with the glibc malloc setting it inherits when one is set.
     let arenas = std::env::var("MALLOC_ARENA_MAX").map(|n| format!(", MALLOC_ARENA_MAX={n}"));
     let daemon = format!("{}{}", bench.daemon.display(), arenas.unwrap_or_default());
-    let m = harness::machine(&bench.pg, &a.config, false);
-    let vacuum = match a.vacuum {
-        true => "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice",
-        false => "",
-    };
-    let machine = format!(
-        "{}, {} cores, {} GiB, {}; PostgreSQL {} (autovacuum {}{vacuum}), RabbitMQ {}, wrk {}",
-        m.cpu_model,
-        m.nproc,
-        m.mem_gib,
-        m.kernel,
-        m.pg_version,
-        m.autovacuum,
-        m.rabbit_version,
-        m.wrk_version
-    );
+    let mut m = harness::machine(&bench.pg, &a.config, false);
+    let vacuum = "; SOAK_VACUUM=1: `VACUUM` of the three tables after every slice";
+    m.insert("vacuum", if a.vacuum { vacuum } else { "" }.into());
+    let machine = "{cpu}, {nproc} cores, {mem} GiB, {kernel}; PostgreSQL {pg} (autovacuum {autovacuum}{vacuum}), RabbitMQ {rabbit}, wrk {wrk}";
     let interval = f64::from(THREADS) * 1000.0 / f64::from(a.rate);
-    let written_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    facts.entry("hwm_mib".into()).or_insert_with(|| "?".into());
+    let total = |column| total(&load.rows, column);
+    // What the run recorded, and what it did not: a daemon killed by a signal has no exit code.
     for (name, value) in [
+        ("exit_code", "by signal".into()),
+        ("hwm_mib", "?".into()),
+        ("created", total("created")),
+        ("unexpected", total("unexpected")),
+        ("socket_errors", total("socket errors")),
+        ("connections", a.connections.to_string()),
+        ("slices", a.slices().to_string()),
+        ("example", example.unwrap_or_default()),
+        ("first", first.unwrap_or_default()),
         ("id", bench.run_id.clone()),
-        ("written_at", written_at),
-        ("commit", m.commit),
+        (
+            "written_at",
+            chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        ),
+        ("commit", m["commit"].clone()),
         ("daemon", daemon),
         ("config", a.config.clone()),
         ("slice_seconds", a.slice_seconds.to_string()),
         ("rate", a.rate.to_string()),
         ("threads", THREADS.to_string()),
         ("interval", format!("{interval:.2}")),
-        ("machine", machine),
+        ("machine", fill(machine, |name| m.get(name).cloned())),
     ] {
-        facts.insert(name.into(), value);
+        facts.entry(name.into()).or_insert(value);
     }
-    let rows = load.rows.clone();
-    let report = SoakReport {
-        facts,
-        rows,
-        memory,
-        checks,
+    let value = |name: &str| {
+        facts
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
     };
+    let check = |(name, passed, detail): &(&str, Condition, &str)| {
+        let detail = fill(detail, |name| facts.get(name).cloned());
+        (name.to_string(), Some(passed(&value)), detail)
+    };
+    let mut checks: Vec<Check> = CHECKS.iter().map(check).collect();
+    let load_s = f64::from(a.slices() * a.slice_seconds);
+    let warmup_s = a.warmup_minutes.map_or(load_s / 2.0, |m| m * 60.0);
+    let (memory_check, memory) = memory(&load.samples, warmup_s, a.rss_slope_limit);
+    checks.push(memory_check);
+    let report = render(&mut facts, &load.rows, memory, &checks);
     let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S");
-    let output = PathBuf::from(format!("bench/results/soak-{stamp}.md"));
-    fs::write(&output, report.render())?;
-    let (table, memory) = (slice_table(&report.rows), report.memory.sentence());
-    let (summary, checks) = (summary_table(&report.rows), check_table(&report.checks));
-    println!("\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n");
-    say!(
-        "wrote {}; raw output in {}",
-        output.display(),
-        bench.work.display()
-    );
-    Ok(!report.failed())
+    let output = format!("bench/results/soak-{stamp}.md");
+    fs::write(&output, report)?;
+    let printed = "\n{table}\n\nMemory: {memory}.\n\n{summary}\n\n{checks}\n";
+    println!("{}", fill(printed, |name| facts.get(name).cloned()));
+    say!("wrote {output}; raw output in {}", bench.work.display());
+    Ok(!checks.iter().any(|check| check.1 == Some(false)))
 }
 
 /// The load, slice after slice, into the scene's `soak`; the samples also to rss.tsv and the
 /// unexpected answers to unexpected.txt.
-pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
+pub fn slices(scene: &mut Scene) -> Result<()> {
     let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let a = bench.soak.as_ref().context("not a soak")?;
     fs::write(bench.work.join("keys.txt"), "")?;
@@ -481,10 +373,10 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
         let unexpected = unexpected.map(|line| format!("slice {slice}: {line}"));
         scene.soak.unexpected.extend(unexpected);
         let figures = COLUMNS[..SHOWN].iter().zip(&row.2);
-        let figures =
-            figures.map(|((name, decimals, _), value)| format!("{name} {value:.*}", decimals));
-        let figures = figures.collect::<Vec<_>>().join(", ");
-        say!("slice {slice} ({}): {figures}", clock(row.1));
+        let figures: Vec<_> = figures
+            .map(|(c, value)| format!("{} {value:.*}", c.0, c.1))
+            .collect();
+        say!("slice {slice} ({}): {}", clock(row.1), figures.join(", "));
         scene.soak.rows.push(row);
     }
     let rss = scene
@@ -493,9 +385,12 @@ pub fn slices(scene: &mut Scene) -> anyhow::Result<()> {
         .iter()
         .map(|(t, mib)| format!("{t:.1}\t{mib:.2}\n"));
     fs::write(bench.work.join("rss.tsv"), rss.collect::<String>())?;
-    if !scene.soak.unexpected.is_empty() {
-        let lines = scene.soak.unexpected.join("\n") + "\n";
-        fs::write(bench.work.join("unexpected.txt"), lines)?;
+    let unexpected = &scene.soak.unexpected;
+    if !unexpected.is_empty() {
+        fs::write(
+            bench.work.join("unexpected.txt"),
+            unexpected.join("\n") + "\n",
+        )?;
     }
     Ok(())
 }
@@ -507,23 +402,20 @@ fn one_slice(
     slice: u32,
     started: Instant,
     interval_us: u64,
-) -> anyhow::Result<(SliceRow, String)> {
+) -> Result<(SliceRow, String)> {
     let (bench, db) = (scene.bench, scene.db()?.to_owned());
     let state = bench.work.join("keys.txt");
+    let (nonce, state) = (&bench.run_id, state.display());
     let env = format!(
-        "SOAK_NONCE={} SOAK_SLICE={slice} SOAK_STATE={} SOAK_INTERVAL_US={interval_us}",
-        bench.run_id,
-        state.display()
+        "SOAK_NONCE={nonce} SOAK_SLICE={slice} SOAK_STATE={state} SOAK_INTERVAL_US={interval_us}"
     );
     let line = scene.fill(&format!("{env} {{wrk}} -s scripts/soak.lua {{url}}/"));
     let out = bench.work.join(format!("slice-{slice}.txt"));
-    let (daemon, samples) = (
-        scene.daemon.as_mut().context("no daemon")?,
-        &mut scene.soak.samples,
-    );
+    let samples = &mut scene.soak.samples;
+    let daemon = scene.daemon.as_mut().context("no daemon")?;
     let (t0, n0, m0) = (daemon.cpu_ticks()?, Instant::now(), MachineTicks::now()?);
     let (status, text) = harness::run_program(&line, &out, Duration::from_secs(1), || {
-        let rss = daemon.status_kb("VmRSS").map(|kb| kb as f64 / 1024.0);
+        let rss = daemon.status_mib("VmRSS");
         samples.extend(rss.ok().map(|mib| (started.elapsed().as_secs_f64(), mib)));
         Ok(())
     })?;
@@ -547,11 +439,9 @@ fn one_slice(
     for (_, _, from) in COLUMNS {
         values.push(match from {
             From::Wrk(keys) => keys.iter().map(figure).sum(),
-            From::Rss => daemon.status_kb("VmRSS")? as f64 / 1024.0,
+            From::Rss => daemon.status_mib("VmRSS")?,
             From::Cores => (t1 - t0) as f64 / harness::clock_ticks() / wall_s,
-            From::Machine => {
-                100.0 * (machine.work + machine.steal) as f64 / machine.total.max(1) as f64
-            }
+            From::Machine => machine.busy_share(true).unwrap_or(0.0),
             From::Unsent => unsent,
             From::Fds => daemon.open_fds() as f64,
         });
@@ -564,38 +454,10 @@ mod tests {
     use super::*;
 
     fn row(slice: u32, rss: f64) -> SliceRow {
-        let shown = [
-            999.6, 1.333, 5.24, 31.04, 23842.0, 1258.0, 1258.0, 0.0, 0.0, rss, 0.371,
-        ];
-        let figures = [&shown[..], &[63.4, 0.0, 34.0, 20000.0, 30000.0]].concat();
-        SliceRow(slice, u64::from(slice) * 30, figures)
-    }
-
-    #[test]
-    fn slices_render_as_before() {
-        assert_eq!((clock(0), clock(605)), ("0:00".into(), "10:05".into()));
-        let table = slice_table(&[row(1, 33.44), row(2, 40.0)]);
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(
-            lines[..3],
-            [
-                "| slice | end | req/s | p50 ms | p99 ms | max ms | 2xx | 409 reused (conflicts sent) | unexpected | socket errors | RSS MiB | daemon CPU (cores) | machine CPU % | unsent events | fds |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                "| 1 | 0:30 | 1000 | 1.33 | 5.24 | 31.0 | 23842 | 1258 (1258) | 0 | 0 | 33.4 | 0.37 | 63 | 0 | 34 |"
-            ]
-        );
-        assert_eq!(lines.len(), 4);
-        // min, max, first and last slice of each shown column.
-        let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
-        assert!(
-            summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"),
-            "{summary}"
-        );
-        assert!(
-            summary.contains("| p50 ms | 1.33 | 1.33 | 1.33 | 1.33 |"),
-            "{summary}"
-        );
-        assert_eq!(summary.lines().count(), 2 + 14);
+        let figures =
+            format!("999.6 1.333 5.24 31.04 23842 1258 1258 0 0 {rss} 0.371 63.4 0 34 20000 30000");
+        let figures = figures.split(' ').map(|figure| figure.parse().unwrap());
+        SliceRow(slice, u64::from(slice) * 30, figures.collect())
     }
 
     /// One sample a second for `seconds`, growing at `mib_per_h` with a small wobble.
@@ -606,75 +468,74 @@ mod tests {
     }
 
     #[test]
+    fn the_report_renders_slices_memory_and_checks() {
+        let table = slice_table(&[row(1, 33.44), row(2, 40.0)]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "| slice | end | req/s | p50 ms | p99 ms | max ms | 2xx | 409 reused (conflicts sent) | unexpected | socket errors | RSS MiB | daemon CPU (cores) | machine CPU % | unsent events | fds |");
+        assert_eq!(lines[1], format!("|{}", "---:|".repeat(15)));
+        assert_eq!(lines[2], "| 1 | 0:30 | 1000 | 1.33 | 5.24 | 31.0 | 23842 | 1258 (1258) | 0 | 0 | 33.4 | 0.37 | 63 | 0 | 34 |");
+        assert_eq!((lines.len(), clock(605).as_str()), (4, "10:05"));
+        // min, max, first and last slice of each shown column.
+        let summary = summary_table(&[row(1, 33.4), row(2, 97.0), row(3, 90.0)]);
+        assert!(summary.contains("| RSS MiB | 33.4 | 97 | 33.4 | 90 |"));
+        assert!(summary.contains("| p50 ms | 1.33 | 1.33 | 1.33 | 1.33 |"));
+        assert_eq!(summary.lines().count(), 2 + 14);
+        let check = |name: &str, passed, detail: &str| (name.to_owned(), passed, detail.to_owned());
+        let checks = [
+            check("no socket error", Some(true), "0"),
+            check("RSS", None, "a | b"),
+        ];
+        let facts = "id=12021307abcd interval=2.00 hwm_mib=41.0".split(' ');
+        let facts = facts.filter_map(|pair| pair.split_once('='));
+        let mut facts = facts
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect();
+        let (_, memory) = memory(&samples(60, 40.0, 0.0), 30.0, 10.0);
+        let text = render(&mut facts, &[row(1, 33.4), row(2, 40.0)], memory, &checks);
+        assert!(text.starts_with("# Soak run 12021307abcd\n"));
+        assert!(text.contains("every 2.00 ms of its own schedule"));
+        let total = "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB.";
+        assert!(text.contains(total));
+        assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
+        assert!(text.contains("| no socket error | ok | 0 |\n| RSS | n/a | a / b |"));
+    }
+
+    #[test]
     fn memory_verdicts() {
+        let slope = |detail: &str| detail.split(' ').next().unwrap().parse::<f64>().unwrap();
         // Steep growth during the warm-up (the cache fills), flat after it.
         let warm_up = (0..300).map(|s| (f64::from(s), 30.0 + f64::from(s) * 0.2));
         let flat = samples(600, 90.0, 0.0)
             .into_iter()
             .map(|(t, v)| (t + 300.0, v));
         let points: Vec<(f64, f64)> = warm_up.chain(flat).collect();
-        let memory = Memory::judge(&points, 300.0, 10.0);
-        assert_eq!((memory.flat, memory.samples), (Some(true), 600));
-        assert!(memory.line.unwrap().slope.abs() * 3600.0 < 1.0);
-        assert!(memory.sentence().contains("flat"), "{}", memory.sentence());
-        // Over the whole run, the warm-up would dominate.
-        assert_eq!(Memory::judge(&points, 0.0, 10.0).flat, Some(false));
-        let growing = Memory::judge(&samples(1200, 90.0, 36.0), 600.0, 10.0);
-        let slope = growing.line.unwrap().slope * 3600.0;
-        assert!((slope - 36.0).abs() < 2.0, "{slope}");
-        assert_eq!(growing.check().passed, Some(false));
-        assert!(growing.sentence().contains("GROWING"));
-        // Too few samples after the warm-up give no verdict.
-        let short = Memory::judge(&samples(100, 90.0, 0.0), 60.0, 10.0);
-        assert_eq!(
-            (short.flat, Memory::judge(&[], 0.0, 10.0).flat),
-            (None, None)
+        let ((_, flat, detail), sentence) = memory(&points, 300.0, 10.0);
+        assert_eq!(flat, Some(true));
+        assert!(
+            detail.ends_with(" MiB/h over 600 samples after 5.0 min"),
+            "{detail}"
         );
-        assert!(short.sentence().starts_with("no verdict"));
-    }
-
-    #[test]
-    fn report_and_checks() {
-        let check = |name: &str, passed, detail: &str| {
-            let (name, detail) = (name.into(), detail.into());
-            Check {
-                name,
-                passed,
-                detail,
-            }
-        };
-        let checks = vec![
-            check("no socket error", Some(true), "0"),
-            check("RSS", None, "a | b"),
-        ];
-        let table = check_table(&checks);
-        assert!(table.contains("| no socket error | ok | 0 |"));
-        assert!(table.contains("| RSS | n/a | a / b |"));
-        let facts = [
-            ("id", "12021307abcd"),
-            ("interval", "2.00"),
-            ("hwm_mib", "41.0"),
-        ];
-        let facts = facts
-            .map(|(name, value)| (name.to_owned(), value.to_owned()))
-            .into();
-        let rows = vec![row(1, 33.4), row(2, 40.0)];
-        let memory = Memory::judge(&samples(60, 40.0, 0.0), 30.0, 10.0);
-        let mut report = SoakReport {
-            facts,
-            rows,
-            memory,
-            checks,
-        };
-        assert!(!report.failed());
-        let text = report.render();
-        assert!(text.starts_with("# Soak run 12021307abcd\n"));
-        assert!(text.contains("every 2.00 ms of its own schedule"));
-        let total = "Total: 60000 requests, 40000 fresh 201s, daemon peak RSS (VmHWM) 41.0 MiB.";
-        assert!(text.contains(total));
-        assert!(text.contains("Memory: VmRSS sampled every second while the load ran; no verdict"));
-        report.checks[0].passed = Some(false);
-        assert!(report.failed());
+        assert!(
+            slope(&detail).abs() < 1.0 && sentence.contains("flat"),
+            "{sentence}"
+        );
+        // Over the whole run, the warm-up would dominate.
+        let ((_, flat, _), _) = memory(&points, 0.0, 10.0);
+        assert_eq!(flat, Some(false));
+        let ((_, flat, detail), sentence) = memory(&samples(1200, 90.0, 36.0), 600.0, 10.0);
+        assert!((slope(&detail) - 36.0).abs() < 2.0, "{detail}");
+        assert!(
+            flat == Some(false) && sentence.contains("GROWING"),
+            "{sentence}"
+        );
+        // Too few samples after the warm-up give no verdict.
+        let ((_, flat, _), sentence) = memory(&samples(100, 90.0, 0.0), 60.0, 10.0);
+        assert!(
+            flat.is_none() && sentence.starts_with("no verdict"),
+            "{sentence}"
+        );
+        let ((_, flat, _), _) = memory(&[], 0.0, 10.0);
+        assert_eq!(flat, None);
     }
 
     #[test]
