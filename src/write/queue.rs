@@ -152,33 +152,28 @@ impl WriteQueue {
         }
     }
 
-    /// The next batch ([`take_batch`]); when there is none and `waiter` is given, it is
-    /// recorded as waiting, to be woken by the next [`push`](Self::push).
-    /// The next batch ([`take_batch`]); when there is none and `waiter` is given, it is
-    /// recorded as waiting, to be woken by the next [`push`](Self::push). A batch on a node is
-    /// counted against it until [`finished`](Self::finished).
+    /// The next batch ([`take_batch`]), with the node it is counted against until
+    /// [`finished`](Self::finished) is told that node; when there is none and `waiter` is
+    /// given, it is recorded as waiting, to be woken by the next [`push`](Self::push) or
+    /// [`finished`](Self::finished).
     pub(crate) fn take_or_wait(
         &self,
         max_batch: usize,
         waiter: Option<Recipient<Wake>>,
-    ) -> Vec<Waiting<Decided>> {
+    ) -> (Vec<Waiting<Decided>>, Option<String>) {
         let mut inner = self.lock();
         let QueueInner {
             writes, on_node, ..
         } = &mut *inner;
-        let (batch, refused) = take_batch(
+        let (batch, group, refused) = take_batch(
             writes,
             max_batch,
             |client| self.topology.group_of(client),
             |node| self.admit(on_node, node),
         );
-        if let Some(node) = batch.first().and_then(|first| {
-            self.topology
-                .group_of(&first.write.key.client_id)
-                .node()
-                .map(str::to_owned)
-        }) {
-            *inner.on_node.entry(node).or_default() += 1;
+        let node = group.and_then(|group| group.node().map(str::to_owned));
+        if let Some(node) = &node {
+            *inner.on_node.entry(node.clone()).or_default() += 1;
         }
         if batch.is_empty() {
             inner.idle.extend(waiter);
@@ -187,7 +182,12 @@ impl WriteQueue {
         for (waiting, reason) in refused {
             refuse(waiting, reason);
         }
-        batch
+        (batch, node)
+    }
+
+    /// Whether no write is queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().writes.is_empty()
     }
 
     /// `writer` no longer waits for work (it stops).
@@ -217,14 +217,15 @@ pub struct Wake;
 /// of one group (on Citus a shard's, so that the batch is a single-shard transaction; one group
 /// holds everything on a single server): the first write's that `admit` takes. Never two of one
 /// key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Key shards keep one
-/// write per key in flight, so that is a guard, not a path taken in practice.) Writes `admit`
-/// refuses are taken out, with why, to be answered; the writes it leaves keep their order.
+/// write per key in flight, so that is a guard, not a path taken in practice.) Returns the
+/// batch with its group, and the writes `admit` refuses, taken out with why, to be answered;
+/// the writes it leaves keep their order.
 fn take_batch(
     queue: &mut VecDeque<Waiting<Decided>>,
     max_batch: usize,
     group_of: impl Fn(&str) -> Group,
     admit: impl Fn(Option<&str>) -> Admit,
-) -> (Vec<Waiting<Decided>>, Vec<Refused>) {
+) -> (Vec<Waiting<Decided>>, Option<Group>, Vec<Refused>) {
     let mut batch = Vec::with_capacity(queue.len().min(max_batch));
     let mut refused = Vec::new();
     let mut bytes = 0;
@@ -266,7 +267,7 @@ fn take_batch(
     left.append(queue);
     *queue = left;
     metrics::gauge!(metric::WRITER_QUEUE_DEPTH).decrement((batch.len() + refused.len()) as f64);
-    (batch, refused)
+    (batch, group, refused)
 }
 
 #[cfg(test)]

@@ -59,13 +59,14 @@ impl Writer {
         if self.batch_in_flight {
             return;
         }
-        // A stopping writer does not wait for more: it takes what is queued, then stops.
-        let waiter = (!self.waiting && self.stopping.is_empty()).then(|| ctx.address().recipient());
+        // A stopping writer does not wait for more: it takes what is queued, then stops; while
+        // writes are queued that wait for a node's batches to end, it waits with them.
+        let waiter = (!self.waiting).then(|| ctx.address().recipient());
         let will_wait = waiter.is_some();
-        let writes = self.queue.take_or_wait(self.config.max_batch, waiter);
+        let (writes, node) = self.queue.take_or_wait(self.config.max_batch, waiter);
         if writes.is_empty() {
             self.waiting |= will_wait;
-            if !self.stopping.is_empty() {
+            if !self.stopping.is_empty() && self.queue.is_empty() {
                 self.queue.forget(&ctx.address().recipient());
                 for stopped in self.stopping.drain(..) {
                     let _ = stopped.send(());
@@ -81,7 +82,7 @@ impl Writer {
         let on_commit = self.on_commit.clone();
         let work = async move {
             let created = process_batch(&route, &config, writes).await;
-            queue.finished(route.node());
+            queue.finished(node.as_deref());
             if created > 0 {
                 on_commit(route.group());
             }
