@@ -175,7 +175,7 @@ impl Application {
             tasks.spawn(move |shutdown| crate::admin::history::run(pool, sampled, shutdown));
             web::Data::new(AdminState::new(
                 &config,
-                reads.clone(),
+                (reads.clone(), topology.clone()),
                 broker.clone(),
                 history,
             ))
@@ -183,7 +183,7 @@ impl Application {
         let state = AppState::new(
             &config,
             writes,
-            reads,
+            (reads, topology.clone()),
             write_path.shards,
             broker.clone(),
             readiness,

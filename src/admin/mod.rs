@@ -24,6 +24,7 @@ use actix_web::http::StatusCode;
 use actix_web::web;
 
 use crate::config::{Config, MismatchStatus};
+use crate::db::topology::Topology;
 use crate::db::Database;
 use crate::http::auth::Principals;
 use crate::http::Methods;
@@ -34,6 +35,8 @@ use crate::outbox::Broker;
 pub struct AdminState {
     /// The pool for reads, readiness checks and the gauges, which admins share.
     pub reads: Database,
+    /// Where the write tables live: where a key lookup's barrier is taken.
+    pub topology: Topology,
     pub broker: Arc<Broker>,
     /// How long a request waits for a turn: as long as for a pooled connection
     /// (`database.connect_timeout`).
@@ -67,13 +70,14 @@ pub fn turns_for(read_connections: u32) -> usize {
 impl AdminState {
     pub fn new(
         config: &Config,
-        reads: Database,
+        (reads, topology): (Database, Topology),
         broker: Arc<Broker>,
         history: Arc<history::OutboxHistory>,
     ) -> Self {
         let read_connections = reads.max_size();
         Self {
             reads,
+            topology,
             broker,
             history,
             read_wait: config.database.connect_timeout,

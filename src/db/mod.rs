@@ -155,15 +155,40 @@ impl DerefMut for PgClient {
     }
 }
 
+/// The condition under which a commit on this session waits for a synchronous standby.
+macro_rules! replication_promised {
+    () => {
+        "current_setting('synchronous_standby_names') <> ''
+         AND current_setting('synchronous_commit') NOT IN ('off', 'local')"
+    };
+}
+
+/// One WAL record (a logical decoding message, which no table holds), so that the commit of a
+/// transaction that writes it is a real one, waited for by a synchronous standby.
+macro_rules! barrier_record {
+    () => {
+        "pg_logical_emit_message(true, 'retrysafe', 'barrier')"
+    };
+}
+
 /// Whether a commit on this session waits for a synchronous standby: what a commit is
 /// promised to be durable as. Sent with other statements (in one round trip), it tells whether
 /// a [`barrier`] is needed.
-pub const REPLICATION_PROMISED: &str = "SELECT current_setting('synchronous_standby_names') <> ''
-    AND current_setting('synchronous_commit') NOT IN ('off', 'local')";
+pub const REPLICATION_PROMISED: &str = concat!("SELECT ", replication_promised!());
 
-/// A transaction that writes one WAL record (a logical decoding message, which no table
-/// holds) so that its commit is a real one, waited for by a synchronous standby.
-const BARRIER: &str = "SELECT pg_logical_emit_message(true, 'retrysafe', 'barrier')";
+/// A transaction that writes that record.
+const BARRIER: &str = concat!("SELECT ", barrier_record!());
+
+/// [`BARRIER`], written only where a commit waits for a synchronous standby
+/// ([`REPLICATION_PROMISED`]), as one statement committed on its own: a barrier taken on a
+/// Citus node through the coordinator ([`topology::citus::node_barrier`]).
+pub const BARRIER_WHERE_PROMISED: &str = concat!(
+    "SELECT CASE WHEN ",
+    replication_promised!(),
+    " THEN ",
+    barrier_record!(),
+    "::text ELSE 'no synchronous standby' END"
+);
 
 /// Waits until a synchronous standby has everything this session could read until now: a
 /// commit of a transaction that writes one WAL record, checked as a write batch's commit is

@@ -7,6 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::outbox_state::{held, not_done, parked};
+use crate::db::topology::Topology;
 use crate::db::StorageError;
 use crate::entry::format_time;
 use crate::http::problem::ApiError;
@@ -121,15 +122,17 @@ pub async fn get_key(
 ) -> Result<HttpResponse, ApiError> {
     let client_id = state.auth.admit(&request).await?.id.clone();
     let key = IdempotencyKey::parse(path.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
-    Ok(HttpResponse::Ok().json(lookup(&state.reads, &client_id, &key).await?))
+    let view = lookup((&state.reads, &state.topology), &client_id, &key).await?;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 /// The record of `client`'s `key` and its events: what the key lookup answers, to the client
 /// (`GET /v1/idempotency-keys/{key}`) or to an admin (`GET /admin/v1/keys/{client}/{key}`).
-/// With a synchronous standby, only once the standby has them ([`crate::db::barrier`]), so that
-/// the lookup never reports a write that a failover may lose.
+/// With a synchronous standby, only once the standby has them (a barrier: see
+/// [`Topology::barrier_after_read`]), so that the lookup never reports a write that a failover
+/// may lose.
 pub async fn lookup(
-    reads: &crate::db::Database,
+    (reads, topology): (&crate::db::Database, &Topology),
     client: &str,
     key: &IdempotencyKey,
 ) -> Result<KeyView, ApiError> {
@@ -164,9 +167,9 @@ pub async fn lookup(
             // A record read on the primary may be of a write whose commit the synchronous
             // standby never confirmed (its client was answered 503): not shown as completed
             // until the standby has it.
-            if promised?.get::<_, bool>(0) {
-                crate::db::barrier(connection).await?;
-            }
+            topology
+                .barrier_after_read(connection, client, promised?.get(0))
+                .await?;
             Ok::<_, StorageError>(Some((record, events)))
         })
         .await?

@@ -20,6 +20,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::config::MismatchStatus;
+use crate::db::topology::Topology;
 use crate::db::Database;
 use crate::outbox::Broker;
 use crate::write::{shard_index, ScopedKey, ShardHandle};
@@ -32,6 +33,8 @@ pub struct AppState {
     pub writes: Database,
     /// The pool for reads, readiness checks and the gauges.
     pub reads: Database,
+    /// Where the write tables live: where a key lookup's barrier is taken.
+    pub topology: Topology,
     pub shards: Vec<ShardHandle>,
     pub broker: Arc<Broker>,
     pub auth: Authenticator,
@@ -58,7 +61,7 @@ impl AppState {
     pub fn new(
         config: &crate::config::Config,
         writes: Database,
-        reads: Database,
+        (reads, topology): (Database, Topology),
         shards: Vec<ShardHandle>,
         broker: Arc<Broker>,
         readiness: Arc<health::ReadinessMonitor>,
@@ -66,6 +69,7 @@ impl AppState {
         Self {
             writes,
             reads,
+            topology,
             shards,
             broker,
             auth: Authenticator::new(&config.auth),

@@ -9,7 +9,7 @@ use lapin::Channel;
 use tokio::sync::oneshot;
 
 use crate::db::topology::{Pass, Topology};
-use crate::db::{barrier, Database, PgClient, StorageError, WriteHealth};
+use crate::db::{Database, PgClient, StorageError, WriteHealth};
 use crate::metric;
 use crate::outbox::broker::Broker;
 use crate::outbox::publish::{publish_all_then, Destination, FailureKind, PublishResult};
@@ -155,8 +155,9 @@ pub(super) async fn relay_once_then(
 /// database two round trips, not four. After a failure the transaction is rolled back before
 /// the connection goes back to the pool.
 ///
-/// With a synchronous standby, the claimed events are published only once a [`barrier`] on
-/// another connection, taken after the claim, is confirmed by the standby: a write whose
+/// With a synchronous standby, the claimed events are published only once a
+/// [`barrier`](crate::db::barrier) on another connection, taken after the claim, is confirmed
+/// by the standby (the standby of the node that holds them, on Citus: [`Pass::barrier`]): a write whose
 /// commit's wait for the standby was cancelled is visible on the primary at once (its client
 /// was answered 503, not 201), and an event of it published before the standby has it would be
 /// an event of a write that a failover loses. If the barrier is not confirmed, nothing is
@@ -179,8 +180,8 @@ async fn relay_batch(
     let claimed = match (begun, promised, claimed) {
         (Err(error), _, _) | (Ok(()), Err(error), _) => Err(StorageError::from(error)),
         (Ok(()), Ok(_), Err(error)) => Err(error),
-        (Ok(()), Ok(promised), Ok(claim)) if promised.get(0) && !claim.events.is_empty() => {
-            match pass.db.run(async |other| barrier(other).await).await {
+        (Ok(()), Ok(promised), Ok(claim)) if !claim.events.is_empty() => {
+            match pass.barrier(promised.get(0)).await {
                 Ok(()) => Ok(claim),
                 Err(error) => Err(StorageError::Unavailable(format!(
                     "not publishing {} events: the synchronous standby did not confirm a barrier after their claim ({error})",

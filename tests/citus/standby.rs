@@ -1,7 +1,8 @@
 //! A worker with a synchronous standby, lost and replaced by it: a write whose commit's wait for
 //! the standby was cancelled (its client answered 503) is on the worker alone, and no event of
 //! it may reach a queue, before or after the failover: the relays publish a worker's events only
-//! once its standby has confirmed (a barrier taken on the worker). After the standby is
+//! once its standby has confirmed (a barrier taken on the worker, directly or through the
+//! coordinator), and a key lookup reports a write only then. After the standby is
 //! promoted and Citus told (`citus_update_node`), the daemon follows at its next reading of the
 //! shard map, and the client's writes go on on the promoted node.
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::acceptance::{body, daemon_on, token, until_answered, CLIENTS};
 use crate::common::citus::CitusLab;
 use crate::common::consumer::{message_id, TestConsumer};
-use crate::common::daemon::{spawn_second_app, TestDaemon};
+use crate::common::daemon::{spawn_second_app, spawn_second_app_with, TestDaemon};
 use crate::common::helpers::{connect_to, eventually};
 use crate::common::postgres::{PgCluster, SyncRepCanceller};
 use crate::common::proxy::TcpProxy;
@@ -78,6 +79,36 @@ async fn until_delivered(
             return;
         }
     }
+}
+
+/// Deliveries for [`CUT_WINDOW`], none of which may be `phantom`, each recorded in `delivered`.
+async fn no_phantom_within(
+    consumer: &mut TestConsumer,
+    phantom: &str,
+    delivered: &mut HashSet<String>,
+) {
+    let since = Instant::now();
+    while since.elapsed() < CUT_WINDOW {
+        if let Some(delivery) = consumer.next(Duration::from_millis(200)).await {
+            let id = message_id(&delivery);
+            assert_ne!(
+                id, phantom,
+                "the event of the unconfirmed write published, the standby lacking it"
+            );
+            delivered.insert(id);
+        }
+    }
+}
+
+/// The sessions on `node` of an application named like `application` waiting for the node's
+/// synchronous standby to confirm a commit.
+fn barriers_waiting(node: &PgCluster, application: &str) -> i64 {
+    node.psql(&format!(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE wait_event = 'SyncRep' AND application_name LIKE '{application}'"
+    ))
+    .parse()
+    .expect("a count")
 }
 
 /// Writes of `client` after the failover, none of whose deliveries may be `phantom`.
@@ -184,24 +215,36 @@ async fn no_event_reaches_a_queue_for_a_write_a_workers_promoted_standby_lacks()
     );
     let phantom = event_of(&app, client, "unconfirmed").await;
 
-    // Another daemon of the group, which has seen no write fail on that worker, relays its
+    // More daemons of the group, which have seen no write fail on that worker, relay its
     // events (the first leaves the worker's shards out of its rounds while its writes there
-    // fail): its barrier on the worker is not confirmed, so nothing of the write is published.
+    // fail), one after the other (a relay's claim holds the rows while its barrier waits):
+    // one on the worker, one through the coordinator (`database.citus_direct = false`). The
+    // barrier each takes on the worker waits for the standby and is not confirmed, so nothing
+    // of the write is published.
     let other = spawn_second_app(&app).await;
-    let cut_at = Instant::now();
-    while cut_at.elapsed() < CUT_WINDOW {
-        if let Some(delivery) = consumer.next(Duration::from_millis(200)).await {
-            let id = message_id(&delivery);
-            assert_ne!(
-                id,
-                phantom,
-                "the event of the unconfirmed write published {:.1}s after its commit, the standby lacking it",
-                cut_at.elapsed().as_secs_f64()
-            );
-            delivered.insert(id);
-        }
-    }
+    no_phantom_within(&mut consumer, &phantom, &mut delivered).await;
+    assert!(
+        barriers_waiting(worker, "retrysafe") > 0,
+        "no barrier on the worker waits for its standby"
+    );
+    drop(other);
+    let through = spawn_second_app_with(&app, |settings| {
+        settings.database.citus_direct = false;
+    })
+    .await;
+    no_phantom_within(&mut consumer, &phantom, &mut delivered).await;
+    assert!(
+        barriers_waiting(worker, "citus_run_command%") > 0,
+        "no barrier through the coordinator waits on the worker for its standby"
+    );
     assert_eq!(entries_on(&standby, &entries, "unconfirmed"), 0);
+    // Nor does a key lookup (through the coordinator) report the write done.
+    for daemon in [&app, &through] {
+        daemon
+            .get("/v1/idempotency-keys/unconfirmed", Some(&token(client)))
+            .await
+            .assert_problem(503, "storage-unavailable");
+    }
 
     // The worker lost, its standby promoted, Citus told; the daemons follow at their next
     // reading of the map.
@@ -245,5 +288,5 @@ async fn no_event_reaches_a_queue_for_a_write_a_workers_promoted_standby_lacks()
         "no event of the unconfirmed write in {CUT_WINDOW:?} with the standby's link cut, nor after the failover; writes on the promoted standby {followed_after:?} after citus_update_node; {} events delivered",
         delivered.len()
     );
-    drop(other);
+    drop(through);
 }

@@ -236,7 +236,7 @@ pub async fn lookup_key(
     }
     let key = IdempotencyKey::parse(key.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)?;
     let _turn = admin_turn(state).await?;
-    let view = crate::http::keys::lookup(&state.reads, client, &key).await?;
+    let view = crate::http::keys::lookup((&state.reads, &state.topology), client, &key).await?;
     let now = state
         .reads
         .run(async |connection| crate::outbox::store::database_now(&**connection).await)

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::config::NodeAddress;
-use crate::db::{Database, StorageError};
+use crate::db::{Database, PgClient, StorageError};
 
 /// The tables distributed by `client_id`, co-located with the first: every write is a
 /// transaction on one shard of each.
@@ -289,13 +289,17 @@ impl Cluster {
         self.read().node_of.get(&shard).cloned()
     }
 
-    /// The pool a statement on `node`'s rows runs on: the node's own, where the daemon reaches
-    /// it (and `database.citus_direct`); the coordinator's otherwise.
-    pub fn pool_of(&self, node: Option<&str>) -> Database {
+    /// The pool a statement on `node`'s rows runs on, and whether it is the node's own: the
+    /// node's, where the daemon reaches it (and `database.citus_direct`); the coordinator's
+    /// otherwise.
+    pub fn pool_of(&self, node: Option<&str>) -> (Database, bool) {
         let state = self.read();
         node.and_then(|node| state.nodes.get(node))
             .filter(|node| self.direct && node.reachable)
-            .map_or_else(|| self.coordinator.clone(), |node| node.db.clone())
+            .map_or_else(
+                || (self.coordinator.clone(), false),
+                |node| (node.db.clone(), true),
+            )
     }
 
     /// The first (by name) of the known clients whose shard `node` holds.
@@ -462,6 +466,36 @@ impl Cluster {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// [`crate::db::BARRIER_WHERE_PROMISED`] on the node that holds `$1`'s rows, run by Citus on a
+/// connection of its own to the node.
+const NODE_BARRIER: &str = "
+SELECT p.nodename || ':' || p.nodeport, b.success, b.result
+FROM pg_dist_shard_placement p,
+    master_run_on_worker(ARRAY[p.nodename], ARRAY[p.nodeport], ARRAY[$2::text], false) b
+WHERE p.shardid = get_shard_id_for_distribution_column('idempotency_records', $1::text)";
+
+/// A barrier ([`crate::db::barrier`]) for `client`'s rows read through the coordinator (on
+/// `connection`, the coordinator's): taken on the node that holds them, whose own synchronous
+/// standby they must reach (the coordinator's holds none of them), and only where that node's
+/// commits wait for one. It fails where the node does not run it, where the wait for its
+/// standby outlasts the statement's timeout, and where the node warns about its commit (the
+/// wait cancelled: Citus passes the warning on).
+pub async fn node_barrier(connection: &mut PgClient, client: &str) -> Result<(), StorageError> {
+    let warnings = connection.warnings();
+    let row = connection
+        .query_one(NODE_BARRIER, &[&client, &crate::db::BARRIER_WHERE_PROMISED])
+        .await?;
+    let (node, success, result): (String, bool, String) = (row.get(0), row.get(1), row.get(2));
+    if !success {
+        return Err(StorageError::Unavailable(format!(
+            "{node}: a barrier for its synchronous standby failed there: {result}"
+        )));
+    }
+    connection
+        .confirm_commit(warnings)
+        .map_err(|error| StorageError::Unavailable(format!("{node}: {error}")))
 }
 
 /// Outbox ids reserved on the coordinator, for the rows a write batch inserts on a node. An

@@ -104,7 +104,7 @@ impl Topology {
         let group = self.group_of(client);
         let (db, cluster) = match &self.kind {
             Kind::Single => (self.db.clone(), None),
-            Kind::Citus(cluster) => (cluster.pool_of(group.node()), Some(cluster.clone())),
+            Kind::Citus(cluster) => (cluster.pool_of(group.node()).0, Some(cluster.clone())),
         };
         Route {
             db,
@@ -167,6 +167,25 @@ impl Topology {
             db: self.db.clone(),
             scope: Scope::Everything,
             node: None,
+            own_pool: true,
+        }
+    }
+
+    /// Waits until the synchronous standby of the server that holds `client`'s rows has what
+    /// was just read of them on `connection` (one of `database.url`'s pools), where that server
+    /// has one (see [`crate::db::barrier`]); `promised` is [`crate::db::REPLICATION_PROMISED`]
+    /// as read there. On Citus the rows were read through the coordinator, and the barrier is
+    /// taken on their node ([`citus::node_barrier`]).
+    pub async fn barrier_after_read(
+        &self,
+        connection: &mut crate::db::PgClient,
+        client: &str,
+        promised: bool,
+    ) -> Result<(), StorageError> {
+        match &self.kind {
+            Kind::Single if promised => crate::db::barrier(connection).await,
+            Kind::Single => Ok(()),
+            Kind::Citus(_) => citus::node_barrier(connection, client).await,
         }
     }
 }
@@ -174,10 +193,12 @@ impl Topology {
 /// The pass over one shard's rows, on the pool of the node that holds it.
 fn shard_pass(cluster: &Cluster, shard: ShardId, clients: Vec<String>) -> Pass {
     let node = cluster.node_of(shard);
+    let (db, own_pool) = cluster.pool_of(node.as_deref());
     Pass {
-        db: cluster.pool_of(node.as_deref()),
+        db,
         scope: Scope::Clients(clients.into()),
         node,
+        own_pool,
     }
 }
 
@@ -246,6 +267,9 @@ pub struct Pass {
     scope: Scope,
     /// On Citus, the node that holds the pass's shard.
     node: Option<String>,
+    /// Whether `db` is the pool of the server that holds the rows (not the coordinator's, for
+    /// a node reached through it).
+    own_pool: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -269,6 +293,30 @@ impl Pass {
     /// The node (`host:port`) that holds the pass's rows, on Citus.
     pub fn node(&self) -> Option<&str> {
         self.node.as_deref()
+    }
+
+    /// Waits until the synchronous standby of the server that holds the pass's rows has what
+    /// was just read of them on a connection of `db`, where that server has one (see
+    /// [`crate::db::barrier`]); `promised` is [`crate::db::REPLICATION_PROMISED`] as read
+    /// there. A node reached through the coordinator is asked itself
+    /// ([`citus::node_barrier`]): the coordinator's standby holds none of its rows.
+    pub async fn barrier(&self, promised: bool) -> Result<(), StorageError> {
+        match (&self.scope, self.own_pool) {
+            (Scope::Clients(clients), false) => match clients.first() {
+                Some(client) => {
+                    self.db
+                        .run(async |connection| citus::node_barrier(connection, client).await)
+                        .await
+                }
+                None => Ok(()),
+            },
+            _ if promised => {
+                self.db
+                    .run(async |connection| crate::db::barrier(connection).await)
+                    .await
+            }
+            _ => Ok(()),
+        }
     }
 
     /// How a transaction of this pass begins. On Citus, its statements are planned with their
