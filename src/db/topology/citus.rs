@@ -505,9 +505,11 @@ pub async fn node_barrier(connection: &mut PgClient, client: &str) -> Result<(),
 /// block at a time, a block costs the coordinator one statement per [`ID_BLOCK`] events; a block
 /// older than [`ID_BLOCK_LIFE`] is not used, so ids follow the writes' order to within that.
 /// While the coordinator cannot be reached (asked within `database.connect_timeout`, and not
-/// asked again for [`COORDINATOR_RETRY`] after it failed), the node at hand reserves the block
-/// from its own copy: writes on the nodes go on without the coordinator, and their events are
-/// replayed after the others (a replay walks the outbox by id, stepping over the gap).
+/// asked again for [`COORDINATOR_RETRY`] after it failed), each batch's ids come from the
+/// sequence's copy on the node it writes on, in the same round trip's time, without holding
+/// the other nodes' batches: writes on the nodes go on without the coordinator, and their
+/// events are replayed after the others (a replay walks the outbox by id, stepping over the
+/// gap).
 #[derive(Debug, Clone)]
 pub struct IdBlocks {
     coordinator: Database,
@@ -544,12 +546,25 @@ impl IdBlocks {
     }
 
     /// `count` ids, in increasing order; `at_hand` is the connection to the node the batch
-    /// writes on, which reserves them while the coordinator cannot.
+    /// writes on, which gives them while the coordinator cannot.
     pub async fn take(
         &self,
         count: usize,
         at_hand: &tokio_postgres::Client,
     ) -> Result<Vec<i64>, StorageError> {
+        if let Some(ids) = self.reserved_ids(count).await {
+            return Ok(ids);
+        }
+        let wanted = i64::try_from(count).unwrap_or(i64::MAX);
+        let rows = at_hand.query(RESERVE_IDS, &[&wanted]).await?;
+        let mut ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// `count` ids of the block reserved on the coordinator (a new block where it has too few,
+    /// or is too old); None while the coordinator cannot reserve one.
+    async fn reserved_ids(&self, count: usize) -> Option<Vec<i64>> {
         let mut reserved = self.reserved.lock().await;
         if reserved
             .since
@@ -558,39 +573,42 @@ impl IdBlocks {
             reserved.ids.clear();
         }
         if reserved.ids.len() < count {
+            if reserved
+                .coordinator_failed
+                .is_some_and(|failed| failed.elapsed() < COORDINATOR_RETRY)
+            {
+                return None;
+            }
             let wanted = ID_BLOCK.max(i64::try_from(count).unwrap_or(i64::MAX));
-            let from_coordinator = match reserved.coordinator_failed {
-                Some(failed) if failed.elapsed() < COORDINATOR_RETRY => None,
-                _ => {
-                    let limit = self.coordinator.settings().connect_timeout;
-                    let asked = self
-                        .coordinator
-                        .run_within(limit, async |connection| {
-                            Ok(connection.query(RESERVE_IDS, &[&wanted]).await?)
-                        })
-                        .await;
-                    match asked {
-                        Ok(rows) => Some(rows),
-                        Err(error) => {
-                            tracing::warn!(error = %error, "the coordinator cannot reserve outbox ids; the nodes reserve them from their own ranges meanwhile");
-                            reserved.coordinator_failed = Some(Instant::now());
-                            None
-                        }
-                    }
+            match self.reserve_on_coordinator(wanted).await {
+                Ok(mut block) => {
+                    block.sort_unstable_by(|a, b| b.cmp(a));
+                    reserved.ids = block;
+                    reserved.since = Some(Instant::now());
                 }
-            };
-            let rows = match from_coordinator {
-                Some(rows) => rows,
-                None => at_hand.query(RESERVE_IDS, &[&wanted]).await?,
-            };
-            let mut block: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-            block.sort_unstable_by(|a, b| b.cmp(a));
-            reserved.ids = block;
-            reserved.since = Some(Instant::now());
+                Err(error) => {
+                    tracing::warn!(error = %error, "the coordinator cannot reserve outbox ids; each node gives its batches' ids from its own range meanwhile");
+                    reserved.coordinator_failed = Some(Instant::now());
+                    return None;
+                }
+            }
         }
         let from = reserved.ids.len() - count;
         let mut taken = reserved.ids.split_off(from);
         taken.reverse();
-        Ok(taken)
+        Some(taken)
+    }
+
+    /// A block of `wanted` ids from the coordinator's sequence, asked within
+    /// `database.connect_timeout`.
+    async fn reserve_on_coordinator(&self, wanted: i64) -> Result<Vec<i64>, StorageError> {
+        let limit = self.coordinator.settings().connect_timeout;
+        let rows = self
+            .coordinator
+            .run_within(limit, async |connection| {
+                Ok(connection.query(RESERVE_IDS, &[&wanted]).await?)
+            })
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 }
