@@ -205,8 +205,11 @@ pub async fn run(outbox_retention: Duration, topology: Topology, shutdown: Cance
     let starts = tokio::sync::Mutex::new(HashMap::<Pass, PassStart>::new());
     lifecycle::every(PURGE_INTERVAL, shutdown, || async {
         let mut starts = starts.lock().await;
+        let passes = topology.passes();
+        // Passes no longer made (a shard's clients changed, or it moved) start afresh.
+        starts.retain(|pass, _| passes.contains(pass));
         // A shard whose worker is down fails its part of the pass, not the others'.
-        for pass in topology.passes() {
+        for pass in passes {
             let start = starts.entry(pass.clone()).or_default();
             match purge_from(outbox_retention, &pass, start).await {
                 Ok(report) if report != PurgeReport::default() => tracing::info!(

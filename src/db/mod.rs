@@ -155,6 +155,12 @@ impl DerefMut for PgClient {
     }
 }
 
+/// How [`Database::split`] shares `database.pool_size`: (writes, reads).
+fn split_sizes(pool_size: u32) -> (u32, u32) {
+    let reads = (pool_size / 4).max(1);
+    (pool_size - reads, reads)
+}
+
 /// The condition under which a commit on this session waits for a synchronous standby.
 macro_rules! replication_promised {
     () => {
@@ -312,8 +318,7 @@ impl Database {
     /// the gauges, so that no flood of reads or probes can take the connections writes need.
     /// The reads' connections are named `<application_name> (reads)` in `pg_stat_activity`.
     pub fn split(settings: &DatabaseConfig) -> Result<(Self, Self), StorageError> {
-        let reads = (settings.pool_size / 4).max(1);
-        let writes = settings.pool_size - reads;
+        let (writes, reads) = split_sizes(settings.pool_size);
         Ok((
             Self::build(settings, writes, None)?,
             Self::build(settings, reads, Some(" (reads)"))?,
@@ -330,8 +335,8 @@ impl Database {
             port,
         };
         let settings = &self.settings;
-        let reads = (settings.pool_size / 4).max(1);
-        let mut pool = Self::build_to(settings, settings.pool_size - reads, None, &[node])?;
+        let (writes, _) = split_sizes(settings.pool_size);
+        let mut pool = Self::build_to(settings, writes, None, &[node])?;
         pool.node = Some(Arc::from(format!("{host}:{port}")));
         Ok(pool)
     }
