@@ -159,8 +159,11 @@ metrics_table! {
     .in_unit(Unit::Bytes);
     /// Writes refused at once with 503 to shed load: pending writes over
     /// `database.max_pending_bytes`, the writers' queue full (`8 × database.max_batch` per writer),
-    /// or no turn to decode a large body within `idempotency.wait_timeout`. Values of `reason`:
-    /// `pending_bytes`, `queue_full`, `busy`.
+    /// on Citus the queue's share of the node that holds the client's rows full (as many writes
+    /// as its writers' share: half the writers, rounded up) or writes to that node failing
+    /// ([Scaling out](scaling.md#when-a-node-fails)), or no turn to decode a large body within
+    /// `idempotency.wait_timeout`. Values of `reason`:
+    /// `pending_bytes`, `queue_full`, `node_queue_full`, `node_failing`, `busy`.
     WRITES_SHED = metric(
         Counter,
         "retrysafe_writes_shed_total",

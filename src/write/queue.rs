@@ -10,7 +10,9 @@
 //! half of them (rounded up) run batches on one node at a time, so that a node that stops
 //! answering holds no more than that, and the others' writes go on with the rest. While writes
 //! to a node fail, one batch at a time goes there (the first to find it back), and the node's
-//! other writes are refused at once with 503, without waiting for a writer.
+//! other writes are refused at once with 503, without waiting for a writer. A node's writes
+//! hold as much of the queue as its writers' share, no more: a node that answers slowly (locks,
+//! a saturated disk) sheds its own clients' writes, not the other nodes'.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -45,14 +47,19 @@ pub struct WriteQueue {
     health: WriteHealth,
     /// Batches in flight on one node at most: half the writers, rounded up.
     per_node: usize,
+    /// Writes queued for one node at most: its writers' share of `limit`.
+    node_limit: usize,
 }
 
 struct QueueInner {
-    writes: VecDeque<Waiting<Decided>>,
+    /// Each write with its group, as found when it was queued: what it is counted against.
+    writes: VecDeque<(Group, Waiting<Decided>)>,
     /// Writers with no batch in flight and nothing to take, each at most once.
     idle: Vec<Recipient<Wake>>,
     /// Batches in flight on each node (Citus).
     on_node: HashMap<String, usize>,
+    /// Writes queued for each node (Citus).
+    queued_on: HashMap<String, usize>,
 }
 
 /// Whether a write to a node is taken into a batch now.
@@ -77,11 +84,13 @@ impl WriteQueue {
                 writes: VecDeque::new(),
                 idle: Vec::new(),
                 on_node: HashMap::new(),
+                queued_on: HashMap::new(),
             })),
             limit: writers.max(1) * max_batch * MAX_QUEUED_BATCHES,
             topology,
             health,
             per_node: writers.max(1).div_ceil(2),
+            node_limit: writers.max(1).div_ceil(2) * max_batch * MAX_QUEUED_BATCHES,
         }
     }
 
@@ -135,15 +144,34 @@ impl WriteQueue {
             refuse(waiting, reason);
             return;
         }
-        if inner.writes.len() >= self.limit {
-            drop(inner);
-            let _ = waiting.reply.send(Decided::Failed(WriteError::Overloaded(
+        let full = if inner.writes.len() >= self.limit {
+            Some((
+                "queue_full",
                 "the writers are saturated: too many writes queued",
-            )));
-            metrics::counter!(metric::WRITES_SHED, "reason" => "queue_full").increment(1);
+            ))
+        } else if group
+            .node()
+            .is_some_and(|node| inner.queued_on.get(node).copied().unwrap_or(0) >= self.node_limit)
+        {
+            Some((
+                "node_queue_full",
+                "the database node that holds this client's rows is saturated: its share of the writers' queue is full",
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, why)) = full {
+            drop(inner);
+            let _ = waiting
+                .reply
+                .send(Decided::Failed(WriteError::Overloaded(why)));
+            metrics::counter!(metric::WRITES_SHED, "reason" => reason).increment(1);
             return;
         }
-        inner.writes.push_back(waiting);
+        if let Some(node) = group.node() {
+            *inner.queued_on.entry(node.to_owned()).or_default() += 1;
+        }
+        inner.writes.push_back((group, waiting));
         metrics::gauge!(metric::WRITER_QUEUE_DEPTH).increment(1.0);
         let idle = inner.idle.pop();
         drop(inner);
@@ -163,14 +191,19 @@ impl WriteQueue {
     ) -> (Vec<Waiting<Decided>>, Option<String>) {
         let mut inner = self.lock();
         let QueueInner {
-            writes, on_node, ..
-        } = &mut *inner;
-        let (batch, group, refused) = take_batch(
             writes,
-            max_batch,
-            |client| self.topology.group_of(client),
-            |node| self.admit(on_node, node),
-        );
+            on_node,
+            queued_on,
+            ..
+        } = &mut *inner;
+        let (batch, group, refused) =
+            take_batch(writes, max_batch, |node| self.admit(on_node, node));
+        let taken = refused.iter().map(|(group, ..)| (group, 1));
+        for (group, count) in taken.chain(group.as_ref().map(|group| (group, batch.len()))) {
+            if let Some(queued) = group.node().and_then(|node| queued_on.get_mut(node)) {
+                *queued = queued.saturating_sub(count);
+            }
+        }
         let node = group.and_then(|group| group.node().map(str::to_owned));
         if let Some(node) = &node {
             *inner.on_node.entry(node.clone()).or_default() += 1;
@@ -179,7 +212,7 @@ impl WriteQueue {
             inner.idle.extend(waiter);
         }
         drop(inner);
-        for (waiting, reason) in refused {
+        for (_, waiting, reason) in refused {
             refuse(waiting, reason);
         }
         (batch, node)
@@ -196,8 +229,8 @@ impl WriteQueue {
     }
 }
 
-/// A write taken out of the queue unsent, and why.
-type Refused = (Waiting<Decided>, String);
+/// A write taken out of the queue unsent, with its group, and why.
+type Refused = (Group, Waiting<Decided>, String);
 
 /// Answers a write to a node whose writes fail without sending it: 503, the same key may be
 /// retried.
@@ -215,15 +248,14 @@ pub struct Wake;
 
 /// Takes up to `max_batch` queued writes and [`MAX_BATCH_BYTES`] of them (at least one), all
 /// of one group (on Citus a shard's, so that the batch is a single-shard transaction; one group
-/// holds everything on a single server): the first write's that `admit` takes. Never two of one
+/// holds everything on a single server): the first write's whose node `admit` takes. Never two of one
 /// key: `ON CONFLICT DO UPDATE` cannot touch a row twice in one statement. (Key shards keep one
 /// write per key in flight, so that is a guard, not a path taken in practice.) Returns the
 /// batch with its group, and the writes `admit` refuses, taken out with why, to be answered;
 /// the writes it leaves keep their order.
 fn take_batch(
-    queue: &mut VecDeque<Waiting<Decided>>,
+    queue: &mut VecDeque<(Group, Waiting<Decided>)>,
     max_batch: usize,
-    group_of: impl Fn(&str) -> Group,
     admit: impl Fn(Option<&str>) -> Admit,
 ) -> (Vec<Waiting<Decided>>, Option<Group>, Vec<Refused>) {
     let mut batch = Vec::with_capacity(queue.len().min(max_batch));
@@ -232,29 +264,28 @@ fn take_batch(
     let mut keys = HashSet::new();
     let mut group: Option<Group> = None;
     let mut left = VecDeque::new();
-    while let Some(waiting) = queue.pop_front() {
-        let write = &waiting.write;
-        let its_group = group_of(&write.key.client_id);
+    while let Some((its_group, waiting)) = queue.pop_front() {
         if group.is_none() {
             match admit(its_group.node()) {
                 Admit::Take => group = Some(its_group.clone()),
                 Admit::Wait => {
-                    left.push_back(waiting);
+                    left.push_back((its_group, waiting));
                     continue;
                 }
                 Admit::Refuse(reason) => {
-                    refused.push((waiting, reason));
+                    refused.push((its_group, waiting, reason));
                     continue;
                 }
             }
         }
+        let write = &waiting.write;
         if group.as_ref() != Some(&its_group) || keys.contains(&write.key) {
-            left.push_back(waiting);
+            left.push_back((its_group, waiting));
             continue;
         }
         let size = waiting.permit.bytes();
         if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
-            left.push_back(waiting);
+            left.push_back((its_group, waiting));
             break;
         }
         keys.insert(write.key.clone());
@@ -306,10 +337,13 @@ mod tests {
         let mut queue = VecDeque::new();
         let pending = PendingBytes::new(usize::MAX);
         for n in 0..10 {
-            queue.push_back(queued(&format!("k{n}"), 512 * 1024, &pending));
+            queue.push_back((
+                Group::everything(),
+                queued(&format!("k{n}"), 512 * 1024, &pending),
+            ));
         }
-        let take = |queue: &mut VecDeque<Waiting<Decided>>| {
-            take_batch(queue, 256, |_| Group::everything(), |_| Admit::Take).0
+        let take = |queue: &mut VecDeque<(Group, Waiting<Decided>)>| {
+            take_batch(queue, 256, |_| Admit::Take).0
         };
         let first = take(&mut queue);
         assert_eq!(
@@ -318,7 +352,10 @@ mod tests {
             "three of 512 KiB fit in MAX_BATCH_BYTES, a fourth does not"
         );
         assert_eq!(queue.len(), 7);
-        queue.push_front(queued("huge", MAX_BATCH_BYTES * 2, &pending));
+        queue.push_front((
+            Group::everything(),
+            queued("huge", MAX_BATCH_BYTES * 2, &pending),
+        ));
         assert_eq!(
             take(&mut queue).len(),
             1,

@@ -14,4 +14,5 @@ mod moving;
 mod nodes;
 mod operations;
 mod shard_move;
+mod slow;
 mod standby;
