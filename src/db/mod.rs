@@ -469,8 +469,10 @@ impl Database {
     /// (not the pool's, which may all be held by operations that wait on locks of a server that
     /// is merely busy), opened and asked `SELECT 1` every `database.connect_timeout`, within that
     /// time each. A hung server (stopped, paused, cut off with no reset) accepts TCP but answers
-    /// nothing; one that is only slow answers at once. Raced against an operation, this tells a
-    /// hung server from a slow one sooner than the operation's deadline.
+    /// nothing; one that is only slow answers at once, and so does one that refuses the new
+    /// connection for a reason of its own (every slot taken: its operations in flight go on).
+    /// Raced against an operation, this tells a hung server from a slow one sooner than the
+    /// operation's deadline.
     pub async fn unresponsive(&self) -> StorageError {
         self.naming_the_node(self.until_unresponsive().await)
     }
@@ -488,7 +490,7 @@ impl Database {
             })
             .await;
             match asked {
-                Ok(Ok(())) => continue,
+                Ok(Ok(()) | Err(StorageError::CannotWrite(..))) => continue,
                 Ok(Err(error)) => return error,
                 Err(_elapsed) => {
                     return StorageError::Unavailable(format!(
