@@ -88,8 +88,9 @@ WHERE id > $1 AND id <= $2
     };
 }
 
-/// One batch, in id order; the columns are those [`pending_event`] reads. The events of an
-/// ordering key are in sequence order too: the writers draw their ids under the key's lock.
+/// One batch, in id order; the columns are those [`pending_event`] reads. On one server the
+/// events of an ordering key are in sequence order too: the writers draw their ids under the
+/// key's lock (not so on Citus: see `db::topology::citus::IdBlocks`).
 const SELECT_PAGE: &str = concat!(
     "SELECT id, event_id, event_type, client_id, idempotency_key, payload::text, attempts, created_at,
         ordering_key, sequence, traceparent, tracestate, nacks",

@@ -260,8 +260,12 @@ struct Events<'a> {
 }
 
 impl<'a> Events<'a> {
-    /// `ids` go to the events in the batch's order, so that the events of one ordering key take
+    /// `ids` go to the events in the batch's order, so that a key's events within the batch take
     /// ids in its sequences' order (the batch numbers its writes of a key in that order).
+    /// Across batches they need not: the ids are reserved before the batch takes the key's lock
+    /// ([`IdBlocks`]), so a later write of a key written by another batch less than a second
+    /// after may have the lower id. Its first delivery still comes in sequence order (the relay
+    /// follows `sequence`); a replay follows ids.
     fn new(rows: &'a BatchRows<'a>, ids: Vec<i64>) -> Self {
         let events = || rows.events();
         Self {
