@@ -710,9 +710,13 @@ async fn metrics_move_for_a_write_a_replay_a_conflict_and_a_publish() {
     );
     assert_eq!(daemon.post_entry("", &entry_body(2)).await.status, 400);
     consumer.next(WAIT).await.expect("the event is published");
+    // The publish's confirm, and the outbox gauges' first reading (a task of their own, which
+    // may still be reading on a busy machine), are awaited.
     let mut after = scrape(&daemon).await;
     for _ in 0..100 {
-        if sample(&after, acked) > sample(&before, acked) {
+        if sample(&after, acked) > sample(&before, acked)
+            && after.contains("retrysafe_outbox_unsent_events")
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
