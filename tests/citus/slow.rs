@@ -7,12 +7,11 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio_postgres::NoTls;
 
 use crate::acceptance::{body, clients_on_two_workers, token, with_clients};
 use crate::common::citus::CitusLab;
 use crate::common::daemon::spawn_app_on;
-use crate::common::helpers::{eventually, metric_sample};
+use crate::common::helpers::{connect_to, eventually, metric_sample};
 
 /// The writers and their batches: 2 writers of 4 hold 64 writes queued, 32 of one node.
 const WRITERS: usize = 2;
@@ -42,10 +41,7 @@ async fn a_slow_worker_sheds_its_own_clients_writes_not_the_other_workers() {
         .parse()
         .expect("a shard id");
     let worker = lab.worker_of(slow);
-    let (mut locker, connection) = tokio_postgres::connect(&worker.url_of("retrysafe"), NoTls)
-        .await
-        .expect("the worker answers");
-    actix_web::rt::spawn(connection);
+    let mut locker = connect_to(&worker.url_of("retrysafe")).await;
     let lock = locker.transaction().await.unwrap();
     lock.batch_execute(&format!(
         "SET LOCAL citus.enable_manual_changes_to_shards = on;
